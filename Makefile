@@ -1,0 +1,47 @@
+# make figures  : set up .venv if missing, train the tiny policies if missing, run every notebook
+# make fig01    : rerun one notebook (override parameters: make fig01 P="steps=5 seed=1")
+# make test     : the test suite (CPU, about 10 min)      make bench : speed-ups vs naive code
+PROFILE ?= tiny
+P ?=
+PYTHON ?= python3
+TORCH_SPEC ?= torch==2.13.0
+VENV := .venv
+PY := $(VENV)/bin/python
+POLICIES := data/policies/tiny-m/model.safetensors data/policies/tiny-s/model.safetensors
+NOTEBOOKS := $(sort $(wildcard notebooks/[0-9][0-9]_*.py))
+OVERRIDES := $(foreach kv,$(P),-p $(subst =, ,$(kv)))
+export PYTHONUNBUFFERED := 1
+
+.PHONY: env policy figures test bench clean help
+help:
+	@sed -n '1,3p' Makefile
+
+env: $(VENV)/.installed
+$(VENV)/.installed: pyproject.toml
+	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH_SPEC)"
+	$(PY) -m pip install -q -e ".[dev]"
+	touch $@
+
+data/policies/%/model.safetensors: | env
+	$(PY) -m cancellation.policy --size $* --out data/policies/$*
+
+policy: env  ## retrain both tiny policies
+	$(PY) -m cancellation.policy --size tiny-m --out data/policies/tiny-m
+	$(PY) -m cancellation.policy --size tiny-s --out data/policies/tiny-s
+
+figures: env $(POLICIES)
+	$(PY) -m cancellation.run all --profile $(PROFILE) $(OVERRIDES)
+
+fig%: env $(POLICIES)
+	$(PY) -m cancellation.run $* --profile $(PROFILE) $(OVERRIDES)
+
+test: env
+	$(PY) -m pytest -q -x --durations=10
+
+bench: env $(POLICIES)
+	$(PY) -m cancellation.bench
+
+clean:
+	rm -rf data/cache notebooks/executed/smoke figures/smoke data/results/smoke

@@ -1,0 +1,177 @@
+"""The token-level clipped policy loss and one GRPO step.
+
+Loss (METHODS "The update"; verl `compute_policy_loss_vanilla`, loss_agg_mode="token-mean"):
+per token  -min(ρA, clip(ρ, 1-ε_low, 1+ε_high)A), with the dual clip for A < 0 (loss capped at
+-A·c), summed over response tokens and divided by the number of response tokens of the
+(mini-)batch. Token weights (reweightings, masks) multiply a token's loss; the denominator
+stays the mini-batch's token count, so a masked step differs from the full step exactly by the
+masked tokens' share of the gradient.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+
+from .measure import forward_logits, token_logp, token_stats
+
+REWEIGHTS = ("grpo", "positive_only", "negative_only")
+SCOPES = ("full", "lm_head")
+OPTIMIZERS = ("adam", "sgd")
+
+
+@dataclass
+class UpdateConfig:
+    """One GRPO update: optimizer, scope, reweighting and mini-batching."""
+    optimizer: str = "adam"       # 'adam' (training runs) or 'sgd' (plain, no momentum: causal analyses)
+    lr: float = 1e-4              # learning rate
+    scope: str = "full"           # 'full' (all parameters) or 'lm_head' (unembedding only)
+    reweight: str = "grpo"        # 'grpo', 'positive_only' (A·1[r=1]) or 'negative_only' (A·1[r=0])
+    n_minibatches: int = 1        # optimizer steps per rollout batch
+    clip_low: float = 0.2         # ε_low
+    clip_high: float = 0.28       # ε_high (clip-higher)
+    clip_ratio_c: float = 3.0     # dual-clip constant for A < 0
+    chunk_rows: int = 64          # rows per forward chunk (gradient accumulation inside a mini-batch)
+
+    def __post_init__(self):
+        for name, allowed in (("optimizer", OPTIMIZERS), ("scope", SCOPES), ("reweight", REWEIGHTS)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"UpdateConfig.{name}={getattr(self, name)!r}; allowed: {', '.join(allowed)}")
+
+
+def policy_loss(logp, old_logp, advantage, mask, weight=None, clip_low=0.2, clip_high=0.28, clip_ratio_c=3.0,
+                n_tokens=None):
+    """Token-mean clipped PG loss. All arguments (b, L); `n_tokens` overrides the denominator."""
+    ratio = torch.exp(logp - old_logp)
+    pg1 = -advantage * ratio
+    pg2 = -advantage * torch.clamp(ratio, 1 - clip_low, 1 + clip_high)
+    clip1 = torch.maximum(pg1, pg2)
+    clip2 = torch.minimum(-advantage * clip_ratio_c, clip1)
+    per_token = torch.where(advantage < 0, clip2, clip1)
+    m = mask.to(per_token.dtype)
+    if weight is not None:
+        per_token = per_token * weight
+    denom = m.sum() if n_tokens is None else n_tokens
+    return (per_token * m).sum() / denom
+
+
+def reweight_advantage(batch, how: str = "grpo") -> torch.Tensor:
+    """Per-rollout weight A_i under a reweighting of METHODS."""
+    a = batch.advantage.to(torch.float64)
+    if how == "grpo":
+        return a
+    if how == "positive_only":
+        return a * (batch.reward > 0.5)
+    if how == "negative_only":
+        return a * (batch.reward <= 0.5)
+    raise ValueError(f"unknown reweighting {how!r}; allowed: {', '.join(REWEIGHTS)}")
+
+
+def lm_head_param(model) -> torch.nn.Parameter:
+    """The unembedding matrix; untied first if it shares storage with the input embedding."""
+    head, emb = model.get_output_embeddings(), model.get_input_embeddings()
+    if head.weight is emb.weight or head.weight.data_ptr() == emb.weight.data_ptr():
+        head.weight = torch.nn.Parameter(head.weight.detach().clone())
+        model.config.tie_word_embeddings = False
+    return head.weight
+
+
+def scope_params(model, scope: str):
+    if scope == "lm_head":
+        return [lm_head_param(model)]
+    if scope == "full":
+        return [p for p in model.parameters()]
+    raise ValueError(f"unknown scope {scope!r}; allowed: {', '.join(SCOPES)}")
+
+
+def make_optimizer(model, cfg: UpdateConfig):
+    params = scope_params(model, cfg.scope)
+    if cfg.optimizer == "adam":
+        return torch.optim.Adam(params, lr=cfg.lr)
+    return torch.optim.SGD(params, lr=cfg.lr, momentum=0.0)
+
+
+@contextlib.contextmanager
+def only_grad_for(model, params):
+    """Temporarily freeze every parameter not in `params` (saves the backward through the body)."""
+    keep = {id(p) for p in params}
+    saved = [(p, p.requires_grad) for p in model.parameters()]
+    for p, _ in saved:
+        p.requires_grad_(id(p) in keep)
+    try:
+        yield
+    finally:
+        for p, r in saved:
+            p.requires_grad_(r)
+
+
+def snapshot(model, scope: str = "full") -> dict:
+    """Copies of the parameters an update of `scope` can change (restore with `restore`)."""
+    if scope == "lm_head":
+        return {"__lm_head__": lm_head_param(model).detach().clone()}
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+@torch.no_grad()
+def restore(model, snap: dict):
+    if "__lm_head__" in snap:
+        lm_head_param(model).copy_(snap["__lm_head__"])
+    else:
+        model.load_state_dict(snap)
+
+
+def random_plan(n_rows: int, n_minibatches: int, seed: int = 0) -> list[torch.Tensor]:
+    """Default mini-batching: shuffle rows, split into `n_minibatches` near-equal parts."""
+    if n_minibatches == 1:
+        return [torch.arange(n_rows)]
+    perm = torch.randperm(n_rows, generator=torch.Generator().manual_seed(seed))
+    return [c for c in torch.tensor_split(perm, n_minibatches) if len(c)]
+
+
+def accumulate_grad(model, batch, rows, old_logp, weight, cfg: UpdateConfig, token_weight=None) -> dict:
+    """Backward of the mini-batch loss over `rows` (in forward chunks); grads accumulate in .grad."""
+    rows = torch.as_tensor(rows)
+    n_tok = batch.response_mask[rows].sum().clamp(min=1)
+    total, clipped = 0.0, 0.0
+    for s in range(0, len(rows), cfg.chunk_rows):
+        r = rows[s:s + cfg.chunk_rows]
+        logits = forward_logits(model, batch, r)
+        dev = logits.device
+        logp = token_logp(logits, batch.input_ids[r])
+        mask = batch.response_mask[r].to(dev)
+        adv = (weight[r][:, None] * mask).to(dev, logp.dtype)
+        tw = None if token_weight is None else token_weight[r].to(dev, logp.dtype)
+        old = old_logp[r].to(dev, logp.dtype)
+        loss = policy_loss(logp, old, adv, mask, tw, cfg.clip_low, cfg.clip_high, cfg.clip_ratio_c,
+                           n_tokens=n_tok.to(dev))
+        loss.backward()
+        total += float(loss.detach())
+        ratio = torch.exp(logp.detach() - old)
+        clipped += float((((ratio < 1 - cfg.clip_low) | (ratio > 1 + cfg.clip_high)) & mask).sum())
+    return {"loss": total, "clipfrac": clipped / float(n_tok), "n_tokens": int(n_tok)}
+
+
+def grpo_step(model, batch, cfg: UpdateConfig, optimizer=None, plan=None, token_weight=None, old_logp=None,
+              seed: int = 0) -> list[dict]:
+    """One GRPO step on a rollout batch: one optimizer step per mini-batch of `plan`.
+
+    `plan`: list of row-index tensors (default: `random_plan` with cfg.n_minibatches).
+    `old_logp`: the iteration's log-probs under θ_old (computed here if None); ρ = 1 on the
+    first mini-batch and ρ ≠ 1 after it. `token_weight`: optional (B, L) multiplier (masks).
+    Returns one info dict per mini-batch.
+    """
+    params = scope_params(model, cfg.scope)
+    optimizer = optimizer or make_optimizer(model, cfg)
+    if old_logp is None:
+        old_logp = token_stats(model, batch, cfg.chunk_rows).logp
+    weight = reweight_advantage(batch, cfg.reweight)
+    plan = plan if plan is not None else random_plan(len(batch), cfg.n_minibatches, seed)
+    infos = []
+    with only_grad_for(model, params):
+        for rows in plan:
+            optimizer.zero_grad(set_to_none=True)
+            info = accumulate_grad(model, batch, rows, old_logp, weight, cfg, token_weight)
+            optimizer.step()
+            infos.append(info)
+    return infos

@@ -1,0 +1,33 @@
+import copy
+
+import pytest
+import torch
+
+from cancellation import policy, rollout, tasks
+
+
+@pytest.fixture(scope="session")
+def tok():
+    return policy.build_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def model64():
+    """A randomly initialised small Qwen2 in float64 (fast; tests do not need a trained policy)."""
+    m = policy.build_tiny_model("tiny-s", seed=0).to(torch.float64)
+    m.eval()
+    return m
+
+
+@pytest.fixture
+def fresh(model64):
+    return copy.deepcopy(model64)
+
+
+@pytest.fixture(scope="session")
+def batch(model64, tok):
+    """A real sampled batch with hand-set mixed rewards (a random model never solves the task)."""
+    b = rollout.sample_batch(model64, tok, tasks.sample_problems(3, seed=1), G=4, max_new_tokens=24, seed=0)
+    b.reward = torch.tensor([1, 0, 0, 1, 1, 1, 1, 1, 0, 1, 0, 0], dtype=torch.float64)
+    b.advantage = rollout.group_advantages(b.reward, b.group)
+    return b

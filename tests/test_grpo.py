@@ -1,0 +1,134 @@
+import copy
+
+import pytest
+import torch
+
+from cancellation import grpo, measure
+
+
+def per_token_loss_scalar(logp, old, a, cl=0.2, ch=0.28, c=3.0):
+    """verl's vanilla PG loss of one token, written out case by case."""
+    ratio = torch.exp(logp - old)
+    unclipped, clipped = -a * ratio, -a * torch.clamp(ratio, 1 - cl, 1 + ch)
+    loss = torch.maximum(unclipped, clipped)
+    if a < 0:
+        loss = torch.minimum(loss, torch.tensor(-a * c, dtype=loss.dtype))
+    return loss
+
+
+def test_policy_loss_closed_form():
+    # ratio 2 with A = -1: unclipped 2, clipped 1.28 -> max 2, dual clip caps at 3 -> 2
+    # ratio 5 with A = -1: max(5, 1.28) = 5 -> capped at 3;  ratio 2 with A = +1: max(-2, -1.28) = -1.28
+    lp = torch.log(torch.tensor([[2.0, 5.0, 2.0, 0.5]], dtype=torch.float64))
+    old = torch.zeros_like(lp)
+    a = torch.tensor([[-1.0, -1.0, 1.0, 1.0]], dtype=torch.float64)
+    m = torch.ones_like(lp, dtype=torch.bool)
+    loss = grpo.policy_loss(lp, old, a, m)
+    assert loss.item() == pytest.approx((2 + 3 - 1.28 - 0.5) / 4)
+
+
+def test_loss_gradient_matches_brute_force_per_token(fresh, batch):
+    """Batched token-mean loss gradient == sum over tokens of per-token autograd grads / N."""
+    model, batch = fresh, batch.select([0, 1, 8, 9])  # two mixed groups, 4 rows: the brute force is slow
+    old = measure.token_stats(model, batch).logp
+    # perturb θ_old so ratios leave [0.8, 1.28] for some tokens (clipped: zero gradient)
+    g = torch.Generator().manual_seed(0)
+    old = old + 0.4 * torch.randn(old.shape, generator=g, dtype=old.dtype)
+    cfg = grpo.UpdateConfig(optimizer="sgd", lr=0.0)
+    params = list(model.parameters())
+    model.zero_grad()
+    grpo.accumulate_grad(model, batch, torch.arange(len(batch)), old, batch.advantage, cfg)
+    batched = [p.grad.clone() for p in params]
+
+    N = batch.n_tokens
+    brute = [torch.zeros_like(p) for p in params]
+    for i in range(len(batch)):
+        keep = batch.attention_mask[i].bool()
+        ids = batch.input_ids[i, keep][None]
+        cols = keep.nonzero().squeeze(1)
+        for t in range(1, ids.shape[1]):
+            if not batch.response_mask[i, cols[t]]:
+                continue
+            logp = torch.log_softmax(model(input_ids=ids[:, :t]).logits[0, -1], -1)[ids[0, t]]
+            loss = per_token_loss_scalar(logp, old[i, cols[t]], batch.advantage[i].item()) / N
+            for acc, gr in zip(brute, torch.autograd.grad(loss, params, allow_unused=True)):
+                if gr is not None:
+                    acc += gr
+    # padded batched attention vs unpadded prefixes agree to ~1e-8 relative in float64 (RoPE tables
+    # are float32 in transformers); a wrong sign, scale or clip branch would be off by O(1)
+    for b, r in zip(batched, brute):
+        assert torch.allclose(b, r, rtol=1e-6, atol=1e-6 * float(r.abs().max()))
+    assert any(b.abs().sum() > 0 for b in batched)
+
+
+def test_delta_logp_equals_manual_sgd_recomputation(fresh, batch):
+    """measure + grpo_step vs an independent manual SGD step and per-sequence forwards."""
+    lr = 0.5
+    ref = copy.deepcopy(fresh)
+    before = measure.token_stats(fresh, batch)
+    grpo.grpo_step(fresh, batch, grpo.UpdateConfig(optimizer="sgd", lr=lr), old_logp=before.logp)
+    after = measure.token_stats(fresh, batch)
+    delta = (after.logp - before.logp)[batch.response_mask]
+
+    # independent: J = (1/N) Σ A_i log π(o_t) (ρ = 1, no clipping active), θ' = θ + lr ∇J, per-sequence forwards
+    ref_before = measure.token_stats_per_sequence(ref, batch).logp
+    N = batch.n_tokens
+    J = 0
+    for i in range(len(batch)):
+        keep = batch.attention_mask[i].bool()
+        ids = batch.input_ids[i, keep][None]
+        lsm = torch.log_softmax(ref(input_ids=ids).logits[0, :-1], -1)
+        lp = lsm.gather(-1, ids[0, 1:, None]).squeeze(-1)
+        J = J + batch.advantage[i] * lp[batch.response_mask[i, keep][1:]].sum() / N
+    grads = torch.autograd.grad(J, list(ref.parameters()))
+    with torch.no_grad():
+        for p, gr in zip(ref.parameters(), grads):
+            p += lr * gr
+    ref_after = measure.token_stats_per_sequence(ref, batch).logp
+    ref_delta = (ref_after - ref_before)[batch.response_mask]
+    assert delta.abs().max() > 1e-4
+    assert torch.allclose(delta, ref_delta, atol=1e-10, rtol=1e-6)
+
+
+def test_lm_head_scope_changes_only_the_lm_head(fresh, batch):
+    before = {k: v.clone() for k, v in fresh.state_dict().items()}
+    grpo.grpo_step(fresh, batch, grpo.UpdateConfig(optimizer="sgd", lr=1.0, scope="lm_head"))
+    changed = {k for k, v in fresh.state_dict().items() if not torch.equal(v, before[k])}
+    assert changed == {"lm_head.weight"}
+    assert all(p.requires_grad for p in fresh.parameters())  # freezing was temporary
+
+
+def test_tied_lm_head_is_untied_before_an_lm_head_step(fresh, batch):
+    fresh.lm_head.weight = fresh.model.embed_tokens.weight  # tie
+    emb = fresh.model.embed_tokens.weight.detach().clone()
+    grpo.grpo_step(fresh, batch, grpo.UpdateConfig(optimizer="sgd", lr=1.0, scope="lm_head"))
+    assert torch.equal(fresh.model.embed_tokens.weight, emb)
+    assert not torch.equal(fresh.lm_head.weight, emb)
+
+
+def test_snapshot_restore_and_reweightings(fresh, batch):
+    snap = grpo.snapshot(fresh)
+    before = measure.token_stats(fresh, batch).logp
+    grpo.grpo_step(fresh, batch, grpo.UpdateConfig(optimizer="adam", lr=1e-2, n_minibatches=2))
+    assert not torch.equal(measure.token_stats(fresh, batch).logp, before)
+    grpo.restore(fresh, snap)
+    assert torch.equal(measure.token_stats(fresh, batch).logp, before)
+    w = grpo.reweight_advantage(batch, "positive_only")
+    assert torch.equal(w[batch.reward == 0], torch.zeros_like(w[batch.reward == 0]))
+    assert torch.equal(w[batch.reward == 1], batch.advantage[batch.reward == 1])
+    with pytest.raises(ValueError, match="reweight"):
+        grpo.UpdateConfig(reweight="negative")
+
+
+def test_zero_weight_update_and_repeat_forward_have_zero_noise(fresh, batch):
+    zero = torch.zeros(batch.input_ids.shape, dtype=torch.float64)
+    floor = measure.noise_floor(fresh, batch, step_fn=lambda m, b: grpo.grpo_step(
+        m, b, grpo.UpdateConfig(optimizer="adam", lr=1e-2), token_weight=zero))
+    assert floor == {"repeat": 0.0, "zero_update": 0.0}
+
+
+def test_random_plan_partitions_rows():
+    plan = grpo.random_plan(10, 3, seed=1)
+    assert sorted(torch.cat(plan).tolist()) == list(range(10))
+    assert [len(p) for p in plan] == [4, 3, 3]
+    assert all(torch.equal(a, b) for a, b in zip(plan, grpo.random_plan(10, 3, seed=1)))
