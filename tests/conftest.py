@@ -31,3 +31,13 @@ def batch(model64, tok):
     b.reward = torch.tensor([1, 0, 0, 1, 1, 1, 1, 1, 0, 1, 0, 0], dtype=torch.float64)
     b.advantage = rollout.group_advantages(b.reward, b.group)
     return b
+
+
+def pytest_collection_modifyitems(config, items):
+    """Skip tests marked `gpu` when no CUDA device is present (CI and the tiny profile)."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

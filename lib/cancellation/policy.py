@@ -148,7 +148,7 @@ def pretrain(cfg: PretrainConfig, out_dir: str | Path | None = None, progress: b
 
     Returns the manifest: config, steps run, wall time, held-out accuracies, sha256 of weights.
     """
-    from tqdm.auto import tqdm
+    from tqdm import tqdm
 
     torch.manual_seed(cfg.seed)
     tok = build_tokenizer()
