@@ -141,7 +141,7 @@ for ax, sign, title in ((axes[0], "pos", "(a) positive rollouts"), (axes[1], "ne
         ax.plot(s.step, s.fraction, marker="o", ms=2.5, lw=1.2, color=plots.STATUS_COLORS[status], label=status)
     ax.set(title=title, xlabel="training step", ylim=(0, 1))
 axes[0].set_ylabel("share of tokens")
-axes[0].legend(loc="upper left", frameon=False, ncol=3, fontsize=6, handlelength=1.2, columnspacing=0.8)
+fig.legend(*axes[0].get_legend_handles_labels(), loc="lower center", ncol=3, frameon=False, bbox_to_anchor=(0.3, -0.02))
 d = signed[(signed.run == "grpo") & (signed.status != "stable")]
 bins = np.linspace(np.log10(eps), np.log10(max(d.delta.abs().max(), 10 * eps)), 40)
 for sign in ("pos", "neg"):
@@ -149,15 +149,16 @@ for sign in ("pos", "neg"):
     axes[2].hist(x, bins=bins, histtype="step", lw=1.2, density=True, color=plots.SIGN_COLORS[sign],
                  label={"pos": "A > 0", "neg": "A < 0"}[sign])
 axes[2].set(title="(c) |Δlog p|, GRPO run", xlabel="log10 |Δlog p|  (|Δ| > ε)", ylabel="density")
-axes[2].legend(frameon=False, loc="upper left")
+axes[2].set_ylim(0, axes[2].get_ylim()[1] * 1.3)
+axes[2].legend(frameon=False, loc="upper right", fontsize=6)
 d = frac[(frac.run == "positive_only") & (frac.status != "stable")]
 for (sign, status), s in d.groupby(["sign", "status"]):
     axes[3].plot(s.step, s.fraction, marker="o" if sign == "pos" else "s", ms=2.5, lw=1.2,
                  color=plots.STATUS_COLORS[status], ls="-" if sign == "pos" else "--",
-                 label=f"{status[:5]}., {'A>0' if sign == 'pos' else 'A<0'}")
+                 label="A > 0" if (sign, status) == ("pos", "boosted") else "A < 0" if (sign, status) == ("neg", "boosted") else None)
 axes[3].set(title="(d) positive-only run", xlabel="training step", ylim=(0, 1))
-axes[3].legend(frameon=False, loc="upper left", ncol=2, fontsize=6, handlelength=1.6, columnspacing=0.6)
-fig.tight_layout()
+axes[3].legend(frameon=False, loc="upper right", fontsize=6, handlelength=2.2)
+fig.tight_layout(rect=(0, 0.07, 1, 1))
 plots.save(fig, "fig01_token_flipping", fig_dir)
 plt.show()
 

@@ -1,0 +1,206 @@
+"""Token categories: tiny vocabulary, a real byte-level BPE tokenisation, SentencePiece-style
+pieces, the editable table, the tagger choice, and the mass aggregation against a plain loop."""
+import random
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from cancellation import categories as C
+from cancellation import measure, policy, rollout, tasks
+
+SENTENCE = "Therefore, 3x + 5 = 11, so x = 2. The answer is \\boxed{2}."
+# hand labels of the sentence's words (independent of the table): word -> category, in order
+SENTENCE_WORDS = [("Therefore", "Reasoning"), (",", "Template"), ("3", "Math"), ("x", "Math"), ("+", "Math"),
+                  ("5", "Math"), ("=", "Math"), ("11", "Math"), (",", "Template"), ("so", "Reasoning"),
+                  ("x", "Math"), ("=", "Math"), ("2", "Math"), (".", "Template"), ("The", "Template"),
+                  ("answer", "Template"), ("is", "Template"), ("\\boxed", "Template"), ("{", "Template"),
+                  ("2", "Math"), ("}", "Template"), (".", "Template")]
+# the tiny task's response vocabulary, labelled by hand (see the category table's header)
+TINY_MATH = set("0123456789") | {"+", "-", "*", "="}
+TINY_REASONING = {"carry", "borrow", "no"}
+
+
+def char_labels(text, words):
+    """Category of every character of `text` from hand-labelled words (spaces: None)."""
+    lab, pos = [None] * len(text), 0
+    for w, c in words:
+        i = text.index(w, pos)
+        lab[i:i + len(w)] = [c] * len(w)
+        pos = i + len(w)
+    return lab
+
+
+@pytest.fixture(scope="module")
+def cz():
+    return C.Categorizer(tagger="shipped")
+
+
+@pytest.fixture(scope="module")
+def tiny_tok():
+    return policy.load_policy("data/policies/tiny-m")[1]
+
+
+def test_tiny_vocabulary_every_token(cz, tiny_tok):
+    rng = random.Random(3)
+    problems = tasks.sample_problems(40, seed=3)
+    traces = [tasks.make_trace(p, rng, error_rate=0.5) for p in problems]
+    ids = [tiny_tok(t, add_special_tokens=False).input_ids for t in traces]
+    assert C.detect_scheme(tiny_tok.convert_ids_to_tokens(list(range(len(tiny_tok))))) == "wordpiece"
+    n = 0
+    for trace, (cats, words) in zip(traces, cz.tag_ids(ids, tiny_tok)):
+        toks = trace.split()
+        assert len(cats) == len(toks)
+        for t, c in zip(toks, cats):
+            want = "Math" if t in TINY_MATH else "Reasoning" if t in TINY_REASONING else "Template"
+            assert c == want, (t, c, trace)
+            n += 1
+    assert n > 1500
+
+
+def test_phrase_and_brace_context(cz):
+    # 'So' opening the answer scaffold is Template; 'so' as a connective is Reasoning
+    cats, _ = cz.tag_pieces("So the answer is \\boxed{ 4 2 }".split(), "wordpiece")
+    assert cats == ["Template"] * 5 + ["Math", "Math", "Template"]
+    cats, _ = cz.tag_pieces("so carry 1".split(), "wordpiece")
+    assert cats == ["Reasoning", "Reasoning", "Math"]
+    # the tiny prompt marker 'Q:' (words Q + :) is format; a lone q is a variable
+    assert cz.tag_pieces(["Q:", "q", "=", "1"], "wordpiece")[0] == ["Template", "Math", "Math", "Math"]
+    # braces of a Math command stay Math, nested inside a Template \boxed; pieces cut mid-word
+    text = "\\boxed{\\frac{1}{2}}"
+    cats, words = cz.tag_pieces([text[:7], text[7:12], text[12:]], "bytelevel")
+    assert words == ["\\boxed", "\\frac", "{"] and cats == ["Template", "Math", "Math"]
+    got = cz.word_categories([["\\boxed", "{", "\\frac", "{", "1", "}", "{", "2", "}", "}"]])[0]
+    assert got == ["Template", "Template", "Math", "Math", "Math", "Math", "Math", "Math", "Math", "Template"]
+
+
+def _train_bpe():
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    corpus = ["The answer is 42.", "so we add 3 and 5", "x + 1 = 2, then x = 1", "fore and aft", "There is a box",
+              "Therefore the sum is 7", "we write \\frac{1}{2}", "boxes and boxed items"] * 20
+    tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                                         show_progress=False))
+    return tok
+
+
+def test_real_bpe_tokenisation_every_token(cz):
+    bpe = _train_bpe()
+    enc = bpe.encode(SENTENCE)
+    pieces = enc.tokens
+    assert "".join(pieces).replace("Ġ", " ") == SENTENCE.replace(" ", " ")  # ASCII: one char per byte
+    assert any(p.startswith("Ġ") for p in pieces) and len(pieces) > len(SENTENCE.split())  # real sub-word pieces
+    assert not any(p in ("\\boxed", "Therefore") for p in pieces)  # both words are split
+    cats, words = cz.tag_pieces(pieces, "bytelevel")
+    lab = char_labels(SENTENCE, SENTENCE_WORDS)
+    for piece, (a, b), c in zip(pieces, enc.offsets, cats):
+        # the tokenizer's own offsets; a lone space piece belongs to the word after it
+        first = next(i for i in range(a, len(SENTENCE)) if SENTENCE[i] != " ")
+        assert c == lab[first], (piece, c, lab[first])
+    # the same through a transformers tokenizer (ids -> pieces -> scheme detected)
+    from transformers import PreTrainedTokenizerFast
+    hf = PreTrainedTokenizerFast(tokenizer_object=bpe)
+    assert C.detect_scheme(hf.convert_ids_to_tokens(list(range(len(hf))))) == "bytelevel"
+    assert cz.tag_ids([enc.ids], hf)[0][0] == cats
+
+
+def test_sentencepiece_pieces_and_split_bytes(cz):
+    # '×' (U+00D7, bytes C3 97) as two byte-fallback pieces; ▁ marks the leading space
+    pieces = ["▁There", "fore", ",", "▁3", "▁", "<0xC3>", "<0x97>", "▁4", "▁=", "▁1", "2", "<|im_end|>"]
+    cats, words = cz.tag_pieces(pieces, "sentencepiece", special=frozenset({"<|im_end|>"}))
+    assert words == ["Therefore", "Therefore", ",", "3", "×", "×", "×", "4", "=", "12", "12", "<|im_end|>"]
+    assert cats == ["Reasoning"] * 2 + ["Template"] + ["Math"] * 8 + ["Template"]
+    # the same product in GPT-2 byte-level pieces: 'Ã' 'Ĺ' are the stand-ins of bytes C3 97
+    cats2, words2 = cz.tag_pieces(["Ġ3", "ĠÃ", "Ĺ", "Ġ4"], "bytelevel")
+    assert words2 == ["3", "×", "×", "4"] and cats2 == ["Math"] * 4
+
+
+def test_newlines_markdown_and_prose(cz):
+    pieces = ["We", "Ġcompute", "Ġthe", "Ġsum", ".", "ĊĊ", "##", "ĠStep", "Ġ2", ":"]
+    cats, words = cz.tag_pieces(pieces, "bytelevel")
+    assert dict(zip(pieces, cats)) == {"We": "Other", "Ġcompute": "Reasoning", "Ġthe": "Other", "Ġsum": "Other",
+                                       ".": "Template", "ĊĊ": "Template", "##": "Template", "ĠStep": "Template",
+                                       "Ġ2": "Math", ":": "Template"}
+    # an unknown -ing word goes through the NLTK RegexpTagger back-off (VBG -> Reasoning)
+    assert cz.word_categories([["substituting", "apples"]])[0] == ["Reasoning", "Other"]
+
+
+def test_editable_table(tmp_path, tiny_tok):
+    src = C.DEFAULT_MAP.read_text()
+    edited = src.replace("word,ones,Template", "word,ones,Math")
+    assert edited != src
+    (tmp_path / "m.csv").write_text(edited)
+    ids = tiny_tok("First ones digit : 7 + 8", add_special_tokens=False).input_ids
+    assert C.Categorizer(tmp_path / "m.csv", tagger="shipped").tag_ids([ids], tiny_tok)[0][0][1] == "Math"
+    assert C.Categorizer(tagger="shipped").tag_ids([ids], tiny_tok)[0][0][1] == "Template"
+    (tmp_path / "bad.csv").write_text("rule,key,value\nword,carry,Decision\n")
+    with pytest.raises(ValueError, match=r"bad\.csv:2: unknown category 'Decision'"):
+        C.load_map(tmp_path / "bad.csv")
+    with pytest.raises(FileNotFoundError):
+        C.load_map(tmp_path / "missing.csv")
+
+
+def test_tagger_choice(monkeypatch):
+    import nltk
+    cz = C.Categorizer(tagger="shipped")
+    assert isinstance(cz._shipped, nltk.UnigramTagger) and isinstance(cz._shipped.backoff, nltk.RegexpTagger)
+    if not C.perceptron_available():  # nothing is downloaded: 'auto' falls back, 'perceptron' explains
+        assert C.Categorizer(tagger="auto").tagger == "shipped"
+        with pytest.raises(LookupError, match="never downloads"):
+            C.Categorizer(tagger="perceptron")
+    monkeypatch.setattr(C, "perceptron_available", lambda: True)
+    assert C.Categorizer(tagger="auto").tagger == "perceptron"
+    with pytest.raises(ValueError, match="tagger="):
+        C.Categorizer(tagger="spacy")
+
+
+def test_category_mass_against_loop():
+    rng = np.random.default_rng(0)
+    df = pd.DataFrame({"delta": rng.normal(size=300) * 10.0 ** rng.integers(-9, -1, 300),
+                       "category": rng.choice(["Math", "Template", "Reasoning"], 300),
+                       "update": rng.choice(["a", "b"], 300)})
+    out = C.category_mass(df, "delta", by=("update",), eps=1e-6).set_index(["update", "category"])
+    for u in ("a", "b"):
+        tot = sum(d for d, uu in zip(df.delta, df["update"]) if uu == u and d > 0)
+        for c in C.CATEGORIES:
+            rows = [d for d, uu, cc in zip(df.delta, df["update"], df.category) if uu == u and cc == c]
+            b = sum(d for d in rows if d > 0)
+            s = sum(-d for d in rows if d < 0)
+            r = out.loc[(u, c)]
+            assert r.boosted_mass == pytest.approx(b, rel=1e-12, abs=1e-300)
+            assert r.suppressed_mass == pytest.approx(s, rel=1e-12, abs=1e-300) and r.n_tokens == len(rows)
+            assert r.n_boosted == sum(d > 1e-6 for d in rows)
+            assert abs(r.boosted_share - b / tot) < 1e-12
+    assert out.loc[("a", "Other")].n_tokens == 0  # every category listed
+
+
+def test_tag_table_matches_batch(cz, tiny_tok):
+    model, tok = policy.load_policy("data/policies/tiny-m")
+    batch = rollout.sample_batch(model, tok, tasks.sample_problems(3, seed=1), G=2, seed=1)
+    st = measure.token_stats(model, batch)
+    df = measure.token_table(batch, st, tokenizer=tok)
+    ref = cz.tag_batch(batch, tok)
+    shuffled = df.sample(frac=1.0, random_state=0)
+    got = cz.tag_table(shuffled, tok)
+    assert (got.loc[df.index, "category"].to_numpy() == ref.category.to_numpy()).all()
+    # against the hand labels of the tiny vocabulary (pieces of a sampled response may break the
+    # scaffold, so only scaffold-free tokens are checked here)
+    for t, c in zip(df.token, ref.category):
+        if t in TINY_MATH:
+            assert c == "Math"
+        elif t in TINY_REASONING:
+            assert c == "Reasoning"
+
+
+def test_naive_reference_agrees_without_context(cz, tiny_tok):
+    trace = tasks.make_trace(tasks.sample_problems(1, seed=9)[0], random.Random(9))
+    pieces = trace.split()
+    fast, _ = cz.tag_pieces(pieces, "wordpiece", frozenset({"<eos>"}))
+    slow = C.tag_naive(pieces, "wordpiece", cz, frozenset({"<eos>"}))
+    context = {"}", "So", "Thus", "Hence", "the", "is"}  # need the phrase / brace context
+    assert len([p for p in pieces if p not in context]) > 30
+    assert all(f == s for p, f, s in zip(pieces, fast, slow) if p not in context)
+    assert any(f != s for p, f, s in zip(pieces, fast, slow) if p in context)
