@@ -1,0 +1,407 @@
+"""Monte Carlo counterfactual token value (paper §3, App. E.2).
+
+For token o_t at state s_t = (q, o_<t) with p_t = π(o_t|s_t):
+
+    Δ(o_t|s_t) = Q(s_t, o_t) − E_{a~π, a≠o_t} Q(s_t, a) = (Q(s_t, o_t) − V(s_t)) / (1 − p_t)
+
+estimated from M complete continuations of s_t ⊕ o_t (mean reward avg₀) and M of s_t (avg₋₁):
+
+    'paper'    Δ̂ = (avg₀ − avg₋₁) / (1 − p_t)                       (Eq. 20)
+    'exclude'  Δ̂ = avg₀ − avg₋ₒ, the M continuations of s_t drawing their first token from π
+               renormalised without o_t. Same target, but its standard error is not inflated by
+               1/(1 − p_t), which for a token with p_t = 0.99 is a factor 100.
+
+p_t comes from the training forward (measure.token_stats), never from the sampler. Tokens with
+p_t > p_max (1 − 1e-3) are skipped: there the division amplifies Monte Carlo noise without bound.
+
+Cost is 2M continuations per token, so sampling shares prefixes: one prefill per distinct
+prefix, its KV cache replicated M times along the batch (DynamicCache.batch_repeat_interleave),
+many prefixes per batch, finished rows dropped from the cache as they end. Every prefix draws
+its uniforms from its own generator seeded by (seed, prefix), and tokens are drawn by inverse
+CDF, so a prefix's continuations do not depend on which other prefixes share its batch: the
+batched sampler returns the same samples as sampling that prefix alone. The rewards of every
+(model, prefix, banned token, M, seed, ...) are cached with cache.py, so reruns are instant and
+notebooks share them. On GPU, `backend='vllm'` samples with vLLM (n=M; build the LLM with
+enable_prefix_caching=True).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from . import cache, tasks
+
+ESTIMATORS = ("paper", "exclude")
+
+
+@dataclass
+class ValueConfig:
+    """Monte Carlo estimation of Δ̂ for a set of tokens."""
+    M: int = 32                   # continuations per branch (paper: 256)
+    seed: int = 0                 # seeds every prefix's sampler (with the prefix itself)
+    temperature: float = 1.0      # sampling temperature of the continuations (p_t assumes 1.0)
+    max_new_tokens: int = 96      # response cap of the rollouts: a continuation ends where the rollout would
+    estimator: str = "paper"      # 'paper' (Eq. 20) or 'exclude' (see module docstring)
+    p_max: float = 1 - 1e-3       # skip tokens with p_t above this
+    rows_per_chunk: int = 1024    # continuation rows per sampler batch (prefixes per batch = this // M)
+    backend: str = "hf"           # 'hf' (shared-prefix KV cache) or 'vllm'
+
+    def __post_init__(self):
+        if self.estimator not in ESTIMATORS:
+            raise ValueError(f"ValueConfig.estimator={self.estimator!r}; allowed: {', '.join(ESTIMATORS)}")
+        if self.backend not in ("hf", "vllm"):
+            raise ValueError(f"ValueConfig.backend={self.backend!r}; allowed: hf, vllm")
+        if self.M < 2:
+            raise ValueError(f"ValueConfig.M={self.M}: need at least 2 continuations for a standard error")
+
+
+# --------------------------------------------------------------------------- sampling
+def _grow_layer_class():
+    from transformers.cache_utils import DynamicLayer
+
+    class GrowLayer(DynamicLayer):
+        """A DynamicLayer with preallocated room for `room` more positions: a decode step writes
+        one column in place instead of re-concatenating the whole cache (which dominated the
+        sampler's time on CPU)."""
+
+        def __init__(self, layer, room: int, repeats: int = 1):
+            super().__init__()
+            B, H, n, D = layer.keys.shape
+            self.kb = layer.keys.new_empty(B * repeats, H, n + room, D)
+            self.vb = layer.values.new_empty(B * repeats, H, n + room, D)
+            # each prefix's cache copied into its `repeats` rows (batch_repeat_interleave, fused with the copy)
+            self.kb.view(B, repeats, H, n + room, D)[:, :, :, :n] = layer.keys[:, None]
+            self.vb.view(B, repeats, H, n + room, D)[:, :, :, :n] = layer.values[:, None]
+            self.n, self.dtype, self.device, self.is_initialized = n, layer.keys.dtype, layer.keys.device, True
+            self._views()
+
+        def _views(self):
+            self.keys, self.values = self.kb[:, :, :self.n], self.vb[:, :, :self.n]
+
+        def update(self, key_states, value_states, *args, **kwargs):
+            q = key_states.shape[-2]
+            self.kb[:, :, self.n:self.n + q] = key_states
+            self.vb[:, :, self.n:self.n + q] = value_states
+            self.n += q
+            self._views()
+            return self.keys, self.values
+
+        def get_seq_length(self) -> int:
+            return self.n
+
+        def batch_select_indices(self, indices, room: int | None = None):
+            cap = self.kb.shape[2] if room is None else self.n + room  # copy only what is still needed
+            self.kb, self.vb = self.kb[indices, :, :cap], self.vb[indices, :, :cap]
+            self._views()
+
+    return GrowLayer
+
+
+def prefix_seed(seed: int, ids, ban: int | None) -> int:
+    """The generator seed of one prefix: a hash of (seed, prefix ids, banned first token)."""
+    blob = json.dumps([int(seed), [int(i) for i in ids], -1 if ban is None else int(ban)]).encode()
+    return int.from_bytes(hashlib.sha256(blob).digest()[:7], "little")
+
+
+@torch.no_grad()
+def sample_continuations(model, prefixes, M: int, budgets, eos_id: int, pad_id: int, seeds, temperature: float = 1.0,
+                         bans=None, share_prefill: bool = True) -> list[torch.Tensor]:
+    """M continuations of each prefix; returns one (M, T_i) long tensor per prefix, pad after <eos>.
+
+    prefixes: lists of token ids (prompt + response so far); budgets: max new tokens per prefix
+    (≥ 1); seeds: one per prefix; bans: per prefix a token id the *first* sampled token may not
+    be (None: no ban). share_prefill=False prefills the M copies of a prefix separately (the
+    naive reference; same samples).
+    """
+    P = len(prefixes)
+    bans = bans if bans is not None else [None] * P
+    dev = next(model.parameters()).device
+    L = max(len(p) for p in prefixes)
+    n_rep = 1 if share_prefill else M
+    ids = torch.full((P, L), pad_id, dtype=torch.long)
+    am = torch.zeros((P, L), dtype=torch.long)
+    for i, p in enumerate(prefixes):
+        ids[i, L - len(p):] = torch.as_tensor(p)
+        am[i, L - len(p):] = 1
+    ids, am = ids.repeat_interleave(n_rep, 0).to(dev), am.repeat_interleave(n_rep, 0).to(dev)
+    pos = (am.cumsum(-1) - 1).clamp(min=0)
+    from transformers import DynamicCache
+    out = model(input_ids=ids, attention_mask=am, position_ids=pos, past_key_values=DynamicCache(), use_cache=True)
+    kv, logits = out.past_key_values, out.logits[:, -1]
+    T = max(budgets)
+    grow = _grow_layer_class()
+    # one prefill per prefix, its KV cache replicated M times (as DynamicCache.batch_repeat_interleave)
+    kv.layers = [grow(layer, T, M if share_prefill else 1) for layer in kv.layers]
+    if share_prefill:
+        logits = logits.repeat_interleave(M, 0)
+        am = am.repeat_interleave(M, 0)
+        pos = pos.repeat_interleave(M, 0)
+    next_pos = pos[:, -1] + 1
+    live_at_compaction = P * M
+    # uniforms per prefix from its own generator: samples independent of the batch composition
+    U = torch.stack([torch.rand(T, M, generator=torch.Generator().manual_seed(s), dtype=torch.float64)
+                     for s in seeds])                                          # (P, T, M)
+    row_prefix = torch.arange(P).repeat_interleave(M)                          # live row -> prefix
+    row_rep = torch.arange(M).repeat(P)                                        # live row -> replica
+    budget = torch.as_tensor(budgets).repeat_interleave(M)
+    ban = torch.tensor([-1 if b is None else b for b in bans]).repeat_interleave(M)
+    result = torch.full((P * M, T), pad_id, dtype=torch.long)
+    row_out = torch.arange(P * M)                                              # live row -> output row
+    alive = torch.ones(P * M, dtype=torch.bool)
+    for k in range(T):
+        if temperature == 0:
+            tok = logits.argmax(-1).cpu()
+        else:
+            probs = torch.softmax(logits.double() / temperature, dim=-1).cpu()
+            if k == 0 and bool((ban >= 0).any()):  # π renormalised without the banned token
+                b = ban >= 0
+                probs[b, ban[b]] = 0.0
+                probs[b] /= probs[b].sum(-1, keepdim=True)
+            cdf = probs.cumsum(-1)
+            u = U[row_prefix, k, row_rep][:, None] * cdf[:, -1:]
+            tok = torch.searchsorted(cdf, u).squeeze(1).clamp(max=probs.shape[1] - 1)
+        tok = torch.where(alive, tok, torch.full_like(tok, pad_id))
+        result[row_out[alive], k] = tok[alive]
+        alive = alive & (tok != eos_id) & (budget > k + 1)
+        n_alive = int(alive.sum())
+        if n_alive == 0:
+            break
+        if n_alive <= 0.75 * live_at_compaction:  # finished rows leave the batch and the cache
+            keep = alive.nonzero().squeeze(1)
+            for layer in kv.layers:
+                layer.batch_select_indices(keep.to(dev), room=T - k)
+            am, next_pos = am[keep.to(dev)], next_pos[keep.to(dev)]
+            tok, row_prefix, row_rep, budget, row_out, alive = (x[keep] for x in (tok, row_prefix, row_rep, budget,
+                                                                                  row_out, alive))
+            live_at_compaction = n_alive
+        am = torch.cat([am, torch.ones_like(am[:, :1])], dim=1)
+        out = model(input_ids=tok[:, None].to(dev), attention_mask=am, position_ids=next_pos[:, None],
+                    past_key_values=kv, use_cache=True)
+        kv, logits, next_pos = out.past_key_values, out.logits[:, -1], next_pos + 1
+    return [result[i * M:(i + 1) * M] for i in range(P)]
+
+
+def _sample_vllm(llm, prefixes, M, budgets, seeds, temperature, bans):  # pragma: no cover - GPU profile
+    """The vLLM seam: n=M samples per prefix (build `llm` with enable_prefix_caching=True)."""
+    try:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+    except ImportError as e:
+        raise ImportError("backend='vllm' needs vLLM: pip install -e '.[gpu]'") from e
+    if any(b is not None for b in bans):
+        raise NotImplementedError("estimator='exclude' bans the first token; use the hf backend or 'paper'")
+    params = [SamplingParams(n=M, temperature=temperature, max_tokens=b, seed=s % 2**31) for b, s in zip(budgets, seeds)]
+    outs = llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prefixes], params, use_tqdm=False)
+    res = []
+    for o, b in zip(outs, budgets):
+        seqs = [list(c.token_ids) for c in o.outputs]
+        res.append(torch.tensor([s + [-1] * (b - len(s)) for s in seqs]))
+    return res
+
+
+# --------------------------------------------------------------------------- rewards of prefixes
+@dataclass(frozen=True)
+class Request:
+    """Sample M continuations of `prompt + response` (first token never `ban`)."""
+    prompt: tuple
+    response: tuple
+    ban: int | None
+    group: int          # index of the problem in the batch
+
+
+def _rewards(model, tokenizer, batch, reqs: list[Request], cfg: ValueConfig, verifier, progress: bool,
+             on_done=None) -> list:
+    """Reward of each of the M continuations of every request (np.uint8 arrays of length M).
+
+    `on_done(i, rewards)` is called as each sampler batch finishes (the cache writes there, so an
+    interrupted run resumes)."""
+    from tqdm.auto import tqdm
+
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    out = [None] * len(reqs)
+    todo = []
+    for i, r in enumerate(reqs):
+        budget = cfg.max_new_tokens - len(r.response)
+        if budget <= 0 or (r.response and r.response[-1] == eos):  # complete already: a constant reward
+            text = tokenizer.decode(list(r.response))
+            out[i] = np.full(cfg.M, verifier(batch.problems[r.group], text), dtype=np.uint8)
+        else:
+            todo.append(i)
+    todo.sort(key=lambda i: len(reqs[i].prompt) + len(reqs[i].response))  # similar lengths share a batch
+    per = max(1, cfg.rows_per_chunk // cfg.M)
+    for s in tqdm(range(0, len(todo), per), desc=f"MC continuations (M={cfg.M})", disable=not progress):
+        chunk = [reqs[i] for i in todo[s:s + per]]
+        prefixes = [list(r.prompt + r.response) for r in chunk]
+        budgets = [cfg.max_new_tokens - len(r.response) for r in chunk]
+        seeds = [prefix_seed(cfg.seed, p, r.ban) for p, r in zip(prefixes, chunk)]
+        bans = [r.ban for r in chunk]
+        if cfg.backend == "vllm":
+            conts = _sample_vllm(model, prefixes, cfg.M, budgets, seeds, cfg.temperature, bans)
+        else:
+            conts = sample_continuations(model, prefixes, cfg.M, budgets, eos, pad, seeds, cfg.temperature, bans)
+        for i, r, c, b in zip(todo[s:s + per], chunk, conts, budgets):
+            seqs = []
+            for row in c[:, :b].tolist():  # the response is everything up to and including the first <eos>
+                row = [t for t in row if t >= 0]
+                seqs.append(list(r.response) + (row[:row.index(eos) + 1] if eos in row else row))
+            texts = tokenizer.batch_decode(seqs)
+            out[i] = np.array([verifier(batch.problems[r.group], t) for t in texts], dtype=np.uint8)
+            if on_done is not None:
+                on_done(i, out[i])
+    return out
+
+
+def model_id(model) -> str:
+    """Content hash of a model's parameters (the cache key of values sampled from it)."""
+    h = hashlib.sha256()
+    for k, v in sorted(model.state_dict().items()):
+        h.update(k.encode())
+        h.update(v.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def _cache_params(mid: str, r: Request, cfg: ValueConfig) -> dict:
+    return dict(model=mid, prompt=list(r.prompt), response=list(r.response), ban=r.ban, M=cfg.M, seed=cfg.seed,
+                temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens, backend=cfg.backend)
+
+
+def cached_rewards(model, tokenizer, batch, reqs, cfg: ValueConfig, mid: str, verifier=None,
+                   cache_dir: str | Path | None = None, progress: bool = True, stats: dict | None = None) -> list:
+    """`_rewards` through the cache: one entry per (model, prefix, banned token, M, seed, ...).
+
+    `stats` (a dict) receives requests, cache hits, sampled continuations and seconds spent.
+    """
+    import time
+
+    t0 = time.perf_counter()
+    verifier = verifier or tasks.verify
+    d = Path(cache_dir or cache.DEFAULT_DIR)
+    found, missing = {}, []
+    for i, r in enumerate(reqs):
+        k = cache.key("mc_rewards", _cache_params(mid, r, cfg))
+        if (d / f"{k}.pkl").exists():
+            found[i] = cache.cached("mc_rewards", _cache_params(mid, r, cfg), None, d)
+        else:
+            missing.append(i)
+    sampled = 0
+    if missing:
+        sub = [reqs[i] for i in missing]
+        new = _rewards(model, tokenizer, batch, sub, cfg, verifier, progress,
+                       on_done=lambda j, v: cache.cached("mc_rewards", _cache_params(mid, sub[j], cfg), lambda: v, d))
+        sampled = cfg.M * sum(cfg.max_new_tokens - len(r.response) > 0 and not (r.response and
+                              r.response[-1] == tokenizer.eos_token_id) for r in sub)
+        for i, v in zip(missing, new):
+            found[i] = cache.cached("mc_rewards", _cache_params(mid, reqs[i], cfg), lambda v=v: v, d)
+    if stats is not None:
+        stats.update(requests=len(reqs), cache_hits=len(reqs) - len(missing), continuations=int(sampled),
+                     seconds=time.perf_counter() - t0)
+    return [found[i] for i in range(len(reqs))]
+
+
+# --------------------------------------------------------------------------- the estimator
+def estimate(r0: np.ndarray, r1: np.ndarray, p: float, estimator: str = "paper") -> tuple[float, float]:
+    """(Δ̂, standard error) from the rewards of the s⊕o branch (r0) and of the s branch (r1).
+
+    'paper': r1 sampled from π at s, Δ̂ = (avg₀ − avg₋₁)/(1 − p). 'exclude': r1 sampled with
+    o banned at s, Δ̂ = avg₀ − avg₋ₒ. SE from the two branches' sample variances (independent).
+    """
+    a0, a1 = r0.mean(), r1.mean()
+    se = np.sqrt(r0.var(ddof=1) / len(r0) + r1.var(ddof=1) / len(r1))
+    if estimator == "paper":
+        return float((a0 - a1) / (1 - p)), float(se / (1 - p))
+    return float(a0 - a1), float(se)
+
+
+def split_rollout(batch, row: int):
+    """(prompt ids, response ids) of one rollout, padding removed."""
+    real = batch.attention_mask[row].bool()
+    resp = batch.response_mask[row]
+    ids = batch.input_ids[row]
+    return tuple(ids[real & ~resp].tolist()), tuple(ids[resp].tolist())
+
+
+def token_values(model, tokenizer, batch, tokens: pd.DataFrame, cfg: ValueConfig | None = None, mid: str | None = None,
+                 verifier=None, cache_dir: str | Path | None = None, progress: bool = True,
+                 stats: dict | None = None) -> pd.DataFrame:
+    """Δ̂ and its standard error for the tokens of `tokens` (rows of measure.token_table: needs
+    rollout, position, prob), sampled from `model` (any dtype; p_t is the table's `prob`).
+
+    Returns `tokens` with columns avg0 (mean reward from s⊕o), avg1 (from s, or s without o for
+    'exclude'), delta_hat, delta_se, skipped (p_t > p_max; those rows have NaN values). `mid`
+    names the model in cache keys (default: a hash of its parameters); `stats` see cached_rewards.
+    """
+    cfg = cfg or ValueConfig()
+    for col in ("rollout", "position", "prob"):
+        if col not in tokens:
+            raise KeyError(f"token_values: the token table needs a {col!r} column (measure.token_table)")
+    mid = mid or model_id(model)
+    df = tokens.copy()
+    df["skipped"] = df["prob"] > cfg.p_max
+    reqs, index = [], {}
+
+    def req(r):
+        if r not in index:
+            index[r] = len(reqs)
+            reqs.append(r)
+        return index[r]
+
+    pairs = []
+    for row, pos, skip in zip(df["rollout"].to_numpy(), df["position"].to_numpy(), df["skipped"].to_numpy()):
+        if skip:
+            pairs.append(None)
+            continue
+        prompt, resp = split_rollout(batch, int(row))
+        g = int(batch.group[int(row)])
+        with_o = req(Request(prompt, resp[:pos + 1], None, g))
+        without = req(Request(prompt, resp[:pos], resp[pos] if cfg.estimator == "exclude" else None, g))
+        pairs.append((with_o, without))
+    rewards = cached_rewards(model, tokenizer, batch, reqs, cfg, mid, verifier, cache_dir, progress, stats)
+    cols = {k: np.full(len(df), np.nan) for k in ("avg0", "avg1", "delta_hat", "delta_se")}
+    for n, (pr, p) in enumerate(zip(pairs, df["prob"].to_numpy())):
+        if pr is None:
+            continue
+        r0, r1 = rewards[pr[0]], rewards[pr[1]]
+        cols["avg0"][n], cols["avg1"][n] = r0.mean(), r1.mean()
+        cols["delta_hat"][n], cols["delta_se"][n] = estimate(r0, r1, float(p), cfg.estimator)
+    for k, v in cols.items():
+        df[k] = v
+    df["M"], df["estimator"] = cfg.M, cfg.estimator
+    return df
+
+
+def value_params(cfg: ValueConfig) -> dict:
+    return asdict(cfg)
+
+
+# --------------------------------------------------------------------------- analysis
+def bootstrap_mean(x, n_boot: int = 2000, seed: int = 0, alpha: float = 0.05) -> tuple[float, float, float]:
+    """(mean, lo, hi): percentile bootstrap interval of the mean of x."""
+    x = np.asarray(x, dtype=float)
+    if len(x) == 0:
+        return np.nan, np.nan, np.nan
+    idx = np.random.default_rng(seed).integers(0, len(x), (n_boot, len(x)))
+    m = x[idx].mean(1)
+    return float(x.mean()), float(np.quantile(m, alpha / 2)), float(np.quantile(m, 1 - alpha / 2))
+
+
+def bootstrap_gap(b, s, n_boot: int = 2000, seed: int = 0, alpha: float = 0.05) -> tuple[float, float, float]:
+    """(mean(b) − mean(s), lo, hi): the value gap with a percentile bootstrap interval."""
+    b, s = np.asarray(b, float), np.asarray(s, float)
+    if len(b) == 0 or len(s) == 0:
+        return np.nan, np.nan, np.nan
+    rng = np.random.default_rng(seed)
+    g = b[rng.integers(0, len(b), (n_boot, len(b)))].mean(1) - s[rng.integers(0, len(s), (n_boot, len(s)))].mean(1)
+    return float(b.mean() - s.mean()), float(np.quantile(g, alpha / 2)), float(np.quantile(g, 1 - alpha / 2))
+
+
+def balanced_sample(df: pd.DataFrame, by=("sign", "status"), seed: int = 0, n: int | None = None) -> pd.DataFrame:
+    """Equal numbers of rows from every cell of `by` (the smallest cell's size, or `n`)."""
+    groups = df.groupby(list(by))
+    n = min(n or len(df), groups.size().min())
+    return groups.sample(n=n, random_state=seed).reset_index(drop=True)

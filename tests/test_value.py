@@ -1,0 +1,167 @@
+"""Monte Carlo token value: the estimator against exact enumeration, shared-prefix sampling
+against independent sampling, and the cache."""
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+from cancellation import measure, rollout, tasks, value
+
+S_WORDS = {w for i, w in enumerate(tasks.VOCAB) if i % 2 == 0}  # the verifier rewards these final words
+HORIZON = 3                                     # tokens left to the response cap at the valued state
+
+
+def last_word_verifier(problem, text):
+    """Reward 1 iff the response's last word (ignoring <eos>) is in S_WORDS."""
+    words = [w for w in text.split() if w != tasks.EOS]
+    return float(bool(words) and words[-1] in S_WORDS)
+
+
+@pytest.fixture(scope="module")
+def peaky(model64):
+    """The random tiny-s policy with a sharpened LM head: peaked, context-dependent next-token distributions."""
+    m = copy.deepcopy(model64)
+    with torch.no_grad():
+        m.lm_head.weight.mul_(25.0)
+    return m
+
+
+@pytest.fixture(scope="module")
+def setup(peaky, tok):
+    """One rollout sampled from the peaky policy (seed 3: its tokens 2 and 3 have 0.1 < p < 0.8
+    and |Δ| > 0.25, found by exact enumeration), with the per-token table of the training forward."""
+    prob = tasks.Problem(prompt="Q: 1 2 + 3 4 = ? A:", answer="46", kind="add2")
+    batch = rollout.sample_batch(peaky, tok, [prob], G=1, max_new_tokens=12, seed=3, verifier=last_word_verifier)
+    table = measure.token_table(batch, measure.token_stats(peaky, batch), tokenizer=tok)
+    return batch, table
+
+
+def exact_value(model, tok, ids: list, budget: int) -> float:
+    """V of a prefix by enumerating every continuation of at most `budget` tokens (batched forwards)."""
+    eos = tok.eos_token_id
+    rewarded = torch.tensor([tok.convert_ids_to_tokens(i) in S_WORDS for i in range(len(tok))], dtype=torch.float64)
+    base_last = float(rewarded[ids[-1]])           # reward if the continuation is only <eos>
+    # frontier: (paths, prob); a path ends on <eos> (reward = its last non-eos token) or at the cap
+    paths, probs, total = torch.tensor([ids]), torch.ones(1, dtype=torch.float64), 0.0
+    for step in range(budget):
+        with torch.no_grad():
+            pi = torch.softmax(model(input_ids=paths).logits[:, -1].double(), -1)   # (n, V)
+        joint = probs[:, None] * pi
+        prev_reward = rewarded[paths[:, -1]] if step > 0 else torch.full((len(paths),), base_last, dtype=torch.float64)
+        total += float((joint[:, eos] * prev_reward).sum())                  # stop now on <eos>
+        joint[:, eos] = 0
+        if step == budget - 1:                                               # the cap: last token decides
+            total += float((joint * rewarded[None]).sum())
+            break
+        keep = joint > 1e-12                                                 # prune negligible mass (< 1e-9 in all)
+        r, c = keep.nonzero(as_tuple=True)
+        paths = torch.cat([paths[r], c[:, None]], 1)
+        probs = joint[r, c]
+    return total
+
+
+@pytest.mark.parametrize("estimator", ["paper", "exclude"])
+def test_estimator_matches_exact_enumeration(peaky, tok, setup, estimator, tmp_path):
+    """Δ̂ and its SE against Q, V computed exactly by enumerating every continuation (horizon 3)."""
+    batch, table = setup
+    prompt, resp = value.split_rollout(batch, 0)
+    for t in (2, 3):
+        r = table[table.position == t]
+        cfg = value.ValueConfig(M=3000, seed=1, max_new_tokens=t + HORIZON, estimator=estimator, rows_per_chunk=12000)
+        got = value.token_values(peaky, tok, batch, r, cfg, mid="peaky", verifier=last_word_verifier,
+                                 cache_dir=tmp_path, progress=False).iloc[0]
+        p = float(got.prob)
+        s = list(prompt + resp[:t])
+        V = exact_value(peaky, tok, s, HORIZON)
+        Q = exact_value(peaky, tok, s + [resp[t]], HORIZON - 1)
+        Qx = (V - p * Q) / (1 - p)                               # the alternatives' value
+        delta = (Q - V) / (1 - p)
+        assert 0.05 < p < 0.95 and abs(delta) > 0.2, "the case must be informative"
+        other = V if estimator == "paper" else Qx
+        se = np.sqrt(Q * (1 - Q) / cfg.M + other * (1 - other) / cfg.M) / ((1 - p) if estimator == "paper" else 1)
+        assert abs(got.delta_hat - delta) < 4.5 * se, (got.delta_hat, delta, se)
+        assert got.delta_se == pytest.approx(se, rel=0.25)     # the reported SE is the sampling SE
+        assert abs(got.avg0 - Q) < 4.5 * np.sqrt(Q * (1 - Q) / cfg.M)
+
+
+def test_shared_prefix_sampling_equals_independent(peaky, tok, setup):
+    """Batched shared-prefill sampling gives, per prefix, exactly the samples of sampling it alone
+    with M separately prefilled copies (per-prefix generators; float64 so logits agree to ~1e-15)."""
+    batch, _ = setup
+    prompt, resp = value.split_rollout(batch, 0)
+    prefixes = [list(prompt + resp[:k]) for k in (0, 3, 7)]
+    budgets, bans, M = [6, 4, 5], [None, resp[3], None], 16
+    seeds = [value.prefix_seed(0, p, b) for p, b in zip(prefixes, bans)]
+    eos, pad = tok.eos_token_id, tok.pad_token_id
+    together = value.sample_continuations(peaky, prefixes, M, budgets, eos, pad, seeds, bans=bans)
+    for i, p in enumerate(prefixes):
+        alone = value.sample_continuations(peaky, [p], M, [budgets[i]], eos, pad, [seeds[i]], bans=[bans[i]],
+                                           share_prefill=False)[0]
+        assert torch.equal(together[i][:, :alone.shape[1]], alone)
+        assert (together[i][:, alone.shape[1]:] == pad).all()
+    assert not (together[1][:, 0] == resp[3]).any()             # the banned first token never appears
+    assert len({tuple(r) for r in together[0].tolist()}) > 1      # and the M continuations differ
+
+
+def test_sampler_distribution_matches_generate(peaky, tok, setup):
+    """Statistical check against the independent sampler rollout.generate (torch.multinomial):
+    the first-token frequencies of both match the exact π within 5 binomial SE (fixed seeds, so
+    deterministic; 5 SE over ~10 non-negligible tokens fails by chance with prob ~1e-5)."""
+    batch, _ = setup
+    prompt, resp = value.split_rollout(batch, 0)
+    s, M = list(prompt + resp[:5]), 4000
+    ours = value.sample_continuations(peaky, [s], M, [1], tok.eos_token_id, tok.pad_token_id, [7])[0][:, 0]
+    ids = torch.tensor([s] * M)
+    theirs = rollout.generate(peaky, ids, torch.ones_like(ids), 1, 1.0, tok.eos_token_id, tok.pad_token_id,
+                              generator=torch.Generator().manual_seed(7))[:, 0]
+    with torch.no_grad():
+        pi = torch.softmax(peaky(input_ids=torch.tensor([s])).logits[0, -1].double(), -1)
+    se = torch.sqrt(pi * (1 - pi) / M) + 1e-3
+    for draws in (ours, theirs):
+        freq = torch.bincount(draws, minlength=len(pi)).double() / M
+        assert ((freq - pi).abs() < 5 * se).all()
+
+
+def test_cache_hit_returns_identical_values(peaky, tok, setup, tmp_path, monkeypatch):
+    batch, table = setup
+    cfg = value.ValueConfig(M=8, seed=3, max_new_tokens=len(table) + 4, estimator="paper")
+    rows = table.iloc[2:8]
+    s1, s2 = {}, {}
+    first = value.token_values(peaky, tok, batch, rows, cfg, mid="m", verifier=last_word_verifier,
+                               cache_dir=tmp_path, progress=False, stats=s1)
+    monkeypatch.setattr(value, "_rewards", lambda *a, **k: pytest.fail("cache miss on a rerun"))
+    second = value.token_values(peaky, tok, batch, rows, cfg, mid="m", verifier=last_word_verifier,
+                                cache_dir=tmp_path, progress=False, stats=s2)
+    cols = ["avg0", "avg1", "delta_hat", "delta_se"]
+    assert np.array_equal(first[cols].to_numpy(), second[cols].to_numpy(), equal_nan=True)
+    assert s1["cache_hits"] == 0 and s2["cache_hits"] == s2["requests"] == s1["requests"]
+    # the s⊕o branch is shared: the 'exclude' estimator on the same tokens only samples the new branch
+    monkeypatch.undo()
+    s3 = {}
+    value.token_values(peaky, tok, batch, rows, value.ValueConfig(M=8, seed=3, max_new_tokens=len(table) + 4,
+                       estimator="exclude"), mid="m", verifier=last_word_verifier, cache_dir=tmp_path,
+                       progress=False, stats=s3)
+    assert s3["cache_hits"] >= 1 and s3["continuations"] > 0
+
+
+def test_skips_confident_tokens(peaky, tok, setup, tmp_path):
+    batch, table = setup
+    rows = table.copy()
+    rows["prob"] = np.where(np.arange(len(rows)) % 2 == 0, 0.9995, 0.5)  # every other token above p_max
+    cfg = value.ValueConfig(M=2, max_new_tokens=len(table) + 2)
+    got = value.token_values(peaky, tok, batch, rows.iloc[:6], cfg, mid="m", verifier=last_word_verifier,
+                             cache_dir=tmp_path, progress=False)
+    assert got.skipped.tolist() == [True, False] * 3
+    assert got[got.skipped].delta_hat.isna().all() and got[~got.skipped].delta_hat.notna().all()
+
+
+def test_bootstrap_and_balance():
+    rng = np.random.default_rng(0)
+    x = rng.normal(1.0, 1.0, 400)
+    m, lo, hi = value.bootstrap_mean(x, 4000, 0)
+    half = 1.96 * x.std(ddof=1) / np.sqrt(len(x))                 # the normal-theory interval
+    assert m == pytest.approx(x.mean()) and lo == pytest.approx(m - half, abs=0.03) and hi == pytest.approx(m + half, abs=0.03)
+    import pandas as pd
+    df = pd.DataFrame({"sign": ["pos"] * 10 + ["neg"] * 4, "status": ["boosted", "suppressed"] * 7})
+    assert value.balanced_sample(df).groupby(["sign", "status"]).size().tolist() == [2, 2, 2, 2]
