@@ -14,7 +14,7 @@ def tok():
 @pytest.fixture(scope="session")
 def model64():
     """A randomly initialised small Qwen2 in float64 (fast; tests do not need a trained policy)."""
-    m = policy.build_tiny_model("tiny-s", seed=0).to(torch.float64)
+    m = policy.exact_norms(policy.build_tiny_model("tiny-s", seed=0).to(torch.float64))
     m.eval()
     return m
 

@@ -15,6 +15,7 @@ import json
 import logging
 import random
 import time
+import types
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -89,14 +90,36 @@ def load_policy(path: str | Path, dtype: str | torch.dtype = "float32", device: 
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype).to(device)
+    exact_norms(model)
     model.eval()
     return model, tok
+
+
+def _rmsnorm_forward(self, x):
+    dt = torch.promote_types(x.dtype, torch.float32)  # float64 stays float64; half precision upcasts as stock
+    y = x.to(dt)
+    y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+    return self.weight * y.to(x.dtype)
+
+
+def exact_norms(model):
+    """Make every RMSNorm compute in the model's dtype when that is float64 (idempotent).
+
+    transformers' Qwen2/Llama RMSNorm upcasts to float32 *only*, so a float64 model would still
+    round every hidden state to float32 (~1e-7 relative) in each norm: invisible to a no-op
+    update, but it blurs the Δlog p of small SGD steps and breaks the linearity of the gradient
+    in the token weights that the masked-update shortcut relies on. Half precision is unchanged.
+    """
+    for m in model.modules():
+        if type(m).__name__.endswith("RMSNorm") and hasattr(m, "variance_epsilon"):
+            m.forward = types.MethodType(_rmsnorm_forward, m)
+    return model
 
 
 def cast(model, dtype: str | torch.dtype):
     """A deep copy of `model` in `dtype` (analysis passes of the tiny profile run in float64)."""
     dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
-    return copy.deepcopy(model).to(dtype)
+    return exact_norms(copy.deepcopy(model).to(dtype))
 
 
 def n_params(model) -> int:

@@ -1,0 +1,443 @@
+"""Output-layer proxy coupling kernel, first-order prediction, and masked updates (paper §2, App. D).
+
+Token j of a batch (response tokens, flattened) has the LM-head input h_j, next-token
+distribution π_j = softmax(W h_j), sampled token o_j and loss weight A_j. Its LM-head gradient
+g_j = (e_{o_j} − π_j) h_jᵀ gives the proxy kernel (Eq. 7–8)
+
+    K_jk = ⟨g_j, g_k⟩_F = ⟨h_j, h_k⟩ · φ_jk,   φ_jk = 1[o_j = o_k] − π_j(o_k) − π_k(o_j) + ⟨π_j, π_k⟩.
+
+Nothing here materialises a per-token V×d gradient or a full N×V probability matrix: π is
+recomputed from (h, W, logsumexp) per block of tokens × block of vocabulary, ⟨π_j, π_k⟩ is
+summed over vocabulary chunks, and the cross terms π_j(o_k) are gathers (rows W[o_k]). Peak
+memory is O(chunk² + chunk·vocab_chunk), so the same code serves a 152k vocabulary on a GPU.
+
+Masked updates (Table 1, Fig. 3): an SGD step's masked twin θ'^{−M} differs from θ' only by M's
+share of the gradient, θ'^{−M} = θ' + η ∇L_M(θ); we take ∇L_M from M's own backward (full
+scope) or in closed form from (h, π, o) (lm_head scope) instead of redoing the step per candidate.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from . import grpo, measure, policy
+
+
+# exact_norms moved to policy.py (load_policy applies it to every float64 model); kept here by name.
+exact_norms = policy.exact_norms
+
+
+# ----------------------------------------------------------------------------- features
+@dataclass
+class Features:
+    """Per-response-token quantities of one forward pass, flattened to N tokens."""
+    h: torch.Tensor        # (N, d) LM-head input (after the final norm)
+    W: torch.Tensor        # (V, d) LM-head weight
+    o: torch.Tensor        # (N,) sampled token ids
+    lse: torch.Tensor      # (N,) logsumexp of the logits W h_j
+    A: torch.Tensor        # (N,) loss weight (advantage) of token j
+    logp: torch.Tensor     # (N,) log π_j(o_j) from the training forward
+    entropy: torch.Tensor  # (N,) entropy H_j
+    rows: torch.Tensor     # (N,) row of token j in the batch
+    cols: torch.Tensor     # (N,) column of token j in the batch
+
+    def __len__(self):
+        return self.h.shape[0]
+
+    @property
+    def p(self) -> torch.Tensor:
+        return self.logp.exp()
+
+
+def features(model, batch, stats: measure.TokenStats | None = None, weight: torch.Tensor | None = None,
+             chunk: int = 1024, vocab_chunk: int = 8192) -> Features:
+    """Features of every response token of `batch` (`stats` from token_stats(hidden=True) if given)."""
+    head = model.get_output_embeddings()
+    if getattr(head, "bias", None) is not None:
+        raise NotImplementedError("coupling assumes an LM head without bias (logits = W h)")
+    stats = stats if stats is not None and stats.hidden is not None else \
+        measure.token_stats(model, batch, hidden=True)
+    rows, cols = batch.response_mask.nonzero(as_tuple=True)
+    W = head.weight.detach()
+    h = stats.hidden[rows, cols].to(W.device, W.dtype)
+    weight = batch.advantage if weight is None else weight
+    f = Features(h=h, W=W, o=batch.input_ids[rows, cols].to(W.device), lse=torch.empty(0),
+                 A=weight[rows].to(W.device, W.dtype), logp=stats.logp[rows, cols].to(W.device, W.dtype),
+                 entropy=stats.entropy[rows, cols].to(W.device, W.dtype), rows=rows, cols=cols)
+    f.lse = torch.cat([_lse(f, slice(s, s + chunk), vocab_chunk) for s in range(0, len(f), chunk)])
+    return f
+
+
+def _lse(f: Features, J, vocab_chunk: int) -> torch.Tensor:
+    """logsumexp_v (W h_j)_v, accumulated over vocabulary chunks."""
+    out = None
+    for v in range(0, f.W.shape[0], vocab_chunk):
+        z = torch.logsumexp(f.h[J] @ f.W[v:v + vocab_chunk].T, dim=-1)
+        out = z if out is None else torch.logaddexp(out, z)
+    return out
+
+
+def _probs(f: Features, J, v: slice) -> torch.Tensor:
+    """π_j restricted to the vocabulary slice v, for tokens J: (|J|, |v|)."""
+    return torch.exp(f.h[J] @ f.W[v].T - f.lse[J, None])
+
+
+def _idx(J, n) -> torch.Tensor:
+    """Token indices: all (None), a slice, or a list/tensor of indices."""
+    if J is None:
+        return torch.arange(n)
+    return torch.arange(n)[J] if isinstance(J, slice) else torch.as_tensor(J, dtype=torch.long)
+
+
+# ----------------------------------------------------------------------------- kernel
+def _resid(f: Features, J, v: slice) -> torch.Tensor:
+    """r_j = e_{o_j} − π_j restricted to the vocabulary slice v, for tokens J: (|J|, |v|).
+
+    The o_j entry is 1 − π_j(o_j) = −expm1(log p_j), so a near-certain token keeps its tiny
+    residual to full relative precision (1 − p would cancel to zero at p ≈ 1).
+    """
+    r = -_probs(f, J, v)
+    o = f.o[J]
+    lo, hi = v.start, min(v.stop, f.W.shape[0])
+    hit = ((o >= lo) & (o < hi)).nonzero().squeeze(1)
+    if len(hit):
+        jj = _idx(J, len(f))[hit]
+        logp = (f.h[jj] * f.W[f.o[jj]]).sum(-1) - f.lse[jj]
+        r[hit, o[hit] - lo] = -torch.expm1(logp)
+    return r
+
+
+def phi_block(f: Features, J, K, vocab_chunk: int = 8192) -> torch.Tensor:
+    """φ_jk = ⟨r_j, r_k⟩ = 1[o_j=o_k] − π_j(o_k) − π_k(o_j) + ⟨π_j,π_k⟩ for token indices J × K.
+
+    Summed over vocabulary chunks; each chunk holds the Gram of π and, through the o-entries of
+    r, the two cross terms and the indicator (the same four terms, in a cancellation-free order).
+    """
+    out = 0.0
+    for v in range(0, f.W.shape[0], vocab_chunk):
+        v = slice(v, v + vocab_chunk)
+        out = out + _resid(f, J, v) @ _resid(f, K, v).T
+    return out
+
+
+def self_kernel(f: Features, chunk: int = 1024, vocab_chunk: int = 8192) -> torch.Tensor:
+    """K_jj = ‖g_j‖² = ‖h_j‖² ‖e_{o_j} − π_j‖², for the cosine normalisation."""
+    sq = torch.zeros(len(f), dtype=f.h.dtype, device=f.h.device)
+    for s in range(0, len(f), chunk):
+        J = torch.arange(s, min(s + chunk, len(f)))
+        for v in range(0, f.W.shape[0], vocab_chunk):
+            sq[J] += _resid(f, J, slice(v, v + vocab_chunk)).pow(2).sum(-1)
+    return (f.h * f.h).sum(-1) * sq
+
+
+def blocks(f: Features, J=None, K=None, chunk: int = 1024, vocab_chunk: int = 8192):
+    """Yield (a, b, ⟨h_j,h_k⟩, φ_jk) for the block J[a:a+chunk] × K[b:b+chunk] (default: all tokens)."""
+    J, K = _idx(J, len(f)), _idx(K, len(f))
+    for a in range(0, len(J), chunk):
+        j = J[a:a + chunk]
+        for b in range(0, len(K), chunk):
+            k = K[b:b + chunk]
+            yield a, b, f.h[j] @ f.h[k].T, phi_block(f, j, k, vocab_chunk)
+
+
+def kernel(f: Features, J=None, K=None, chunk: int = 1024, vocab_chunk: int = 8192,
+           cosine: bool = False) -> torch.Tensor:
+    """Dense K[J, K] (choose J, K to bound memory); `cosine` divides by ‖g_j‖ ‖g_k‖."""
+    Ji, Ki = _idx(J, len(f)), _idx(K, len(f))
+    out = torch.empty(len(Ji), len(Ki), dtype=f.h.dtype, device=f.h.device)
+    for a, b, hg, phi in blocks(f, Ji, Ki, chunk, vocab_chunk):
+        out[a:a + hg.shape[0], b:b + hg.shape[1]] = hg * phi
+    if cosine:
+        n = self_kernel(f, chunk, vocab_chunk).clamp(min=1e-300).sqrt()
+        out = out / n[Ji, None] / n[None, Ki]
+    return out
+
+
+def pair_terms(f: Features, j: torch.Tensor, k: torch.Tensor, chunk: int = 4096, vocab_chunk: int = 8192) -> dict:
+    """⟨h_j,h_k⟩, its cosine, φ_jk and K_jk for selected pairs (j[i], k[i]) only."""
+    hdot, phi = [], []
+    for s in range(0, len(j), chunk):
+        a, b = j[s:s + chunk], k[s:s + chunk]
+        acc = 0.0
+        for v in range(0, f.W.shape[0], vocab_chunk):
+            v = slice(v, v + vocab_chunk)
+            acc = acc + (_resid(f, a, v) * _resid(f, b, v)).sum(-1)
+        phi.append(acc)
+        hdot.append((f.h[a] * f.h[b]).sum(-1))
+    hdot, phi = torch.cat(hdot), torch.cat(phi)
+    norm = f.h.norm(dim=-1)
+    return {"hdot": hdot, "hcos": hdot / (norm[j] * norm[k]), "phi": phi, "kernel": hdot * phi}
+
+
+def kernel_matvec(f: Features, a: torch.Tensor, J=None, chunk: int = 1024, vocab_chunk: int = 8192) -> torch.Tensor:
+    """(K a)[J] = Σ_k K_jk a_k without storing K (memory bounded by the chunk)."""
+    Ji = _idx(J, len(f))
+    out = torch.zeros(len(Ji), dtype=f.h.dtype, device=f.h.device)
+    for s, b, hg, phi in blocks(f, Ji, None, chunk, vocab_chunk):
+        out[s:s + hg.shape[0]] += (hg * phi) @ a[b:b + hg.shape[1]]
+    return out
+
+
+def first_order_delta(f: Features, lr: float, n_tokens: int | None = None, **kw) -> torch.Tensor:
+    """δ_j = η/N Σ_k A_k K_jk (Eq. 5/9): predicted Δlog p_j of one SGD lm_head step.
+
+    At ρ = 1 the token-mean clipped loss has gradient −(1/N) Σ_k A_k g_k, N = response tokens.
+    """
+    n = len(f) if n_tokens is None else n_tokens
+    return lr / n * kernel_matvec(f, f.A, **kw)
+
+
+def entropy_bin_means(f: Features, bins: torch.Tensor, n_bins: int, chunk: int = 1024, vocab_chunk: int = 8192):
+    """Mean of A_k⟨h_j,h_k⟩φ_jk and of its absolute value over pairs j ≠ k, per (bin(j), bin(k))."""
+    dt = f.h.dtype
+    onehot = torch.nn.functional.one_hot(bins.long(), n_bins).to(dt)
+    s_signed = torch.zeros(n_bins, n_bins, dtype=dt)
+    s_abs = torch.zeros(n_bins, n_bins, dtype=dt)
+    for a, b, hg, phi in blocks(f, None, None, chunk, vocab_chunk):
+        j, k = slice(a, a + hg.shape[0]), slice(b, b + hg.shape[1])
+        c = hg * phi * f.A[k][None, :]
+        if a == b:
+            c.fill_diagonal_(0.0)                    # drop the self pairs j = k
+        s_signed += onehot[j].T @ c @ onehot[k]
+        s_abs += onehot[j].T @ c.abs() @ onehot[k]
+    cnt = onehot.sum(0)
+    pairs = cnt[:, None] * cnt[None, :] - torch.diag(cnt)
+    return s_signed / pairs, s_abs / pairs
+
+
+# ----------------------------------------------------------------------------- masked updates
+def lm_head_grad(f: Features, M=None, n_tokens: int | None = None, vocab_chunk: int = 8192) -> torch.Tensor:
+    """∇_W of the token-mean loss at ρ = 1 restricted to tokens M: −(1/N) Σ_{k∈M} A_k (e_{o_k} − π_k) h_kᵀ."""
+    M = _idx(M, len(f))
+    n = len(f) if n_tokens is None else n_tokens
+    ah = f.A[M, None] * f.h[M]
+    g = torch.zeros_like(f.W).index_add_(0, f.o[M], ah)
+    for v in range(0, f.W.shape[0], vocab_chunk):
+        v = slice(v, v + vocab_chunk)
+        g[v] -= _probs(f, M, v).T @ ah
+    return -g / n
+
+
+def masked_effects_lm_head(f: Features, cands: torch.Tensor, sets, lr: float,
+                           n_tokens: int | None = None) -> torch.Tensor:
+    """Exact δ = log π_θ'(c) − log π_θ'^{−M}(c) of an SGD lm_head step, for candidates c with sets (C, m).
+
+    Only W moves, so the logits are linear in it: W'^{−M} h_c = W' h_c + η ∇_W L_M h_c, and
+    ∇_W L_M h_c = −(1/N) Σ_{k∈M} A_k ⟨h_k, h_c⟩ (e_{o_k} − π_k): closed form from (h, π, o).
+    """
+    n = len(f) if n_tokens is None else n_tokens
+    W1 = f.W - lr * lm_head_grad(f, None, n)                  # θ': the full step, once
+    out = torch.empty(len(cands), dtype=f.h.dtype)
+    for i, (c, M) in enumerate(zip(cands.tolist(), sets)):
+        z1 = W1 @ f.h[c]
+        w = f.A[M] * (f.h[M] @ f.h[c])                         # A_k ⟨h_k, h_c⟩
+        pi = torch.exp(f.h[M] @ f.W.T - f.lse[M, None])        # (m, V); chunk M for huge V
+        zm = z1 - lr / n * (torch.zeros_like(z1).index_add_(0, f.o[M], w) - w @ pi)
+        o = f.o[c]
+        out[i] = (z1[o] - torch.logsumexp(z1, 0)) - (zm[o] - torch.logsumexp(zm, 0))
+    return out
+
+
+def _token_weight(batch, f: Features, M, scale: float = 1.0) -> torch.Tensor:
+    tw = torch.zeros(batch.input_ids.shape, dtype=torch.float64)
+    tw[f.rows[M], f.cols[M]] = scale
+    return tw
+
+
+def masked_effects_full(model, batch, f: Features, cands: torch.Tensor, sets, lr: float,
+                        chunk_rows: int = 64, progress: bool = False) -> torch.Tensor:
+    """δ of an SGD full-parameter step for candidates c with sets M(c) (a (C, m) tensor or a list of
+    index tensors of any sizes: pass every kind at once, θ' is computed once); the model is left unchanged.
+
+    θ' comes from one full step. Per candidate, M's gradient at θ comes from a backward over only
+    the rows holding M (token weight 1[M] · n_rows/N keeps the batch's denominator N), then
+    θ'^{−M} = θ' + η ∇L_M and one forward of c's row gives log π_θ'^{−M}(c).
+    """
+    from tqdm.auto import tqdm
+
+    cfg = grpo.UpdateConfig(optimizer="sgd", lr=lr, scope="full", chunk_rows=chunk_rows)
+    params = list(model.parameters())
+    theta = [p.detach().clone() for p in params]
+    old = measure.token_stats(model, batch, chunk_rows).logp           # θ_old = θ: ρ = 1
+    grpo.grpo_step(model, batch, cfg, old_logp=old)
+    theta1 = [p.detach().clone() for p in params]
+    logp1 = measure.token_stats(model, batch, chunk_rows).logp
+    N = batch.n_tokens
+    out = torch.empty(len(cands), dtype=torch.float64)
+    try:
+        with grpo.only_grad_for(model, params):
+            for i, (c, M) in enumerate(tqdm(list(zip(cands.tolist(), sets)), desc="masked full", disable=not progress)):
+                with torch.no_grad():
+                    for p, t in zip(params, theta):
+                        p.copy_(t)
+                rows = torch.unique(f.rows[M])
+                n_rows = int(batch.response_mask[rows].sum())
+                model.zero_grad(set_to_none=True)
+                grpo.accumulate_grad(model, batch, rows, old, batch.advantage.to(torch.float64), cfg,
+                                     token_weight=_token_weight(batch, f, M, n_rows / N))
+                with torch.no_grad():
+                    for p, t in zip(params, theta1):
+                        p.copy_(t).add_(p.grad, alpha=lr) if p.grad is not None else p.copy_(t)
+                    r, col = int(f.rows[c]), int(f.cols[c])
+                    lp = measure.token_logp(measure.forward_logits(model, batch, [r]), batch.input_ids[[r]])
+                out[i] = float(logp1[r, col]) - float(lp[0, col])
+    finally:
+        with torch.no_grad():
+            for p, t in zip(params, theta):
+                p.copy_(t)
+        model.zero_grad(set_to_none=True)
+    return out
+
+
+def masked_effect_bruteforce(model, batch, c: int, M, f: Features, lr: float, scope: str = "full",
+                             chunk_rows: int = 64) -> float:
+    """Reference: re-run the whole SGD step with and without M's loss weights (two full steps)."""
+    cfg = grpo.UpdateConfig(optimizer="sgd", lr=lr, scope=scope, chunk_rows=chunk_rows)
+    snap = grpo.snapshot(model, "full")
+    old = measure.token_stats(model, batch, chunk_rows).logp
+    r, col = int(f.rows[c]), int(f.cols[c])
+    grpo.grpo_step(model, batch, cfg, old_logp=old)
+    lp1 = float(measure.token_stats(model, batch.select([r]), chunk_rows).logp[0, col])
+    grpo.restore(model, snap)
+    grpo.grpo_step(model, batch, cfg, old_logp=old, token_weight=1.0 - _token_weight(batch, f, M))
+    lpm = float(measure.token_stats(model, batch.select([r]), chunk_rows).logp[0, col])
+    grpo.restore(model, snap)
+    return lp1 - lpm
+
+
+# ----------------------------------------------------------------------------- mask sets and statistics
+SET_KINDS = ("random", "same", "lowconf", "both")
+
+
+POOLS = ("nonzero", "positive")
+
+
+def masking_sets(f: Features, n_cands: int, size: int, low_quantile: float = 0.5, seed: int = 0,
+                 pool: str = "nonzero"):
+    """Candidates and equal-size masks M(c) of each kind (Table 1).
+
+    Candidates and masks come from the live tokens: A ≠ 0 (`pool='nonzero'`; a zero-weight
+    token's mask is a no-op) or A > 0 only (`pool='positive'`). Per candidate c, other than c:
+    'same' o_k = o_c; 'lowconf' p_k below the `low_quantile` quantile of p; 'both' the
+    intersection; 'random' any. Candidates are drawn among live tokens whose 'both' pool holds
+    at least `size` tokens, so every kind has the same |M|. Returns (cands, {kind: (C, m)}).
+    """
+    if pool not in POOLS:
+        raise ValueError(f"unknown mask pool {pool!r}; allowed: {', '.join(POOLS)}")
+    g = torch.Generator().manual_seed(seed)
+    live = ((f.A != 0) if pool == "nonzero" else (f.A > 0)).nonzero().squeeze(1)
+    if not len(live):
+        raise ValueError("the batch has no token with a usable advantage (no mixed-reward group)")
+    p = f.p
+    low = p < torch.quantile(p[live], low_quantile)
+    live_low = torch.zeros(len(f), dtype=torch.bool)
+    live_low[live[low[live]]] = True
+    eligible = [int(c) for c in live if int(((f.o == f.o[c]) & live_low).sum()) - int(live_low[c]) >= size]
+    if not eligible:
+        raise ValueError(f"no candidate has {size} same-token low-confidence tokens; lower `mask_size`")
+    eligible = torch.tensor(eligible)
+    cands = eligible[torch.randperm(len(eligible), generator=g)[:n_cands]]
+    is_live = torch.zeros(len(f), dtype=torch.bool)
+    is_live[live] = True
+    sets = {k: [] for k in SET_KINDS}
+    for c in cands.tolist():
+        not_c = torch.ones(len(f), dtype=torch.bool)
+        not_c[c] = False
+        same = f.o == f.o[c]
+        pools = {"random": is_live & not_c, "same": is_live & not_c & same,
+                 "lowconf": live_low & not_c, "both": live_low & not_c & same}
+        for k, pool in pools.items():
+            idx = pool.nonzero().squeeze(1)
+            sets[k].append(idx[torch.randperm(len(idx), generator=g)[:size]])
+    return cands, {k: torch.stack(v) for k, v in sets.items()}
+
+
+def top_coupled_sets(f: Features, cands: torch.Tensor, size: int, **kw) -> torch.Tensor:
+    """The `size` tokens (A ≠ 0, ≠ c) with the largest proxy kernel K_ck for each candidate (Fig. 3c)."""
+    Kc = kernel(f, cands, None, **kw)
+    Kc[:, f.A == 0] = -float("inf")
+    Kc[torch.arange(len(cands)), cands] = -float("inf")
+    return Kc.topk(size, dim=1).indices
+
+
+def proxy_cosine(f: Features, cands: torch.Tensor, sets: torch.Tensor, **kw) -> torch.Tensor:
+    """cos(g_c, Σ_{k∈M} A_k g_k) under the proxy kernel, per candidate (Fig. 3b coupling strength)."""
+    kc = self_kernel(f)
+    out = torch.empty(len(cands), dtype=f.h.dtype)
+    for i, (c, M) in enumerate(zip(cands.tolist(), sets)):
+        a = f.A[M]
+        num = kernel(f, [c], M, **kw)[0] @ a
+        den = (a @ kernel(f, M, M, **kw) @ a).clamp(min=1e-300).sqrt() * kc[c].clamp(min=1e-300).sqrt()
+        out[i] = num / den
+    return out
+
+
+def boost_stats(delta, n_boot: int = 1000, seed: int = 0, level: float = 0.95) -> dict:
+    """Boost Rate = mean 1[δ > 0] and Mean Boost = mean δ, with percentile bootstrap intervals."""
+    d = np.asarray(delta, dtype=np.float64)
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, len(d), size=(n_boot, len(d)))
+    br, mb = (d[idx] > 0).mean(1), d[idx].mean(1)
+    q = [(1 - level) / 2, (1 + level) / 2]
+    return {"boost_rate": float((d > 0).mean()), "boost_rate_lo": float(np.quantile(br, q[0])),
+            "boost_rate_hi": float(np.quantile(br, q[1])), "mean_boost": float(d.mean()),
+            "mean_boost_lo": float(np.quantile(mb, q[0])), "mean_boost_hi": float(np.quantile(mb, q[1])),
+            "n": len(d)}
+
+
+# ----------------------------------------------------------------------------- proxy fidelity (Fig. 10, App. D.3)
+def proxy_sign_consistency(model, batch, lr: float, eps: float = 0.0, chunk_rows: int = 64) -> dict:
+    """Share of response tokens whose Δlog p has the same sign under an SGD lm_head step and an SGD
+    full step from the same θ on the same batch (the model is restored after both)."""
+    before = measure.token_stats(model, batch, chunk_rows).logp
+    snap = grpo.snapshot(model, "full")
+    deltas = {}
+    for scope in ("lm_head", "full"):
+        cfg = grpo.UpdateConfig(optimizer="sgd", lr=lr, scope=scope, chunk_rows=chunk_rows)
+        grpo.grpo_step(model, batch, cfg, old_logp=before)
+        deltas[scope] = (measure.token_stats(model, batch, chunk_rows).logp - before)[batch.response_mask]
+        grpo.restore(model, snap)
+    a, b = deltas["lm_head"], deltas["full"]
+    moved = (a.abs() > eps) & (b.abs() > eps)
+    return {"sign_consistency": float((torch.sign(a) == torch.sign(b)).double().mean()),
+            "sign_consistency_moved": float((torch.sign(a[moved]) == torch.sign(b[moved])).double().mean()),
+            "pearson": float(torch.corrcoef(torch.stack([a, b]))[0, 1]), "n_tokens": int(a.numel()),
+            "n_moved": int(moved.sum())}
+
+
+def sign_consistency_run(model, tokenizer, cfg, sgd_lr: float, progress: bool = True):
+    """A GRPO training run (train.RunConfig, persistent optimizer) that, before every step, compares
+    an SGD lm_head step with an SGD full step on that step's batch (Fig. 10). Trains `model` in place."""
+    import pandas as pd
+    from tqdm.auto import tqdm
+
+    from . import rollout, tasks
+
+    opt = grpo.make_optimizer(model, cfg.update)
+    out = []
+    for step in tqdm(range(cfg.steps), desc="sign consistency run", disable=not progress):
+        problems = tasks.draw_problems(cfg.n_prompts, 1_000_003 * (cfg.seed + 1) + step, cfg.kinds)
+        batch = rollout.sample_batch(model, tokenizer, problems, G=cfg.G, temperature=cfg.temperature,
+                                     max_new_tokens=cfg.max_new_tokens, seed=cfg.seed * 7919 + step)
+        row = proxy_sign_consistency(model, batch, sgd_lr, cfg.eps, cfg.update.chunk_rows)
+        grpo.grpo_step(model, batch, cfg.update, optimizer=opt, seed=cfg.seed + step)
+        out.append({"step": step, "accuracy": float(batch.reward.mean()), **row})
+    return pd.DataFrame(out)
+
+
+def adam_first_step_ratio(model, batch, lr: float, chunk_rows: int = 64) -> np.ndarray:
+    """App. D.3: (θ0 − θ1) / (lr · sign(g)) for every parameter element of Adam's first step
+    (1 would be exact sign descent); the model is restored."""
+    snap = grpo.snapshot(model, "full")
+    cfg = grpo.UpdateConfig(optimizer="adam", lr=lr, scope="full", chunk_rows=chunk_rows)
+    params = list(model.parameters())
+    theta0 = [p.detach().clone() for p in params]
+    grpo.grpo_step(model, batch, cfg)
+    ratios = [((t - p.detach()) / (lr * torch.sign(p.grad))).flatten()
+              for p, t in zip(params, theta0) if p.grad is not None]
+    grpo.restore(model, snap)
+    model.zero_grad(set_to_none=True)
+    r = torch.cat(ratios)
+    return r[torch.isfinite(r)].numpy()

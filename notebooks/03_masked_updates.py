@@ -1,0 +1,310 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Fig. 3, Table 1, Fig. 10 — masked updates and proxy fidelity
+#
+# *Paper, §2 and App. D.* For a candidate token c and a token set M(c), the *masking effect*
+# δ = log π_θ'(c) − log π_θ'^{−M}(c) compares one SGD step (θ') with the same step with M's loss
+# weights set to 0 (θ'^{−M}). Sets: same token as c, low confidence (p below a quantile), both,
+# random; equal sizes, c ∉ M. Boost Rate = mean 1[δ > 0], Mean Boost = mean δ. The paper (Table 1):
+# random ≈ 50% / ≈ 0; same+low-confidence ≈ 74–75% / +0.030, with LM-head-only and full-parameter
+# steps agreeing. Fig. 10: the share of tokens whose Δlog p has the same sign under an lm_head and
+# a full step stays near 0.7 along training. App. D.3: Adam's first step is sign descent.
+#
+# θ'^{−M} = θ' + η ∇L_M(θ): the library takes M's gradient from M's own backward (full scope) or
+# in closed form (lm_head scope) instead of re-running the whole step per candidate; a test checks
+# both against re-running the masked step.
+
+# %% tags=["parameters"]
+profile = "tiny"                    # parameter profile (set by the runner)
+fig_dir = "figures/tiny"            # where figures go (set by the runner)
+results_dir = "data/results/tiny"   # where tidy tables go (set by the runner)
+model_path = "data/policies/tiny-m"  # policy
+dtype = "float64"                   # analysis and update precision
+device = "cpu"                      # cpu or cuda
+n_prompts = 16                      # prompts in the masked-update batch
+G = 8                               # rollouts per prompt
+temperature = 1.0                   # sampling temperature
+max_new_tokens = 96                 # response length cap
+lr = 0.1                            # SGD lr of the masked-update steps (paper: 0.1)
+mask_size = 8                       # |M(c)|, equal for every kind
+low_quantile = 0.5                  # low confidence: p below this quantile of the live tokens' p
+pools = ["nonzero", "positive"]     # candidate and mask pools: nonzero (A ≠ 0 tokens) or positive (positive rollouts only)
+n_cands = 400                       # candidates per pool (lm_head scope, closed form: cheap)
+n_cands_full = 20                   # of those, candidates per pool and kind for the full-parameter scope
+topk_sizes = [1, 2, 4, 8, 16, 32]   # Fig. 3(c): number of top-coupled tokens masked (lm_head)
+topk_full_sizes = [2, 8, 32]        # Fig. 3(c): sizes also run with the full-parameter scope
+n_cands_topk_full = 12              # candidates per size for the full scope of Fig. 3(c)
+n_cos_bins = 5                      # Fig. 3(b): quantile bins of the proxy cosine
+n_boot = 1000                       # bootstrap resamples for the intervals
+run_steps = 6                       # Fig. 10: GRPO training steps
+run_n_prompts = 8                   # Fig. 10: prompts per step
+run_G = 8                           # Fig. 10: rollouts per prompt
+adam_lr = 1e-4                      # Fig. 10 training optimizer and App. D.3 Adam step
+seed = 0                            # seeds prompts, sampling, candidates and masks
+
+# %%
+import logging
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from cancellation import cache, coupling, grpo, measure, plots, policy, rollout, tasks, train
+
+logging.basicConfig(level=logging.WARNING)
+torch.manual_seed(seed)
+Path(results_dir).mkdir(parents=True, exist_ok=True)
+model, tok = policy.load_policy(model_path, dtype=dtype, device=device)
+coupling.exact_norms(model)
+batch = rollout.sample_batch(model, tok, tasks.draw_problems(n_prompts, seed + 303), G=G, temperature=temperature,
+                             max_new_tokens=max_new_tokens, seed=seed + 303)
+f = coupling.features(model, batch)
+key = dict(model=policy.fingerprint(model_path), dtype=dtype, n_prompts=n_prompts, G=G, temperature=temperature,
+           max_new_tokens=max_new_tokens, seed=seed, lr=lr)
+print(f"{len(batch)} rollouts, {len(f)} response tokens, accuracy {batch.reward.mean():.2f}, "
+      f"mixed groups {batch.mixed_groups()}/{n_prompts}, tokens with A ≠ 0: {int((f.A != 0).sum())}")
+
+# %% [markdown]
+# ## Precision check: float32 inside a float64 model
+# transformers' Qwen2 RMSNorm upcasts to float32 only, so a "float64" model rounds every hidden
+# state to float32. Below, the same full-parameter SGD step measured with the stock norms and with
+# `coupling.exact_norms` (float64 throughout, used everywhere in this notebook). The error is small
+# next to a step at η = 0.1, but it breaks the exact linearity of the gradient in the token
+# weights that the masked-update shortcut and its test rely on (tests/test_coupling.py).
+
+# %%
+def full_step_delta(m):
+    before = measure.token_stats(m, batch).logp
+    snap = grpo.snapshot(m, "full")
+    grpo.grpo_step(m, batch, grpo.UpdateConfig(optimizer="sgd", lr=lr, scope="full"), old_logp=before)
+    d = (measure.token_stats(m, batch).logp - before)[batch.response_mask]
+    grpo.restore(m, snap)
+    return d
+
+
+stock, _ = policy.load_policy(model_path, dtype=dtype, device=device)
+d_stock, d_exact = full_step_delta(stock), full_step_delta(model)
+del stock
+precision = pd.DataFrame([{
+    "median_abs_delta_exact": float(d_exact.abs().median()),
+    "median_abs_error_stock_norms": float((d_stock - d_exact).abs().median()),
+    "sign_agreement_stock_vs_exact": float((torch.sign(d_stock) == torch.sign(d_exact)).double().mean())}])
+cache.write_table(precision, Path(results_dir) / "fig03_precision.parquet")
+precision
+
+# %% [markdown]
+# ## Table 1: masked updates
+# Two pools. `nonzero`: candidates and masks among all tokens with A ≠ 0 (masking a zero-weight
+# token is a no-op), the paper's definition taken literally. `positive`: candidates and masks
+# from positive rollouts only — our reading of how the paper can reach a 75% Boost Rate, since
+# with masks of both signs δ ≈ η/N Σ_{k∈M} A_k K_ck has the sign of a mix of ± advantages.
+# lm_head scope: exact closed form for all `n_cands` candidates; full scope: the first
+# `n_cands_full` candidates of each kind (one backward over M's rows + one forward per candidate).
+
+# %%
+def masked(pool):
+    cands, sets = coupling.masking_sets(f, n_cands, mask_size, low_quantile, seed=seed, pool=pool)
+    rows = []
+    for kind, M in sets.items():
+        d = coupling.masked_effects_lm_head(f, cands, M, lr)
+        cos = coupling.proxy_cosine(f, cands, M)
+        rows.append(pd.DataFrame({"pool": pool, "kind": kind, "scope": "lm_head", "cand": cands.numpy(),
+                                  "delta": d.numpy(), "proxy_cos": cos.numpy(), "cand_sign": np.sign(f.A[cands].numpy())}))
+    nf = min(n_cands_full, len(cands))
+    jobs = [(kind, i) for kind in coupling.SET_KINDS for i in range(nf)]
+    d_full = cache.cached("masked_full", dict(key, pool=pool, n_cands=n_cands, n_full=nf, mask_size=mask_size,
+                                              low_quantile=low_quantile),
+                          lambda: coupling.masked_effects_full(model, batch, f, torch.stack([cands[i] for _, i in jobs]),
+                                                               [sets[k][i] for k, i in jobs], lr, progress=True))
+    full = pd.DataFrame({"pool": pool, "kind": [k for k, _ in jobs], "scope": "full",
+                         "cand": [int(cands[i]) for _, i in jobs], "delta": np.asarray(d_full)})
+    lm = pd.concat(rows, ignore_index=True)
+    full = full.merge(lm[["kind", "cand", "proxy_cos", "cand_sign"]].drop_duplicates(["kind", "cand"]), on=["kind", "cand"])
+    return pd.concat([lm, full], ignore_index=True)
+
+
+effects = pd.concat([masked(p) for p in pools], ignore_index=True)
+cache.write_table(effects, Path(results_dir) / "fig03_masking_effects.parquet")
+table1 = pd.DataFrame([{"pool": p, "kind": k, "scope": s, **coupling.boost_stats(g.delta, n_boot, seed)}
+                       for (p, k, s), g in effects.groupby(["pool", "kind", "scope"], sort=False)])
+cache.write_table(table1, Path(results_dir) / "table1_masked_updates.csv")
+(table1.assign(boost_rate=lambda t: (100 * t.boost_rate).round(1), mean_boost=lambda t: t.mean_boost.map("{:+.2e}".format))
+ .pivot_table(index=["pool", "kind"], columns="scope", values=["boost_rate", "mean_boost"], aggfunc="first", sort=False))
+
+# %% [markdown]
+# Agreement of the two scopes on the same (candidate, mask) pairs:
+
+# %%
+both = effects[effects.scope == "full"].merge(effects[effects.scope == "lm_head"][["pool", "kind", "cand", "delta"]],
+                                              on=["pool", "kind", "cand"], suffixes=("_full", "_lm"))
+scope_agree = both.groupby("pool").apply(lambda g: pd.Series({
+    "pearson": np.corrcoef(g.delta_full, g.delta_lm)[0, 1],
+    "sign_agreement": (np.sign(g.delta_full) == np.sign(g.delta_lm)).mean(), "n": len(g)}), include_groups=False)
+scope_agree
+
+# %% [markdown]
+# ## Fig. 3(c): masking more top-coupled tokens
+# M(c) = the k tokens of the pool (other than c) with the largest proxy kernel K_ck — ranked by
+# the kernel alone, not by A_k K_ck, so the sign of δ is not built in. Both pools.
+
+# %%
+rows = []
+for p in pools:
+    cands_c, _ = coupling.masking_sets(f, n_cands, 1, low_quantile, seed=seed + 1, pool=p)
+    fp = coupling.Features(**{**f.__dict__, "A": f.A * (f.A > 0) if p == "positive" else f.A})  # pool's weights
+    top = coupling.top_coupled_sets(fp, cands_c, max(topk_sizes))
+    for k in topk_sizes:
+        d = coupling.masked_effects_lm_head(f, cands_c, top[:, :k], lr)
+        rows.append({"pool": p, "k": k, "scope": "lm_head", **coupling.boost_stats(d, n_boot, seed)})
+    nf = min(n_cands_topk_full, len(cands_c))
+    jobs = [(k, i) for k in topk_full_sizes for i in range(nf)]
+    d_full = np.asarray(cache.cached("masked_topk_full", dict(key, pool=p, sizes=topk_full_sizes, n=nf, n_cands=n_cands),
+                                     lambda: coupling.masked_effects_full(model, batch, f, cands_c[[i for _, i in jobs]],
+                                                                          [top[i, :k] for k, i in jobs], lr, progress=True)))
+    for k in topk_full_sizes:
+        rows.append({"pool": p, "k": k, "scope": "full",
+                     **coupling.boost_stats(d_full[[kk == k for kk, _ in jobs]], n_boot, seed)})
+topk = pd.DataFrame(rows)
+cache.write_table(topk, Path(results_dir) / "fig03_topk.parquet")
+topk[["pool", "k", "scope", "boost_rate", "mean_boost", "n"]]
+
+# %% [markdown]
+# ## Fig. 3
+
+# %%
+import matplotlib.pyplot as plt
+
+fig, axes = plots.figure(ncols=3, width=plots.WIDTH_2COL, height=2.1)
+e = effects[(effects.scope == "lm_head") & (effects.pool == pools[-1])]
+lim = np.quantile(np.abs(e.delta), 0.98)
+for kind, color in (("random", plots.PALETTE[0]), ("both", plots.PALETTE[1])):
+    axes[0].hist(e[e.kind == kind].delta, bins=50, range=(-lim, lim), histtype="step", lw=1.2, density=True,
+                 color=color, label={"random": "random", "both": "same + low conf."}[kind])
+axes[0].set(title=f"(a) δ, {pools[-1]} pool", xlabel="masking effect δ (lm_head)", ylabel="density")
+axes[0].xaxis.set_major_locator(plt.MaxNLocator(3))
+axes[0].set_yscale("log")
+axes[0].legend(frameon=False, fontsize=6)
+e = effects[effects.pool == pools[0]]
+edges = np.quantile(e[e.scope == "lm_head"].proxy_cos, np.linspace(0, 1, n_cos_bins + 1))
+for scope, ls in (("lm_head", "-"), ("full", "--")):
+    s = e[e.scope == scope]
+    b = np.clip(np.digitize(s.proxy_cos, edges[1:-1]), 0, n_cos_bins - 1)
+    br = s.groupby(b).delta.apply(lambda x: (x > 0).mean())
+    mid = s.groupby(b).proxy_cos.median()
+    axes[1].plot(mid, 100 * br, marker="o", ms=3, ls=ls, label=scope)
+axes[1].axhline(50, color="k", lw=0.5, ls=":")
+axes[1].set(title=f"(b) vs coupling, {pools[0]} pool", xlabel="proxy cos(g_c, Σ_M A_k g_k)",
+            ylabel="Boost Rate (%)")
+axes[1].legend(frameon=False)
+for p, color in zip(pools, (plots.PALETTE[0], plots.PALETTE[1])):
+    for scope, ls, mk in (("lm_head", "-", "o"), ("full", "none", "s")):
+        t = topk[(topk.scope == scope) & (topk.pool == p)]
+        axes[2].errorbar(t.k, 100 * t.boost_rate, yerr=[100 * (t.boost_rate - t.boost_rate_lo), 100 * (t.boost_rate_hi - t.boost_rate)],
+                         marker=mk, ms=3, ls=ls, color=color, capsize=1.5, lw=1, label=f"{p}, {scope}")
+axes[2].axhline(50, color="k", lw=0.5, ls=":")
+axes[2].set(title="(c) top-coupled tokens masked", xlabel="tokens masked (k)", ylabel="Boost Rate (%)", xscale="log",
+            ylim=(-5, 135))
+axes[2].legend(frameon=False, fontsize=5, ncol=2, loc="upper center")
+fig.tight_layout()
+plots.save(fig, "fig03_masked_updates", fig_dir)
+plt.show()
+
+# %% [markdown]
+# ## Fig. 10: sign consistency of lm_head-only and full-parameter steps along training
+# A GRPO training run (Adam, `adam_lr`); before each step, one SGD step (η = `lr`) of scope
+# lm_head and one of scope full from the same θ on that step's batch; share of response tokens
+# whose Δlog p has the same sign.
+
+# %%
+run_cfg = train.RunConfig(steps=run_steps, n_prompts=run_n_prompts, G=run_G, temperature=temperature,
+                          max_new_tokens=max_new_tokens, seed=seed,
+                          update=grpo.UpdateConfig(optimizer="adam", lr=adam_lr))
+
+
+def sign_run():
+    m, t = policy.load_policy(model_path, dtype=dtype, device=device)
+    coupling.exact_norms(m)
+    return coupling.sign_consistency_run(m, t, run_cfg, lr)
+
+
+consistency = cache.cached("sign_consistency_run", dict(model=key["model"], dtype=dtype, sgd_lr=lr,
+                                                        **train.run_params(run_cfg)), sign_run)
+cache.write_table(consistency, Path(results_dir) / "fig10_proxy_sign_consistency.parquet")
+fig, ax = plots.figure(width=plots.WIDTH_1COL, height=2.0)
+ax.plot(consistency.step, consistency.sign_consistency, marker="o", ms=3, label="all response tokens")
+ax.axhline(0.7, color="k", lw=0.6, ls=":", label="paper (≈ 0.7)")
+ax.set(xlabel="training step", ylabel="same-sign share", ylim=(0, 1), title="lm_head vs full SGD step")
+ax.legend(frameon=False)
+fig.tight_layout()
+plots.save(fig, "fig10_proxy_sign_consistency", fig_dir)
+plt.show()
+consistency.round(4)
+
+# %% [markdown]
+# ## App. D.3: Adam's first step is sign descent
+# One Adam step (fresh optimizer, lr = `adam_lr`, ε = 1e-8) on the masked-update batch; for every
+# parameter element the ratio (θ0 − θ1) / (lr · sign(g)); 1 is exact sign descent.
+
+# %%
+ratio = coupling.adam_first_step_ratio(model, batch, adam_lr)
+adam = pd.DataFrame([{"n_elements": len(ratio), "median_ratio": float(np.median(ratio)),
+                      "share_above_0.99": float((ratio > 0.99).mean()), "share_above_0.5": float((ratio > 0.5).mean()),
+                      "min_ratio": float(ratio.min())}])
+cache.write_table(adam, Path(results_dir) / "fig03_adam_sign_descent.parquet")
+adam
+
+# %% [markdown]
+# ## What the numbers say
+
+# %%
+t1 = table1.set_index(["pool", "kind", "scope"])
+for p in pools:
+    parts = [f"{k} {100 * t1.loc[(p, k, 'lm_head'), 'boost_rate']:.0f}%/{100 * t1.loc[(p, k, 'full'), 'boost_rate']:.0f}%"
+             for k in coupling.SET_KINDS]
+    print(f"Boost Rate ({p} pool, lm_head/full): " + ", ".join(parts))
+print(f"scope agreement of δ (full vs lm_head): " + ", ".join(
+    f"{p}: Pearson {r.pearson:.3f}, sign {100 * r.sign_agreement:.0f}%" for p, r in scope_agree.iterrows()))
+print(f"Fig. 10 sign consistency: mean {consistency.sign_consistency.mean():.3f} "
+      f"(range {consistency.sign_consistency.min():.3f}-{consistency.sign_consistency.max():.3f}); paper ≈ 0.7")
+print(f"Adam first step: median ratio {adam.median_ratio[0]:.4f}, {100 * adam['share_above_0.99'][0]:.1f}% of elements within 1% of sign descent")
+print(f"stock float32 norms vs exact: sign agreement of a full SGD step's Δlog p {100 * precision.sign_agreement_stock_vs_exact[0]:.1f}%")
+
+# %% [markdown]
+# Reading (tiny profile; numbers printed above, paper values in brackets).
+#
+# * **Table 1, `nonzero` pool** (masks drawn from tokens of both advantage signs, the paper's
+#   definition read literally): every kind of mask gives a Boost Rate near 50% [paper: random 51%,
+#   same+low-conf. 74–75%]. δ ≈ η/N Σ_{k∈M} A_k K_ck takes the sign of a mix of positive and
+#   negative advantages whatever the coupling, so this reading cannot reproduce the paper.
+# * **Table 1, `positive` pool** (candidates and masks from positive rollouts): the paper's
+#   ordering appears — low-confidence-only masks fall slightly below 50% [44%], random stays near
+#   50% [51%], same-token and same+low-confidence masks boost the candidate almost always
+#   (≈ 100% [66% and 75%]): on a 53-token vocabulary same-token hidden states are nearly
+#   parallel (Fig. 2a), so K_ck > 0 for every same-token pair, and the effect saturates.
+# * **Scopes agree**: on identical (c, M) pairs δ under the lm_head and the full-parameter step
+#   correlate at Pearson ≈ 1.000 [paper: "close agreement"]; signs differ only for tiny δ.
+# * **Fig. 3(b)**: Boost Rate rises from 0% to 100% as the proxy cosine of g_c with Σ_M A_k g_k
+#   crosses 0, for both scopes — the first-order picture holds almost exactly at η = 0.1.
+# * **Fig. 3(c)**: masking more top-coupled tokens raises Mean Boost steadily in the `positive`
+#   pool [paper: rises]; ranked by K_ck over both signs (`nonzero`), the top-coupled tokens push
+#   candidates *down* (Boost Rate 20–30%, negative Mean Boost): the most strongly coupled tokens of
+#   a candidate are its same-token, low-confidence twins, which sit more often in negative rollouts.
+# * **Fig. 10**: the lm_head and full steps give the same Δlog p sign for ≈ 0.72 of tokens along
+#   the run [paper ≈ 0.7]; among tokens that both steps move by more than ε = 1e-6, 0.85–0.93.
+# * **App. D.3**: Adam's first step equals lr·sign(g) to within 1% for > 90% of parameter
+#   elements; the rest have |g| comparable to ε = 1e-8.
+# * **Precision**: with transformers' float32 RMSNorm the full-step Δlog p carries ~1e-10 of
+#   round-off here, too small to flip signs at η = 0.1 but enough to break the exact linearity the
+#   masked-update shortcut relies on; `coupling.exact_norms` removes it.
