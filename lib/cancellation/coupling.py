@@ -255,7 +255,7 @@ def masked_effects_full(model, batch, f: Features, cands: torch.Tensor, sets, lr
     the rows holding M (token weight 1[M] · n_rows/N keeps the batch's denominator N), then
     θ'^{−M} = θ' + η ∇L_M and one forward of c's row gives log π_θ'^{−M}(c).
     """
-    from tqdm.auto import tqdm
+    from tqdm import tqdm
 
     cfg = grpo.UpdateConfig(optimizer="sgd", lr=lr, scope="full", chunk_rows=chunk_rows)
     params = list(model.parameters())
@@ -411,7 +411,7 @@ def sign_consistency_run(model, tokenizer, cfg, sgd_lr: float, progress: bool = 
     """A GRPO training run (train.RunConfig, persistent optimizer) that, before every step, compares
     an SGD lm_head step with an SGD full step on that step's batch (Fig. 10). Trains `model` in place."""
     import pandas as pd
-    from tqdm.auto import tqdm
+    from tqdm import tqdm
 
     from . import rollout, tasks
 

@@ -221,7 +221,7 @@ def _rewards(model, tokenizer, batch, reqs: list[Request], cfg: ValueConfig, ver
 
     `on_done(i, rewards)` is called as each sampler batch finishes (the cache writes there, so an
     interrupted run resumes)."""
-    from tqdm.auto import tqdm
+    from tqdm import tqdm
 
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
     out = [None] * len(reqs)
