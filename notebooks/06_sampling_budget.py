@@ -84,11 +84,7 @@ Path(results_dir).mkdir(parents=True, exist_ok=True)
 t_start = time.perf_counter()
 
 model, tok = policy.load_policy(model_path, dtype=dtype, device=device)
-if backend == "vllm":
-    from vllm import LLM
-    sampler = LLM(model_path, dtype=sample_dtype, seed=seed, enable_prefix_caching=True)
-else:
-    sampler = policy.cast(model, sample_dtype)
+sampler = rollout.make_sampler(model, model_path, backend, sample_dtype, seed)  # vllm: n=M per prefix, prefix caching
 fp = policy.fingerprint(model_path)
 verifier = tasks.verifier_for(problems_path)
 pool_problems = tasks.load_problems(problems_path) if problems_path else None

@@ -37,3 +37,122 @@ def test_01_token_flipping(out_root):
     assert set(fig9.model) == {"tiny-m", "tiny-s"} and set(fig9.sign) == {"pos", "neg", "all"}
     deltas = pd.read_parquet(res / "fig01_token_deltas.parquet")
     assert (deltas.delta.abs() > 1e-6).mean() > 0.5  # an Adam step moves most tokens past ε
+
+
+def test_07_batching(out_root):
+    res, figs = _run("07", out_root)
+    for name in ("fig07a_sign_partition", "fig08_training_curves"):
+        assert (figs / f"{name}.png").stat().st_size > 10_000 and (figs / f"{name}.pdf").exists()
+    t2 = pd.read_csv(res / "table2_batching.csv").set_index("strategy")
+    assert list(t2.index) == ["random", "QB", "RB", "QB+RB", "sign_partitioned"]
+    assert list(t2.QB) == [False, True, False, True, False] and list(t2.RB) == [False, False, True, True, False]
+    assert t2.average_mean.between(0, 100).all() and (t2.n_seeds == 2).all()
+    curves = pd.read_parquet(res / "fig08_training_curves.parquet")
+    start = curves[curves.iteration == 0].groupby(["seed", "set"]).accuracy.nunique()
+    assert (start == 1).all()  # every strategy starts from the same policy and evaluation draws
+    mbs = pd.read_parquet(res / "fig07a_minibatches.parquet")
+    sp = mbs[mbs.strategy == "sign_partitioned"]
+    assert not ((sp.n_pos > 0) & (sp.n_neg > 0)).any()
+    assert (mbs[mbs.minibatch == 0].ratio_dev < 1e-5).all()  # ρ = 1 on each iteration's first step
+    it = pd.read_parquet(res / "fig08_iterations.parquet")
+    rb = it[it.strategy.isin(["RB", "QB+RB"])]
+    assert (rb.buffer_sampled == rb.buffer_released + rb.buffer_discarded + rb.buffer_buffered).all()
+    assert (it.t_sample > 0).all()
+
+
+def test_02_coupling_heatmaps(out_root):
+    res, figs = _run("02", out_root)
+    assert (figs / "fig02_coupling.png").stat().st_size > 10_000 and (figs / "fig02_coupling.pdf").exists()
+    pairs = pd.read_parquet(res / "fig02_pairs.parquet")
+    assert set(pairs.pair) == {"same", "different"}
+    assert np.allclose(pairs.kernel, pairs.hdot * pairs.phi) and (pairs.hcos.abs() <= 1 + 1e-9).all()
+    # Eq. 10: for a same-token pair φ = (1 − p_j)(1 − p_k) + Σ_{v≠o} π_j π_k ≥ 0
+    assert (pairs[pairs.pair == "same"].phi > -1e-12).all()
+    heat = pd.read_parquet(res / "fig02_heatmap.parquet")
+    assert (heat.mean_abs_contribution.dropna() >= heat.mean_contribution.dropna().abs() - 1e-15).all()
+    fo = pd.read_parquet(res / "fig02_first_order.parquet").set_index("lr")
+    assert fo.loc[0.1, "pearson"] > 0.99  # a first-order prediction of a small step must fit
+
+
+def test_03_masked_updates(out_root):
+    res, figs = _run("03", out_root)
+    for name in ("fig03_masked_updates", "fig10_proxy_sign_consistency"):
+        assert (figs / f"{name}.png").stat().st_size > 10_000 and (figs / f"{name}.pdf").exists()
+    t1 = pd.read_csv(res / "table1_masked_updates.csv")
+    assert set(t1.kind) == {"random", "same", "lowconf", "both"} and set(t1.scope) == {"lm_head", "full"}
+    assert ((t1.boost_rate_lo <= t1.boost_rate) & (t1.boost_rate <= t1.boost_rate_hi)).all()
+    eff = pd.read_parquet(res / "fig03_masking_effects.parquet")
+    assert (eff.proxy_cos.abs() <= 1 + 1e-9).all() and eff.delta.abs().max() > 0
+    cons = pd.read_parquet(res / "fig10_proxy_sign_consistency.parquet")
+    assert cons.sign_consistency.between(0, 1).all()
+    adam = pd.read_parquet(res / "fig03_adam_sign_descent.parquet")
+    assert 0.5 < adam.median_ratio[0] <= 1 + 1e-9  # |g|/(|g| + ε) ≤ 1
+
+
+def test_04_category_shift(out_root):
+    res, figs = _run("04", out_root)
+    assert (figs / "fig04_category_shift.png").stat().st_size > 10_000 and (figs / "fig04_category_shift.pdf").exists()
+    mass = pd.read_parquet(res / "fig04_category_mass_per_batch.parquet")
+    assert set(mass["update"]) == {"positive_only", "grpo"} and {"Math", "Template", "Reasoning"} <= set(mass.category)
+    assert (mass[["boosted_mass", "suppressed_mass"]] >= 0).all().all()
+    g = mass.groupby(["update", "batch"])
+    assert np.allclose(g.boosted_share.sum(), 1.0) and (g.boosted_mass.sum() > 0).all()  # both updates moved tokens
+    # Δ is measured on the whole batch for both updates: same tokens, same counts
+    n = mass.pivot_table(index=["batch", "category"], columns="update", values="n_tokens")
+    assert (n.grpo == n.positive_only).all()
+    table = pd.read_parquet(res / "fig04_category_shift.parquet")
+    shift = table[table.measure == "boosted_share_shift"].set_index("category")
+    share = table[table.measure == "boosted_share"].pivot(index="category", columns="update", values="mean")
+    assert np.allclose(shift["mean"], (share.grpo - share.positive_only).loc[shift.index])  # paired mean = diff of means
+    assert (table.lo <= table["mean"] + 1e-12).all() and (table["mean"] <= table.hi + 1e-12).all()
+    top = pd.read_parquet(res / "fig04_top_tokens.parquet")
+    assert np.allclose(top.difference, top.mean_delta_grpo - top.mean_delta_positive_only)
+    assert (top.difference.abs().diff().dropna() <= 1e-15).all() and (top.n >= 3).all()
+
+
+def test_05_value_gap(out_root):
+    res, figs = _run("05", out_root)
+    for name in ("fig05_value_gap", "fig11_repeated_updates"):
+        assert (figs / f"{name}.png").stat().st_size > 10_000 and (figs / f"{name}.pdf").exists()
+    vt = pd.read_parquet(res / "fig05_token_values.parquet")
+    assert set(vt.estimator) == {"exclude", "paper"} and (vt.prob <= 0.999).all() and (vt.delta_se >= 0).all()
+    p, x = vt[vt.estimator == "paper"], vt[vt.estimator == "exclude"]
+    assert np.allclose(p.delta_hat, (p.avg0 - p.avg1) / (1 - p.prob))  # Eq. 20
+    assert np.allclose(x.delta_hat, x.avg0 - x.avg1)
+    key = ["rollout", "position"]
+    both = p.merge(x, on=key, suffixes=("_p", "_x"))
+    assert len(both) == len(p) and np.array_equal(both.avg0_p, both.avg0_x)  # the s⊕o branch is shared (cache)
+    cells = pd.read_parquet(res / "fig05_cell_means.parquet")
+    assert ((cells.lo <= cells["mean"] + 1e-12) & (cells["mean"] <= cells.hi + 1e-12)).all()
+    assert cells.groupby("estimator").n.nunique().eq(1).all()  # equal numbers per cell
+    ent = pd.read_parquet(res / "fig05_entropy_gap.parquet")
+    f11 = pd.read_parquet(res / "fig11_repeated_gap.parquet")
+    assert set(ent.k) == {50, 100} and set(f11.run) == {"sgd", "adam"} and set(f11.step) == {1, 2}
+    # top-100% of the pool = the pool: the same balanced gap as Fig. 11's first SGD step
+    a = ent[(ent.k == 100) & (ent.sign == "all")].set_index("estimator").gap
+    b = f11[(f11.run == "sgd") & (f11.step == 1) & (f11.sign == "all")].set_index("estimator").gap
+    assert np.allclose(a.sort_index(), b.sort_index())
+
+
+def test_06_sampling_budget(out_root):
+    res, figs = _run("06", out_root)
+    for name in ("fig06_sampling_budget", "fig07b_reward_composition"):
+        assert (figs / f"{name}.png").stat().st_size > 10_000 and (figs / f"{name}.pdf").exists()
+    gaps = pd.read_parquet(res / "fig06_value_gap.parquet")
+    pool = gaps[gaps.scope == "pool"]
+    assert set(pool.panel) == {"prompts", "rollouts"} and set(pool.subset) == {"all", "top50", "top25"}
+    ok = pool.gap.notna()
+    assert ok.any() and ((pool.lo <= pool.gap + 1e-12) & (pool.gap <= pool.hi + 1e-12))[ok].all()
+    # the gap recomputed from the raw per-token table: mean Δ̂ boosted − suppressed per seed, averaged
+    raw = pd.read_parquet(res / "fig06_pool_deltas.parquet")
+    assert (np.where(raw.delta > 1e-6, "boosted", np.where(raw.delta < -1e-6, "suppressed", "stable")) == raw.status).all()
+    for (panel, x), d in raw.groupby(["panel", "x"]):
+        per_seed = d.groupby("seed").apply(lambda s: s[s.status == "boosted"].delta_hat.mean()
+                                           - s[s.status == "suppressed"].delta_hat.mean())
+        g = pd.concat([gaps, pd.read_parquet(res / "fig07b_reward_composition.parquet")])
+        g = g[(g.panel == panel) & (g.x == x) & (g.subset == "all") & (g.scope == "pool")].gap.iloc[0]
+        assert np.isclose(per_seed.mean(), g, equal_nan=True)
+        assert (d.groupby("seed").pool_idx.count() == d.pool_idx.nunique()).all()  # every pool token, every seed
+    assert set(raw[raw.panel == "composition"].x) == {1}  # smoke: G_comp = 2
+    trends = pd.read_parquet(res / "fig06_trends.parquet")
+    assert set(trends.panel) == {"prompts", "rollouts"}

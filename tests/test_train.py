@@ -27,3 +27,143 @@ def test_token_stats_on_cuda_match_cpu():
     cpu = measure.token_stats(model, batch).logp
     gpu = measure.token_stats(model.to("cuda"), batch).logp
     assert torch.allclose(cpu[batch.response_mask], gpu[batch.response_mask], atol=1e-9)
+
+
+# --------------------------------------------------------------------------- train_run (issue 7)
+import copy  # noqa: E402
+
+EPS_LOW, EPS_HIGH, C = 0.2, 0.28, 3.0
+
+
+def response_logps(model, batch):
+    """Per row: log π of each response token, from one unpadded forward per sequence (differentiable)."""
+    out = []
+    for i in range(len(batch)):
+        keep = batch.attention_mask[i].bool()
+        ids = batch.input_ids[i, keep][None]
+        lsm = torch.log_softmax(model(input_ids=ids).logits[0, :-1], -1)
+        lp = lsm.gather(-1, ids[0, 1:, None]).squeeze(-1)
+        out.append(lp[batch.response_mask[i, keep][1:]])
+    return out
+
+
+def hand_loss(logps, olds, advs):
+    """Token-mean clipped loss case by case: A >= 0: -A·min(ρ, 1+ε_h); A < 0: min(|A|·max(ρ, 1-ε_l), |A|·c)."""
+    total, n, dev, clipped = 0.0, 0, 0.0, 0
+    for lp, old, a in zip(logps, olds, advs):
+        rho = torch.exp(lp - old)
+        if a >= 0:
+            per = -a * torch.minimum(rho, torch.full_like(rho, 1 + EPS_HIGH))
+        else:
+            per = torch.minimum(-a * torch.maximum(rho, torch.full_like(rho, 1 - EPS_LOW)), torch.full_like(rho, -a * C))
+        total = total + per.sum()
+        n += len(lp)
+        r = rho.detach()
+        dev += float((r - 1).abs().sum())
+        clipped += int(((r < 1 - EPS_LOW) | (r > 1 + EPS_HIGH)).sum())
+    return total / n, dev / n, clipped / n
+
+
+def adam(theta, grads, state, lr, t, b1=0.9, b2=0.999, eps=1e-8):
+    """torch.optim.Adam's update written out (no weight decay, no amsgrad)."""
+    out = []
+    for k, (p, g) in enumerate(zip(theta, grads)):
+        m, v = state.get(k, (torch.zeros_like(p), torch.zeros_like(p)))
+        m, v = b1 * m + (1 - b1) * g, b2 * v + (1 - b2) * g * g
+        state[k] = (m, v)
+        out.append(p - lr * (m / (1 - b1 ** t)) / ((v / (1 - b2 ** t)).sqrt() + eps))
+    return out
+
+
+def test_two_step_iteration_matches_hand_computation(fresh, batch):
+    """Mini-batch 1: ρ = 1, loss = -Σ A|o|/N; mini-batch 2: ρ from the Adam-updated θ, clipped loss by hand."""
+    b = batch.select([0, 1, 8, 9, 2, 3])  # groups 0 and 2; rewards 1,0 | 0,1 | 0,1
+    plan = [torch.tensor([0, 1, 2]), torch.tensor([3, 4, 5])]
+    lr = 3e-3
+    cfg = grpo.UpdateConfig(optimizer="adam", lr=lr)
+    ref = copy.deepcopy(fresh)
+    old = measure.token_stats(fresh, b).logp
+    opt = grpo.make_optimizer(fresh, cfg)
+    infos = train.minibatch_update(fresh, b, plan, old, opt, cfg)
+
+    params = list(ref.parameters())
+    olds = [lp.detach() for lp in response_logps(ref, b)]
+    adv = b.advantage.tolist()
+    state, theta = {}, [p.detach().clone() for p in params]
+    for t, rows in enumerate(plan, start=1):
+        rows = rows.tolist()
+        lps = response_logps(ref, b)
+        loss, dev, clip = hand_loss([lps[i] for i in rows], [olds[i] for i in rows], [adv[i] for i in rows])
+        info = infos[t - 1]
+        assert info["loss"] == pytest.approx(float(loss.detach()), rel=1e-7, abs=1e-10)
+        assert info["ratio_dev"] == pytest.approx(dev, rel=1e-5, abs=1e-10)
+        assert info["clipfrac"] == pytest.approx(clip)
+        if t == 1:  # ρ = 1: the loss is -Σ_i A_i |o_i| / N
+            n_tok = [int(b.response_mask[i].sum()) for i in rows]
+            assert float(loss.detach()) == pytest.approx(-sum(adv[i] * n for i, n in zip(rows, n_tok)) / sum(n_tok))
+            assert dev < 1e-12
+        else:
+            assert dev > 1e-3  # ρ ≠ 1 after the first step
+        grads = torch.autograd.grad(loss, params, allow_unused=True)
+        grads = [torch.zeros_like(p) if g is None else g for g, p in zip(grads, params)]
+        assert info["grad_norm"] == pytest.approx(float(torch.sqrt(sum((g ** 2).sum() for g in grads))), rel=1e-6)
+        theta = adam(theta, grads, state, lr, t)
+        with torch.no_grad():
+            for p, new in zip(params, theta):
+                p.copy_(new)
+    for p, q in zip(fresh.parameters(), ref.parameters()):
+        assert torch.allclose(p, q, rtol=0, atol=1e-8)
+
+
+def _tcfg(**kw):
+    base = dict(iterations=4, n_prompts=4, G=4, max_new_tokens=64, plan="query_preserved", reward_balanced=True,
+                tau=0.25, max_age=1, eval_every=2, eval_n=8, seed=3,
+                update=grpo.UpdateConfig(optimizer="adam", lr=1e-3, n_minibatches=2))
+    base.update(kw)
+    return train.TrainConfig(**base)
+
+
+def _load_m():
+    return policy.load_policy("data/policies/tiny-m", dtype="float32")
+
+
+def _strip(out):
+    return {k: df.drop(columns=[c for c in df.columns if c.startswith("t_") or c == "seconds"])
+            for k, df in out.items()}
+
+
+def test_resume_equals_uninterrupted(tmp_path):
+    cfg = _tcfg()
+    model_a, tok = _load_m()
+    init = copy.deepcopy(model_a.state_dict())
+    full = train.train_run(model_a, tok, cfg, progress=False)
+
+    class Interrupt(Exception):
+        pass
+
+    def stop(it, model):
+        if it == 1:
+            raise Interrupt
+
+    ck = tmp_path / "run.pt"
+    with pytest.raises(Interrupt):
+        train.train_run(_load_m()[0], tok, cfg, ckpt_path=ck, progress=False, on_iteration=stop)
+    model_c = _load_m()[0]  # a fresh process starts from the saved policy again
+    resumed = train.train_run(model_c, tok, cfg, ckpt_path=ck, progress=False)
+
+    for k, v in model_a.state_dict().items():
+        assert torch.equal(v, model_c.state_dict()[k])
+    assert any(not torch.equal(v, init[k]) for k, v in model_a.state_dict().items())  # it did train
+    a, c = _strip(full), _strip(resumed)
+    for k in a:
+        pd.testing.assert_frame_equal(a[k], c[k])
+    assert full["iterations"].updated.sum() >= 3 and len(full["evals"]) == 3 * 3  # evaluations at 0, 2, 4
+    assert (full["minibatches"].groupby("iteration").ratio_dev.first() < 1e-5).all()
+
+    with pytest.raises(ValueError, match="another config"):
+        train.train_run(_load_m()[0], tok, _tcfg(seed=4), ckpt_path=ck, progress=False)
+
+
+def test_bad_plan_named():
+    with pytest.raises(ValueError, match="plan"):
+        train.TrainConfig(plan="by_length")

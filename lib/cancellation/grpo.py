@@ -133,7 +133,7 @@ def accumulate_grad(model, batch, rows, old_logp, weight, cfg: UpdateConfig, tok
     """Backward of the mini-batch loss over `rows` (in forward chunks); grads accumulate in .grad."""
     rows = torch.as_tensor(rows)
     n_tok = batch.response_mask[rows].sum().clamp(min=1)
-    total, clipped = 0.0, 0.0
+    total, clipped, ratio_dev = 0.0, 0.0, 0.0
     for s in range(0, len(rows), cfg.chunk_rows):
         r = rows[s:s + cfg.chunk_rows]
         logits = forward_logits(model, batch, r)
@@ -149,7 +149,9 @@ def accumulate_grad(model, batch, rows, old_logp, weight, cfg: UpdateConfig, tok
         total += float(loss.detach())
         ratio = torch.exp(logp.detach() - old)
         clipped += float((((ratio < 1 - cfg.clip_low) | (ratio > 1 + cfg.clip_high)) & mask).sum())
-    return {"loss": total, "clipfrac": clipped / float(n_tok), "n_tokens": int(n_tok)}
+        ratio_dev += float(((ratio - 1).abs() * mask).sum())  # mean |ρ - 1|: 0 on an iteration's first step
+    return {"loss": total, "clipfrac": clipped / float(n_tok), "n_tokens": int(n_tok),
+            "ratio_dev": ratio_dev / float(n_tok)}
 
 
 def grpo_step(model, batch, cfg: UpdateConfig, optimizer=None, plan=None, token_weight=None, old_logp=None,

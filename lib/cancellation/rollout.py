@@ -168,6 +168,19 @@ def sample_batch(model, tokenizer, problems, G: int = 8, temperature: float = 1.
     return assemble(tokenizer, problems, enc["input_ids"], enc["attention_mask"], new, G, verifier)
 
 
+def make_sampler(model, model_path, backend: str = "hf", dtype: str = "float32", seed: int = 0):
+    """What `sample_batch(backend=...)` samples from: a copy of `model` in `dtype` ('hf'), or a
+    vllm.LLM over the same weights with prefix caching ('vllm', GPU profile)."""
+    if backend == "vllm":
+        try:
+            from vllm import LLM
+        except ImportError as e:  # pragma: no cover - optional dependency
+            raise ImportError("the vllm backend needs vLLM: pip install -e '.[gpu]'") from e
+        return LLM(str(model_path), dtype=dtype, seed=seed, enable_prefix_caching=True)
+    from .policy import cast
+    return cast(model, dtype)
+
+
 def _sample_vllm(model, tokenizer, problems, G, temperature, max_new_tokens, seed, verifier):  # pragma: no cover
     """vLLM backend (GPU profile): `model` is a vllm.LLM built from the same weights."""
     try:

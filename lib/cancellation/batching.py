@@ -1,0 +1,210 @@
+"""Mini-batch plans for one GRPO iteration, and the reward-balanced (RB) buffer.
+
+A plan turns one rollout batch into a list of row-index tensors, one per optimizer step
+(paper §4, METHODS "Fig. 7(a), Fig. 8, Table 2"). Plans are pure functions of group ids,
+advantages and a seed, so they are easy to test and to port to another trainer:
+
+- `random`            shuffle rows, split: the common default, scatters a query's rollouts
+- `query_preserved`   (QB) shuffle whole groups, split: a query's rollouts share one optimizer step
+- `sign_partitioned`  positive and negative rollouts in separate mini-batches (breaks
+                      cancellation on purpose)
+
+`reward_balanced` (RB) is a selection, not a split: from a buffer of rollouts it picks an
+update batch B of a fixed size with min(N+, N-) >= τ|B|, or nothing (then the trainer keeps
+sampling). With `query_preserved=True` it picks whole groups, so RB composes with QB.
+N+ / N- count rollouts with A > 0 / A < 0: with binary rewards these are the correct / wrong
+rollouts of mixed groups; rollouts of all-equal groups (A = 0) carry no gradient and count
+only towards |B|.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields
+
+import torch
+
+from .grpo import random_plan
+from .rollout import RolloutBatch
+
+PLANS = ("random", "query_preserved", "sign_partitioned")
+
+
+def _perm(n: int, seed: int) -> torch.Tensor:
+    return torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+
+
+def sign(advantage: torch.Tensor) -> torch.Tensor:
+    """+1 / -1 / 0 per rollout (exact zero: all-equal groups)."""
+    return torch.sign(torch.as_tensor(advantage, dtype=torch.float64)).long()
+
+
+def random(group: torch.Tensor, n_minibatches: int, seed: int = 0) -> list[torch.Tensor]:
+    """Shuffle rows, split into near-equal parts (== grpo.random_plan, the default of grpo_step)."""
+    return random_plan(len(group), n_minibatches, seed)
+
+
+def query_preserved(group: torch.Tensor, n_minibatches: int, seed: int = 0) -> list[torch.Tensor]:
+    """QB: shuffle the groups, split the group list into near-equal parts; a group is never split.
+
+    With fewer groups than `n_minibatches` there are fewer (never empty) mini-batches.
+    """
+    group = torch.as_tensor(group)
+    ids = torch.unique(group)  # sorted
+    ids = ids[_perm(len(ids), seed)]
+    plan = []
+    for chunk in torch.tensor_split(ids, n_minibatches):
+        if len(chunk):
+            plan.append(torch.cat([(group == g).nonzero().squeeze(1) for g in chunk.tolist()]))
+    return plan
+
+
+def sign_partitioned(advantage: torch.Tensor, n_minibatches: int, seed: int = 0) -> list[torch.Tensor]:
+    """Positives and negatives in separate mini-batches; no mini-batch holds both signs.
+
+    Mini-batches are shared between the signs in proportion to their counts (at least one
+    each); zero-advantage rows (no gradient, but they count in the token-mean denominator, as
+    in the other plans) are dealt round-robin over all mini-batches; the order of the
+    mini-batches is shuffled.
+    """
+    if n_minibatches < 2:
+        raise ValueError("sign_partitioned needs n_minibatches >= 2 (one batch cannot separate signs)")
+    s = sign(advantage)
+    g = torch.Generator().manual_seed(seed)
+    pos, neg, zero = [(s == v).nonzero().squeeze(1) for v in (1, -1, 0)]
+    pos, neg, zero = [x[torch.randperm(len(x), generator=g)] for x in (pos, neg, zero)]
+    P, N = len(pos), len(neg)
+    if P and N:
+        k_pos = min(n_minibatches - 1, max(1, round(n_minibatches * P / (P + N))))
+    else:
+        k_pos = n_minibatches if P else 0
+    parts = list(torch.tensor_split(pos, k_pos)) if k_pos else []
+    parts += list(torch.tensor_split(neg, n_minibatches - k_pos)) if n_minibatches - k_pos else []
+    parts = [p for p in parts if len(p)] or [torch.zeros(0, dtype=torch.long)]
+    parts = [torch.cat([p, zero[i::len(parts)]]) for i, p in enumerate(parts)]
+    order = torch.randperm(len(parts), generator=g).tolist()
+    return [parts[i] for i in order if len(parts[i])]
+
+
+def make_plan(name: str, group: torch.Tensor, advantage: torch.Tensor, n_minibatches: int,
+              seed: int = 0) -> list[torch.Tensor]:
+    """Dispatch by name (PLANS)."""
+    if name == "random":
+        return random(group, n_minibatches, seed)
+    if name == "query_preserved":
+        return query_preserved(group, n_minibatches, seed)
+    if name == "sign_partitioned":
+        return sign_partitioned(advantage, n_minibatches, seed)
+    raise ValueError(f"unknown mini-batch plan {name!r}; allowed: {', '.join(PLANS)}")
+
+
+def reward_balanced(group: torch.Tensor, advantage: torch.Tensor, batch_size: int, tau: float,
+                    query_preserved: bool = False, priority: torch.Tensor | None = None) -> torch.Tensor | None:
+    """RB selection: rows of an update batch with |B| = batch_size and min(N+, N-) >= τ|B|, or None.
+
+    Units (rows, or with `query_preserved` whole groups) are taken by decreasing `priority`
+    (ties: row order; the buffer passes the sampling round, so the freshest rollouts go first
+    and older ones only top up a missing sign); a unit is skipped when taking it would leave
+    too few free slots to reach the τ quota of either sign. Deterministic: no seed needed.
+    """
+    if not 0 <= tau <= 0.5:
+        raise ValueError(f"tau={tau} must be in [0, 0.5] (both signs need τ|B| rollouts)")
+    group, s = torch.as_tensor(group), sign(advantage)
+    need = math.ceil(tau * batch_size - 1e-9)
+    order = torch.arange(len(group)) if priority is None else \
+        torch.sort(-torch.as_tensor(priority, dtype=torch.float64), stable=True).indices
+    if query_preserved:
+        seen = list(dict.fromkeys(group[order].tolist()))  # groups in priority order
+        units = [(group == g).nonzero().squeeze(1) for g in seen]
+    else:
+        units = [order[i:i + 1] for i in range(len(group))]
+    chosen, n, n_pos, n_neg = [], 0, 0, 0
+    for rows in units:
+        size, p, q = len(rows), int((s[rows] > 0).sum()), int((s[rows] < 0).sum())
+        if n + size > batch_size:
+            continue
+        if max(0, need - n_pos - p) + max(0, need - n_neg - q) > batch_size - n - size:
+            continue
+        chosen.append(rows)
+        n, n_pos, n_neg = n + size, n_pos + p, n_neg + q
+        if n == batch_size:
+            break
+    if n == batch_size and min(n_pos, n_neg) >= need:
+        return torch.cat(chosen)
+    return None
+
+
+def concat(batches: list[RolloutBatch]) -> RolloutBatch:
+    """Rows of several batches in one, right-padded to a common length, groups renumbered.
+
+    Appended columns are masked out (attention 0, not response) and positions come from the
+    attention mask, so every row's forward is unchanged; the pad id there is irrelevant (0).
+    """
+    L = max(b.input_ids.shape[1] for b in batches)
+    pad = lambda x, v: torch.nn.functional.pad(x, (0, L - x.shape[1]), value=v)  # noqa: E731
+    groups, problems, off = [], [], 0
+    for b in batches:
+        groups.append(b.group + off)
+        problems += list(b.problems)
+        off += max(len(b.problems), int(b.group.max()) + 1 if len(b) else 0)
+    return RolloutBatch(
+        input_ids=torch.cat([pad(b.input_ids, 0) for b in batches]),
+        attention_mask=torch.cat([pad(b.attention_mask, 0) for b in batches]),
+        response_mask=torch.cat([pad(b.response_mask, False) for b in batches]),
+        group=torch.cat(groups), reward=torch.cat([b.reward for b in batches]),
+        advantage=torch.cat([b.advantage for b in batches]), problems=problems,
+        texts=sum((list(b.texts) for b in batches), []))
+
+
+@dataclass
+class RewardBalancedBuffer:
+    """RB as a rollout buffer: `add` what was sampled, `release` a τ-balanced update batch or None.
+
+    Freshest rollouts are released first (least off-policy); older ones top up a missing sign.
+    Rollouts older than `max_age` sampling rounds are discarded before a release; `delayed`
+    counts rollouts that went out in a later round than the one that sampled them. The buffer
+    holds plain tensors and lists, so it pickles into a training checkpoint.
+    """
+    batch_size: int                     # |B|, rollouts per released update batch
+    tau: float = 0.5                    # min(N+, N-) >= τ|B|
+    query_preserved: bool = False       # select whole groups (QB+RB)
+    max_age: int = 2                    # rounds a rollout may wait before it is discarded
+    rows: RolloutBatch | None = None    # the buffered rollouts, oldest first
+    born: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))  # round sampled
+    sampled: int = 0                    # rollouts added
+    released: int = 0                   # rollouts released in update batches
+    delayed: int = 0                    # released in a later round than sampled
+    discarded: int = 0                  # dropped for age
+
+    def __len__(self):
+        return 0 if self.rows is None else len(self.rows)
+
+    def add(self, batch: RolloutBatch, round_: int):
+        self.rows = batch if self.rows is None else concat([self.rows, batch])
+        self.born = torch.cat([self.born, torch.full((len(batch),), round_, dtype=torch.long)])
+        self.sampled += len(batch)
+
+    def _keep(self, keep: torch.Tensor):
+        self.rows, self.born = self.rows.select(keep.nonzero().squeeze(1)), self.born[keep]
+
+    def release(self, round_: int) -> RolloutBatch | None:
+        if self.rows is None:
+            return None
+        old = round_ - self.born > self.max_age
+        if old.any():
+            self.discarded += int(old.sum())
+            self._keep(~old)
+        rows = reward_balanced(self.rows.group, self.rows.advantage, self.batch_size, self.tau,
+                               self.query_preserved, priority=self.born)
+        if rows is None:
+            return None
+        out = self.rows.select(rows)
+        self.delayed += int((self.born[rows] < round_).sum())
+        self.released += len(rows)
+        keep = torch.ones(len(self), dtype=torch.bool)
+        keep[rows] = False
+        self._keep(keep)
+        return out
+
+    def stats(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("rows", "born")} | \
+            {"buffered": len(self)}

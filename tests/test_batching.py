@@ -1,0 +1,185 @@
+"""Mini-batch plans and the reward-balanced buffer, checked against their defining properties."""
+import itertools
+
+import pytest
+import torch
+
+from cancellation import batching, grpo, rollout
+
+
+def _case(seed, n_groups=6, G=4, p=0.5):
+    """Group ids and binary rewards -> verl group advantages (some groups all-equal)."""
+    g = torch.Generator().manual_seed(seed)
+    group = torch.arange(n_groups).repeat_interleave(G)
+    reward = (torch.rand(n_groups * G, generator=g) < p).double()
+    return group, reward, rollout.group_advantages(reward, group)
+
+
+CASES = [_case(s, n, G, p) for s, (n, G, p) in enumerate(itertools.product((1, 3, 8), (1, 4, 8), (0.1, 0.5, 0.9)))]
+
+
+def _is_partition(plan, n):
+    rows = torch.cat(plan) if plan else torch.zeros(0, dtype=torch.long)
+    return sorted(rows.tolist()) == list(range(n)) and all(len(p) for p in plan)
+
+
+@pytest.mark.parametrize("n_mb", [1, 2, 4])
+def test_random_equals_grpo_default_and_partitions(n_mb):
+    for group, _, adv in CASES:
+        plan = batching.random(group, n_mb, seed=3)
+        ref = grpo.random_plan(len(group), n_mb, seed=3)
+        assert all(torch.equal(a, b) for a, b in zip(plan, ref)) and len(plan) == len(ref)
+        assert _is_partition(plan, len(group))
+
+
+@pytest.mark.parametrize("n_mb", [1, 2, 4, 5])
+def test_query_preserved_never_splits_a_group(n_mb):
+    for group, _, adv in CASES:
+        plan = batching.query_preserved(group, n_mb, seed=1)
+        assert _is_partition(plan, len(group))
+        where = {}
+        for k, rows in enumerate(plan):
+            for g in group[rows].tolist():
+                where.setdefault(g, set()).add(k)
+        assert all(len(v) == 1 for v in where.values())
+        assert len(plan) == min(n_mb, len(group.unique()))
+        # group counts per mini-batch differ by at most one
+        sizes = [len(group[r].unique()) for r in plan]
+        assert max(sizes) - min(sizes) <= 1
+
+
+def test_random_plan_does_split_groups():
+    """The baseline the interventions fix: with 4 mini-batches, random scatters some group."""
+    group, _, _ = _case(0, n_groups=8, G=8)
+    plan = batching.random(group, 4, seed=0)
+    assert any(len({k for k, r in enumerate(plan) if (group[r] == g).any()}) > 1 for g in range(8))
+
+
+@pytest.mark.parametrize("n_mb", [2, 3, 4])
+def test_sign_partitioned_never_mixes_signs(n_mb):
+    for group, _, adv in CASES:
+        plan = batching.sign_partitioned(adv, n_mb, seed=2)
+        assert _is_partition(plan, len(group)) and len(plan) <= n_mb
+        for rows in plan:
+            s = batching.sign(adv[rows])
+            assert not ((s > 0).any() and (s < 0).any())
+        if (adv > 0).any() and (adv < 0).any():  # both signs present: both get a mini-batch
+            signs = {int(batching.sign(adv[r]).max()) if (adv[r] > 0).any() else -1 for r in plan
+                     if (adv[r] != 0).any()}
+            assert signs == {1, -1}
+
+
+def test_sign_partitioned_needs_two_minibatches():
+    with pytest.raises(ValueError, match="n_minibatches"):
+        batching.sign_partitioned(CASES[5][2], 1)
+
+
+@pytest.mark.parametrize("name", batching.PLANS)
+def test_plans_deterministic_under_seed(name):
+    group, _, adv = _case(7, n_groups=8, G=8)
+    a = batching.make_plan(name, group, adv, 4, seed=11)
+    b = batching.make_plan(name, group, adv, 4, seed=11)
+    c = batching.make_plan(name, group, adv, 4, seed=12)
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+    assert not all(torch.equal(x, y) for x, y in zip(a, c))
+
+
+def _brute_force_feasible(group, adv, size, tau, qb):
+    """Is there ANY subset (of rows, or of whole groups) of exactly `size` meeting the τ rule?"""
+    s = batching.sign(adv)
+    need = -(-int(round(tau * size * 1000)) // 1000)  # ceil for the τ values used here
+    units = [(group == g).nonzero().squeeze(1) for g in group.unique()] if qb else \
+        [torch.tensor([i]) for i in range(len(group))]
+    if not qb:  # rows: counts suffice
+        P, N, Z = int((s > 0).sum()), int((s < 0).sum()), int((s == 0).sum())
+        return any(p >= need and q >= need and size - p - q <= Z for p in range(P + 1) for q in range(N + 1)
+                   if p + q <= size)
+    for k in range(len(units) + 1):
+        for sub in itertools.combinations(units, k):
+            rows = torch.cat(sub) if sub else torch.zeros(0, dtype=torch.long)
+            if len(rows) == size and min(int((s[rows] > 0).sum()), int((s[rows] < 0).sum())) >= need:
+                return True
+    return False
+
+
+@pytest.mark.parametrize("qb", [False, True])
+@pytest.mark.parametrize("tau", [0.25, 0.4, 0.5])
+def test_reward_balanced_tau_rule(qb, tau):
+    released = 0
+    for seed in range(40):
+        group, _, adv = _case(seed, n_groups=6, G=4, p=[0.2, 0.5, 0.8][seed % 3])
+        size = 12
+        prio = torch.rand(len(group), generator=torch.Generator().manual_seed(seed)) if seed % 2 else None
+        rows = batching.reward_balanced(group, adv, size, tau, query_preserved=qb, priority=prio)
+        if rows is None:
+            if not qb:  # row selection is exact: None only when no balanced subset exists
+                assert not _brute_force_feasible(group, adv, size, tau, qb)
+            continue
+        released += 1
+        s = batching.sign(adv[rows])
+        assert len(rows) == size and len(set(rows.tolist())) == size
+        assert min(int((s > 0).sum()), int((s < 0).sum())) >= tau * size - 1e-9
+        if qb:  # whole groups only
+            for g in group[rows].unique():
+                assert int((group[rows] == g).sum()) == int((group == g).sum())
+        assert torch.equal(rows, batching.reward_balanced(group, adv, size, tau, query_preserved=qb, priority=prio))
+    assert released > 5
+
+
+def test_reward_balanced_priority_order():
+    # 4 positives, 4 negatives, 4 more positives; τ = 0.5 of |B| = 4 -> two of each sign
+    adv = torch.tensor([1.0] * 4 + [-1.0] * 4 + [1.0] * 4)
+    assert batching.reward_balanced(torch.arange(12), adv, 4, 0.5).tolist() == [0, 1, 4, 5]  # row order
+    born = torch.tensor([0] * 8 + [1] * 4)  # the last four are fresher: they go first, negatives top up
+    assert sorted(batching.reward_balanced(torch.arange(12), adv, 4, 0.5, priority=born).tolist()) == [4, 5, 8, 9]
+    # with groups of two, whole groups by priority: group 4 (rows 8, 9) then negatives 2 (rows 4, 5)
+    rows = batching.reward_balanced(torch.arange(6).repeat_interleave(2), adv, 4, 0.5, True, priority=born)
+    assert sorted(rows.tolist()) == [4, 5, 8, 9]
+
+
+def test_reward_balanced_rejects_bad_tau():
+    with pytest.raises(ValueError, match="tau"):
+        batching.reward_balanced(torch.arange(4), torch.ones(4), 4, 0.6)
+
+
+def _fake_batch(reward, G):
+    n = len(reward)
+    reward = torch.tensor(reward, dtype=torch.float64)
+    group = torch.arange(n // G).repeat_interleave(G)
+    L = 5 + (n % 3)
+    ids = torch.arange(n * L).reshape(n, L) % 7 + 1
+    return rollout.RolloutBatch(input_ids=ids, attention_mask=torch.ones(n, L, dtype=torch.long),
+                                response_mask=torch.ones(n, L, dtype=torch.bool), group=group, reward=reward,
+                                advantage=rollout.group_advantages(reward, group), problems=list(range(n // G)),
+                                texts=[str(i) for i in range(n)])
+
+
+def test_buffer_accounting_and_each_rollout_at_most_once():
+    """Rollouts released once at most; sampled = released + discarded + buffered; delays counted."""
+    buf = batching.RewardBalancedBuffer(batch_size=8, tau=0.5, query_preserved=False, max_age=1)
+    g = torch.Generator().manual_seed(0)
+    seen = []
+    for r in range(12):
+        p = 0.9 if r % 4 else 0.3  # mostly saturated rounds: positives pile up and age out
+        b = _fake_batch((torch.rand(8, generator=g) < p).double().tolist(), G=4)
+        b.texts = [f"r{r}-{i}" for i in range(8)]  # identity of each rollout
+        buf.add(b, r)
+        out = buf.release(r)
+        if out is not None:
+            s = batching.sign(out.advantage)
+            assert len(out) == 8 and int((s > 0).sum()) >= 4 and int((s < 0).sum()) >= 4
+            seen += out.texts
+            assert all(r - int(t.split("-")[0][1:]) <= 1 for t in out.texts)  # none older than max_age
+    assert len(seen) == len(set(seen)) and buf.released == len(seen)
+    assert buf.sampled == buf.released + buf.discarded + len(buf)
+    assert buf.discarded > 0 and buf.delayed > 0
+
+
+def test_concat_keeps_rows_and_renumbers_groups():
+    a, b = _fake_batch([1, 0, 1, 1], G=2), _fake_batch([0, 0, 1, 0, 1, 1], G=2)
+    c = batching.concat([a, b])
+    assert len(c) == 10 and c.input_ids.shape[1] == max(a.input_ids.shape[1], b.input_ids.shape[1])
+    assert c.group.tolist() == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4]
+    La = a.input_ids.shape[1]
+    assert torch.equal(c.input_ids[:4, :La], a.input_ids) and not c.attention_mask[:4, La:].any()
+    assert torch.equal(c.advantage, torch.cat([a.advantage, b.advantage]))
