@@ -44,7 +44,7 @@ n_minibatches = 2                   # optimizer steps per batch (random mini-bat
 temperature = 1.0                   # sampling temperature
 max_new_tokens = 96                 # response length cap
 eps = 1e-6                          # boosted/suppressed threshold
-problems_path = ""                  # real problems (.parquet/.jsonl, prompt/answer); "" = generated arithmetic
+problems_path = ""                  # real problems (.parquet/.jsonl, prompt/answer); empty: generated arithmetic
 seed = 0                            # seeds prompts, sampling and mini-batching
 
 # %%

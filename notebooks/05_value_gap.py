@@ -56,7 +56,7 @@ n_boot = 2000                       # bootstrap resamples of the 95% intervals
 rows_per_chunk = 1024               # continuation rows per sampler batch
 backend = "hf"                      # continuation sampler: 'hf' (shared-prefix KV cache) or 'vllm' (GPU)
 threads = 1                         # torch CPU threads (tiny decode steps gain nothing from more; busy cores make them spin)
-problems_path = ""                  # real problems (.parquet/.jsonl, prompt/answer); "" = generated arithmetic
+problems_path = ""                  # real problems (.parquet/.jsonl, prompt/answer); empty: generated arithmetic
 seed = 0                            # seeds prompts, sampling, token draws and bootstrap
 
 # %%

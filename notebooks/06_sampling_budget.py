@@ -62,7 +62,7 @@ n_boot = 1000                       # bootstrap resamples (pool tokens x seeds)
 rows_per_chunk = 1024               # continuation rows per sampler batch
 backend = "hf"                      # continuation sampler: 'hf' or 'vllm' (GPU)
 threads = 1                         # torch CPU threads
-problems_path = ""                  # real problems (.parquet/.jsonl, prompt/answer); "" = generated arithmetic
+problems_path = ""                  # real problems (.parquet/.jsonl, prompt/answer); empty: generated arithmetic
 seed = 0                            # seeds prompts, sampling, pool, subsampling and bootstrap
 
 # %%
