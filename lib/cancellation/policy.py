@@ -200,9 +200,9 @@ def pretrain(cfg: PretrainConfig, out_dir: str | Path | None = None, progress: b
         if step % cfg.eval_every == 0 or step == cfg.max_steps:
             model.eval()
             acc = sampled_accuracy(model, tok, eval_problems, seed=cfg.seed + step)
-            history.append(dict(step=step, loss=float(loss), acc_t1=acc, minutes=(time.time() - t0) / 60))
-            bar.set_postfix(loss=f"{float(loss):.3f}", acc=f"{acc:.2f}")
-            log.info("step %d loss %.4f sampled acc %.3f", step, float(loss), acc)
+            history.append(dict(step=step, loss=float(loss.detach()), acc_t1=acc, minutes=(time.time() - t0) / 60))
+            bar.set_postfix(loss=f"{float(loss.detach()):.3f}", acc=f"{acc:.2f}")
+            log.info("step %d loss %.4f sampled acc %.3f", step, float(loss.detach()), acc)
             if acc >= cfg.target_acc:
                 break
     bar.close()
