@@ -149,7 +149,8 @@ fidelity
 import matplotlib.pyplot as plt
 from matplotlib.colors import LogNorm
 
-fig, axes = plots.figure(ncols=4, width=plots.WIDTH_2COL, height=2.1)
+fig, axes = plots.figure(ncols=2, nrows=2, width=plots.WIDTH_2COL, height=4.6)
+axes = axes.ravel()
 colors = {"same": plots.PALETTE[1], "different": plots.PALETTE[0]}
 for name in ("same", "different"):
     d = pairs[pairs.pair == name]

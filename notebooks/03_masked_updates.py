@@ -195,7 +195,8 @@ for kind, color in (("random", plots.PALETTE[0]), ("both", plots.PALETTE[1])):
 axes[0].set(title=f"(a) δ, {pools[-1]} pool", xlabel="masking effect δ (lm_head)", ylabel="density")
 axes[0].xaxis.set_major_locator(plt.MaxNLocator(3))
 axes[0].set_yscale("log")
-axes[0].legend(frameon=False, fontsize=6)
+axes[0].set_ylim(top=axes[0].get_ylim()[1] * 30)  # room for the legend above the bars
+axes[0].legend(frameon=False, fontsize=6, loc="upper left")
 e = effects[effects.pool == pools[0]]
 edges = np.quantile(e[e.scope == "lm_head"].proxy_cos, np.linspace(0, 1, n_cos_bins + 1))
 for scope, ls in (("lm_head", "-"), ("full", "--")):
@@ -215,7 +216,7 @@ for p, color in zip(pools, (plots.PALETTE[0], plots.PALETTE[1])):
                          marker=mk, ms=3, ls=ls, color=color, capsize=1.5, lw=1, label=f"{p}, {scope}")
 axes[2].axhline(50, color="k", lw=0.5, ls=":")
 axes[2].set(title="(c) top-coupled tokens masked", xlabel="tokens masked (k)", ylabel="Boost Rate (%)", xscale="log",
-            ylim=(-5, 135))
+            ylim=(-5, 155))
 axes[2].legend(frameon=False, fontsize=5, ncol=2, loc="upper center")
 fig.tight_layout()
 plots.save(fig, "fig03_masked_updates", fig_dir)
