@@ -1,6 +1,6 @@
 # make figures  : set up .venv if missing, train the tiny policies if missing, run every notebook
 # make fig01    : rerun one notebook (override parameters: make fig01 P="steps=5 seed=1")
-# make test     : the test suite (CPU, about 10 min)      make bench : speed-ups vs naive code
+# make test     : the test suite (CPU, about 2 min)       make bench : speed-ups vs naive code
 PROFILE ?= tiny
 P ?=
 PYTHON ?= python3
