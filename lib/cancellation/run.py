@@ -144,6 +144,8 @@ def run_notebook(ref: str, profile: str = "tiny", overrides: dict | None = None,
         src = Path(td) / f"{nb_path.stem}.ipynb"
         nb = jupytext.read(nb_path)
         nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+        for i, cell in enumerate(nb.cells):  # stable cell ids: reruns diff only where outputs changed
+            cell["id"] = f"cell-{i:03d}"
         jupytext.write(nb, src)
         t0 = time.time()
         print(f"[run] {nb_path.name} profile={profile} -> {out.relative_to(root) if out.is_relative_to(root) else out}",
