@@ -60,7 +60,6 @@ logging.basicConfig(level=logging.WARNING)
 torch.manual_seed(seed)
 Path(results_dir).mkdir(parents=True, exist_ok=True)
 model, tok = policy.load_policy(model_path, dtype=dtype, device=device)
-coupling.exact_norms(model)   # float64 all the way (transformers' RMSNorm rounds to float32 otherwise)
 pool = tasks.load_problems(problems_path) if problems_path else None
 batch = rollout.sample_batch(model, tok, tasks.draw_problems(n_prompts, seed + 202, pool=pool), G=G,
                              temperature=temperature, max_new_tokens=max_new_tokens, seed=seed + 202,

@@ -66,8 +66,7 @@ from cancellation import cache, coupling, grpo, measure, plots, policy, rollout,
 logging.basicConfig(level=logging.WARNING)
 torch.manual_seed(seed)
 Path(results_dir).mkdir(parents=True, exist_ok=True)
-model, tok = policy.load_policy(model_path, dtype=dtype, device=device)
-coupling.exact_norms(model)
+model, tok = policy.load_policy(model_path, dtype=dtype, device=device)  # float64 norms too (policy.exact_norms)
 batch = rollout.sample_batch(model, tok, tasks.draw_problems(n_prompts, seed + 303), G=G, temperature=temperature,
                              max_new_tokens=max_new_tokens, seed=seed + 303)
 f = coupling.features(model, batch)
@@ -80,7 +79,7 @@ print(f"{len(batch)} rollouts, {len(f)} response tokens, accuracy {batch.reward.
 # ## Precision check: float32 inside a float64 model
 # transformers' Qwen2 RMSNorm upcasts to float32 only, so a "float64" model rounds every hidden
 # state to float32. Below, the same full-parameter SGD step measured with the stock norms and with
-# `coupling.exact_norms` (float64 throughout, used everywhere in this notebook). The error is small
+# `policy.exact_norms` (float64 throughout; `load_policy` applies it to every float64 model). The error is small
 # next to a step at η = 0.1, but it breaks the exact linearity of the gradient in the token
 # weights that the masked-update shortcut and its test rely on (tests/test_coupling.py).
 
@@ -94,7 +93,7 @@ def full_step_delta(m):
     return d
 
 
-stock, _ = policy.load_policy(model_path, dtype=dtype, device=device)
+stock, _ = policy.load_policy(model_path, dtype=dtype, device=device, exact=False)  # transformers' float32 norms
 d_stock, d_exact = full_step_delta(stock), full_step_delta(model)
 del stock
 precision = pd.DataFrame([{
@@ -236,7 +235,6 @@ run_cfg = train.RunConfig(steps=run_steps, n_prompts=run_n_prompts, G=run_G, tem
 
 def sign_run():
     m, t = policy.load_policy(model_path, dtype=dtype, device=device)
-    coupling.exact_norms(m)
     return coupling.sign_consistency_run(m, t, run_cfg, lr)
 
 
@@ -308,4 +306,4 @@ print(f"stock float32 norms vs exact: sign agreement of a full SGD step's Δlog 
 #   elements; the rest have |g| comparable to ε = 1e-8.
 # * **Precision**: with transformers' float32 RMSNorm the full-step Δlog p carries ~1e-10 of
 #   round-off here, too small to flip signs at η = 0.1 but enough to break the exact linearity the
-#   masked-update shortcut relies on; `coupling.exact_norms` removes it.
+#   masked-update shortcut relies on; `policy.exact_norms` removes it.

@@ -9,8 +9,7 @@ from cancellation import coupling, grpo, measure, policy, rollout, tasks
 
 @pytest.fixture(scope="module")
 def tiny():
-    model, tok = policy.load_policy("data/policies/tiny-m", dtype="float64")
-    coupling.exact_norms(model)
+    model, tok = policy.load_policy("data/policies/tiny-m", dtype="float64")  # float64 norms included
     b = rollout.sample_batch(model, tok, tasks.sample_problems(4, seed=11), G=4, max_new_tokens=48, seed=11)
     # real sampled tokens; rewards set so every group is mixed (independent of the policy's luck)
     b.reward = torch.tensor([1, 0, 1, 0, 0, 0, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1], dtype=torch.float64)

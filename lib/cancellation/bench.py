@@ -122,7 +122,6 @@ def _peak_rss(fn):
 def _coupling_features(n_tokens, seed=7):
     from . import coupling
     model, tok = policy.load_policy("data/policies/tiny-m", dtype="float64")
-    coupling.exact_norms(model)
     n_prompts = max(4, n_tokens // 380)
     batch = rollout.sample_batch(model, tok, tasks.sample_problems(n_prompts, seed=seed), G=8, seed=seed)
     while batch.n_tokens < n_tokens:

@@ -22,11 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from . import grpo, measure, policy
-
-
-# exact_norms moved to policy.py (load_policy applies it to every float64 model); kept here by name.
-exact_norms = policy.exact_norms
+from . import grpo, measure
 
 
 # ----------------------------------------------------------------------------- features

@@ -73,8 +73,12 @@ def build_tiny_model(size: str = "tiny-m", seed: int = 0, vocab_size: int | None
     return Qwen2ForCausalLM(cfg)
 
 
-def load_policy(path: str | Path, dtype: str | torch.dtype = "float32", device: str = "cpu"):
-    """(model, tokenizer) for a local directory or a hub name, in eval mode, in `dtype`."""
+def load_policy(path: str | Path, dtype: str | torch.dtype = "float32", device: str = "cpu", exact: bool = True):
+    """(model, tokenizer) for a local directory or a hub name, in eval mode, in `dtype`.
+
+    `exact` (default) makes a float64 model float64 throughout (`exact_norms`); False keeps
+    transformers' stock float32 norms, for the precision check of notebook 03.
+    """
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
@@ -90,7 +94,8 @@ def load_policy(path: str | Path, dtype: str | torch.dtype = "float32", device: 
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype).to(device)
-    exact_norms(model)
+    if exact:
+        exact_norms(model)
     model.eval()
     return model, tok
 
