@@ -34,6 +34,9 @@ results_dir = "data/results/tiny"   # where tidy tables go (set by the runner)
 model_path = "data/policies/tiny-m"  # policy of panels (a)-(d)
 models = ["data/policies/tiny-m", "data/policies/tiny-s"]  # one Fig. 9 row each
 dtype = "float64"                   # analysis and update precision (float64: SGD-size Δ are < fp32 round-off)
+sample_dtype = ""                   # sampler copy's dtype ("" = the training model itself; paper: bfloat16)
+backend = "hf"                      # sampler: 'hf' or 'vllm' (weights pushed after every update)
+gpu_memory_utilization = 0.3        # vLLM's share of GPU memory, beside the training model
 device = "cpu"                      # cpu or cuda
 steps = 16                          # GRPO steps of the main run and of the positive-only run
 fig9_steps = 8                      # GRPO steps per model for Fig. 9
@@ -44,7 +47,11 @@ n_minibatches = 2                   # optimizer steps per batch (random mini-bat
 temperature = 1.0                   # sampling temperature
 max_new_tokens = 96                 # response length cap
 eps = 1e-6                          # boosted/suppressed threshold
-problems_path = ""                  # real problems (.parquet/.jsonl, prompt/answer); empty: generated arithmetic
+problems_path = ""                  # real problems (DAPO-Math-17k / MATH-500 / prompt+answer file); empty: generated arithmetic
+prompt_format = "auto"              # 'auto' (chat template when the tokenizer has one), 'chat' or 'raw'
+chunk_rows = 64                     # rows per forward chunk
+token_chunk = 4096                  # positions per LM-head chunk (bounds the batch x vocabulary tensors)
+gradient_checkpointing = False      # recompute activations in the backward (large models)
 seed = 0                            # seeds prompts, sampling and mini-batching
 
 # %%
@@ -62,16 +69,21 @@ logging.basicConfig(level=logging.WARNING)
 torch.manual_seed(seed)
 Path(results_dir).mkdir(parents=True, exist_ok=True)
 
+source = tasks.ProblemSource(path=problems_path, prompt_format=prompt_format)
+source.load()  # a malformed problem file stops here, before any model loads
+update_cfg = grpo.UpdateConfig(optimizer="adam", lr=lr, n_minibatches=n_minibatches, chunk_rows=chunk_rows,
+                               token_chunk=token_chunk, gradient_checkpointing=gradient_checkpointing)
 base_cfg = train.RunConfig(steps=steps, n_prompts=n_prompts, G=G, temperature=temperature,
-                           max_new_tokens=max_new_tokens, seed=seed, eps=eps, problems_path=problems_path,
-                           update=grpo.UpdateConfig(optimizer="adam", lr=lr, n_minibatches=n_minibatches))
+                           max_new_tokens=max_new_tokens, seed=seed, eps=eps, source=source, backend=backend,
+                           sample_dtype=sample_dtype, gpu_memory_utilization=gpu_memory_utilization,
+                           update=update_cfg)
 
 
 def run(path, cfg):
     """A cached GRPO run from the saved policy at `path`; returns its per-token table."""
     def compute():
         model, tok = policy.load_policy(path, dtype=dtype, device=device)
-        return train.delta_run(model, tok, cfg)
+        return train.delta_run(model, tok, cfg, model_path=path)
     params = dict(model=policy.fingerprint(path), dtype=dtype, device=device, **train.run_params(cfg))
     return cache.cached("delta_run", params, compute)
 
@@ -80,22 +92,23 @@ def run(path, cfg):
 # ## Noise floor
 # ε must sit above the numerical noise of the measurement. We measure Δlog p (i) between two
 # forward passes with no update and (ii) across an Adam step whose token weights are all zero,
-# on a batch sampled from the policy; and, to show why the tiny profile works in float64, (iii)
-# the float32 round-off of the log-probs themselves.
+# on a batch sampled from the policy; and (iii) the round-off of the log-probs themselves: the
+# median |log p| difference between a lower and a higher precision copy of the same weights —
+# float32 against the float64 analysis on the tiny profile (why it runs in float64), the
+# analysis dtype against float64 on the paper profile (what ε must clear there).
 
 # %%
 model, tok = policy.load_policy(model_path, dtype=dtype, device=device)
-probe_problems = tasks.draw_problems(n_prompts, seed + 99, pool=tasks.load_problems(problems_path) if problems_path else None)
-probe = rollout.sample_batch(model, tok, probe_problems, G=G, temperature=temperature,
-                             max_new_tokens=max_new_tokens, seed=seed + 99, verifier=tasks.verifier_for(problems_path))
+probe = rollout.sample(model, tok, base_cfg.sample_config(model), seed=seed + 99)
 zero_w = torch.zeros(probe.input_ids.shape, dtype=torch.float64)
-floor = measure.noise_floor(model, probe, step_fn=lambda m, b: grpo.grpo_step(
+floor = measure.noise_floor(model, probe, chunk_rows, step_fn=lambda m, b: grpo.grpo_step(
     m, b, replace(base_cfg.update, n_minibatches=1), token_weight=zero_w))
-fp32 = policy.cast(model, "float32")
-lp32 = measure.token_stats(fp32, probe).logp.double()
-lp64 = measure.token_stats(model, probe).logp
-floor["float32_roundoff"] = float((lp32 - lp64)[probe.response_mask].abs().median())
-del fp32
+low, high = ("float32", model) if dtype == "float64" else (dtype, policy.cast(model, "float64"))
+lo_model = policy.cast(model, "float32") if dtype == "float64" else model
+lp_lo = measure.token_stats(lo_model, probe, chunk_rows, token_chunk=token_chunk).logp.double()
+lp_hi = measure.token_stats(high, probe, chunk_rows, token_chunk=token_chunk).logp.double()
+floor[f"{low}_roundoff"] = float((lp_lo - lp_hi)[probe.response_mask].abs().median())
+del lo_model, high
 noise = pd.DataFrame([{"measurement": k, "max_abs_delta": v} for k, v in floor.items()])
 noise["eps"] = eps
 cache.write_table(noise, Path(results_dir) / "fig01_noise_floor.parquet")

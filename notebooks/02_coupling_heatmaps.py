@@ -42,7 +42,10 @@ lr = 0.1                            # SGD lr of the lm_head step whose Δlog p i
 lrs = [0.01, 0.1, 1.0, 10.0]        # learning rates of the first-order fidelity table
 chunk = 1024                        # tokens per kernel block
 vocab_chunk = 8192                  # vocabulary entries per block (bounds memory for large vocabularies)
-problems_path = ""                  # real problems (.parquet/.jsonl); empty: generated arithmetic
+problems_path = ""                  # real problems (DAPO-Math-17k / MATH-500 / prompt+answer file); empty: generated arithmetic
+prompt_format = "auto"              # 'auto' (chat template when the tokenizer has one), 'chat' or 'raw'
+chunk_rows = 64                     # rows per forward chunk
+token_chunk = 4096                  # positions per LM-head chunk (bounds the batch x vocabulary tensors)
 seed = 0                            # seeds prompts, sampling and pair draws
 
 # %%
@@ -59,12 +62,13 @@ from cancellation import cache, coupling, grpo, measure, plots, policy, rollout,
 logging.basicConfig(level=logging.WARNING)
 torch.manual_seed(seed)
 Path(results_dir).mkdir(parents=True, exist_ok=True)
+source = tasks.ProblemSource(path=problems_path, prompt_format=prompt_format)
+source.load()  # a malformed problem file stops here, before any model loads
 model, tok = policy.load_policy(model_path, dtype=dtype, device=device)
-pool = tasks.load_problems(problems_path) if problems_path else None
-batch = rollout.sample_batch(model, tok, tasks.draw_problems(n_prompts, seed + 202, pool=pool), G=G,
-                             temperature=temperature, max_new_tokens=max_new_tokens, seed=seed + 202,
-                             verifier=tasks.verifier_for(problems_path))
-before = measure.token_stats(model, batch, hidden=True)
+scfg = rollout.SampleConfig(n_prompts=n_prompts, G=G, temperature=temperature, max_new_tokens=max_new_tokens,
+                            device=device, source=source)
+batch = rollout.sample(model, tok, scfg, seed=seed + 202)
+before = measure.token_stats(model, batch, chunk_rows, hidden=True, token_chunk=token_chunk)
 f = coupling.features(model, batch, before, chunk=chunk, vocab_chunk=vocab_chunk)
 print(f"{len(batch)} rollouts, {len(f)} response tokens, vocabulary {f.W.shape[0]}, hidden {f.h.shape[1]}; "
       f"accuracy {batch.reward.mean():.2f}, mixed groups {batch.mixed_groups()}/{n_prompts}, "

@@ -51,6 +51,11 @@ run_steps = 6                       # Fig. 10: GRPO training steps
 run_n_prompts = 8                   # Fig. 10: prompts per step
 run_G = 8                           # Fig. 10: rollouts per prompt
 adam_lr = 1e-4                      # Fig. 10 training optimizer and App. D.3 Adam step
+problems_path = ""                  # real problems (DAPO-Math-17k / MATH-500 / prompt+answer file); empty: generated arithmetic
+prompt_format = "auto"              # 'auto' (chat template when the tokenizer has one), 'chat' or 'raw'
+chunk_rows = 64                     # rows per forward chunk
+token_chunk = 4096                  # positions per LM-head chunk (bounds the batch x vocabulary tensors)
+gradient_checkpointing = False      # recompute activations in the backward of the Fig. 10 run (large models)
 seed = 0                            # seeds prompts, sampling, candidates and masks
 
 # %%
@@ -66,12 +71,15 @@ from cancellation import cache, coupling, grpo, measure, plots, policy, rollout,
 logging.basicConfig(level=logging.WARNING)
 torch.manual_seed(seed)
 Path(results_dir).mkdir(parents=True, exist_ok=True)
+source = tasks.ProblemSource(path=problems_path, prompt_format=prompt_format)
+source.load()  # a malformed problem file stops here, before any model loads
 model, tok = policy.load_policy(model_path, dtype=dtype, device=device)  # float64 norms too (policy.exact_norms)
-batch = rollout.sample_batch(model, tok, tasks.draw_problems(n_prompts, seed + 303), G=G, temperature=temperature,
-                             max_new_tokens=max_new_tokens, seed=seed + 303)
+scfg = rollout.SampleConfig(n_prompts=n_prompts, G=G, temperature=temperature, max_new_tokens=max_new_tokens,
+                            device=device, source=source)
+batch = rollout.sample(model, tok, scfg, seed=seed + 303)
 f = coupling.features(model, batch)
 key = dict(model=policy.fingerprint(model_path), dtype=dtype, n_prompts=n_prompts, G=G, temperature=temperature,
-           max_new_tokens=max_new_tokens, seed=seed, lr=lr)
+           max_new_tokens=max_new_tokens, seed=seed, lr=lr, source=source.params())
 print(f"{len(batch)} rollouts, {len(f)} response tokens, accuracy {batch.reward.mean():.2f}, "
       f"mixed groups {batch.mixed_groups()}/{n_prompts}, tokens with A ≠ 0: {int((f.A != 0).sum())}")
 
@@ -229,13 +237,15 @@ plt.show()
 
 # %%
 run_cfg = train.RunConfig(steps=run_steps, n_prompts=run_n_prompts, G=run_G, temperature=temperature,
-                          max_new_tokens=max_new_tokens, seed=seed,
-                          update=grpo.UpdateConfig(optimizer="adam", lr=adam_lr))
+                          max_new_tokens=max_new_tokens, seed=seed, source=source,
+                          update=grpo.UpdateConfig(optimizer="adam", lr=adam_lr, chunk_rows=chunk_rows,
+                                                   token_chunk=token_chunk,
+                                                   gradient_checkpointing=gradient_checkpointing))
 
 
 def sign_run():
     m, t = policy.load_policy(model_path, dtype=dtype, device=device)
-    return coupling.sign_consistency_run(m, t, run_cfg, lr)
+    return train.sign_consistency_run(m, t, run_cfg, lr, model_path=model_path)
 
 
 consistency = cache.cached("sign_consistency_run", dict(model=key["model"], dtype=dtype, sgd_lr=lr,

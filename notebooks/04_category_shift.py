@@ -52,7 +52,10 @@ tagger = "shipped"                   # 'shipped' (NLTK lexicon+RegexpTagger; sam
 category_map = ""                    # path of a category table; empty: data/categories/category_map.csv
 top_k = 14                           # tokens in the panel of largest Δlog p differences
 min_count = 20                       # a token type needs this many occurrences to enter that panel
-problems_path = ""                   # real problems (.parquet/.jsonl, prompt/answer); empty: generated arithmetic
+problems_path = ""                   # real problems (DAPO-Math-17k / MATH-500 / prompt+answer file); empty: generated arithmetic
+prompt_format = "auto"               # 'auto' (chat template when the tokenizer has one), 'chat' or 'raw'
+token_chunk = 4096                   # positions per LM-head chunk (bounds the batch x vocabulary tensors)
+gradient_checkpointing = False       # recompute activations in the backward (large models)
 seed = 0                             # first batch seed (batch i uses seed + 1000 + i)
 
 # %%
@@ -74,9 +77,11 @@ UPDATES = ("positive_only", "grpo")
 LABELS = {"positive_only": "positive-only", "grpo": "GRPO"}
 COLORS = {"positive_only": plots.PALETTE[0], "grpo": plots.PALETTE[1]}
 
+source = tasks.ProblemSource(path=problems_path, prompt_format=prompt_format)
+source.load()  # a malformed problem file stops here, before any model loads
 model, tok = policy.load_policy(model_path, dtype=dtype, device=device)
-pool = tasks.load_problems(problems_path) if problems_path else None
-verifier = tasks.verifier_for(problems_path)
+scfg = rollout.SampleConfig(n_prompts=n_prompts, G=G, temperature=temperature, max_new_tokens=max_new_tokens,
+                            device=device, source=source)
 
 
 def batch_deltas(i):
@@ -84,26 +89,27 @@ def batch_deltas(i):
     bseed = seed + 1000 + i
 
     def compute():
-        batch = rollout.sample_batch(model, tok, tasks.draw_problems(n_prompts, bseed, pool=pool), G=G,
-                                     temperature=temperature, max_new_tokens=max_new_tokens, seed=bseed,
-                                     verifier=verifier)
-        before = measure.token_stats(model, batch, chunk_rows)
+        batch = rollout.sample(model, tok, scfg, seed=bseed)
+        before = measure.token_stats(model, batch, chunk_rows, token_chunk=token_chunk)
         theta0 = grpo.snapshot(model, scope)
         df = measure.token_table(batch, before, tokenizer=tok).assign(batch=i)
         m = batch.response_mask
         for rw in UPDATES:
-            cfg = grpo.UpdateConfig(optimizer="sgd", lr=lr, scope=scope, reweight=rw, chunk_rows=chunk_rows)
+            cfg = grpo.UpdateConfig(optimizer="sgd", lr=lr, scope=scope, reweight=rw, chunk_rows=chunk_rows,
+                                    token_chunk=token_chunk, gradient_checkpointing=gradient_checkpointing)
             grpo.grpo_step(model, batch, cfg, old_logp=before.logp)
-            df[f"delta_{rw}"] = (measure.token_stats(model, batch, chunk_rows).logp - before.logp)[m].double().numpy()
+            after = measure.token_stats(model, batch, chunk_rows, token_chunk=token_chunk)
+            df[f"delta_{rw}"] = (after.logp - before.logp)[m].double().cpu().numpy()
             grpo.restore(model, theta0)
         # θ₀ must come back exactly for the second update (Algorithm 2, line 10): same forward, Δ = 0
-        df["restore_error"] = float((measure.token_stats(model, batch, chunk_rows).logp - before.logp)[m].abs().max())
+        again = measure.token_stats(model, batch, chunk_rows, token_chunk=token_chunk)
+        df["restore_error"] = float((again.logp - before.logp)[m].abs().max())
         df["mixed_groups"] = batch.mixed_groups()
         return df
 
     params = dict(model=policy.fingerprint(model_path), dtype=dtype, device=device, i=i, seed=seed,
                   n_prompts=n_prompts, G=G, lr=lr, scope=scope, chunk_rows=chunk_rows, temperature=temperature,
-                  max_new_tokens=max_new_tokens, problems_path=problems_path)
+                  max_new_tokens=max_new_tokens, source=source.params())
     return cache.cached("category_shift", params, compute)
 
 

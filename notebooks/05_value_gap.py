@@ -55,8 +55,13 @@ entropy_k = [10, 20, 30, 40, 50, 60, 70, 80, 90, 100]  # top-k% highest-entropy 
 n_boot = 2000                       # bootstrap resamples of the 95% intervals
 rows_per_chunk = 1024               # continuation rows per sampler batch
 backend = "hf"                      # continuation sampler: 'hf' (shared-prefix KV cache) or 'vllm' (GPU)
+gpu_memory_utilization = 0.3        # vLLM's share of GPU memory, beside the training model
 threads = 1                         # torch CPU threads (tiny decode steps gain nothing from more; busy cores make them spin)
-problems_path = ""                  # real problems (.parquet/.jsonl, prompt/answer); empty: generated arithmetic
+problems_path = ""                  # real problems (DAPO-Math-17k / MATH-500 / prompt+answer file); empty: generated arithmetic
+prompt_format = "auto"              # 'auto' (chat template when the tokenizer has one), 'chat' or 'raw'
+chunk_rows = 64                     # rows per forward chunk
+token_chunk = 4096                  # positions per LM-head chunk (bounds the batch x vocabulary tensors)
+gradient_checkpointing = False      # recompute activations in the backward (large models)
 seed = 0                            # seeds prompts, sampling, token draws and bootstrap
 
 # %%
@@ -77,14 +82,18 @@ if device == "cpu":
 Path(results_dir).mkdir(parents=True, exist_ok=True)
 t_start = time.perf_counter()
 
+source = tasks.ProblemSource(path=problems_path, prompt_format=prompt_format)
+source.load()  # a malformed problem file stops here, before any model loads
+verifier = source.verifier()
 model, tok = policy.load_policy(model_path, dtype=dtype, device=device)
-sampler = rollout.make_sampler(model, model_path, backend, sample_dtype, seed)  # vllm: n=M per prefix, prefix caching
+# the batch and every continuation come from one sampler: a `sample_dtype` copy (hf) or vLLM over
+# the same checkpoint (n = M per prefix, prefix caching); the policy is not updated before valuing
+sampler = rollout.make_sampler(model, model_path, backend, sample_dtype, seed, gpu_memory_utilization)
 fp = policy.fingerprint(model_path)
-verifier = tasks.verifier_for(problems_path)
-pool = tasks.load_problems(problems_path) if problems_path else None
-batch = rollout.sample_batch(sampler, tok, tasks.draw_problems(n_prompts, seed + 505, pool=pool), G=G,
-                             temperature=temperature, max_new_tokens=max_new_tokens, seed=seed + 505, verifier=verifier,
-                             backend=backend)
+scfg = rollout.SampleConfig(n_prompts=n_prompts, G=G, temperature=temperature, max_new_tokens=max_new_tokens,
+                            backend=backend, device=device, dtype=sample_dtype, source=source,
+                            gpu_memory_utilization=gpu_memory_utilization)
+batch = rollout.sample(sampler, tok, scfg, seed=seed + 505)
 print(f"batch: {len(batch)} rollouts, {batch.n_tokens} response tokens, accuracy {batch.reward.mean():.2f}, "
       f"mixed groups {batch.mixed_groups()}/{n_prompts}")
 
@@ -100,21 +109,22 @@ print(f"batch: {len(batch)} rollouts, {batch.n_tokens} response tokens, accuracy
 # %%
 def grpo_steps(optimizer, step_lr):
     m = policy.cast(model, dtype)
-    cfg = grpo.UpdateConfig(optimizer=optimizer, lr=step_lr, scope="full", n_minibatches=1)
+    cfg = grpo.UpdateConfig(optimizer=optimizer, lr=step_lr, scope="full", n_minibatches=1, chunk_rows=chunk_rows,
+                            token_chunk=token_chunk, gradient_checkpointing=gradient_checkpointing)
     opt = grpo.make_optimizer(m, cfg)
-    before = measure.token_stats(m, batch)
+    before = measure.token_stats(m, batch, chunk_rows, token_chunk=token_chunk)
     table = measure.token_table(batch, before, tokenizer=tok)
     for k in range(1, repeat_steps + 1):
         grpo.grpo_step(m, batch, cfg, optimizer=opt, old_logp=before.logp)
-        after = measure.token_stats(m, batch)
-        table[f"delta_{k}"] = (after.logp - before.logp)[batch.response_mask].numpy()
+        after = measure.token_stats(m, batch, chunk_rows, token_chunk=token_chunk)
+        table[f"delta_{k}"] = (after.logp - before.logp)[batch.response_mask].cpu().numpy()
+    del m, opt
     return table
 
 
 def steps_run(optimizer, step_lr):
-    params = dict(model=fp, dtype=dtype, sample_dtype=sample_dtype, n_prompts=n_prompts, G=G, temperature=temperature,
-                  max_new_tokens=max_new_tokens, optimizer=optimizer, lr=step_lr, K=repeat_steps, seed=seed,
-                  problems_path=problems_path)
+    params = dict(model=fp, dtype=dtype, sample=rollout.config_params(scfg), optimizer=optimizer, lr=step_lr,
+                  K=repeat_steps)
     return cache.cached("value_gap_steps", params, lambda: grpo_steps(optimizer, step_lr))
 
 

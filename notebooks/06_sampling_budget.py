@@ -61,8 +61,13 @@ n_seeds = 4                         # subsampling seeds per setting
 n_boot = 1000                       # bootstrap resamples (pool tokens x seeds)
 rows_per_chunk = 1024               # continuation rows per sampler batch
 backend = "hf"                      # continuation sampler: 'hf' or 'vllm' (GPU)
+gpu_memory_utilization = 0.3        # vLLM's share of GPU memory, beside the training model
 threads = 1                         # torch CPU threads
-problems_path = ""                  # real problems (.parquet/.jsonl, prompt/answer); empty: generated arithmetic
+problems_path = ""                  # real problems (DAPO-Math-17k / MATH-500 / prompt+answer file); empty: generated arithmetic
+prompt_format = "auto"              # 'auto' (chat template when the tokenizer has one), 'chat' or 'raw'
+chunk_rows = 64                     # rows per forward chunk
+token_chunk = 4096                  # positions per LM-head chunk (bounds the batch x vocabulary tensors)
+gradient_checkpointing = False      # recompute activations in the backward (large models)
 seed = 0                            # seeds prompts, sampling, pool, subsampling and bootstrap
 
 # %%
@@ -83,14 +88,18 @@ if device == "cpu":
 Path(results_dir).mkdir(parents=True, exist_ok=True)
 t_start = time.perf_counter()
 
+source = tasks.ProblemSource(path=problems_path, prompt_format=prompt_format)
+source.load()  # a malformed problem file stops here, before any model loads
+verifier = source.verifier()
 model, tok = policy.load_policy(model_path, dtype=dtype, device=device)
-sampler = rollout.make_sampler(model, model_path, backend, sample_dtype, seed)  # vllm: n=M per prefix, prefix caching
+# the base batch and every continuation come from one sampler: a `sample_dtype` copy (hf) or vLLM
+# over the same checkpoint (n = M per prefix, prefix caching); valuing happens before any update
+sampler = rollout.make_sampler(model, model_path, backend, sample_dtype, seed, gpu_memory_utilization)
 fp = policy.fingerprint(model_path)
-verifier = tasks.verifier_for(problems_path)
-pool_problems = tasks.load_problems(problems_path) if problems_path else None
-batch = rollout.sample_batch(sampler, tok, tasks.draw_problems(n_prompts, seed + 606, pool=pool_problems), G=G,
-                             temperature=temperature, max_new_tokens=max_new_tokens, seed=seed + 606,
-                             verifier=verifier, backend=backend)
+scfg = rollout.SampleConfig(n_prompts=n_prompts, G=G, temperature=temperature, max_new_tokens=max_new_tokens,
+                            backend=backend, device=device, dtype=sample_dtype, source=source,
+                            gpu_memory_utilization=gpu_memory_utilization)
+batch = rollout.sample(sampler, tok, scfg, seed=seed + 606)
 n_pos = pd.Series([int(batch.reward[batch.group == g].sum()) for g in range(n_prompts)])
 print(f"base batch: {len(batch)} rollouts, {batch.n_tokens} response tokens, accuracy {batch.reward.mean():.2f}, "
       f"mixed groups {batch.mixed_groups()}/{n_prompts}")
@@ -103,7 +112,7 @@ print("positives per group (of %d): %s" % (G, sorted(n_pos.tolist())))
 # split is favoured by the selection. Values under the policy that sampled the batch; cached.
 
 # %%
-before = measure.token_stats(model, batch)
+before = measure.token_stats(model, batch, chunk_rows, token_chunk=token_chunk)
 table = measure.token_table(batch, before, tokenizer=tok)
 mixed = table[table.sign != "zero"]
 rng = np.random.default_rng(seed)
@@ -136,7 +145,8 @@ settings = ([("prompts", P, dict(n_prompts=P, n=n_fixed)) for P in prompt_sizes]
 comp_groups = budget.composition_groups(batch, G_comp)
 settings += [("composition", k, dict(k=k)) for k in range(1, G_comp)] if comp_groups else []
 print(f"7(b): {len(comp_groups)} query groups hold at least {G_comp - 1} positive and {G_comp - 1} negative rollouts")
-cfg = grpo.UpdateConfig(optimizer="sgd", lr=lr, scope="full", n_minibatches=1)
+cfg = grpo.UpdateConfig(optimizer="sgd", lr=lr, scope="full", n_minibatches=1, chunk_rows=chunk_rows,
+                        token_chunk=token_chunk, gradient_checkpointing=gradient_checkpointing)
 
 
 def rows_for(spec, s):
@@ -147,7 +157,7 @@ def rows_for(spec, s):
 
 
 def sweep():
-    pool_before = budget.pool_logp(model, batch, pool)
+    pool_before = budget.pool_logp(model, batch, pool, chunk_rows, token_chunk)
     done, out = {}, []
     for panel, x, spec in settings:
         for s in range(n_seeds):
@@ -162,10 +172,9 @@ def sweep():
     return pd.concat(out, ignore_index=True)
 
 
-params = dict(model=fp, dtype=dtype, sample_dtype=sample_dtype, n_prompts=n_prompts, G=G, temperature=temperature,
-              max_new_tokens=max_new_tokens, lr=lr, p_max=p_max, pool_rollouts=pool_rollouts, n_pool=n_pool,
-              settings=[(p, x, s) for p, x, s in settings], G_comp=G_comp, n_seeds=n_seeds, seed=seed,
-              problems_path=problems_path)
+params = dict(model=fp, dtype=dtype, sample=rollout.config_params(scfg), lr=lr, p_max=p_max,
+              pool_rollouts=pool_rollouts, n_pool=n_pool, settings=[(p, x, s) for p, x, s in settings], G_comp=G_comp,
+              n_seeds=n_seeds, seed=seed)
 t0 = time.perf_counter()
 deltas = cache.cached("budget_sweep", params, sweep)
 t_sweep = time.perf_counter() - t0

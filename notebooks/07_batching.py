@@ -64,10 +64,18 @@ max_age = 2                         # RB: rounds a buffered rollout may wait bef
 temperature = 1.0                   # training sampling temperature
 max_new_tokens = 96                 # response length cap
 eval_every = 4                      # iterations between held-out evaluations
-eval_sets = ["easy", "medium", "hard"]  # held-out difficulty levels (tasks.eval_set)
+eval_sets = ["easy", "medium", "hard"]  # held-out sets: difficulty levels (tasks.eval_set) or problem files
 eval_n = 64                         # problems per evaluation set
 eval_samples = 1                    # samples per problem (avg@k)
 eval_temperature = 1.0              # evaluation temperature (1: the temperature the policy trains at)
+sample_dtype = ""                   # sampler copy's dtype ("" = the training model itself; paper: bfloat16)
+backend = "hf"                      # sampler: 'hf' or 'vllm' (weights pushed after every update)
+gpu_memory_utilization = 0.3        # vLLM's share of GPU memory, beside the training model
+problems_path = ""                  # training problems (DAPO-Math-17k / MATH-500 / prompt+answer file); empty: generated arithmetic
+prompt_format = "auto"              # 'auto' (chat template when the tokenizer has one), 'chat' or 'raw'
+chunk_rows = 64                     # rows per forward chunk
+token_chunk = 4096                  # positions per LM-head chunk (bounds the batch x vocabulary tensors)
+gradient_checkpointing = False      # recompute activations in the backward (large models)
 
 # %%
 import logging
@@ -80,13 +88,16 @@ import pandas as pd
 import torch
 from scipy import stats
 
-from cancellation import cache, grpo, plots, policy, train
+from cancellation import cache, grpo, plots, policy, tasks, train
 
 logging.basicConfig(level=logging.WARNING)
 torch.set_num_threads(threads)
 Path(results_dir).mkdir(parents=True, exist_ok=True)
 CKPT_DIR = cache.DEFAULT_DIR / "ckpt"
 CKPT_DIR.mkdir(parents=True, exist_ok=True)
+source = tasks.ProblemSource(path=problems_path, prompt_format=prompt_format)
+source.load()  # a malformed problem file stops here, before any model loads
+set_names = [train.set_name(d) for d in eval_sets]
 
 
 def config(name, seed, lr=lr):
@@ -94,19 +105,22 @@ def config(name, seed, lr=lr):
         name, iterations=iterations, n_prompts=n_prompts, G=G, temperature=temperature,
         max_new_tokens=max_new_tokens, tau=tau, max_rounds=max_rounds, max_age=max_age, eval_every=eval_every,
         eval_sets=list(eval_sets), eval_n=eval_n, eval_samples=eval_samples, eval_temperature=eval_temperature,
-        seed=seed, update=grpo.UpdateConfig(optimizer="adam", lr=lr, n_minibatches=n_minibatches))
+        seed=seed, source=source, backend=backend, sample_dtype=sample_dtype,
+        gpu_memory_utilization=gpu_memory_utilization,
+        update=grpo.UpdateConfig(optimizer="adam", lr=lr, n_minibatches=n_minibatches, chunk_rows=chunk_rows,
+                                 token_chunk=token_chunk, gradient_checkpointing=gradient_checkpointing))
 
 
 def run(name, seed, lr=lr):
     """One cached training run; checkpointed every iteration so an interruption resumes."""
     cfg = config(name, seed, lr)
     params = dict(model=policy.fingerprint(model_path), dtype=dtype, device=device, threads=threads,
-                  **asdict(cfg))
+                  **train.run_params(cfg))
     ckpt = CKPT_DIR / f"{cache.key('train_run', params)}.pt"
 
     def compute():
         model, tok = policy.load_policy(model_path, dtype=dtype, device=device)
-        out = train.train_run(model, tok, cfg, ckpt_path=ckpt)
+        out = train.train_run(model, tok, cfg, ckpt_path=ckpt, model_path=model_path)
         return out
 
     out = cache.cached("train_run", params, compute)
@@ -162,7 +176,7 @@ def ci(x):
     return float(stats.t.ppf(0.975, len(x) - 1) * x.std(ddof=1) / np.sqrt(len(x))) if len(x) > 1 else float("nan")
 
 
-cols = list(eval_sets) + ["average"]
+cols = set_names + ["average"]
 agg = final.groupby(["strategy", "set"]).accuracy.agg(["mean", ci]).reset_index()
 last = iters.sort_values("iteration").groupby(["strategy", "seed"]).last()
 counts = iters.groupby(["strategy", "seed"]).rounds.sum().mul(n_prompts * G).groupby("strategy").mean()

@@ -83,11 +83,11 @@ def pool_index(batch, pool: pd.DataFrame) -> tuple[torch.Tensor, torch.Tensor, t
     return rows, local, cols
 
 
-def pool_logp(model, batch, pool: pd.DataFrame, chunk_rows: int = 64) -> np.ndarray:
+def pool_logp(model, batch, pool: pd.DataFrame, chunk_rows: int = 64, token_chunk: int = 4096) -> np.ndarray:
     """log π of every pool token under `model` (one forward over the pool's rows only)."""
     rows, local, cols = pool_index(batch, pool)
-    lp = measure.token_stats(model, batch.select(rows), chunk_rows).logp
-    return lp[local, cols].double().numpy()
+    lp = measure.token_stats(model, batch.select(rows), chunk_rows, token_chunk=token_chunk).logp
+    return lp[local, cols].double().cpu().numpy()
 
 
 def pool_delta(model, batch, rows, pool: pd.DataFrame, cfg: grpo.UpdateConfig, old_logp: torch.Tensor,
@@ -99,7 +99,7 @@ def pool_delta(model, batch, rows, pool: pd.DataFrame, cfg: grpo.UpdateConfig, o
     snap = grpo.snapshot(model, cfg.scope)
     try:
         grpo.grpo_step(model, sub, cfg, old_logp=old_logp[torch.as_tensor(rows)])
-        return pool_logp(model, batch, pool, cfg.chunk_rows) - before
+        return pool_logp(model, batch, pool, cfg.chunk_rows, cfg.token_chunk) - before
     finally:
         grpo.restore(model, snap)
 

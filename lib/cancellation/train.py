@@ -36,33 +36,84 @@ class RunConfig:
     max_new_tokens: int = 96        # response length cap
     seed: int = 0                   # seeds prompts and sampling of every step
     eps: float = 1e-6               # boosted/suppressed threshold on Δlog p
-    kinds: list = field(default_factory=lambda: list(tasks.KINDS))  # problem kinds (generated task)
-    problems_path: str = ""         # a .parquet/.jsonl of real problems instead (paper profile)
+    source: tasks.ProblemSource = field(default_factory=tasks.ProblemSource)  # prompts, rendering and verifier
+    backend: str = "hf"             # sampler: 'hf' (the policy itself or a cast copy) or 'vllm' (synced each step)
+    sample_dtype: str = ""          # dtype of the sampler copy; "" samples from the training model itself
+    gpu_memory_utilization: float = 0.3  # vLLM's share of GPU memory (beside the training model)
     update: grpo.UpdateConfig = field(default_factory=grpo.UpdateConfig)  # the GRPO update
 
+    def __post_init__(self):
+        if isinstance(self.source, dict):
+            self.source = tasks.ProblemSource(**self.source)
+        if isinstance(self.update, dict):
+            self.update = grpo.UpdateConfig(**self.update)
 
-def delta_run(model, tokenizer, cfg: RunConfig, progress: bool = True, on_step=None) -> pd.DataFrame:
+    def sample_config(self, model=None) -> rollout.SampleConfig:
+        return _sample_config(self, model)
+
+
+def _sample_config(cfg, model=None) -> rollout.SampleConfig:
+    """The SampleConfig of a run's training rounds (device and dtype follow the model)."""
+    dev = str(next(model.parameters()).device) if model is not None else "cpu"
+    dt = cfg.sample_dtype or (str(next(model.parameters()).dtype).removeprefix("torch.") if model is not None
+                              else "float32")
+    return rollout.SampleConfig(n_prompts=cfg.n_prompts, G=cfg.G, temperature=cfg.temperature,
+                                max_new_tokens=cfg.max_new_tokens, backend=cfg.backend, device=dev, dtype=dt,
+                                seed=cfg.seed, source=cfg.source, gpu_memory_utilization=cfg.gpu_memory_utilization)
+
+
+class PolicySampler:
+    """Samples from the current policy during training.
+
+    'hf': the training model itself when the sample dtype is its own dtype (the tiny profile), else a
+    cast copy whose weights are refreshed after every update; 'vllm': a vllm.LLM over the same
+    checkpoint whose weights are pushed from the training model after every update.
+    """
+
+    def __init__(self, model, model_path, scfg: rollout.SampleConfig):
+        self.scfg = scfg
+        own = str(next(model.parameters()).dtype).removeprefix("torch.")
+        self.shared = scfg.backend == "hf" and scfg.dtype == own
+        self.engine = model if self.shared else rollout.make_sampler(
+            model, model_path, scfg.backend, scfg.dtype, scfg.seed, scfg.gpu_memory_utilization)
+
+    @torch.no_grad()
+    def sync(self, model):
+        """Make the sampler's weights those of `model` (after an update)."""
+        if self.shared:
+            return
+        if self.scfg.backend == "vllm":
+            rollout.sync_weights(self.engine, model)
+        else:  # load_state_dict casts to the copy's dtype
+            self.engine.load_state_dict(model.state_dict())
+
+    def sample(self, tok, problems, seed: int) -> rollout.RolloutBatch:
+        return rollout.sample(self.engine, tok, self.scfg, problems=problems, seed=seed)
+
+
+def delta_run(model, tokenizer, cfg: RunConfig, progress: bool = True, on_step=None, model_path=None) -> pd.DataFrame:
     """Train `model` in place for cfg.steps GRPO steps; return the per-token table of every step.
 
     At each step: a fresh batch is sampled from the current policy, log-probs are taken by a
     training forward before the update (also θ_old of the clipped ratio), one GRPO step runs
     (cfg.update.n_minibatches optimizer steps), and a second forward gives the log-probs after.
     `on_step(step, model, batch, before, after)` may add measurements (it must not update).
+    `model_path` is needed only by a vLLM sampler (it loads the checkpoint, then takes our weights).
     """
     from tqdm import tqdm
 
     opt = grpo.make_optimizer(model, cfg.update)
-    pool = tasks.load_problems(cfg.problems_path) if cfg.problems_path else None
-    verifier = tasks.verifier_for(cfg.problems_path)
+    cfg.source.load()  # a bad problem file fails here, before any sampling
+    sampler = PolicySampler(model, model_path, cfg.sample_config(model))
+    chunk, tchunk = cfg.update.chunk_rows, cfg.update.token_chunk
     tables = []
     for step in tqdm(range(cfg.steps), desc=f"GRPO run ({cfg.update.reweight})", disable=not progress):
-        problems = tasks.draw_problems(cfg.n_prompts, 1_000_003 * (cfg.seed + 1) + step, cfg.kinds, pool)
-        batch = rollout.sample_batch(model, tokenizer, problems, G=cfg.G, temperature=cfg.temperature,
-                                     max_new_tokens=cfg.max_new_tokens, seed=cfg.seed * 7919 + step,
-                                     verifier=verifier)
-        before = measure.token_stats(model, batch, cfg.update.chunk_rows)
+        pseed, sseed = rollout.round_seeds(cfg.seed, step)
+        batch = sampler.sample(tokenizer, cfg.source.draw(cfg.n_prompts, pseed), sseed)
+        before = measure.token_stats(model, batch, chunk, token_chunk=tchunk)
         infos = grpo.grpo_step(model, batch, cfg.update, optimizer=opt, old_logp=before.logp, seed=cfg.seed + step)
-        after = measure.token_stats(model, batch, cfg.update.chunk_rows)
+        sampler.sync(model)
+        after = measure.token_stats(model, batch, chunk, token_chunk=tchunk)
         if on_step is not None:
             on_step(step, model, batch, before, after)
         t = measure.token_table(batch, before, after, eps=cfg.eps, step=step)
@@ -72,9 +123,34 @@ def delta_run(model, tokenizer, cfg: RunConfig, progress: bool = True, on_step=N
     return pd.concat(tables, ignore_index=True)
 
 
-def run_params(cfg: RunConfig) -> dict:
-    """JSON-able parameters of a run (for cache keys)."""
-    return asdict(cfg)
+def sign_consistency_run(model, tokenizer, cfg: RunConfig, sgd_lr: float, progress: bool = True,
+                         model_path=None) -> pd.DataFrame:
+    """A GRPO training run (persistent optimizer) that, before every step, compares an SGD lm_head
+    step with an SGD full step on that step's batch (Fig. 10). Trains `model` in place."""
+    from tqdm import tqdm
+
+    from . import coupling
+
+    opt = grpo.make_optimizer(model, cfg.update)
+    cfg.source.load()
+    sampler = PolicySampler(model, model_path, cfg.sample_config(model))
+    out = []
+    for step in tqdm(range(cfg.steps), desc="sign consistency run", disable=not progress):
+        pseed, sseed = rollout.round_seeds(cfg.seed, step)
+        batch = sampler.sample(tokenizer, cfg.source.draw(cfg.n_prompts, pseed), sseed)
+        row = coupling.proxy_sign_consistency(model, batch, sgd_lr, cfg.eps, cfg.update.chunk_rows)
+        grpo.grpo_step(model, batch, cfg.update, optimizer=opt, seed=cfg.seed + step)
+        sampler.sync(model)
+        out.append({"step": step, "accuracy": float(batch.reward.mean()), **row})
+    return pd.DataFrame(out)
+
+
+def run_params(cfg) -> dict:
+    """JSON-able parameters of a run (for cache keys): the config, the problem file's content hash
+    instead of its path alone."""
+    p = asdict(cfg)
+    p["source"] = cfg.source.params()
+    return p
 
 
 # --------------------------------------------------------------------------- training with evaluation
@@ -95,19 +171,27 @@ class TrainConfig:
     max_rounds: int = 4             # RB: sampling rounds per iteration before it gives up (no update)
     max_age: int = 2                # RB: rounds a buffered rollout may wait before it is discarded
     eval_every: int = 4             # iterations between evaluations (and one before training)
-    eval_sets: list = field(default_factory=lambda: list(tasks.DIFFICULTIES))  # held-out difficulties
+    eval_sets: list = field(default_factory=lambda: list(tasks.DIFFICULTIES))  # held-out difficulties or problem files
     eval_n: int = 64                # problems per evaluation set
     eval_samples: int = 1           # samples per problem (avg@k)
     eval_temperature: float = 1.0   # evaluation sampling temperature
     seed: int = 0                   # seeds prompts, sampling and plans (evaluation draws are seed-free)
-    kinds: list = field(default_factory=lambda: list(tasks.KINDS))  # training problem kinds
+    source: tasks.ProblemSource = field(default_factory=tasks.ProblemSource)  # training prompts, rendering, verifier
+    backend: str = "hf"             # sampler: 'hf' or 'vllm' (synced after every iteration)
+    sample_dtype: str = ""          # dtype of the sampler copy; "" samples from the training model itself
+    gpu_memory_utilization: float = 0.3  # vLLM's share of GPU memory
     update: grpo.UpdateConfig = field(default_factory=lambda: grpo.UpdateConfig(n_minibatches=4))
 
     def __post_init__(self):
         if self.plan not in batching.PLANS:
             raise ValueError(f"TrainConfig.plan={self.plan!r}; allowed: {', '.join(batching.PLANS)}")
+        if isinstance(self.source, dict):
+            self.source = tasks.ProblemSource(**self.source)
         if isinstance(self.update, dict):
             self.update = grpo.UpdateConfig(**self.update)
+
+    def sample_config(self, model=None) -> rollout.SampleConfig:
+        return _sample_config(self, model)
 
 
 # Table 2's rows: name -> (mini-batch plan, reward-balanced buffer)
@@ -123,19 +207,50 @@ def strategy_config(name: str, **kw) -> TrainConfig:
     return TrainConfig(plan=plan, reward_balanced=rb, **kw)
 
 
-def evaluate(model, tok, sets, n: int, samples: int = 1, temperature: float = 1.0,
-             max_new_tokens: int = 96) -> dict:
-    """Accuracy (avg@samples) on each held-out set tasks.eval_set(d, n).
+def set_name(name: str) -> str:
+    """Display name of a held-out set: a difficulty as is, a problem file by its stem."""
+    from pathlib import Path
+    return name if name in tasks.DIFFICULTIES else Path(name).stem
 
-    All sets go through one batched sampling call (fewer decode loops); its seed is fixed, so
-    every run and step of a comparison draws with the same random numbers (paired
-    differences are less noisy).
+
+def eval_source(name: str, like: tasks.ProblemSource | None = None) -> tasks.ProblemSource:
+    """The source of a held-out set: a difficulty of the generated task, or a problem file
+    (rendered like the training source `like`)."""
+    if name in tasks.DIFFICULTIES:
+        return tasks.ProblemSource()
+    return tasks.ProblemSource(path=name, prompt_format=like.prompt_format if like else "auto")
+
+
+def eval_problems(name: str, n: int, like: tasks.ProblemSource | None = None) -> list:
+    """The first `n` problems of a held-out set (the same for every run)."""
+    if name in tasks.DIFFICULTIES:
+        return tasks.eval_set(name, n)
+    return eval_source(name, like).load()[:n]
+
+
+def evaluate(model, tok, sets, n: int, samples: int = 1, temperature: float = 1.0,
+             max_new_tokens: int = 96, like: tasks.ProblemSource | None = None) -> dict:
+    """Accuracy (avg@samples) on each held-out set (a difficulty of the generated task or a file).
+
+    The generated sets go through one batched sampling call (fewer decode loops); its seed is
+    fixed, so every run and step of a comparison draws with the same random numbers (paired
+    differences are less noisy). Each file set is one call with the same fixed seed.
     """
-    problems = [p for d in sets for p in tasks.eval_set(d, n)]
-    b = rollout.sample_batch(model, tok, problems, G=samples, temperature=temperature,
-                             max_new_tokens=max_new_tokens, seed=4242)
-    acc = b.reward.reshape(len(sets), n * samples).mean(1)
-    return {d: float(a) for d, a in zip(sets, acc)}
+    dev = str(next(model.parameters()).device)
+    scfg = lambda src: rollout.SampleConfig(G=samples, temperature=temperature,  # noqa: E731
+                                            max_new_tokens=max_new_tokens, device=dev, source=src)
+    out = {}
+    gen = [d for d in sets if d in tasks.DIFFICULTIES]
+    if gen:
+        problems = [p for d in gen for p in eval_problems(d, n)]
+        b = rollout.sample(model, tok, scfg(tasks.ProblemSource()), problems=problems, seed=4242)
+        acc = b.reward.reshape(len(gen), -1).mean(1)
+        out.update({d: float(a) for d, a in zip(gen, acc)})
+    for d in sets:
+        if d not in tasks.DIFFICULTIES:
+            b = rollout.sample(model, tok, scfg(eval_source(d, like)), problems=eval_problems(d, n, like), seed=4242)
+            out[d] = float(b.reward.mean())
+    return {set_name(d): out[d] for d in sets}
 
 
 def minibatch_update(model, batch, plan, old_logp, optimizer, cfg: grpo.UpdateConfig) -> list[dict]:
@@ -161,13 +276,20 @@ def minibatch_update(model, batch, plan, old_logp, optimizer, cfg: grpo.UpdateCo
 
 def _save(path, state):
     import os
-    tmp = f"{path}.tmp"
-    torch.save(state, tmp)
-    os.replace(tmp, path)  # atomic: an interruption never leaves a half-written checkpoint
+    import tempfile
+    # a unique temp name: two runs writing the same checkpoint never share a half-written file
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), prefix=os.path.basename(path), suffix=".tmp")
+    os.close(fd)
+    try:
+        torch.save(state, tmp)
+        os.replace(tmp, path)  # atomic: an interruption never leaves a half-written checkpoint
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
 
 
 def train_run(model, tok, cfg: TrainConfig, ckpt_path=None, ckpt_every: int = 1, progress: bool = True,
-              on_iteration=None) -> dict:
+              on_iteration=None, model_path=None) -> dict:
     """Train `model` in place; returns {'iterations', 'minibatches', 'evals'} DataFrames.
 
     Iteration: sample a round of cfg.n_prompts x cfg.G rollouts (with RB: into the buffer, and
@@ -185,16 +307,22 @@ def train_run(model, tok, cfg: TrainConfig, ckpt_path=None, ckpt_every: int = 1,
     from tqdm import tqdm
 
     opt = grpo.make_optimizer(model, cfg.update)
+    cfg.source.load()  # a bad problem file fails here, before any sampling
+    for d in cfg.eval_sets:
+        if d not in tasks.DIFFICULTIES:
+            eval_source(d, cfg.source).load()
+    sampler = PolicySampler(model, model_path, cfg.sample_config(model))
     B = cfg.n_prompts * cfg.G
     st = dict(iteration=0, round=0, iters=[], mbs=[], evals=[],
               buffer=batching.RewardBalancedBuffer(B, cfg.tau, cfg.plan == "query_preserved", cfg.max_age)
               if cfg.reward_balanced else None)
     if ckpt_path and os.path.exists(ckpt_path):
         ck = torch.load(ckpt_path, weights_only=False)
-        if ck["config"] != asdict(cfg):
+        if ck["config"] != run_params(cfg):
             raise ValueError(f"checkpoint {ckpt_path} belongs to another config; delete it or change the path")
         model.load_state_dict(ck["model"])
         opt.load_state_dict(ck["optimizer"])
+        sampler.sync(model)
         torch.set_rng_state(ck["torch_rng"])
         st = ck["state"]
         log.info("resumed %s at iteration %d", ckpt_path, st["iteration"])
@@ -202,7 +330,7 @@ def train_run(model, tok, cfg: TrainConfig, ckpt_path=None, ckpt_every: int = 1,
     def do_eval(it):
         t = time.time()
         acc = evaluate(model, tok, cfg.eval_sets, cfg.eval_n, cfg.eval_samples, cfg.eval_temperature,
-                       cfg.max_new_tokens)
+                       cfg.max_new_tokens, like=cfg.source)
         st["evals"] += [dict(iteration=it, updates=it * cfg.update.n_minibatches, set=d, accuracy=a,
                              seconds=time.time() - t) for d, a in acc.items()]
 
@@ -215,9 +343,8 @@ def train_run(model, tok, cfg: TrainConfig, ckpt_path=None, ckpt_every: int = 1,
         batch, rounds, drawn = None, 0, []
         while batch is None and rounds < (cfg.max_rounds if cfg.reward_balanced else 1):
             r = st["round"]
-            problems = tasks.draw_problems(cfg.n_prompts, 1_000_003 * (cfg.seed + 1) + r, cfg.kinds)
-            b = rollout.sample_batch(model, tok, problems, G=cfg.G, temperature=cfg.temperature,
-                                     max_new_tokens=cfg.max_new_tokens, seed=cfg.seed * 7919 + r)
+            pseed, sseed = rollout.round_seeds(cfg.seed, r)
+            b = sampler.sample(tok, cfg.source.draw(cfg.n_prompts, pseed), sseed)
             drawn.append(b)
             st["round"], rounds = r + 1, rounds + 1
             if st["buffer"] is None:
@@ -233,10 +360,11 @@ def train_run(model, tok, cfg: TrainConfig, ckpt_path=None, ckpt_every: int = 1,
                         if k in ("discarded", "delayed", "buffered", "sampled", "released")})
         if batch is not None:
             t1 = time.time()
-            old = measure.token_stats(model, batch, cfg.update.chunk_rows)
+            old = measure.token_stats(model, batch, cfg.update.chunk_rows, token_chunk=cfg.update.token_chunk)
             plan = batching.make_plan(cfg.plan, batch.group, batch.advantage, cfg.update.n_minibatches,
                                       seed=cfg.seed * 104_729 + it)
             infos = minibatch_update(model, batch, plan, old.logp, opt, cfg.update)
+            sampler.sync(model)
             s = batching.sign(batch.advantage)
             m = batch.response_mask
             row.update(batch_acc=float(batch.reward.mean()), entropy=float(old.entropy[m].mean()),
@@ -249,7 +377,7 @@ def train_run(model, tok, cfg: TrainConfig, ckpt_path=None, ckpt_every: int = 1,
         if (it + 1) % cfg.eval_every == 0 or it + 1 == cfg.iterations:
             do_eval(it + 1)
         if ckpt_path and ((it + 1) % ckpt_every == 0 or it + 1 == cfg.iterations):
-            _save(ckpt_path, dict(config=asdict(cfg), model=model.state_dict(), optimizer=opt.state_dict(),
+            _save(ckpt_path, dict(config=run_params(cfg), model=model.state_dict(), optimizer=opt.state_dict(),
                                   torch_rng=torch.get_rng_state(), state=st))
         log.info("iteration %d: %s", it, {k: v for k, v in row.items() if isinstance(v, (int, float))})
         if on_iteration is not None:

@@ -1,0 +1,108 @@
+"""The paper profile's code paths on CPU stand-ins (`paper-smoke`): every notebook end to end.
+
+`paper-smoke.yaml` mirrors `paper.yaml` key for key, so a section of the paper profile cannot
+name a parameter its notebook lacks, or drift away from what the tests run."""
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+from cancellation import run, standins
+
+PAPER, SMOKE = run.PARAMS / "paper.yaml", run.PARAMS / "paper-smoke.yaml"
+
+
+def test_paper_smoke_mirrors_paper_key_for_key():
+    paper, smoke = yaml.safe_load(PAPER.read_text()), yaml.safe_load(SMOKE.read_text())
+    assert list(paper) == list(smoke)
+    for section in paper:
+        assert set(paper[section]) == set(smoke[section]), section
+    assert {p.stem for p in run.all_notebooks()} == set(paper) - {"common"}
+
+
+def test_every_paper_parameter_is_declared_by_a_notebook():
+    """A `common` key no notebook declares would be dropped silently; a section key is checked by resolve_params."""
+    declared = set().union(*(run.notebook_defaults(nb) for nb in run.all_notebooks()))
+    assert set(yaml.safe_load(PAPER.read_text())["common"]) <= declared
+    for nb in run.all_notebooks():
+        run.resolve_params(nb, "paper")  # raises on an unknown name or a wrong type
+
+
+@pytest.fixture(scope="module")
+def out_root(tmp_path_factory):
+    standins.build(run.ROOT / "data" / "standins")  # idempotent: a no-op when already built
+    return tmp_path_factory.mktemp("paper-smoke")
+
+
+def _run(ref, out_root):
+    out = run.run_notebook(ref, "paper-smoke", out_root=out_root, log_output=False)
+    nb = json.loads(out.read_text())
+    errors = [o for c in nb["cells"] for o in c.get("outputs", []) if o.get("output_type") == "error"]
+    assert not errors, errors
+    return out_root / "data" / "results" / "paper-smoke", out_root / "figures" / "paper-smoke"
+
+
+def _figs(figs, *names):
+    for name in names:
+        assert (figs / f"{name}.png").stat().st_size > 10_000 and (figs / f"{name}.pdf").exists()
+
+
+@pytest.mark.slow
+def test_01(out_root):
+    res, figs = _run("01", out_root)
+    _figs(figs, "fig01_token_flipping", "fig09_flipping_across_models")
+    frac = pd.read_parquet(res / "fig01_flip_fractions.parquet")
+    assert np.allclose(frac.groupby(["run", "step", "sign"]).fraction.sum(), 1.0)
+    noise = pd.read_parquet(res / "fig01_noise_floor.parquet").set_index("measurement").max_abs_delta
+    # float32 analysis against a float64 copy: round-off is real (not the old float32-vs-float32 zero)
+    assert noise["float32_roundoff"] > 0 and noise["repeat"] == 0
+
+
+@pytest.mark.slow
+def test_02(out_root):
+    res, figs = _run("02", out_root)
+    _figs(figs, "fig02_coupling")
+    pairs = pd.read_parquet(res / "fig02_pairs.parquet")
+    assert np.allclose(pairs.kernel, pairs.hdot * pairs.phi)
+
+
+@pytest.mark.slow
+def test_03(out_root):
+    res, figs = _run("03", out_root)
+    _figs(figs, "fig03_masked_updates", "fig10_proxy_sign_consistency")
+    cons = pd.read_parquet(res / "fig10_proxy_sign_consistency.parquet")
+    assert cons.sign_consistency.between(0, 1).all()
+
+
+@pytest.mark.slow
+def test_04(out_root):
+    res, figs = _run("04", out_root)
+    _figs(figs, "fig04_category_shift")
+    mass = pd.read_parquet(res / "fig04_category_mass_per_batch.parquet")
+    assert set(mass["update"]) == {"positive_only", "grpo"}
+
+
+@pytest.mark.slow
+def test_05(out_root):
+    res, figs = _run("05", out_root)
+    _figs(figs, "fig05_value_gap", "fig11_repeated_updates")
+    vt = pd.read_parquet(res / "fig05_token_values.parquet")
+    p = vt[vt.estimator == "paper"]
+    assert np.allclose(p.delta_hat, (p.avg0 - p.avg1) / (1 - p.prob))
+
+
+@pytest.mark.slow
+def test_06(out_root):
+    res, figs = _run("06", out_root)
+    _figs(figs, "fig06_sampling_budget", "fig07b_reward_composition")
+    assert len(pd.read_parquet(res / "fig06_value_gap.parquet"))
+
+
+@pytest.mark.slow
+def test_07(out_root):
+    res, figs = _run("07", out_root)
+    _figs(figs, "fig07a_sign_partition", "fig08_training_curves")
+    curves = pd.read_parquet(res / "fig08_training_curves.parquet")
+    assert "math500" in set(curves.set)  # evaluated on the MATH-500-shaped file, rewarded by math-verify
