@@ -12,7 +12,7 @@ NOTEBOOKS := $(sort $(wildcard notebooks/[0-9][0-9]_*.py))
 OVERRIDES := $(foreach kv,$(P),-p $(subst =, ,$(kv)))
 export PYTHONUNBUFFERED := 1
 
-.PHONY: env policy figures test bench clean help
+.PHONY: env policy standins figures test bench clean help
 help:
 	@sed -n '1,3p' Makefile
 
@@ -31,10 +31,13 @@ policy: env  ## retrain both tiny policies
 	$(PY) -m cancellation.policy --size tiny-m --out data/policies/tiny-m
 	$(PY) -m cancellation.policy --size tiny-s --out data/policies/tiny-s
 
-figures: env $(POLICIES)
+standins: env  ## CPU stand-ins of the paper's model and data (data/standins/, for PROFILE=paper-smoke)
+	$(PY) -m cancellation.standins --out data/standins
+
+figures: env $(POLICIES) $(if $(filter paper-smoke,$(PROFILE)),standins)
 	$(PY) -m cancellation.run all --profile $(PROFILE) $(OVERRIDES)
 
-fig%: env $(POLICIES)
+fig%: env $(POLICIES) $(if $(filter paper-smoke,$(PROFILE)),standins)
 	$(PY) -m cancellation.run $* --profile $(PROFILE) $(OVERRIDES)
 
 test: env
@@ -45,3 +48,4 @@ bench: env $(POLICIES)
 
 clean:
 	rm -rf data/cache notebooks/executed/smoke figures/smoke data/results/smoke
+	rm -rf notebooks/executed/paper-smoke figures/paper-smoke data/results/paper-smoke
