@@ -204,3 +204,14 @@ def test_naive_reference_agrees_without_context(cz, tiny_tok):
     assert len([p for p in pieces if p not in context]) > 30
     assert all(f == s for p, f, s in zip(pieces, fast, slow) if p not in context)
     assert any(f != s for p, f, s in zip(pieces, fast, slow) if p in context)
+
+
+def test_padded_vocabulary_ids_are_tagged_not_an_index_error(tok):
+    """Qwen's model vocabulary is padded past the tokenizer: a sampled padded id must not crash tagging."""
+    from cancellation import categories as C
+    cz = C.Categorizer(tagger="shipped")
+    ids = tok("Q: 4 7 + 3 8", add_special_tokens=False)["input_ids"]
+    padded = len(tok) + 5
+    cats, words = cz.tag_ids([ids + [padded]], tok)[0]
+    assert len(cats) == len(ids) + 1 and words[-1] == f"<padded:{padded}>"
+    assert cats[:-1] == cz.tag_ids([ids], tok)[0][0]  # the real tokens are tagged as without it

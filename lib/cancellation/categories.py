@@ -309,9 +309,15 @@ class Categorizer:
 
     def tag_ids(self, id_seqs, tokenizer):
         """tag_sequences for sequences of token ids of `tokenizer` (scheme detected from its vocab)."""
-        vocab = np.array(tokenizer.convert_ids_to_tokens(list(range(len(tokenizer)))), dtype=object)
-        special = frozenset(tokenizer.all_special_tokens)
-        return self.tag_sequences([vocab[np.asarray(ids)].tolist() for ids in id_seqs], detect_scheme(vocab), special)
+        vocab = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
+        scheme = detect_scheme(np.array(vocab, dtype=object))
+        # a model's vocabulary can be padded past the tokenizer's (Qwen: 151,936 > 151,669); a sampled
+        # padded id has no text: it becomes a special piece of its own
+        top = max((int(np.max(ids)) + 1 for ids in id_seqs if len(ids)), default=0)
+        padded = [f"<padded:{i}>" for i in range(len(vocab), top)]
+        vocab = np.array(vocab + padded, dtype=object)
+        special = frozenset(tokenizer.all_special_tokens) | frozenset(padded)
+        return self.tag_sequences([vocab[np.asarray(ids)].tolist() for ids in id_seqs], scheme, special)
 
     def tag_batch(self, batch, tokenizer) -> pd.DataFrame:
         """category and word of every response token, row-aligned with measure.token_table."""
