@@ -12,16 +12,21 @@ correctness (a scaffold emitted with p ~ 1 carries no gradient); numbers and ope
 decision words (carry / no carry, borrow) whose choice decides correctness. Pretraining traces
 contain deliberate slips (see `make_trace`) so the base policy stays uncertain where it matters.
 
-The paper profile reads real problem files instead (`load_problems`), verified by math-verify
-when it is installed.
+The paper profile reads real problem files instead through `ProblemSource` (DAPO-Math-17k,
+MATH-500-style or plain prompt/answer files), renders prompts with the tokenizer's chat template
+and grades responses with math-verify (`MathVerifier`).
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 import re
+import threading
 from dataclasses import dataclass
 from pathlib import Path
+
+import numpy as np
 
 EOS = "<eos>"
 PAD = "<pad>"
@@ -191,38 +196,329 @@ def verify(problem: Problem, response: str) -> float:
     return float(got is not None and got == problem.answer.replace(" ", ""))
 
 
-class MathVerifier:
-    """Reward by math-verify (paper profile); imported lazily with an install hint."""
+def last_boxed(text: str) -> str | None:
+    """Content of the last \\boxed{...} with nested braces kept (e.g. \\frac{1}{2}); None if none or unclosed."""
+    start = text.rfind("\\boxed{")
+    if start < 0:
+        return None
+    start += len("\\boxed{")
+    depth = 0
+    for j in range(start, len(text)):
+        if text[j] == "{":
+            depth += 1
+        elif text[j] == "}":
+            if depth == 0:
+                return text[start:j].strip()
+            depth -= 1
+    return None
 
-    def __init__(self):
+
+# DAPO's reward reads the text after the last "Answer:" to the end of that line (verl math_dapo).
+_ANSWER_LINE_RE = re.compile(r"(?i)Answer\s*:\s*([^\n]+)")
+
+
+def answer_candidates(response: str) -> list[str]:
+    """What a response claims as its answer, each wrapped in \\boxed{} for math-verify's LaTeX parser.
+
+    DAPO's last "Answer: ..." line (surrounding $, ** and a final period removed) and the last
+    \\boxed{...}; empty when the response has neither.
+    """
+    out = []
+    lines = _ANSWER_LINE_RE.findall(response)
+    if lines:
+        text = lines[-1].strip().rstrip(".").strip().strip("*$").strip()
+        # An "Answer: \boxed{x}" line is covered by the boxed candidate below.
+        if text and "\\boxed{" not in text:
+            out.append(f"\\boxed{{{text}}}")
+    boxed = last_boxed(response)
+    if boxed:
+        out.append(f"\\boxed{{{boxed}}}")
+    return out
+
+
+class MathVerifier:
+    """Reward by math-verify for real math data: 1.0 if the response's answer equals the gold one.
+
+    Gold answers are parsed as \\boxed{answer} (falling back to the raw text) and cached per
+    answer string. A response is graded by its DAPO "Answer:" line and its last \\boxed{}; either
+    matching counts. Unparseable gold or response, and any math-verify error, give 0.0 and are
+    counted in `stats`; a call never raises.
+    """
+
+    def __init__(self, timeout_s: int = 5):
         try:
             from math_verify import parse, verify as mv  # type: ignore
-        except ImportError as e:  # pragma: no cover - optional dependency
+            from math_verify.errors import TimeoutException  # type: ignore
+        except ImportError as e:  # pragma: no cover - a core dependency, but say how to fix a broken env
             raise ImportError("math-verify is needed for real math data: pip install 'math-verify[antlr4_13_2]'") from e
         self._parse, self._verify = parse, mv
+        # math-verify's timeout error derives from BaseException; catch it explicitly.
+        self._failures = (Exception, TimeoutException)
+        self.timeout_s = timeout_s
+        self.stats = {"graded": 0, "unparsed_response": 0, "unparsed_gold": 0, "errors": 0}
+        self._gold: dict[str, list] = {}
+
+    def _timeout(self) -> int | None:
+        # math-verify times out with signal.alarm, which only works in the main thread; elsewhere
+        # (e.g. a reward worker thread) run without a timeout rather than raise.
+        return self.timeout_s if threading.current_thread() is threading.main_thread() else None
+
+    def _parsed(self, text: str) -> list:
+        """math-verify's parse, or [] when it found no mathematical expression.
+
+        parse falls back to the raw matched string when SymPy cannot read it (e.g. \\boxed{???});
+        such a string-only result counts as unparsed.
+        """
+        out = self._parse(text, parsing_timeout=self._timeout())
+        return out if any(not isinstance(x, str) for x in out) else []
+
+    def _gold_for(self, answer: str) -> list:
+        if answer not in self._gold:
+            self._gold[answer] = self._parsed(f"\\boxed{{{answer}}}") or self._parsed(answer)
+        return self._gold[answer]
 
     def __call__(self, problem: Problem, response: str) -> float:
-        gold = self._parse(f"\\boxed{{{problem.answer}}}")
-        return float(bool(self._verify(gold, self._parse(response))))
+        self.stats["graded"] += 1
+        try:
+            gold = self._gold_for(problem.answer)
+            if not gold:
+                self.stats["unparsed_gold"] += 1
+                return 0.0
+            parsed = [p for p in map(self._parsed, answer_candidates(response)) if p]
+            if not parsed:
+                self.stats["unparsed_response"] += 1
+                return 0.0
+            return float(any(self._verify(gold, p, timeout_seconds=self._timeout()) for p in parsed))
+        except self._failures:  # a reward must never stop a run
+            self.stats["errors"] += 1
+            return 0.0
 
 
-def load_problems(path: str | Path, prompt_col: str = "prompt", answer_col: str = "answer",
-                  limit: int | None = None) -> list[Problem]:
-    """Problems from a local .parquet or .jsonl file with prompt/answer columns."""
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"problem file not found: {path}")
-    if path.suffix == ".parquet":
-        import pandas as pd
-        rows = pd.read_parquet(path).to_dict("records")
-    elif path.suffix in (".jsonl", ".json"):
-        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+# ---------------------------------------------------------------------------------------------
+# Problem files. Three shapes, detected per row from its columns:
+#   DAPO-Math-17k (verl parquet): prompt = [{"role": "user", "content": ...}], reward_model.ground_truth
+#   MATH-500: problem + answer, or problem + solution with a \boxed{} answer
+#   plain: prompt (text or chat messages) + answer
+
+class ProblemFileError(ValueError):
+    """A problem file that cannot be used; the message names the file, the row and what was expected."""
+
+
+_COLUMNS = ("prompt", "reward_model", "problem", "answer", "solution")
+_SHAPES_HINT = ("columns 'prompt'+'reward_model' (DAPO-Math-17k), 'problem'+'answer'/'solution' (MATH-500) "
+                "or 'prompt'+'answer'")
+
+
+class _RowError(ValueError):
+    """What is wrong with one row; the loader adds the file and row."""
+
+
+def _answer_text(value) -> str | None:
+    """A ground-truth answer as text; None when missing (null, NaN, empty) or not a scalar."""
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, str):
+        return value.strip() or None
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        # A parquet int column with nulls comes back as float: 12.0 means "12".
+        if value != value:  # NaN: pandas' null
+            return None
+        return str(int(value)) if value.is_integer() else repr(value)
+    return None
+
+
+def _prompt_text(value) -> str | None:
+    """Prompt text from a string or a list of chat messages (the last user message's content)."""
+    if isinstance(value, str):
+        return value if value.strip() else None
+    if isinstance(value, (list, tuple, np.ndarray)):  # pandas reads message lists as numpy arrays
+        users = [m for m in value if isinstance(m, dict) and m.get("role") == "user"]
+        content = users[-1].get("content") if users else None
+        return content if isinstance(content, str) and content.strip() else None
+    return None
+
+
+def _row_problem(row, kind: str) -> Problem:
+    """One file row as a Problem; raises _RowError saying what was expected."""
+    if not isinstance(row, dict):
+        raise _RowError(f"expected an object with {_SHAPES_HINT}; got {type(row).__name__}")
+    cols = set(row)
+    if {"prompt", "reward_model"} <= cols:
+        prompt = _prompt_text(row["prompt"])
+        if prompt is None:
+            raise _RowError(f"expected 'prompt' to be text or chat messages with a user message; got {row['prompt']!r:.80}")
+        rm = row["reward_model"]
+        answer = _answer_text(rm.get("ground_truth")) if isinstance(rm, dict) else None
+        if answer is None:
+            raise _RowError(f"expected a non-empty answer in reward_model.ground_truth; got {rm!r:.80}")
+    elif "problem" in cols and ({"answer", "solution"} & cols):
+        prompt = _prompt_text(row["problem"])
+        if prompt is None:
+            raise _RowError(f"expected 'problem' to be non-empty text; got {row['problem']!r:.80}")
+        answer = _answer_text(row.get("answer"))
+        if answer is None and isinstance(row.get("solution"), str):
+            answer = last_boxed(row["solution"]) or None
+        if answer is None:
+            raise _RowError(f"expected a non-empty 'answer' or a \\boxed{{}} answer in 'solution'; "
+                            f"got answer={row.get('answer')!r:.40}")
+    elif {"prompt", "answer"} <= cols:
+        prompt = _prompt_text(row["prompt"])
+        if prompt is None:
+            raise _RowError(f"expected 'prompt' to be text or chat messages with a user message; got {row['prompt']!r:.80}")
+        answer = _answer_text(row["answer"])
+        if answer is None:
+            raise _RowError(f"expected a non-empty 'answer'; got {row['answer']!r:.80}")
     else:
-        raise ValueError(f"{path}: expected a .parquet or .jsonl file")
-    if rows and (prompt_col not in rows[0] or answer_col not in rows[0]):
-        raise ValueError(f"{path}: needs columns {prompt_col!r} and {answer_col!r}; has {sorted(rows[0])}")
-    rows = rows[:limit] if limit else rows
-    return [Problem(prompt=str(r[prompt_col]), answer=str(r[answer_col]), kind=path.stem) for r in rows]
+        raise _RowError(f"expected {_SHAPES_HINT}; found columns {sorted(map(str, cols))}")
+    return Problem(prompt=prompt, answer=answer, kind=kind)
+
+
+def _iter_rows(path: Path):
+    """(place, row) pairs of a .parquet, .jsonl or .json (list) file; place names the row for errors."""
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+        try:
+            pf = pq.ParquetFile(path)
+        except Exception as e:  # pyarrow raises several types for a damaged file
+            raise ProblemFileError(f"{path}: unreadable parquet file ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from e
+        cols = [c for c in pf.schema_arrow.names if c in _COLUMNS] or pf.schema_arrow.names
+        i = 0
+        # Batches keep memory bounded: the real DAPO file repeats ~17k prompts to 1.79M rows.
+        for batch in pf.iter_batches(batch_size=65_536, columns=cols):
+            for row in batch.to_pylist():
+                i += 1
+                yield f"row {i}", row
+    elif path.suffix == ".jsonl" or (path.suffix == ".json" and not path.read_text().lstrip().startswith("[")):
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ProblemFileError(f"{path}: line {n}: expected one JSON object per line ({e.msg})") from e
+            yield f"line {n}", row
+    elif path.suffix == ".json":
+        try:
+            rows = json.loads(path.read_text())
+        except json.JSONDecodeError as e:
+            raise ProblemFileError(f"{path}: line {e.lineno}: expected a JSON list of objects ({e.msg})") from e
+        for i, row in enumerate(rows, 1):
+            yield f"row {i}", row
+    else:
+        raise ProblemFileError(f"{path}: expected a .parquet, .jsonl or .json file")
+
+
+def _read_problem_file(path: Path) -> list[Problem]:
+    """Validated problems of a file, deduplicated by (prompt, answer) in first-occurrence order."""
+    seen: dict[tuple[str, str], Problem] = {}
+    n_rows = 0
+    for place, row in _iter_rows(path):
+        n_rows += 1
+        try:
+            p = _row_problem(row, kind=path.stem)
+        except _RowError as e:
+            raise ProblemFileError(f"{path}: {place}: {e}") from None
+        seen.setdefault((p.prompt, p.answer), p)
+    if not n_rows:
+        raise ProblemFileError(f"{path}: no rows (empty file); expected at least one problem with {_SHAPES_HINT}")
+    return list(seen.values())
+
+
+PROMPT_FORMATS = ("auto", "chat", "raw")
+
+
+@dataclass
+class ProblemSource:
+    """Where problems come from (generated arithmetic or a file), how prompts are rendered and graded."""
+    path: str = ""
+    """"" -> generated arithmetic (tiny profile); else a .parquet/.jsonl/.json problem file."""
+    kinds: tuple = KINDS
+    """Problem kinds of the generated task (ignored for files)."""
+    prompt_format: str = "auto"
+    """'auto': chat template (add_generation_prompt=True) when the tokenizer has one; 'chat': require it; 'raw': prompt as is."""
+
+    def __post_init__(self):
+        self.path = str(self.path or "")
+        self.kinds = tuple(self.kinds)
+        if self.prompt_format not in PROMPT_FORMATS:
+            raise ValueError(f"prompt_format={self.prompt_format!r}; expected one of {', '.join(PROMPT_FORMATS)}")
+
+    # Caches are plain attributes, not dataclass fields, so `asdict` (cache keys) never sees them.
+    def _stat_key(self) -> tuple:
+        path = Path(self.path)
+        if not path.exists():
+            raise FileNotFoundError(f"problem file not found: {path}")
+        st = path.stat()
+        return (self.path, st.st_mtime_ns, st.st_size)
+
+    def load(self) -> list[Problem]:
+        """All problems, validated and deduplicated (cached until the file changes); [] for generated."""
+        if not self.path:
+            return []
+        key = self._stat_key()
+        if getattr(self, "_loaded", (None,))[0] != key:
+            self._loaded = (key, _read_problem_file(Path(self.path)))
+        return list(self._loaded[1])
+
+    def draw(self, n: int, seed: int) -> list[Problem]:
+        """`n` problems reproducible from `seed`: generated, or sampled without replacement from the file."""
+        if not self.path:
+            return sample_problems(n, seed=seed, kinds=self.kinds)
+        pool = self.load()
+        rng = random.Random(seed)
+        return [pool[i] for i in rng.sample(range(len(pool)), min(n, len(pool)))]
+
+    def render(self, problem: Problem, tokenizer) -> str:
+        """The text to tokenize (with add_special_tokens=False) for `problem`'s prompt."""
+        has_template = bool(getattr(tokenizer, "chat_template", None))
+        if self.prompt_format == "chat" and not has_template:
+            raise ValueError(f"prompt_format='chat' needs a tokenizer with a chat template; "
+                             f"{type(tokenizer).__name__} has none (use prompt_format='raw' or 'auto')")
+        if self.prompt_format == "raw" or not has_template:
+            return problem.prompt
+        # As verl renders DAPO: the user message through the chat template, generation prompt added.
+        return tokenizer.apply_chat_template([{"role": "user", "content": problem.prompt}],
+                                             tokenize=False, add_generation_prompt=True)
+
+    def verifier(self):
+        """Reward function (problem, response) -> float: exact `verify` for generated, MathVerifier for files.
+
+        The file verifier is one object per source, so its `stats` add up over a run.
+        """
+        if not self.path:
+            return verify
+        if getattr(self, "_verifier", None) is None:
+            self._verifier = MathVerifier()
+        return self._verifier
+
+    def fingerprint(self) -> str:
+        """sha256 of the file's bytes, or 'arith:<kinds>' for the generated task."""
+        if not self.path:
+            return "arith:" + ",".join(self.kinds)
+        key = self._stat_key()
+        if getattr(self, "_fp", (None,))[0] != key:
+            h = hashlib.sha256()
+            with open(self.path, "rb") as f:
+                for block in iter(lambda: f.read(1 << 20), b""):
+                    h.update(block)
+            self._fp = (key, h.hexdigest())
+        return self._fp[1]
+
+    def params(self) -> dict:
+        """JSON-able description for cache keys: what the problems and prompts depend on."""
+        return {"path": self.path, "kinds": list(self.kinds), "prompt_format": self.prompt_format,
+                "fingerprint": self.fingerprint()}
+
+
+# Thin wrappers kept for call sites not yet moved to ProblemSource.
+def load_problems(path: str | Path, limit: int | None = None) -> list[Problem]:
+    """Problems of a .parquet/.jsonl/.json file (any of the three shapes), deduplicated."""
+    problems = ProblemSource(str(path)).load()
+    return problems[:limit] if limit else problems
 
 
 def draw_problems(n: int, seed: int, kinds=KINDS, pool: list | None = None) -> list[Problem]:
@@ -235,4 +531,4 @@ def draw_problems(n: int, seed: int, kinds=KINDS, pool: list | None = None) -> l
 
 def verifier_for(problems_path: str | None):
     """Exact arithmetic check for generated problems, math-verify for real data files."""
-    return MathVerifier() if problems_path else verify
+    return ProblemSource(problems_path or "").verifier()

@@ -1,0 +1,266 @@
+"""Problem files (three shapes), prompt rendering and math-verify rewards (tasks.ProblemSource)."""
+import json
+import threading
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from cancellation import tasks
+
+DAPO_INSTR = ("Solve the following math problem step by step. The last line of your response should be of the "
+              "form Answer: $Answer (without quotes) where $Answer is the answer to the problem.\n\n")
+CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def dapo_row(question, answer, idx=0):
+    """One row of verl's DAPO-Math-17k parquet schema."""
+    return {"data_source": "math_dapo",
+            "prompt": [{"role": "user", "content": DAPO_INSTR + question + "\n\nRemember to put your answer on its own "
+                        "line after \"Answer:\"."}],
+            "ability": "MATH",
+            "reward_model": {"ground_truth": answer, "style": "rule"},
+            "extra_info": {"index": str(idx)}}
+
+
+def write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+# ------------------------------------------------------------------------------------ loaders
+
+def test_dapo_parquet_is_deduplicated_in_first_occurrence_order(tmp_path):
+    qs = [("What is 3+4?", "7"), ("Find x if 2x=10.", "5"), ("Compute 6*7.", "42")]
+    # Like the real file: the prompts repeated many times, interleaved.
+    rows = [dapo_row(q, a, i) for i, (q, a) in enumerate(qs)] * 5 + [dapo_row(*qs[1], 1)]
+    f = tmp_path / "dapo-math-17k.parquet"
+    pd.DataFrame(rows).to_parquet(f)
+    problems = tasks.ProblemSource(str(f)).load()
+    assert len(problems) == 3
+    assert [p.answer for p in problems] == ["7", "5", "42"]
+    assert problems[0].prompt.startswith(DAPO_INSTR + "What is 3+4?")  # DAPO's instruction kept
+    assert "Answer:" in problems[0].prompt and problems[0].kind == "dapo-math-17k"
+    # Same prompt with another answer is another problem.
+    pd.DataFrame(rows + [dapo_row("What is 3+4?", "8")]).to_parquet(f)
+    assert len(tasks.ProblemSource(str(f)).load()) == 4
+
+
+def test_dapo_messages_as_numpy_arrays_and_integer_ground_truth():
+    # pandas hands parquet list columns back as numpy arrays of dicts.
+    msgs = np.array([{"role": "system", "content": "be brief"}, {"role": "user", "content": "1+1?"}], dtype=object)
+    p = tasks._row_problem({"prompt": msgs, "reward_model": {"ground_truth": np.int64(2)}}, kind="k")
+    assert p == tasks.Problem("1+1?", "2", "k")
+    assert tasks._answer_text(12.0) == "12" and tasks._answer_text(0.5) == "0.5"
+    assert tasks._answer_text(None) is None and tasks._answer_text(float("nan")) is None
+    assert tasks._answer_text("  ") is None
+
+
+def test_dapo_jsonl_and_json_list(tmp_path):
+    rows = [dapo_row("What is 3+4?", "7"), dapo_row("What is 3+4?", "7"), dapo_row("Compute 6*7.", "42")]
+    assert [p.answer for p in tasks.ProblemSource(str(write_jsonl(tmp_path / "d.jsonl", rows))).load()] == ["7", "42"]
+    g = tmp_path / "d.json"
+    g.write_text(json.dumps(rows, indent=1))
+    assert [p.answer for p in tasks.ProblemSource(str(g)).load()] == ["7", "42"]
+
+
+def test_math500_answer_and_solution_only_with_nested_boxed(tmp_path):
+    f = write_jsonl(tmp_path / "math500.jsonl", [
+        {"problem": "Half of one?", "answer": "\\frac{1}{2}", "solution": "... \\boxed{0.5}", "level": 1},
+        {"problem": "Simplify.", "solution": "First \\boxed{1}, then $\\boxed{\\frac{\\sqrt{3}}{2}}$."},
+    ])
+    a, b = tasks.ProblemSource(str(f)).load()
+    assert (a.prompt, a.answer) == ("Half of one?", "\\frac{1}{2}")  # 'answer' wins over the solution
+    assert (b.prompt, b.answer) == ("Simplify.", "\\frac{\\sqrt{3}}{2}")  # last box, nested braces kept
+    assert tasks.last_boxed("\\boxed{1} and \\boxed{{a}{b}") is None  # unclosed last box
+
+
+def test_math500_parquet(tmp_path):
+    f = tmp_path / "test.parquet"
+    pd.DataFrame({"problem": ["p1", "p2"], "solution": ["s \\boxed{3}", "t"], "answer": ["3", "x^2"]}).to_parquet(f)
+    assert [(p.prompt, p.answer) for p in tasks.load_problems(f)] == [("p1", "3"), ("p2", "x^2")]
+
+
+def test_plain_prompt_answer(tmp_path):
+    f = write_jsonl(tmp_path / "plain.jsonl", [{"prompt": "2+2?", "answer": 4}, {"prompt": "3+3?", "answer": "6"}])
+    assert tasks.ProblemSource(str(f)).load() == [tasks.Problem("2+2?", "4", "plain"), tasks.Problem("3+3?", "6", "plain")]
+    assert tasks.load_problems(f, limit=1) == [tasks.Problem("2+2?", "4", "plain")]
+
+
+@pytest.mark.parametrize("name, content, place, expected", [
+    ("missing.jsonl", [{"prompt": "ok", "answer": "1"}, {"question": "q", "answer": "2"}], "line 2", "'prompt'"),
+    ("null.jsonl", [{"prompt": "ok", "answer": "1"}, {"prompt": "q", "answer": None}], "line 2", "non-empty 'answer'"),
+    ("emptyans.jsonl", [{"prompt": "q", "answer": "  "}], "line 1", "non-empty 'answer'"),
+    ("badprompt.jsonl", [{"prompt": "ok", "answer": "1"}, {"prompt": 5, "answer": "1"}], "line 2", "'prompt' to be text"),
+    ("nouser.jsonl", [{"prompt": [{"role": "system", "content": "x"}], "answer": "1"}], "line 1", "user message"),
+    ("dapo.jsonl", [dapo_row("q", "1"), {"prompt": "q", "reward_model": {"style": "rule"}}], "line 2",
+     "reward_model.ground_truth"),
+    ("nobox.jsonl", [{"problem": "q", "solution": "no box here"}], "line 1", "\\boxed{} answer in 'solution'"),
+    ("list.json", [{"prompt": "ok", "answer": "1"}, ["not", "an", "object"]], "row 2", "expected an object"),
+])
+def test_malformed_files_name_file_row_and_expectation(tmp_path, name, content, place, expected):
+    f = tmp_path / name
+    if name.endswith(".jsonl"):
+        write_jsonl(f, content)
+    else:
+        f.write_text(json.dumps(content))
+    with pytest.raises(tasks.ProblemFileError) as e:
+        tasks.ProblemSource(str(f)).load()
+    msg = str(e.value)
+    assert str(f) in msg and f": {place}:" in msg and expected in msg and "\n" not in msg
+    assert "None" not in msg.split(expected)[0]  # a null answer is reported, not turned into text
+
+
+def test_malformed_parquet_json_and_empty_files(tmp_path):
+    f = tmp_path / "nullgt.parquet"
+    pd.DataFrame([dapo_row("q", "1"), dapo_row("r", None)]).to_parquet(f)
+    with pytest.raises(tasks.ProblemFileError, match=r"nullgt\.parquet: row 2: .*ground_truth"):
+        tasks.ProblemSource(str(f)).load()
+    g = tmp_path / "cols.parquet"
+    pd.DataFrame({"question": ["q"], "final": ["1"]}).to_parquet(g)
+    with pytest.raises(tasks.ProblemFileError, match=r"cols\.parquet: row 1: expected columns .*found columns \['final', 'question'\]"):
+        tasks.ProblemSource(str(g)).load()
+    h = tmp_path / "zero.parquet"
+    pd.DataFrame({"prompt": pd.Series([], dtype=str), "answer": pd.Series([], dtype=str)}).to_parquet(h)
+    with pytest.raises(tasks.ProblemFileError, match=r"zero\.parquet: no rows"):
+        tasks.ProblemSource(str(h)).load()
+    (tmp_path / "empty.jsonl").write_text("\n")
+    with pytest.raises(tasks.ProblemFileError, match=r"empty\.jsonl: no rows"):
+        tasks.ProblemSource(str(tmp_path / "empty.jsonl")).load()
+    (tmp_path / "bad.jsonl").write_text('{"prompt": "a", "answer": "1"}\n\n{"prompt": "b", "answer": \n')
+    with pytest.raises(tasks.ProblemFileError, match=r"bad\.jsonl: line 3: expected one JSON object per line"):
+        tasks.ProblemSource(str(tmp_path / "bad.jsonl")).load()
+    (tmp_path / "bad.json").write_text('[{"prompt": "a",\n "answer": }]')
+    with pytest.raises(tasks.ProblemFileError, match=r"bad\.json: line 2: expected a JSON list"):
+        tasks.ProblemSource(str(tmp_path / "bad.json")).load()
+    (tmp_path / "junk.parquet").write_bytes(b"not a parquet file at all")
+    with pytest.raises(tasks.ProblemFileError, match=r"junk\.parquet: unreadable parquet"):
+        tasks.ProblemSource(str(tmp_path / "junk.parquet")).load()
+    (tmp_path / "p.csv").write_text("prompt,answer\n")
+    with pytest.raises(tasks.ProblemFileError, match=r"p\.csv: expected a \.parquet, \.jsonl or \.json"):
+        tasks.ProblemSource(str(tmp_path / "p.csv")).load()
+    with pytest.raises(FileNotFoundError):
+        tasks.ProblemSource(str(tmp_path / "missing.parquet")).load()
+    assert issubclass(tasks.ProblemFileError, ValueError)
+
+
+# ------------------------------------------------------------------------------------ draw / params
+
+def test_generated_draw_equals_sample_problems():
+    src = tasks.ProblemSource()
+    assert src.draw(40, seed=7) == tasks.sample_problems(40, seed=7)
+    sub = tasks.ProblemSource(kinds=["mul21"])
+    assert sub.draw(10, seed=3) == tasks.sample_problems(10, seed=3, kinds=("mul21",))
+    assert sub.fingerprint() == "arith:mul21" and src.load() == [] and src.verifier() is tasks.verify
+
+
+def test_file_draw_is_a_seeded_sample_without_replacement(tmp_path):
+    f = write_jsonl(tmp_path / "p.jsonl", [{"prompt": f"q{i}", "answer": str(i)} for i in range(30)])
+    src = tasks.ProblemSource(str(f))
+    a = src.draw(10, seed=4)
+    assert a == src.draw(10, seed=4) and len({p.prompt for p in a}) == 10
+    import random
+    assert [p.prompt for p in a] == [f"q{i}" for i in random.Random(4).sample(range(30), 10)]
+    assert a == tasks.draw_problems(10, 4, pool=tasks.load_problems(f))
+    assert len(src.draw(100, seed=1)) == 30
+
+
+def test_params_and_fingerprint_follow_file_bytes(tmp_path):
+    f = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "q", "answer": "1"}])
+    src = tasks.ProblemSource(str(f), prompt_format="raw")
+    p1 = src.params()
+    import hashlib
+    assert p1["fingerprint"] == hashlib.sha256(f.read_bytes()).hexdigest()
+    assert json.loads(json.dumps(p1)) == p1 and p1["prompt_format"] == "raw"
+    assert src.load()[0].answer == "1"
+    write_jsonl(f, [{"prompt": "q", "answer": "2"}, {"prompt": "r", "answer": "3"}])
+    assert src.params()["fingerprint"] != p1["fingerprint"]
+    assert [p.answer for p in src.load()] == ["2", "3"]  # the load cache follows the file too
+    assert tasks.ProblemSource(str(f), prompt_format="chat").params() != src.params()
+    with pytest.raises(ValueError, match="prompt_format"):
+        tasks.ProblemSource(prompt_format="jinja")
+
+
+# ------------------------------------------------------------------------------------ rendering
+
+@pytest.fixture(scope="module")
+def chat_tok():
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+    t = Tokenizer(models.WordLevel({"<unk>": 0, "1+1?": 1}, unk_token="<unk>"))
+    t.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok = PreTrainedTokenizerFast(tokenizer_object=t, unk_token="<unk>")
+    tok.chat_template = CHATML
+    return tok
+
+
+def test_render_raw_auto_chat(chat_tok, tok):
+    p = tasks.Problem("1+1?", "2")
+    expected = "<|im_start|>user\n1+1?<|im_end|>\n<|im_start|>assistant\n"
+    assert tasks.ProblemSource(prompt_format="auto").render(p, chat_tok) == expected
+    assert tasks.ProblemSource(prompt_format="chat").render(p, chat_tok) == expected
+    assert tasks.ProblemSource(prompt_format="raw").render(p, chat_tok) == "1+1?"
+    # The tiny word-level tokenizer has no template: 'auto' leaves the arithmetic prompt unchanged.
+    q = tasks.sample_problems(1, seed=0)[0]
+    assert tasks.ProblemSource().render(q, tok) == q.prompt
+    with pytest.raises(ValueError, match="chat template"):
+        tasks.ProblemSource(prompt_format="chat").render(q, tok)
+
+
+# ------------------------------------------------------------------------------------ math-verify
+
+def test_math_verifier_grades_answer_lines_and_boxes():
+    v = tasks.MathVerifier()
+    half, twelve = tasks.Problem("q", "0.5"), tasks.Problem("q", "12")
+    assert v(half, "so it is \\boxed{\\frac{1}{2}}") == 1.0
+    assert v(tasks.Problem("q", "\\frac{1}{2}"), "Answer: 0.5") == 1.0
+    assert v(twelve, "Let me think.\nAnswer: 12") == 1.0
+    assert v(twelve, "Answer: $12$.") == 1.0
+    assert v(twelve, "I get \\boxed{12}.") == 1.0
+    assert v(twelve, "I get \\boxed{13}.") == 0.0
+    assert v(twelve, "Answer: 13\nAnswer: 12") == 1.0  # the last Answer line counts
+    assert v(twelve, "Answer: 12\nAnswer: 13") == 0.0
+    assert v(twelve, "Answer: 13 but \\boxed{12}") == 1.0  # either candidate may match
+    assert v(tasks.Problem("q", "2\\pi"), "Answer: 2\\pi") == 1.0  # bare LaTeX in the Answer line
+    assert v(tasks.Problem("q", "\\frac{\\sqrt{3}}{2}"), "\\boxed{\\frac{\\sqrt{3}}{2}}") == 1.0
+    assert v.stats == {"graded": 11, "unparsed_response": 0, "unparsed_gold": 0, "errors": 0}
+
+
+def test_math_verifier_counts_unparseable_and_never_raises():
+    v = tasks.MathVerifier()
+    twelve = tasks.Problem("q", "12")
+    assert v(twelve, "I don't know, sorry") == 0.0
+    assert v(twelve, "Answer: ???") == 0.0
+    assert v.stats == {"graded": 2, "unparsed_response": 2, "unparsed_gold": 0, "errors": 0}
+    assert v(tasks.Problem("q", "}"), "\\boxed{12}") == 0.0
+    assert v(tasks.Problem("q", "???"), "\\boxed{???}") == 0.0  # a string-only parse is not math
+    assert v.stats["unparsed_gold"] == 2 and v.stats["graded"] == 4
+
+    def boom(*a, **k):
+        raise RuntimeError("math-verify blew up")
+    v._verify = boom
+    assert v(twelve, "\\boxed{12}") == 0.0 and v.stats["errors"] == 1
+
+
+def test_math_verifier_runs_in_a_worker_thread():
+    # math-verify's signal timeouts only work in the main thread; the verifier must switch them off.
+    v, out = tasks.MathVerifier(), []
+    th = threading.Thread(target=lambda: out.append(v(tasks.Problem("q", "12"), "Answer: 12")))
+    th.start()
+    th.join()
+    assert out == [1.0] and v.stats["errors"] == 0
+
+
+def test_file_source_uses_one_math_verifier(tmp_path):
+    f = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "q", "answer": "1"}])
+    src = tasks.ProblemSource(str(f))
+    v = src.verifier()
+    assert isinstance(v, tasks.MathVerifier) and src.verifier() is v
+    assert isinstance(tasks.verifier_for(str(f)), tasks.MathVerifier) and tasks.verifier_for(None) is tasks.verify
+
+
+def test_answer_candidates():
+    assert tasks.answer_candidates("x\nAnswer: $\\frac{1}{2}$.\n") == ["\\boxed{\\frac{1}{2}}"]
+    assert tasks.answer_candidates("Answer: \\boxed{3}") == ["\\boxed{3}"]
+    assert tasks.answer_candidates("nothing") == []
