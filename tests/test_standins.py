@@ -92,8 +92,9 @@ def test_problem_files_have_the_paper_schemas(built):
 def _grade(response, answer):
     """Independent string check: the last \\boxed{...} or "Answer:" value equals the answer."""
     boxed = re.findall(r"\\boxed\{(.*)\}", response)
-    got = boxed[-1] if boxed else (response.rsplit("Answer:", 1)[1].strip() if "Answer:" in response else None)
-    return got == answer
+    if boxed:
+        return boxed[-1] == answer
+    return "Answer:" in response and response.rsplit("Answer:", 1)[1].strip().strip("$") == answer
 
 
 @torch.no_grad()

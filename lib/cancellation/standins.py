@@ -89,7 +89,8 @@ def _variants():
     DAPO's instruction answered with an "Answer:" line, the bare problem answered with \\boxed{}."""
     out = []
     for i, (q, *_rest) in enumerate(PROBLEMS):
-        out.append((i, DAPO_TEMPLATE.format(problem=q), "Answer: {}"))
+        # LaTeX after "Answer:" in $...$: math-verify reads a bare "\\sqrt{2}" there as unparseable
+        out.append((i, DAPO_TEMPLATE.format(problem=q), "Answer: ${}$" if "\\" in PROBLEMS[i][1] else "Answer: {}"))
         out.append((i, q, "The answer is $\\boxed{{{}}}$."))
     return out
 
@@ -108,7 +109,8 @@ def build_tokenizer(vocab_size: int = 1000):
     for _, prompt, resp in _variants():
         corpus.append(prompt)
     for q, a, w, *_ in PROBLEMS:
-        corpus += [f"Answer: {a}", f"Answer: {w}", f"The answer is $\\boxed{{{a}}}$.", f"$\\boxed{{{w}}}$"]
+        corpus += [f"Answer: {a}", f"Answer: {w}", f"Answer: ${a}$", f"The answer is $\\boxed{{{a}}}$.",
+                   f"$\\boxed{{{w}}}$"]
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=1, show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tk.train_from_iterator(corpus, trainer)
@@ -158,7 +160,8 @@ def _training_rows(tok):
     im_end = tok.convert_tokens_to_ids(IM_END)
     rows = []
     for i, prompt, resp in _variants():
-        text = tok.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True)
+        text = tok.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
+                                       add_generation_prompt=True)
         p = tok(text, add_special_tokens=False)["input_ids"]
         for ans in PROBLEMS[i][1:3]:
             r = tok(resp.format(ans), add_special_tokens=False)["input_ids"] + [im_end]
