@@ -25,11 +25,11 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 data/policies/%/model.safetensors: | env
-	$(PY) -m cancellation.policy --size $* --out data/policies/$*
+	$(PY) -m cancellation.tiny --size $* --out data/policies/$*
 
 policy: env  ## retrain both tiny policies
-	$(PY) -m cancellation.policy --size tiny-m --out data/policies/tiny-m
-	$(PY) -m cancellation.policy --size tiny-s --out data/policies/tiny-s
+	$(PY) -m cancellation.tiny --size tiny-m --out data/policies/tiny-m
+	$(PY) -m cancellation.tiny --size tiny-s --out data/policies/tiny-s
 
 standins: env  ## CPU stand-ins of the paper's model and data (data/standins/, for PROFILE=paper-smoke)
 	$(PY) -m cancellation.standins --out data/standins

@@ -3,18 +3,18 @@ import copy
 import pytest
 import torch
 
-from cancellation import policy, rollout, tasks
+from cancellation import policy, rollout, tasks, tiny
 
 
 @pytest.fixture(scope="session")
 def tok():
-    return policy.build_tokenizer()
+    return tiny.build_tokenizer()
 
 
 @pytest.fixture(scope="session")
 def model64():
     """A randomly initialised small Qwen2 in float64 (fast; tests do not need a trained policy)."""
-    m = policy.exact_norms(policy.build_tiny_model("tiny-s", seed=0).to(torch.float64))
+    m = policy.exact_norms(tiny.build_tiny_model("tiny-s", seed=0).to(torch.float64))
     m.eval()
     return m
 
