@@ -6,12 +6,23 @@ right padding. `attention_mask` marks real tokens, `response_mask` the response 
 Position t of every per-token tensor refers to token `input_ids[:, t]` predicted from the
 tokens before it.
 
-Sampling backends sit behind `sample_batch(..., backend=)`: 'hf' is our own batched KV-cache
-sampler over any `transformers` causal LM (seeded by a private torch.Generator, so it is
-reproducible and touches no global RNG); 'vllm' is the seam for the GPU profile.
+One way in: `sample(sampler, tokenizer, SampleConfig(...))` draws problems from the config's
+ProblemSource, renders them (chat template or raw), samples G responses per prompt, scores them
+with the source's verifier and normalises advantages per group. A response ends at the first of
+ANY stop id (`stop_ids`: the tokenizer's eos and the checkpoint's generation_config eos ids, as
+chat models stop on e.g. <|im_end|>), so the HF and vLLM backends agree on where it ends.
+
+Backends: 'hf' is our own batched KV-cache sampler over any `transformers` causal LM, seeded by a
+private torch.Generator on the model's device (reproducible per device, touches no global RNG);
+prefill computes logits for the last position only and the KV cache stays in the model's dtype.
+'vllm' (GPU extra) receives the exact token ids the HF path would see (TokensPrompt), and
+`sync_weights` pushes the HF model's weights into it after each update.
 """
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 from dataclasses import dataclass, field, fields
 
 import torch
@@ -89,22 +100,71 @@ def group_advantages(reward: torch.Tensor, group: torch.Tensor, eps: float = 1e-
     return adv
 
 
-@torch.no_grad()
-def generate(model, input_ids, attention_mask, max_new_tokens: int, temperature: float, eos_id: int, pad_id: int,
-             generator: torch.Generator | None = None) -> torch.Tensor:
-    """Batched ancestral sampling with a KV cache; returns (B, T) new tokens, pad after <eos>.
+@dataclass
+class SampleConfig:
+    """How to sample one batch: which prompts, how many rollouts each, with what and where."""
+    n_prompts: int = 16             # prompts per batch, drawn from `source`
+    G: int = 8                      # rollouts per prompt (one group)
+    temperature: float = 1.0        # sampling temperature; 0 is greedy decoding
+    max_new_tokens: int = 96        # response cap in tokens
+    backend: str = "hf"             # 'hf' (our KV-cache sampler) or 'vllm' (GPU extra)
+    device: str = "cpu"             # where the HF sampler runs (make_sampler puts it there; sample checks it)
+    dtype: str = "float32"          # sampler weights dtype (tiny analysis copies may be float64)
+    seed: int = 0                   # default seed of `sample` (problem draw and sampling)
+    source: tasks.ProblemSource = field(default_factory=lambda: tasks.ProblemSource())  # problems, rendering, verifier
+    chunk_size: int = 256           # rollouts per HF sampler call: bounds the KV cache
+    gpu_memory_utilization: float = 0.3   # vLLM's share of GPU memory (the HF model sits beside it)
 
-    temperature 0 is greedy decoding. The cache is any `transformers` Cache (DynamicCache).
+    def __post_init__(self):
+        if self.backend not in ("hf", "vllm"):
+            raise ValueError(f"SampleConfig.backend={self.backend!r}; allowed: hf, vllm")
+        for name in ("n_prompts", "G", "max_new_tokens", "chunk_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"SampleConfig.{name}={getattr(self, name)}: must be at least 1")
+
+
+def round_seeds(seed: int, round: int) -> tuple[int, int]:
+    """(problem-draw seed, sampling seed) of training round `round` (the tiny tables' recipe)."""
+    return 1_000_003 * (seed + 1) + round, seed * 7919 + round
+
+
+def stop_ids(tokenizer, model=None) -> list[int]:
+    """Every token id that ends a response: the tokenizer's eos, then the checkpoint's
+    generation_config eos ids (an int or a list; chat models add e.g. <|im_end|>), deduplicated."""
+    ids = [tokenizer.eos_token_id]
+    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    ids += list(eos) if isinstance(eos, (list, tuple)) else [eos]
+    out = list(dict.fromkeys(int(i) for i in ids if i is not None))
+    if not out:
+        raise ValueError("no stop id: the tokenizer has no eos_token_id and the model's generation_config none")
+    return out
+
+
+def _device(model) -> torch.device:
+    return next(model.parameters()).device
+
+
+@torch.no_grad()
+def generate(model, input_ids, attention_mask, max_new_tokens: int, temperature: float, stop, pad_id: int,
+             generator: torch.Generator | None = None) -> torch.Tensor:
+    """Batched ancestral sampling with a KV cache; returns (B, T) new tokens, pad after the first stop id.
+
+    `stop`: one stop id or a list. temperature 0 is greedy decoding. `generator` must live on the
+    model's device. Prefill computes logits for the last position only (the others are never
+    used: a (B, L, V) tensor would dominate memory on a 152k vocabulary); the DynamicCache holds
+    keys/values in the model's dtype. The softmax is float64, so draws do not depend on the
+    weights' dtype beyond the logits themselves.
     """
     from transformers import DynamicCache
 
+    dev = input_ids.device
+    stop = torch.as_tensor([stop] if isinstance(stop, int) else list(stop), dtype=torch.long, device=dev)
     B = input_ids.shape[0]
     pos = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-    cache = DynamicCache()
-    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos, past_key_values=cache,
-                use_cache=True)
+    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos, past_key_values=DynamicCache(),
+                use_cache=True, logits_to_keep=1)
     logits, next_pos = out.logits[:, -1], pos[:, -1] + 1
-    done = torch.zeros(B, dtype=torch.bool, device=input_ids.device)
+    done = torch.zeros(B, dtype=torch.bool, device=dev)
     new_tokens = []
     for _ in range(max_new_tokens):
         if temperature == 0:
@@ -114,7 +174,7 @@ def generate(model, input_ids, attention_mask, max_new_tokens: int, temperature:
             tok = torch.multinomial(probs, 1, generator=generator).squeeze(1)
         tok = torch.where(done, torch.full_like(tok, pad_id), tok)
         new_tokens.append(tok)
-        done = done | (tok == eos_id)
+        done = done | torch.isin(tok, stop)
         if bool(done.all()):
             break
         attention_mask = torch.cat([attention_mask, torch.ones_like(attention_mask[:, :1])], dim=1)
@@ -124,15 +184,22 @@ def generate(model, input_ids, attention_mask, max_new_tokens: int, temperature:
     return torch.stack(new_tokens, dim=1)
 
 
-def assemble(tokenizer, problems, prompt_ids, prompt_mask, new_tokens, G: int, verifier=None) -> RolloutBatch:
-    """Build a RolloutBatch from left-padded prompts (B, P) and sampled tokens (B, T)."""
+def assemble(tokenizer, problems, prompt_ids, prompt_mask, new_tokens, G: int, verifier=None, stop=None,
+             lengths=None) -> RolloutBatch:
+    """Build a RolloutBatch from left-padded prompts (B, P) and sampled tokens (B, T).
+
+    A response is its tokens up to and including the first of the `stop` ids (default: the
+    tokenizer's eos) and, when `lengths` (B,) is given, at most that many tokens.
+    """
     verifier = verifier or tasks.verify
-    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    stop = [tokenizer.eos_token_id] if stop is None else list(stop)
+    pad = _pad_id(tokenizer, stop)
     B, T = new_tokens.shape
-    # a response token is real up to and including the first <eos>
-    is_eos = new_tokens == eos
-    after_eos = (is_eos.cumsum(1) - is_eos.long()) > 0
-    resp = ~after_eos
+    is_stop = torch.isin(new_tokens, torch.as_tensor(stop, dtype=torch.long))
+    after_stop = (is_stop.cumsum(1) - is_stop.long()) > 0
+    resp = ~after_stop
+    if lengths is not None:
+        resp &= torch.arange(T)[None] < torch.as_tensor(lengths)[:, None]
     input_ids = torch.cat([prompt_ids, torch.where(resp, new_tokens, torch.full_like(new_tokens, pad))], dim=1)
     attention_mask = torch.cat([prompt_mask, resp.long()], dim=1)
     response_mask = torch.cat([torch.zeros_like(prompt_mask, dtype=torch.bool), resp], dim=1)
@@ -143,55 +210,190 @@ def assemble(tokenizer, problems, prompt_ids, prompt_mask, new_tokens, G: int, v
                         reward=reward, advantage=group_advantages(reward, group), problems=list(problems), texts=texts)
 
 
+def _pad_id(tokenizer, stop) -> int:
+    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stop[0]
+
+
+def encode_prompts(tokenizer, texts) -> list[list[int]]:
+    """Token ids of each rendered prompt, as both backends see them (no special tokens added:
+    a chat template already holds its own)."""
+    return [list(ids) for ids in tokenizer(list(texts), add_special_tokens=False)["input_ids"]]
+
+
+def _left_pad(seqs, pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    P = max(map(len, seqs))
+    ids = torch.full((len(seqs), P), pad, dtype=torch.long)
+    mask = torch.zeros((len(seqs), P), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        if s:
+            ids[i, P - len(s):], mask[i, P - len(s):] = torch.as_tensor(s), 1
+    return ids, mask
+
+
+def sample(sampler, tokenizer, cfg: SampleConfig, problems=None, seed: int | None = None) -> RolloutBatch:
+    """Sample cfg.G rollouts per problem, score them with the source's verifier, and compute group
+    advantages. `problems` default: cfg.source.draw(cfg.n_prompts, seed); `seed` default cfg.seed.
+
+    `sampler` is what `make_sampler` returns: a HF causal LM ('hf') or a vllm.LLM ('vllm').
+    Reproducible per device: the same sampler, problems and seed give the same batch.
+    """
+    seed = cfg.seed if seed is None else int(seed)
+    problems = cfg.source.draw(cfg.n_prompts, seed) if problems is None else list(problems)
+    if not problems:
+        raise ValueError("sample: no problems to sample from")
+    prompts = encode_prompts(tokenizer, [cfg.source.render(p, tokenizer) for p in problems])
+    stop = stop_ids(tokenizer, getattr(sampler, "hf_model", sampler))
+    pad = _pad_id(tokenizer, stop)
+    ids, mask = _left_pad(prompts, pad)
+    ids, mask = ids.repeat_interleave(cfg.G, 0), mask.repeat_interleave(cfg.G, 0)
+    lengths = None
+    if cfg.backend == "vllm":
+        seqs = _sample_vllm(sampler, prompts, cfg, seed, stop)
+        lengths = [len(s) for s in seqs]
+        T = max(max(lengths), 1)
+        new = torch.tensor([s + [pad] * (T - len(s)) for s in seqs], dtype=torch.long)
+    else:
+        new = _sample_hf(sampler, ids, mask, cfg, seed, stop, pad)
+    return assemble(tokenizer, problems, ids, mask, new, cfg.G, cfg.source.verifier(), stop, lengths)
+
+
+def _sample_hf(model, ids, mask, cfg: SampleConfig, seed: int, stop, pad: int) -> torch.Tensor:
+    """(B, T) new tokens from our KV-cache sampler, cfg.chunk_size rows per call, one generator
+    on the model's device across chunks."""
+    device = _device(model)
+    if torch.device(cfg.device).type != device.type:
+        raise ValueError(f"SampleConfig.device={cfg.device!r} but the sampler is on {device}; build it with "
+                         f"make_sampler(..., device={cfg.device!r}) or set device to match")
+    gen = torch.Generator(device=device).manual_seed(seed)
+    chunks = []
+    for s in range(0, ids.shape[0], cfg.chunk_size):
+        chunks.append(generate(model, ids[s:s + cfg.chunk_size].to(device), mask[s:s + cfg.chunk_size].to(device),
+                               cfg.max_new_tokens, cfg.temperature, stop, pad, generator=gen).cpu())
+    T = max(c.shape[1] for c in chunks)
+    return torch.cat([torch.nn.functional.pad(c, (0, T - c.shape[1]), value=pad) for c in chunks])
+
+
+class _GivenProblems:
+    """The ProblemSource of `sample_batch`'s old call sites: prompts already rendered as text
+    (raw, as before), rewards from the given verifier (default tasks.verify)."""
+
+    def __init__(self, verifier=None):
+        self._verifier = verifier or tasks.verify
+
+    def draw(self, n, seed):
+        raise ValueError("sample_batch needs its problems given")
+
+    def render(self, problem, tokenizer):
+        return problem.prompt
+
+    def verifier(self):
+        return self._verifier
+
+
 def sample_batch(model, tokenizer, problems, G: int = 8, temperature: float = 1.0, max_new_tokens: int = 96,
                  seed: int = 0, backend: str = "hf", chunk_size: int = 256, verifier=None) -> RolloutBatch:
-    """Sample G rollouts per problem, score them, and compute group advantages.
+    """Old entry point (raw prompts, explicit verifier), kept until its call sites move to `sample`;
+    gives the same batches as before (same seeds, same numbers)."""
+    device = "cpu" if backend == "vllm" else _device(model).type
+    cfg = SampleConfig(n_prompts=len(problems), G=G, temperature=temperature, max_new_tokens=max_new_tokens,
+                       backend=backend, device=device, seed=seed, source=_GivenProblems(verifier),
+                       chunk_size=chunk_size)
+    return sample(model, tokenizer, cfg, problems=problems, seed=seed)
 
-    Reproducible: the same model, problems and seed give the same batch (hf backend).
-    """
+
+# --------------------------------------------------------------------------- vLLM (GPU extra)
+def _import_vllm():
+    try:
+        import vllm
+        from vllm.inputs import TokensPrompt
+    except ImportError as e:
+        raise ImportError("the vllm backend needs vLLM (GPU): pip install -e '.[gpu]'") from e
+    return vllm.LLM, vllm.SamplingParams, TokensPrompt
+
+
+def make_sampler(model, model_path, backend: str = "hf", dtype: str = "float32", seed: int = 0,
+                 gpu_memory_utilization: float = 0.3, device: str | None = None):
+    """What `sample` samples from: a copy of `model` in `dtype` (on `device` if given) for 'hf';
+    for 'vllm' a vllm.LLM over the weights at `model_path` with prefix caching, taking
+    `gpu_memory_utilization` of the GPU (the HF model sits beside it), with `model` attached as
+    `.hf_model` (its stop ids, `sync_weights`, and the 'exclude' estimator's first token)."""
     if backend == "vllm":
-        return _sample_vllm(model, tokenizer, problems, G, temperature, max_new_tokens, seed, verifier)
+        LLM, _, _ = _import_vllm()
+        # keep the engine in this process (as TRL's colocate mode) so sync_weights can reach its model
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        llm = LLM(str(model_path), dtype=dtype, seed=seed, enable_prefix_caching=True,
+                  gpu_memory_utilization=gpu_memory_utilization)
+        llm.hf_model = model
+        return llm
     if backend != "hf":
         raise ValueError(f"unknown sampling backend {backend!r}; use 'hf' or 'vllm'")
-    prompts = [p.prompt for p in problems for _ in range(G)]
-    enc = tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
-    device = next(model.parameters()).device
-    gen = torch.Generator(device="cpu").manual_seed(seed)
-    chunks = []
-    for s in range(0, len(prompts), chunk_size):
-        ids = enc["input_ids"][s:s + chunk_size].to(device)
-        am = enc["attention_mask"][s:s + chunk_size].to(device)
-        chunks.append(generate(model, ids, am, max_new_tokens, temperature, tokenizer.eos_token_id,
-                               tokenizer.pad_token_id, generator=gen).cpu())
-    T = max(c.shape[1] for c in chunks)
-    new = torch.cat([torch.nn.functional.pad(c, (0, T - c.shape[1]), value=tokenizer.pad_token_id) for c in chunks])
-    return assemble(tokenizer, problems, enc["input_ids"], enc["attention_mask"], new, G, verifier)
-
-
-def make_sampler(model, model_path, backend: str = "hf", dtype: str = "float32", seed: int = 0):
-    """What `sample_batch(backend=...)` samples from: a copy of `model` in `dtype` ('hf'), or a
-    vllm.LLM over the same weights with prefix caching ('vllm', GPU profile)."""
-    if backend == "vllm":
-        try:
-            from vllm import LLM
-        except ImportError as e:  # pragma: no cover - optional dependency
-            raise ImportError("the vllm backend needs vLLM: pip install -e '.[gpu]'") from e
-        return LLM(str(model_path), dtype=dtype, seed=seed, enable_prefix_caching=True)
     from .policy import cast
-    return cast(model, dtype)
+    sampler = cast(model, dtype)
+    return sampler.to(device) if device is not None else sampler
 
 
-def _sample_vllm(model, tokenizer, problems, G, temperature, max_new_tokens, seed, verifier):  # pragma: no cover
-    """vLLM backend (GPU profile): `model` is a vllm.LLM built from the same weights."""
-    try:
-        from vllm import SamplingParams
-    except ImportError as e:
-        raise ImportError("the vllm backend needs vLLM: pip install -e '.[gpu]'") from e
-    sp = SamplingParams(n=G, temperature=temperature, max_tokens=max_new_tokens, seed=seed)
-    outs = model.generate([p.prompt for p in problems], sp)
-    enc = tokenizer([p.prompt for p in problems for _ in range(G)], return_tensors="pt", padding=True,
-                    padding_side="left", add_special_tokens=False)
+def request_seed(seed: int, *key) -> int:
+    """A vLLM request seed (< 2**31) from the batch seed and the request's key (prompt index, ...):
+    distinct prompts get distinct random streams, the same call the same ones."""
+    blob = json.dumps([int(seed)] + [int(k) for k in key]).encode()
+    return int.from_bytes(hashlib.sha256(blob).digest()[:4], "little") % 2**31
+
+
+def _sample_vllm(llm, prompts: list[list[int]], cfg: SampleConfig, seed: int, stop) -> list[list[int]]:
+    """cfg.G responses per prompt (token ids, G consecutive rows per prompt) from a vllm.LLM.
+
+    The prompts go in as the exact token ids the HF path sees. SamplingParams are built directly
+    (top_p=1, no top_k, no repetition penalty): the distribution our HF sampler draws from, not
+    generation_config.json's defaults that LLM.get_default_sampling_params would apply.
+    """
+    _, SamplingParams, TokensPrompt = _import_vllm()
+    params = [SamplingParams(n=cfg.G, temperature=cfg.temperature, max_tokens=cfg.max_new_tokens,
+                             seed=request_seed(seed, i), stop_token_ids=list(stop)) for i in range(len(prompts))]
+    outs = llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
     seqs = [list(c.token_ids) for o in outs for c in o.outputs]
-    T = max(map(len, seqs))
-    new = torch.tensor([s + [tokenizer.pad_token_id] * (T - len(s)) for s in seqs])
-    return assemble(tokenizer, problems, enc["input_ids"], enc["attention_mask"], new, G, verifier)
+    if len(seqs) != cfg.G * len(prompts):
+        raise RuntimeError(f"vLLM returned {len(seqs)} responses for {len(prompts)} prompts × G={cfg.G}")
+    return seqs
+
+
+def vllm_model(llm):
+    """The torch module inside a vllm.LLM's engine (in-process engines only)."""
+    paths = ("llm_engine.model_executor.driver_worker.worker.model_runner.model",   # V1 in-process, V0 wrapper
+             "llm_engine.model_executor.driver_worker.model_runner.model")          # V0
+    for path in paths:
+        obj = llm
+        try:
+            for name in path.split("."):
+                obj = getattr(obj, name)
+        except AttributeError:
+            continue
+        return obj
+    return None
+
+
+def sync_weights(llm, model=None) -> int:
+    """Push `model`'s current weights (default: `llm.hf_model`) into the vLLM engine after an
+    update, as TRL does for colocated vLLM; returns the number of tensors sent.
+
+    Needs the engine in this process (make_sampler sets VLLM_ENABLE_V1_MULTIPROCESSING=0);
+    otherwise falls back to `collective_rpc` with CPU copies of the weights.
+    """
+    model = model if model is not None else getattr(llm, "hf_model", None)
+    if model is None:
+        raise ValueError("sync_weights: no HF model given and the LLM has no .hf_model (build it with make_sampler)")
+    state = model.state_dict()
+    target = vllm_model(llm)
+    if target is not None:
+        target.load_weights(state.items())
+    elif hasattr(llm, "collective_rpc"):
+        cpu = [(k, v.detach().cpu()) for k, v in state.items()]
+        llm.collective_rpc(_load_weights_rpc, args=(cpu,))
+    else:
+        raise RuntimeError("sync_weights: cannot reach the vLLM engine's model (no llm_engine.model_executor."
+                           "driver_worker and no collective_rpc); set VLLM_ENABLE_V1_MULTIPROCESSING=0 before "
+                           "building the LLM, or rebuild it from saved weights after each update")
+    return len(state)
+
+
+def _load_weights_rpc(worker, weights):  # pragma: no cover - runs inside a vLLM worker process
+    worker.model_runner.model.load_weights(weights)

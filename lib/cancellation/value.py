@@ -22,7 +22,9 @@ CDF, so a prefix's continuations do not depend on which other prefixes share its
 batched sampler returns the same samples as sampling that prefix alone. The rewards of every
 (model, prefix, banned token, M, seed, ...) are cached with cache.py, so reruns are instant and
 notebooks share them. On GPU, `backend='vllm'` samples with vLLM (n=M; build the LLM with
-enable_prefix_caching=True).
+rollout.make_sampler: prefix caching on, the HF model attached); for 'exclude' the first token
+comes from the HF model with o_t removed and vLLM continues from there. Continuations end at
+any of rollout.stop_ids.
 """
 from __future__ import annotations
 
@@ -110,18 +112,22 @@ def prefix_seed(seed: int, ids, ban: int | None) -> int:
 
 
 @torch.no_grad()
-def sample_continuations(model, prefixes, M: int, budgets, eos_id: int, pad_id: int, seeds, temperature: float = 1.0,
+def sample_continuations(model, prefixes, M: int, budgets, eos_id, pad_id: int, seeds, temperature: float = 1.0,
                          bans=None, share_prefill: bool = True) -> list[torch.Tensor]:
-    """M continuations of each prefix; returns one (M, T_i) long tensor per prefix, pad after <eos>.
+    """M continuations of each prefix; returns one (M, T_i) long tensor per prefix (on CPU), pad
+    after the first stop id.
 
     prefixes: lists of token ids (prompt + response so far); budgets: max new tokens per prefix
-    (≥ 1); seeds: one per prefix; bans: per prefix a token id the *first* sampled token may not
-    be (None: no ban). share_prefill=False prefills the M copies of a prefix separately (the
-    naive reference; same samples).
+    (≥ 1); eos_id: one stop id or a list (rollout.stop_ids); seeds: one per prefix; bans: per
+    prefix a token id the *first* sampled token may not be (None: no ban). share_prefill=False
+    prefills the M copies of a prefix separately (the naive reference; same samples). Every
+    tensor lives on the model's device, the per-prefix generators included (reproducible per
+    device); prefill computes logits for the last position only.
     """
     P = len(prefixes)
     bans = bans if bans is not None else [None] * P
     dev = next(model.parameters()).device
+    stop = torch.as_tensor([eos_id] if isinstance(eos_id, int) else list(eos_id), dtype=torch.long, device=dev)
     L = max(len(p) for p in prefixes)
     n_rep = 1 if share_prefill else M
     ids = torch.full((P, L), pad_id, dtype=torch.long)
@@ -132,7 +138,8 @@ def sample_continuations(model, prefixes, M: int, budgets, eos_id: int, pad_id: 
     ids, am = ids.repeat_interleave(n_rep, 0).to(dev), am.repeat_interleave(n_rep, 0).to(dev)
     pos = (am.cumsum(-1) - 1).clamp(min=0)
     from transformers import DynamicCache
-    out = model(input_ids=ids, attention_mask=am, position_ids=pos, past_key_values=DynamicCache(), use_cache=True)
+    out = model(input_ids=ids, attention_mask=am, position_ids=pos, past_key_values=DynamicCache(), use_cache=True,
+                logits_to_keep=1)
     kv, logits = out.past_key_values, out.logits[:, -1]
     T = max(budgets)
     grow = _grow_layer_class()
@@ -145,20 +152,20 @@ def sample_continuations(model, prefixes, M: int, budgets, eos_id: int, pad_id: 
     next_pos = pos[:, -1] + 1
     live_at_compaction = P * M
     # uniforms per prefix from its own generator: samples independent of the batch composition
-    U = torch.stack([torch.rand(T, M, generator=torch.Generator().manual_seed(s), dtype=torch.float64)
-                     for s in seeds])                                          # (P, T, M)
-    row_prefix = torch.arange(P).repeat_interleave(M)                          # live row -> prefix
-    row_rep = torch.arange(M).repeat(P)                                        # live row -> replica
-    budget = torch.as_tensor(budgets).repeat_interleave(M)
-    ban = torch.tensor([-1 if b is None else b for b in bans]).repeat_interleave(M)
-    result = torch.full((P * M, T), pad_id, dtype=torch.long)
-    row_out = torch.arange(P * M)                                              # live row -> output row
-    alive = torch.ones(P * M, dtype=torch.bool)
+    U = torch.stack([torch.rand(T, M, generator=torch.Generator(device=dev).manual_seed(s), dtype=torch.float64,
+                                device=dev) for s in seeds])                   # (P, T, M)
+    row_prefix = torch.arange(P, device=dev).repeat_interleave(M)              # live row -> prefix
+    row_rep = torch.arange(M, device=dev).repeat(P)                            # live row -> replica
+    budget = torch.as_tensor(budgets, device=dev).repeat_interleave(M)
+    ban = torch.tensor([-1 if b is None else b for b in bans], device=dev).repeat_interleave(M)
+    result = torch.full((P * M, T), pad_id, dtype=torch.long, device=dev)
+    row_out = torch.arange(P * M, device=dev)                                  # live row -> output row
+    alive = torch.ones(P * M, dtype=torch.bool, device=dev)
     for k in range(T):
         if temperature == 0:
-            tok = logits.argmax(-1).cpu()
+            tok = logits.argmax(-1)
         else:
-            probs = torch.softmax(logits.double() / temperature, dim=-1).cpu()
+            probs = torch.softmax(logits.double() / temperature, dim=-1)
             if k == 0 and bool((ban >= 0).any()):  # π renormalised without the banned token
                 b = ban >= 0
                 probs[b, ban[b]] = 0.0
@@ -168,40 +175,84 @@ def sample_continuations(model, prefixes, M: int, budgets, eos_id: int, pad_id: 
             tok = torch.searchsorted(cdf, u).squeeze(1).clamp(max=probs.shape[1] - 1)
         tok = torch.where(alive, tok, torch.full_like(tok, pad_id))
         result[row_out[alive], k] = tok[alive]
-        alive = alive & (tok != eos_id) & (budget > k + 1)
+        alive = alive & ~torch.isin(tok, stop) & (budget > k + 1)
         n_alive = int(alive.sum())
         if n_alive == 0:
             break
         if n_alive <= 0.75 * live_at_compaction:  # finished rows leave the batch and the cache
             keep = alive.nonzero().squeeze(1)
             for layer in kv.layers:
-                layer.batch_select_indices(keep.to(dev), room=T - k)
-            am, next_pos = am[keep.to(dev)], next_pos[keep.to(dev)]
-            tok, row_prefix, row_rep, budget, row_out, alive = (x[keep] for x in (tok, row_prefix, row_rep, budget,
-                                                                                  row_out, alive))
+                layer.batch_select_indices(keep, room=T - k)
+            tok, am, next_pos, row_prefix, row_rep, budget, row_out, alive = (
+                x[keep] for x in (tok, am, next_pos, row_prefix, row_rep, budget, row_out, alive))
             live_at_compaction = n_alive
         am = torch.cat([am, torch.ones_like(am[:, :1])], dim=1)
-        out = model(input_ids=tok[:, None].to(dev), attention_mask=am, position_ids=next_pos[:, None],
+        out = model(input_ids=tok[:, None], attention_mask=am, position_ids=next_pos[:, None],
                     past_key_values=kv, use_cache=True)
         kv, logits, next_pos = out.past_key_values, out.logits[:, -1], next_pos + 1
+    result = result.cpu()
     return [result[i * M:(i + 1) * M] for i in range(P)]
 
 
-def _sample_vllm(llm, prefixes, M, budgets, seeds, temperature, bans):  # pragma: no cover - GPU profile
-    """The vLLM seam: n=M samples per prefix (build `llm` with enable_prefix_caching=True)."""
-    try:
-        from vllm import SamplingParams
-        from vllm.inputs import TokensPrompt
-    except ImportError as e:
-        raise ImportError("backend='vllm' needs vLLM: pip install -e '.[gpu]'") from e
-    if any(b is not None for b in bans):
-        raise NotImplementedError("estimator='exclude' bans the first token; use the hf backend or 'paper'")
-    params = [SamplingParams(n=M, temperature=temperature, max_tokens=b, seed=s % 2**31) for b, s in zip(budgets, seeds)]
-    outs = llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prefixes], params, use_tqdm=False)
+@torch.no_grad()
+def first_tokens(model, prefix, M: int, seed: int, temperature: float = 1.0, ban: int | None = None) -> list[int]:
+    """M first tokens after `prefix` from the HF model's next-token distribution, `ban` removed
+    and renormalised, drawn by inverse CDF from the prefix's uniforms (as sample_continuations
+    draws its first token, so both give the same tokens up to logits' rounding)."""
+    dev = next(model.parameters()).device
+    ids = torch.as_tensor([list(prefix)], device=dev)
+    logits = model(input_ids=ids, logits_to_keep=1).logits[0, -1]
+    if temperature == 0:
+        if ban is not None:
+            logits = logits.clone()
+            logits[ban] = -float("inf")
+        return [int(logits.argmax())] * M
+    probs = torch.softmax(logits.double() / temperature, dim=-1)
+    if ban is not None:
+        probs[ban] = 0.0
+        probs /= probs.sum()
+    cdf = probs.cumsum(-1)
+    u = torch.rand(1, M, generator=torch.Generator(device=dev).manual_seed(seed), dtype=torch.float64, device=dev)[0]
+    return torch.searchsorted(cdf, u * cdf[-1]).clamp(max=len(probs) - 1).tolist()
+
+
+def _sample_vllm(llm, prefixes, M, budgets, seeds, temperature, bans, stop=(), model=None) -> list[torch.Tensor]:
+    """The vLLM seam: n=M continuations per prefix, one (M, budget) tensor each, -1 after the end
+    (build `llm` with enable_prefix_caching=True: the M rows and the two branches share prefixes).
+
+    A banned first token ('exclude' estimator): the M first tokens come from the HF `model`
+    (default `llm.hf_model`) with the ban removed (`first_tokens`, seeded by the request seed),
+    and vLLM continues each distinct prefix ⊕ a with n = its count and max_tokens = budget - 1.
+    """
+    from .rollout import _import_vllm, request_seed
+
+    _, SamplingParams, TokensPrompt = _import_vllm()
+    stop = [int(s) for s in stop]
+    jobs, rows = [], []  # jobs: (prompt ids, n, max_tokens, seed); rows: per prefix, (first token | None, job) per row
+    for p, b, s, ban in zip(prefixes, budgets, seeds, bans):
+        if ban is None:
+            jobs.append((list(p), M, b, s % 2**31))
+            rows.append([(None, len(jobs) - 1)] * M)
+            continue
+        hf = model if model is not None else getattr(llm, "hf_model", None)
+        if hf is None:
+            raise ValueError("estimator='exclude' with vLLM draws the first token from the HF model: pass model= "
+                             "or build the LLM with rollout.make_sampler (it attaches .hf_model)")
+        firsts = first_tokens(hf, p, M, s, temperature, ban)
+        job_of = {}
+        for a in sorted(set(firsts)):
+            if a not in stop and b > 1:  # a stop id or the cap ends the continuation at its first token
+                jobs.append((list(p) + [a], firsts.count(a), b - 1, request_seed(s, a)))
+                job_of[a] = len(jobs) - 1
+        rows.append([(a, job_of.get(a)) for a in firsts])
+    params = [SamplingParams(n=n, temperature=temperature, max_tokens=mt, seed=sd, stop_token_ids=stop)
+              for _, n, mt, sd in jobs]
+    outs = llm.generate([TokensPrompt(prompt_token_ids=ids) for ids, *_ in jobs], params, use_tqdm=False) if jobs else []
+    pending = [iter([list(c.token_ids) for c in o.outputs]) for o in outs]
     res = []
-    for o, b in zip(outs, budgets):
-        seqs = [list(c.token_ids) for c in o.outputs]
-        res.append(torch.tensor([s + [-1] * (b - len(s)) for s in seqs]))
+    for r, b in zip(rows, budgets):
+        seqs = [([] if a is None else [a]) + (next(pending[j]) if j is not None else []) for a, j in r]
+        res.append(torch.tensor([q[:b] + [-1] * (b - len(q[:b])) for q in seqs], dtype=torch.long))
     return res
 
 
@@ -223,12 +274,16 @@ def _rewards(model, tokenizer, batch, reqs: list[Request], cfg: ValueConfig, ver
     interrupted run resumes)."""
     from tqdm import tqdm
 
-    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    from .rollout import stop_ids
+
+    hf = getattr(model, "hf_model", model)  # a vllm.LLM from make_sampler carries its HF model
+    stops = stop_ids(tokenizer, hf)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stops[0]
     out = [None] * len(reqs)
     todo = []
     for i, r in enumerate(reqs):
         budget = cfg.max_new_tokens - len(r.response)
-        if budget <= 0 or (r.response and r.response[-1] == eos):  # complete already: a constant reward
+        if budget <= 0 or (r.response and r.response[-1] in stops):  # complete already: a constant reward
             text = tokenizer.decode(list(r.response))
             out[i] = np.full(cfg.M, verifier(batch.problems[r.group], text), dtype=np.uint8)
         else:
@@ -242,14 +297,15 @@ def _rewards(model, tokenizer, batch, reqs: list[Request], cfg: ValueConfig, ver
         seeds = [prefix_seed(cfg.seed, p, r.ban) for p, r in zip(prefixes, chunk)]
         bans = [r.ban for r in chunk]
         if cfg.backend == "vllm":
-            conts = _sample_vllm(model, prefixes, cfg.M, budgets, seeds, cfg.temperature, bans)
+            conts = _sample_vllm(model, prefixes, cfg.M, budgets, seeds, cfg.temperature, bans, stops)
         else:
-            conts = sample_continuations(model, prefixes, cfg.M, budgets, eos, pad, seeds, cfg.temperature, bans)
+            conts = sample_continuations(model, prefixes, cfg.M, budgets, stops, pad, seeds, cfg.temperature, bans)
         for i, r, c, b in zip(todo[s:s + per], chunk, conts, budgets):
             seqs = []
-            for row in c[:, :b].tolist():  # the response is everything up to and including the first <eos>
+            for row in c[:, :b].tolist():  # the response is everything up to and including the first stop id
                 row = [t for t in row if t >= 0]
-                seqs.append(list(r.response) + (row[:row.index(eos) + 1] if eos in row else row))
+                end = next((j + 1 for j, t in enumerate(row) if t in stops), len(row))
+                seqs.append(list(r.response) + row[:end])
             texts = tokenizer.batch_decode(seqs)
             out[i] = np.array([verifier(batch.problems[r.group], t) for t in texts], dtype=np.uint8)
             if on_done is not None:
@@ -294,8 +350,10 @@ def cached_rewards(model, tokenizer, batch, reqs, cfg: ValueConfig, mid: str, ve
         sub = [reqs[i] for i in missing]
         new = _rewards(model, tokenizer, batch, sub, cfg, verifier, progress,
                        on_done=lambda j, v: cache.cached("mc_rewards", _cache_params(mid, sub[j], cfg), lambda: v, d))
+        from .rollout import stop_ids
+        stops = stop_ids(tokenizer, getattr(model, "hf_model", model))
         sampled = cfg.M * sum(cfg.max_new_tokens - len(r.response) > 0 and not (r.response and
-                              r.response[-1] == tokenizer.eos_token_id) for r in sub)
+                              r.response[-1] in stops) for r in sub)
         for i, v in zip(missing, new):
             found[i] = cache.cached("mc_rewards", _cache_params(mid, reqs[i], cfg), lambda v=v: v, d)
     if stats is not None:
