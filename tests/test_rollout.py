@@ -3,7 +3,7 @@ import math
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from cancellation import policy, rollout, tasks
+from cancellation import policy, rollout, tasks, tiny
 
 
 def test_group_advantages_hand_made():
@@ -39,9 +39,9 @@ def test_greedy_sampling_is_argmax_of_forward(model64, tok):
 
 
 def test_saved_policy_reloads_through_plain_transformers(tmp_path, tok):
-    m = policy.build_tiny_model("tiny-s", seed=1)
+    m = tiny.build_tiny_model("tiny-s", seed=1)
     m.save_pretrained(tmp_path)
-    policy.save_tokenizer(tok, tmp_path)
+    tiny.save_tokenizer(tok, tmp_path)
     m2 = AutoModelForCausalLM.from_pretrained(tmp_path)
     t2 = AutoTokenizer.from_pretrained(tmp_path)
     text = "Q: 4 7 + 3 8 = ? A: First ones digit : 7 + 8 = 1 5 , write 5 carry 1 ."
@@ -236,7 +236,7 @@ def saved_model(tmp_path, tok, model64):
     with torch.no_grad():
         m.lm_head.weight.mul_(25.0)
     m.save_pretrained(tmp_path)
-    policy.save_tokenizer(tok, tmp_path)
+    tiny.save_tokenizer(tok, tmp_path)
     return m, tmp_path
 
 

@@ -82,15 +82,3 @@ def fingerprint(path: str | Path) -> str:
         h.update(f.read_bytes())
     return h.hexdigest()[:16]
 
-
-# Names that moved to tiny.py; forwarded lazily (no import of rollout here) until every caller
-# imports them from `cancellation.tiny`.
-_MOVED = ("TINY_SIZES", "build_tokenizer", "save_tokenizer", "build_tiny_model", "PretrainConfig", "pretrain",
-          "sampled_accuracy")
-
-
-def __getattr__(name):
-    if name in _MOVED:
-        from . import tiny
-        return getattr(tiny, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -123,6 +123,14 @@ class SampleConfig:
                 raise ValueError(f"SampleConfig.{name}={getattr(self, name)}: must be at least 1")
 
 
+def config_params(cfg: SampleConfig) -> dict:
+    """JSON-able parameters of a SampleConfig for cache keys: the problem file by content hash."""
+    from dataclasses import asdict
+    p = asdict(cfg)
+    p["source"] = cfg.source.params()
+    return p
+
+
 def round_seeds(seed: int, round: int) -> tuple[int, int]:
     """(problem-draw seed, sampling seed) of training round `round` (the tiny tables' recipe)."""
     return 1_000_003 * (seed + 1) + round, seed * 7919 + round
