@@ -255,11 +255,15 @@ def checkpointing(model, on: bool):
     if not on:
         yield
         return
-    was = bool(getattr(model, "is_gradient_checkpointing", False))
-    enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
-    disable = getattr(model, "activation_checkpointing_disable", None) or model.gradient_checkpointing_disable
+    was = any(getattr(m, "gradient_checkpointing", False) is True for m in model.modules())
+    if hasattr(model, "activation_checkpointing_enable"):    # transformers >= 5
+        enable = lambda: model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})  # noqa: E731
+        disable = model.activation_checkpointing_disable
+    else:
+        enable = lambda: model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})  # noqa: E731
+        disable = model.gradient_checkpointing_disable
     if not was:
-        enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable()
     layers = [m for m in model.modules() if getattr(m, "gradient_checkpointing", False) and not m.training]
     for m in layers:
         m.training = True
