@@ -5,6 +5,7 @@
 """
 from __future__ import annotations
 
+import copy
 import sys
 import time
 
@@ -157,6 +158,79 @@ def coupling_kernel():
           f"  N=2048 autograd per-token   {t_slow:8.3f} s  peak +{m_slow:7.1f} MB\n"
           f"  speed-up {t_slow / t_fast:8.1f}x   memory ratio {m_slow / max(m_fast, 1e-3):6.1f}x   (max rel. diff {err:.1e})\n"
           f"  N=8192 factorised Σ_k A_k K_jk (all N² pairs, nothing N×N stored)  {t_big:8.3f} s  peak +{m_big:7.1f} MB")
+
+
+def _vocab_standin(rows=8, resp=4096, prompt=16, vocab=151_936, seed=0):
+    """A random small Qwen3 (hidden 64, 1 layer, tied) with Qwen's 151,936-token vocabulary, float32,
+    and a batch of `rows` rollouts of `prompt` + `resp` tokens (two groups, mixed advantages)."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+    torch.manual_seed(seed)
+    cfg = Qwen3Config(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                      max_position_embeddings=prompt + resp, tie_word_embeddings=True)
+    model = Qwen3ForCausalLM(cfg).to(torch.float32).eval()
+    g = torch.Generator().manual_seed(seed)
+    L = prompt + resp
+    ids = torch.randint(0, vocab, (rows, L), generator=g)
+    resp_mask = torch.zeros(rows, L, dtype=torch.bool)
+    resp_mask[:, prompt:] = True
+    reward = (torch.arange(rows) % 2).double()
+    group = torch.arange(rows) // 4
+    batch = rollout.RolloutBatch(input_ids=ids, attention_mask=torch.ones_like(ids), response_mask=resp_mask,
+                                 group=group, reward=reward, advantage=rollout.group_advantages(reward, group))
+    return model, batch
+
+
+@bench
+def memory():
+    """Peak extra memory of token_stats and of one grpo_step on a 151,936-token vocabulary at 4,096
+    response tokens per row, 8 rows: token chunks from the final hidden states vs the unchunked way
+    (full (rows, L, V) float32 logits), measured in the same run. Target ≥ 10x less, chunked ≤ 2 GB."""
+    from . import grpo
+    rows, resp = 8, 4096
+    model, batch = _vocab_standin(rows, resp)
+    V = model.config.vocab_size
+    tc_stats, tc_step = 1024, 512
+    budget = 12 * 2**30                      # this machine: 24 GB; the old backward holds ~2x the estimate
+    est_row = 4 * 4 * (resp + 16) * V        # ~4 live (L, V) float32 tensors per row the old way
+    n_old = rows if est_row * rows <= budget else max(1, budget // est_row)
+    scale = rows / n_old
+    old_batch = batch.select(list(range(n_old)))
+
+    s_new, t_sn, m_sn = _peak_rss(lambda: measure.token_stats(model, batch, chunk_rows=64, token_chunk=tc_stats))
+    s_old, t_so, m_so = _peak_rss(lambda: measure.token_stats_unchunked(model, old_batch, chunk_rows=64))
+    m = old_batch.response_mask
+    err_s = float((s_new.logp[:n_old][m] - s_old.logp[m]).abs().max())
+    old_logp = s_new.logp
+    del s_new, s_old
+
+    cfg_new = grpo.UpdateConfig(optimizer="sgd", lr=0.1, chunk_rows=64, token_chunk=tc_step)
+    cfg_old = grpo.UpdateConfig(optimizer="sgd", lr=0.1, chunk_rows=64)
+
+    def step(b, cfg, unchunked):
+        mdl = copy.deepcopy(model)
+        # the step's own old_logp pass is left out: ρ = 1 from the given log-probs
+        out = _peak_rss(lambda: grpo.grpo_step(mdl, b, cfg, old_logp=old_logp[:len(b)], unchunked=unchunked))
+        return mdl, out
+
+    new_model, (_, t_gn, m_gn) = step(batch, cfg_new, False)
+    del new_model
+    old_model, (_, t_go, m_go) = step(old_batch, cfg_old, True)
+    del old_model
+    note = (f"  (the unchunked way measured on {n_old} of {rows} rows and scaled x{scale:g} linearly: "
+            f"8 rows would need ~{est_row * rows / 2**30:.0f} GB, more than this machine has)\n"
+            if n_old < rows else "")
+    ms_o, mg_o = m_so * scale, m_go * scale
+    print(f"memory: random Qwen3 stand-in (hidden 64, 1 layer, tied), V={V}, float32, {rows} rows x "
+          f"{resp} response tokens (+16 prompt), chunk_rows=64\n"
+          f"  token_stats chunked (token_chunk={tc_stats})  peak +{m_sn:8.0f} MB  {t_sn:6.1f} s\n"
+          f"  token_stats unchunked                  peak +{ms_o:8.0f} MB  {t_so * scale:6.1f} s"
+          f"   ratio {ms_o / max(m_sn, 1):5.1f}x   (max |Δ logp| {err_s:.1e})\n"
+          f"  grpo_step chunked (token_chunk={tc_step})     peak +{m_gn:8.0f} MB  {t_gn:6.1f} s\n"
+          f"  grpo_step unchunked                    peak +{mg_o:8.0f} MB  {t_go * scale:6.1f} s"
+          f"   ratio {mg_o / max(m_gn, 1):5.1f}x\n" + note +
+          f"  target: >= 10x less and chunked <= 2048 MB: "
+          f"{'ok' if min(ms_o / max(m_sn, 1), mg_o / max(m_gn, 1)) >= 10 and max(m_sn, m_gn) <= 2048 else 'MISSED'}")
 
 
 @bench

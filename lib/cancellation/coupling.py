@@ -80,11 +80,13 @@ def _probs(f: Features, J, v: slice) -> torch.Tensor:
     return torch.exp(f.h[J] @ f.W[v].T - f.lse[J, None])
 
 
-def _idx(J, n) -> torch.Tensor:
-    """Token indices: all (None), a slice, or a list/tensor of indices."""
+def _idx(J, n, device=None) -> torch.Tensor:
+    """Token indices: all (None), a slice, or a list/tensor of indices (on `device`)."""
     if J is None:
-        return torch.arange(n)
-    return torch.arange(n)[J] if isinstance(J, slice) else torch.as_tensor(J, dtype=torch.long)
+        return torch.arange(n, device=device)
+    if isinstance(J, slice):
+        return torch.arange(n, device=device)[J]
+    return torch.as_tensor(J, dtype=torch.long).to(device)
 
 
 # ----------------------------------------------------------------------------- kernel
@@ -99,7 +101,7 @@ def _resid(f: Features, J, v: slice) -> torch.Tensor:
     lo, hi = v.start, min(v.stop, f.W.shape[0])
     hit = ((o >= lo) & (o < hi)).nonzero().squeeze(1)
     if len(hit):
-        jj = _idx(J, len(f))[hit]
+        jj = _idx(J, len(f), f.h.device)[hit]
         logp = (f.h[jj] * f.W[f.o[jj]]).sum(-1) - f.lse[jj]
         r[hit, o[hit] - lo] = -torch.expm1(logp)
     return r
@@ -122,7 +124,7 @@ def self_kernel(f: Features, chunk: int = 1024, vocab_chunk: int = 8192) -> torc
     """K_jj = ‖g_j‖² = ‖h_j‖² ‖e_{o_j} − π_j‖², for the cosine normalisation."""
     sq = torch.zeros(len(f), dtype=f.h.dtype, device=f.h.device)
     for s in range(0, len(f), chunk):
-        J = torch.arange(s, min(s + chunk, len(f)))
+        J = torch.arange(s, min(s + chunk, len(f)), device=f.h.device)
         for v in range(0, f.W.shape[0], vocab_chunk):
             sq[J] += _resid(f, J, slice(v, v + vocab_chunk)).pow(2).sum(-1)
     return (f.h * f.h).sum(-1) * sq
@@ -130,7 +132,7 @@ def self_kernel(f: Features, chunk: int = 1024, vocab_chunk: int = 8192) -> torc
 
 def blocks(f: Features, J=None, K=None, chunk: int = 1024, vocab_chunk: int = 8192):
     """Yield (a, b, ⟨h_j,h_k⟩, φ_jk) for the block J[a:a+chunk] × K[b:b+chunk] (default: all tokens)."""
-    J, K = _idx(J, len(f)), _idx(K, len(f))
+    J, K = _idx(J, len(f), f.h.device), _idx(K, len(f), f.h.device)
     for a in range(0, len(J), chunk):
         j = J[a:a + chunk]
         for b in range(0, len(K), chunk):
@@ -141,7 +143,7 @@ def blocks(f: Features, J=None, K=None, chunk: int = 1024, vocab_chunk: int = 81
 def kernel(f: Features, J=None, K=None, chunk: int = 1024, vocab_chunk: int = 8192,
            cosine: bool = False) -> torch.Tensor:
     """Dense K[J, K] (choose J, K to bound memory); `cosine` divides by ‖g_j‖ ‖g_k‖."""
-    Ji, Ki = _idx(J, len(f)), _idx(K, len(f))
+    Ji, Ki = _idx(J, len(f), f.h.device), _idx(K, len(f), f.h.device)
     out = torch.empty(len(Ji), len(Ki), dtype=f.h.dtype, device=f.h.device)
     for a, b, hg, phi in blocks(f, Ji, Ki, chunk, vocab_chunk):
         out[a:a + hg.shape[0], b:b + hg.shape[1]] = hg * phi
@@ -153,6 +155,7 @@ def kernel(f: Features, J=None, K=None, chunk: int = 1024, vocab_chunk: int = 81
 
 def pair_terms(f: Features, j: torch.Tensor, k: torch.Tensor, chunk: int = 4096, vocab_chunk: int = 8192) -> dict:
     """⟨h_j,h_k⟩, its cosine, φ_jk and K_jk for selected pairs (j[i], k[i]) only."""
+    j, k = _idx(j, len(f), f.h.device), _idx(k, len(f), f.h.device)
     hdot, phi = [], []
     for s in range(0, len(j), chunk):
         a, b = j[s:s + chunk], k[s:s + chunk]
@@ -169,7 +172,8 @@ def pair_terms(f: Features, j: torch.Tensor, k: torch.Tensor, chunk: int = 4096,
 
 def kernel_matvec(f: Features, a: torch.Tensor, J=None, chunk: int = 1024, vocab_chunk: int = 8192) -> torch.Tensor:
     """(K a)[J] = Σ_k K_jk a_k without storing K (memory bounded by the chunk)."""
-    Ji = _idx(J, len(f))
+    Ji = _idx(J, len(f), f.h.device)
+    a = a.to(f.h.device, f.h.dtype)
     out = torch.zeros(len(Ji), dtype=f.h.dtype, device=f.h.device)
     for s, b, hg, phi in blocks(f, Ji, None, chunk, vocab_chunk):
         out[s:s + hg.shape[0]] += (hg * phi) @ a[b:b + hg.shape[1]]
@@ -187,10 +191,10 @@ def first_order_delta(f: Features, lr: float, n_tokens: int | None = None, **kw)
 
 def entropy_bin_means(f: Features, bins: torch.Tensor, n_bins: int, chunk: int = 1024, vocab_chunk: int = 8192):
     """Mean of A_k⟨h_j,h_k⟩φ_jk and of its absolute value over pairs j ≠ k, per (bin(j), bin(k))."""
-    dt = f.h.dtype
-    onehot = torch.nn.functional.one_hot(bins.long(), n_bins).to(dt)
-    s_signed = torch.zeros(n_bins, n_bins, dtype=dt)
-    s_abs = torch.zeros(n_bins, n_bins, dtype=dt)
+    dt, dev = f.h.dtype, f.h.device
+    onehot = torch.nn.functional.one_hot(torch.as_tensor(bins).long().to(dev), n_bins).to(dt)
+    s_signed = torch.zeros(n_bins, n_bins, dtype=dt, device=dev)
+    s_abs = torch.zeros(n_bins, n_bins, dtype=dt, device=dev)
     for a, b, hg, phi in blocks(f, None, None, chunk, vocab_chunk):
         j, k = slice(a, a + hg.shape[0]), slice(b, b + hg.shape[1])
         c = hg * phi * f.A[k][None, :]
@@ -206,7 +210,7 @@ def entropy_bin_means(f: Features, bins: torch.Tensor, n_bins: int, chunk: int =
 # ----------------------------------------------------------------------------- masked updates
 def lm_head_grad(f: Features, M=None, n_tokens: int | None = None, vocab_chunk: int = 8192) -> torch.Tensor:
     """∇_W of the token-mean loss at ρ = 1 restricted to tokens M: −(1/N) Σ_{k∈M} A_k (e_{o_k} − π_k) h_kᵀ."""
-    M = _idx(M, len(f))
+    M = _idx(M, len(f), f.h.device)
     n = len(f) if n_tokens is None else n_tokens
     ah = f.A[M, None] * f.h[M]
     g = torch.zeros_like(f.W).index_add_(0, f.o[M], ah)
@@ -225,8 +229,9 @@ def masked_effects_lm_head(f: Features, cands: torch.Tensor, sets, lr: float,
     """
     n = len(f) if n_tokens is None else n_tokens
     W1 = f.W - lr * lm_head_grad(f, None, n)                  # θ': the full step, once
-    out = torch.empty(len(cands), dtype=f.h.dtype)
+    out = torch.empty(len(cands), dtype=f.h.dtype, device=f.h.device)
     for i, (c, M) in enumerate(zip(cands.tolist(), sets)):
+        M = _idx(M, len(f), f.h.device)
         z1 = W1 @ f.h[c]
         w = f.A[M] * (f.h[M] @ f.h[c])                         # A_k ⟨h_k, h_c⟩
         pi = torch.exp(f.h[M] @ f.W.T - f.lse[M, None])        # (m, V); chunk M for huge V
@@ -237,6 +242,7 @@ def masked_effects_lm_head(f: Features, cands: torch.Tensor, sets, lr: float,
 
 
 def _token_weight(batch, f: Features, M, scale: float = 1.0) -> torch.Tensor:
+    M = torch.as_tensor(M).cpu()
     tw = torch.zeros(batch.input_ids.shape, dtype=torch.float64)
     tw[f.rows[M], f.cols[M]] = scale
     return tw
@@ -268,7 +274,7 @@ def masked_effects_full(model, batch, f: Features, cands: torch.Tensor, sets, lr
                 with torch.no_grad():
                     for p, t in zip(params, theta):
                         p.copy_(t)
-                rows = torch.unique(f.rows[M])
+                rows = torch.unique(f.rows[torch.as_tensor(M).cpu()])
                 n_rows = int(batch.response_mask[rows].sum())
                 model.zero_grad(set_to_none=True)
                 grpo.accumulate_grad(model, batch, rows, old, batch.advantage.to(torch.float64), cfg,
@@ -277,7 +283,7 @@ def masked_effects_full(model, batch, f: Features, cands: torch.Tensor, sets, lr
                     for p, t in zip(params, theta1):
                         p.copy_(t).add_(p.grad, alpha=lr) if p.grad is not None else p.copy_(t)
                     r, col = int(f.rows[c]), int(f.cols[c])
-                    lp = measure.token_logp(measure.forward_logits(model, batch, [r]), batch.input_ids[[r]])
+                    lp = measure.token_stats(model, batch.select([r]), 1).logp   # chunked: no (L, V) logits
                 out[i] = float(logp1[r, col]) - float(lp[0, col])
     finally:
         with torch.no_grad():
@@ -322,15 +328,16 @@ def masking_sets(f: Features, n_cands: int, size: int, low_quantile: float = 0.5
     """
     if pool not in POOLS:
         raise ValueError(f"unknown mask pool {pool!r}; allowed: {', '.join(POOLS)}")
-    g = torch.Generator().manual_seed(seed)
-    live = ((f.A != 0) if pool == "nonzero" else (f.A > 0)).nonzero().squeeze(1)
+    g = torch.Generator().manual_seed(seed)   # CPU generator: the same draws on every device
+    dev = f.h.device
+    A, o, p = f.A.cpu(), f.o.cpu(), f.p.cpu()  # the selection runs on the CPU (small N-vectors)
+    live = ((A != 0) if pool == "nonzero" else (A > 0)).nonzero().squeeze(1)
     if not len(live):
         raise ValueError("the batch has no token with a usable advantage (no mixed-reward group)")
-    p = f.p
     low = p < torch.quantile(p[live], low_quantile)
     live_low = torch.zeros(len(f), dtype=torch.bool)
     live_low[live[low[live]]] = True
-    eligible = [int(c) for c in live if int(((f.o == f.o[c]) & live_low).sum()) - int(live_low[c]) >= size]
+    eligible = [int(c) for c in live if int(((o == o[c]) & live_low).sum()) - int(live_low[c]) >= size]
     if not eligible:
         raise ValueError(f"no candidate has {size} same-token low-confidence tokens; lower `mask_size`")
     eligible = torch.tensor(eligible)
@@ -341,28 +348,30 @@ def masking_sets(f: Features, n_cands: int, size: int, low_quantile: float = 0.5
     for c in cands.tolist():
         not_c = torch.ones(len(f), dtype=torch.bool)
         not_c[c] = False
-        same = f.o == f.o[c]
+        same = o == o[c]
         pools = {"random": is_live & not_c, "same": is_live & not_c & same,
                  "lowconf": live_low & not_c, "both": live_low & not_c & same}
         for k, pool in pools.items():
             idx = pool.nonzero().squeeze(1)
             sets[k].append(idx[torch.randperm(len(idx), generator=g)[:size]])
-    return cands, {k: torch.stack(v) for k, v in sets.items()}
+    return cands.to(dev), {k: torch.stack(v).to(dev) for k, v in sets.items()}
 
 
 def top_coupled_sets(f: Features, cands: torch.Tensor, size: int, **kw) -> torch.Tensor:
     """The `size` tokens (A ≠ 0, ≠ c) with the largest proxy kernel K_ck for each candidate (Fig. 3c)."""
+    cands = _idx(cands, len(f), f.h.device)
     Kc = kernel(f, cands, None, **kw)
     Kc[:, f.A == 0] = -float("inf")
-    Kc[torch.arange(len(cands)), cands] = -float("inf")
+    Kc[torch.arange(len(cands), device=Kc.device), cands] = -float("inf")
     return Kc.topk(size, dim=1).indices
 
 
 def proxy_cosine(f: Features, cands: torch.Tensor, sets: torch.Tensor, **kw) -> torch.Tensor:
     """cos(g_c, Σ_{k∈M} A_k g_k) under the proxy kernel, per candidate (Fig. 3b coupling strength)."""
     kc = self_kernel(f)
-    out = torch.empty(len(cands), dtype=f.h.dtype)
-    for i, (c, M) in enumerate(zip(cands.tolist(), sets)):
+    out = torch.empty(len(cands), dtype=f.h.dtype, device=f.h.device)
+    for i, (c, M) in enumerate(zip(torch.as_tensor(cands).tolist(), sets)):
+        M = _idx(M, len(f), f.h.device)
         a = f.A[M]
         num = kernel(f, [c], M, **kw)[0] @ a
         den = (a @ kernel(f, M, M, **kw) @ a).clamp(min=1e-300).sqrt() * kc[c].clamp(min=1e-300).sqrt()
@@ -372,7 +381,8 @@ def proxy_cosine(f: Features, cands: torch.Tensor, sets: torch.Tensor, **kw) -> 
 
 def boost_stats(delta, n_boot: int = 1000, seed: int = 0, level: float = 0.95) -> dict:
     """Boost Rate = mean 1[δ > 0] and Mean Boost = mean δ, with percentile bootstrap intervals."""
-    d = np.asarray(delta, dtype=np.float64)
+    d = (delta.detach().cpu().double().numpy() if isinstance(delta, torch.Tensor)
+         else np.asarray(delta, dtype=np.float64))
     rng = np.random.default_rng(seed)
     idx = rng.integers(0, len(d), size=(n_boot, len(d)))
     br, mb = (d[idx] > 0).mean(1), d[idx].mean(1)
@@ -436,4 +446,4 @@ def adam_first_step_ratio(model, batch, lr: float, chunk_rows: int = 64) -> np.n
     grpo.restore(model, snap)
     model.zero_grad(set_to_none=True)
     r = torch.cat(ratios)
-    return r[torch.isfinite(r)].numpy()
+    return r[torch.isfinite(r)].cpu().numpy()

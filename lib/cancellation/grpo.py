@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from . import measure
 from .measure import forward_logits, token_logp, token_stats
 
 REWEIGHTS = ("grpo", "positive_only", "negative_only")
@@ -33,6 +34,8 @@ class UpdateConfig:
     clip_high: float = 0.28       # ε_high (clip-higher)
     clip_ratio_c: float = 3.0     # dual-clip constant for A < 0
     chunk_rows: int = 64          # rows per forward chunk (gradient accumulation inside a mini-batch)
+    token_chunk: int = 4096       # response positions per LM-head chunk (bounds the (tokens, V) logits)
+    gradient_checkpointing: bool = False  # HF activation checkpointing of the body during the step
 
     def __post_init__(self):
         for name, allowed in (("optimizer", OPTIMIZERS), ("scope", SCOPES), ("reweight", REWEIGHTS)):
@@ -68,13 +71,40 @@ def reweight_advantage(batch, how: str = "grpo") -> torch.Tensor:
     raise ValueError(f"unknown reweighting {how!r}; allowed: {', '.join(REWEIGHTS)}")
 
 
-def lm_head_param(model) -> torch.nn.Parameter:
-    """The unembedding matrix; untied first if it shares storage with the input embedding."""
+_UNTIED = "_cancellation_untied"   # model attribute: (original head Parameter, config flag) while untied
+
+
+def is_tied(model) -> bool:
     head, emb = model.get_output_embeddings(), model.get_input_embeddings()
-    if head.weight is emb.weight or head.weight.data_ptr() == emb.weight.data_ptr():
-        head.weight = torch.nn.Parameter(head.weight.detach().clone())
+    return head.weight is emb.weight or head.weight.data_ptr() == emb.weight.data_ptr()
+
+
+def lm_head_param(model) -> torch.nn.Parameter:
+    """The unembedding matrix; with tied embeddings, a separate copy of it (METHODS "The update").
+
+    Untying keeps the original shared Parameter on the model (attribute `_cancellation_untied`),
+    so `restore(model, snapshot(model, ...))` re-ties the model exactly as it was (same Parameter
+    object in embedding and head, `config.tie_word_embeddings` back): optimizers built over the
+    tied model stay valid. The copy persists (and is returned by later calls) until then.
+    """
+    head = model.get_output_embeddings()
+    if is_tied(model):
+        object.__setattr__(model, _UNTIED, (head.weight, getattr(model.config, "tie_word_embeddings", None)))
+        head.weight = torch.nn.Parameter(head.weight.detach().clone(), requires_grad=head.weight.requires_grad)
         model.config.tie_word_embeddings = False
     return head.weight
+
+
+def retie(model) -> bool:
+    """Undo `lm_head_param`'s untying (the copy is dropped); True if the model was untied by it."""
+    saved = model.__dict__.pop(_UNTIED, None)
+    if saved is None:
+        return False
+    param, flag = saved
+    model.get_output_embeddings().weight = param
+    if flag is not None:
+        model.config.tie_word_embeddings = flag
+    return True
 
 
 def scope_params(model, scope: str):
@@ -107,16 +137,28 @@ def only_grad_for(model, params):
 
 
 def snapshot(model, scope: str = "full") -> dict:
-    """Copies of the parameters an update of `scope` can change (restore with `restore`)."""
+    """Copies of the parameters an update of `scope` can change (restore with `restore`).
+
+    Also records whether the head is an untied copy (`lm_head_param`) at this point, so that
+    `restore` brings back the tie state as well: a tied model is tied again after restore.
+    """
+    untied = _UNTIED in model.__dict__
     if scope == "lm_head":
-        return {"__lm_head__": lm_head_param(model).detach().clone()}
-    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+        head = model.get_output_embeddings().weight
+        return {"__lm_head__": head.detach().clone(), "__untied__": untied}
+    return {"__untied__": untied, **{k: v.detach().clone() for k, v in model.state_dict().items()}}
 
 
 @torch.no_grad()
 def restore(model, snap: dict):
+    snap = dict(snap)
+    untied = snap.pop("__untied__", None)
+    if untied is False:
+        retie(model)
+    elif untied is True:
+        lm_head_param(model)
     if "__lm_head__" in snap:
-        lm_head_param(model).copy_(snap["__lm_head__"])
+        model.get_output_embeddings().weight.copy_(snap["__lm_head__"])
     else:
         model.load_state_dict(snap)
 
@@ -129,8 +171,61 @@ def random_plan(n_rows: int, n_minibatches: int, seed: int = 0) -> list[torch.Te
     return [c for c in torch.tensor_split(perm, n_minibatches) if len(c)]
 
 
+def _loss_terms(logp, old, adv, tw, mask, cfg: UpdateConfig, n_tok):
+    """policy_loss of a chunk (its share of the mini-batch's token mean) and clip statistics."""
+    loss = policy_loss(logp, old, adv, mask, tw, cfg.clip_low, cfg.clip_high, cfg.clip_ratio_c, n_tokens=n_tok)
+    ratio = torch.exp(logp.detach() - old)
+    clipped = float((((ratio < 1 - cfg.clip_low) | (ratio > 1 + cfg.clip_high)) & mask).sum())
+    ratio_dev = float(((ratio - 1).abs() * mask).sum())  # mean |ρ - 1|: 0 on an iteration's first step
+    return loss, clipped, ratio_dev
+
+
 def accumulate_grad(model, batch, rows, old_logp, weight, cfg: UpdateConfig, token_weight=None) -> dict:
-    """Backward of the mini-batch loss over `rows` (in forward chunks); grads accumulate in .grad."""
+    """Backward of the mini-batch loss over `rows`; grads accumulate in .grad. Memory-bounded.
+
+    Per chunk of `cfg.chunk_rows` rows the body runs once (final hidden states h, no logits).
+    The token-mean loss is a sum over response tokens with a fixed denominator N, so it splits
+    exactly over chunks of `cfg.token_chunk` positions: each chunk computes its logits from a
+    detached copy of h, its loss term and that term's backward (into the LM head's .grad and
+    h's .grad), and frees its (token_chunk, V) activations; one backward of h with the
+    accumulated gradient then runs through the body. No (rows, L, V) tensor exists.
+    """
+    rows = torch.as_tensor(rows)
+    n_tok = batch.response_mask[rows].sum().clamp(min=1)
+    total, clipped, ratio_dev = 0.0, 0.0, 0.0
+    for s in range(0, len(rows), cfg.chunk_rows):
+        r = rows[s:s + cfg.chunk_rows]
+        h = measure.forward_hidden(model, batch, r)
+        dev, dt = h.device, h.dtype
+        rr, cc = measure.response_positions(batch.response_mask[r])
+        ids = batch.input_ids[r][rr, cc].to(dev)
+        adv = weight.detach()[r.to(weight.device)][rr.to(weight.device)].to(dev, dt)
+        old = old_logp[r.to(old_logp.device)][rr.to(old_logp.device), cc.to(old_logp.device)].to(dev, dt)
+        tw = None if token_weight is None else \
+            token_weight[r.to(token_weight.device)][rr.to(token_weight.device), cc.to(token_weight.device)].to(dev, dt)
+        hd = h.detach().requires_grad_(h.requires_grad)
+        rd, cd = rr.to(dev), cc.to(dev)
+        n = n_tok.to(dev)
+        for t in range(0, len(rr), cfg.token_chunk):
+            k = slice(t, t + cfg.token_chunk)
+            lsm = torch.log_softmax(measure.head_logits(model, hd[rd[k], cd[k] - 1]), dim=-1)
+            logp = lsm.gather(-1, ids[k, None]).squeeze(-1)
+            del lsm
+            mask = torch.ones_like(logp, dtype=torch.bool)
+            loss, c, d = _loss_terms(logp, old[k], adv[k], None if tw is None else tw[k], mask, cfg, n)
+            if loss.requires_grad:
+                loss.backward()
+            total += float(loss.detach())
+            clipped += c
+            ratio_dev += d
+        if h.requires_grad and hd.grad is not None:
+            h.backward(hd.grad)
+    return {"loss": total, "clipfrac": clipped / float(n_tok), "n_tokens": int(n_tok),
+            "ratio_dev": ratio_dev / float(n_tok)}
+
+
+def accumulate_grad_unchunked(model, batch, rows, old_logp, weight, cfg: UpdateConfig, token_weight=None) -> dict:
+    """The old way (reference for tests and `make bench`): full (rows, L, V) logits per row chunk."""
     rows = torch.as_tensor(rows)
     n_tok = batch.response_mask[rows].sum().clamp(min=1)
     total, clipped, ratio_dev = 0.0, 0.0, 0.0
@@ -140,40 +235,70 @@ def accumulate_grad(model, batch, rows, old_logp, weight, cfg: UpdateConfig, tok
         dev = logits.device
         logp = token_logp(logits, batch.input_ids[r])
         mask = batch.response_mask[r].to(dev)
-        adv = (weight[r][:, None] * mask).to(dev, logp.dtype)
-        tw = None if token_weight is None else token_weight[r].to(dev, logp.dtype)
-        old = old_logp[r].to(dev, logp.dtype)
-        loss = policy_loss(logp, old, adv, mask, tw, cfg.clip_low, cfg.clip_high, cfg.clip_ratio_c,
-                           n_tokens=n_tok.to(dev))
+        adv = weight.detach()[r.to(weight.device)].to(dev, logp.dtype)[:, None] * mask.to(logp.dtype)
+        tw = None if token_weight is None else token_weight[r.to(token_weight.device)].to(dev, logp.dtype)
+        old = old_logp[r.to(old_logp.device)].to(dev, logp.dtype)
+        loss, c, d = _loss_terms(logp, old, adv, tw, mask, cfg, n_tok.to(dev))
         loss.backward()
         total += float(loss.detach())
-        ratio = torch.exp(logp.detach() - old)
-        clipped += float((((ratio < 1 - cfg.clip_low) | (ratio > 1 + cfg.clip_high)) & mask).sum())
-        ratio_dev += float(((ratio - 1).abs() * mask).sum())  # mean |ρ - 1|: 0 on an iteration's first step
+        clipped += c
+        ratio_dev += d
     return {"loss": total, "clipfrac": clipped / float(n_tok), "n_tokens": int(n_tok),
             "ratio_dev": ratio_dev / float(n_tok)}
 
 
+@contextlib.contextmanager
+def checkpointing(model, on: bool):
+    """HF activation (gradient) checkpointing of the body for the duration, if `on`; the previous
+    state is restored after. HF checkpoints a layer only in training mode, so the checkpointed
+    layers (not their submodules: dropout stays off) are flagged as training meanwhile."""
+    if not on:
+        yield
+        return
+    was = any(getattr(m, "gradient_checkpointing", False) is True for m in model.modules())
+    if hasattr(model, "activation_checkpointing_enable"):    # transformers >= 5
+        enable = lambda: model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})  # noqa: E731
+        disable = model.activation_checkpointing_disable
+    else:
+        enable = lambda: model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})  # noqa: E731
+        disable = model.gradient_checkpointing_disable
+    if not was:
+        enable()
+    layers = [m for m in model.modules() if getattr(m, "gradient_checkpointing", False) and not m.training]
+    for m in layers:
+        m.training = True
+    try:
+        yield
+    finally:
+        for m in layers:
+            m.training = False
+        if not was:
+            disable()
+
+
 def grpo_step(model, batch, cfg: UpdateConfig, optimizer=None, plan=None, token_weight=None, old_logp=None,
-              seed: int = 0) -> list[dict]:
+              seed: int = 0, unchunked: bool = False) -> list[dict]:
     """One GRPO step on a rollout batch: one optimizer step per mini-batch of `plan`.
 
     `plan`: list of row-index tensors (default: `random_plan` with cfg.n_minibatches).
     `old_logp`: the iteration's log-probs under θ_old (computed here if None); ρ = 1 on the
     first mini-batch and ρ ≠ 1 after it. `token_weight`: optional (B, L) multiplier (masks).
+    `unchunked`: the old full-logits way (reference for tests and `make bench` only).
     Returns one info dict per mini-batch.
     """
     params = scope_params(model, cfg.scope)
     optimizer = optimizer or make_optimizer(model, cfg)
     if old_logp is None:
-        old_logp = token_stats(model, batch, cfg.chunk_rows).logp
+        old_logp = measure.token_stats_unchunked(model, batch, cfg.chunk_rows).logp if unchunked else \
+            token_stats(model, batch, cfg.chunk_rows, token_chunk=cfg.token_chunk).logp
     weight = reweight_advantage(batch, cfg.reweight)
     plan = plan if plan is not None else random_plan(len(batch), cfg.n_minibatches, seed)
+    acc = accumulate_grad_unchunked if unchunked else accumulate_grad
     infos = []
-    with only_grad_for(model, params):
+    with only_grad_for(model, params), checkpointing(model, cfg.gradient_checkpointing):
         for rows in plan:
             optimizer.zero_grad(set_to_none=True)
-            info = accumulate_grad(model, batch, rows, old_logp, weight, cfg, token_weight)
+            info = acc(model, batch, rows, old_logp, weight, cfg, token_weight)
             optimizer.step()
             infos.append(info)
     return infos

@@ -16,18 +16,64 @@ import torch
 STATUSES = ("boosted", "suppressed", "stable")
 
 
-def forward_logits(model, batch, rows=None, output_hidden: bool = False):
-    """One forward over (a subset of) rows; returns logits (b, L, V) [and final hidden (b, L, d)]."""
+def _device(model) -> torch.device:
+    return next(model.parameters()).device
+
+
+def _inputs(model, batch, rows=None):
     ids, am = batch.input_ids, batch.attention_mask
     if rows is not None:
         ids, am = ids[rows], am[rows]
-    dev = next(model.parameters()).device
+    dev = _device(model)
     ids, am = ids.to(dev), am.to(dev)
-    pos = (am.cumsum(-1) - 1).clamp(min=0)
+    return ids, am, (am.cumsum(-1) - 1).clamp(min=0)
+
+
+def forward_logits(model, batch, rows=None, output_hidden: bool = False):
+    """One forward over (a subset of) rows; returns logits (b, L, V) [and final hidden (b, L, d)].
+
+    Materialises the full (b, L, V) logits: used by the `*_unchunked` references only.
+    """
+    ids, am, pos = _inputs(model, batch, rows)
     out = model(input_ids=ids, attention_mask=am, position_ids=pos, output_hidden_states=output_hidden,
                 use_cache=False)
     # hidden_states[-1] is the input of the LM head, after the final norm (Qwen2/Llama convention)
     return (out.logits, out.hidden_states[-1]) if output_hidden else out.logits
+
+
+def forward_hidden(model, batch, rows=None) -> torch.Tensor:
+    """Final hidden states (b, L, d) of (a subset of) rows: the LM-head input, after the final norm.
+
+    Runs only the model body (`model.get_decoder()`), so no logits exist; `head_logits` turns
+    any subset of positions into logits. Same forward as the full model's (mask, positions).
+    """
+    ids, am, pos = _inputs(model, batch, rows)
+    return model.get_decoder()(input_ids=ids, attention_mask=am, position_ids=pos, use_cache=False).last_hidden_state
+
+
+def head_logits(model, h: torch.Tensor) -> torch.Tensor:
+    """Logits of LM-head inputs h (..., d): `model.get_output_embeddings()(h)`.
+
+    Assumes logits = lm_head(h) as in Qwen2/Qwen3/Llama/Mistral (no logit scaling). Models whose
+    config asks for a scale (`logit_scale`, Cohere) or a soft cap (`final_logit_softcapping`,
+    Gemma 2) get it applied here, as their own forward does.
+    """
+    z = model.get_output_embeddings()(h)
+    cfg = getattr(model, "config", None)
+    scale = getattr(cfg, "logit_scale", None)
+    if scale is not None and scale != 1:
+        z = z * scale
+    cap = getattr(cfg, "final_logit_softcapping", None)
+    if cap:
+        z = torch.tanh(z / cap) * cap
+    return z
+
+
+def response_positions(mask: torch.Tensor):
+    """(rows, cols) of the positions whose statistics matter: response tokens at column ≥ 1."""
+    m = mask.bool().clone()
+    m[:, 0] = False
+    return m.nonzero(as_tuple=True)
 
 
 def token_logp(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
@@ -48,13 +94,55 @@ class TokenStats:
         return self.logp.exp()
 
 
-@torch.no_grad()
-def token_stats(model, batch, chunk_rows: int = 64, hidden: bool = False) -> TokenStats:
-    """Log-probs and entropies of every token of `batch` in row chunks of `chunk_rows`.
+def _logp_entropy(model, h: torch.Tensor, targets: torch.Tensor, entropy: bool = True):
+    """log π(target) and entropy from LM-head inputs h (n, d): one (n, V) logits tensor at a time."""
+    lsm = torch.log_softmax(head_logits(model, h), dim=-1)
+    lp = lsm.gather(-1, targets[:, None]).squeeze(-1)
+    if not entropy:
+        return lp, None
+    p = lsm.exp()
+    return lp, -p.mul_(lsm).sum(-1)
 
-    The chunking is fixed by `chunk_rows` alone, so two calls with the same model give
-    bit-identical results (the noise floor of a no-op update is then exactly 0 on CPU).
+
+@torch.no_grad()
+def token_stats(model, batch, chunk_rows: int = 64, hidden: bool = False, token_chunk: int = 4096) -> TokenStats:
+    """Log-probs and entropies of every response token of `batch`, with memory bounded by chunks.
+
+    The model body runs on `chunk_rows` rows at a time (final hidden states only, no logits);
+    logits, log-softmax and entropy are then computed for at most `token_chunk` response
+    positions at a time, so the largest vocabulary-wide tensor is (token_chunk, V). Entries
+    outside `response_mask` are 0. Results are on the CPU, in the model's dtype. The chunking
+    is fixed by the two chunk sizes alone, so two calls with the same model give bit-identical
+    results (the noise floor of a no-op update is then exactly 0 on CPU).
     """
+    B, L = batch.input_ids.shape
+    logp = ent = None
+    hs = []
+    for s in range(0, B, chunk_rows):
+        rows = slice(s, s + chunk_rows)
+        h = forward_hidden(model, batch, rows)
+        if logp is None:
+            logp = torch.zeros(B, L, dtype=h.dtype)
+            ent = torch.zeros(B, L, dtype=h.dtype)
+        r, c = response_positions(batch.response_mask[rows])
+        ids = batch.input_ids[rows][r, c].to(h.device)
+        rd, cd = r.to(h.device), c.to(h.device)
+        for t in range(0, len(r), token_chunk):
+            k = slice(t, t + token_chunk)
+            lp, e = _logp_entropy(model, h[rd[k], cd[k] - 1], ids[k])   # h at t-1 predicts token t
+            logp[s + r[k], c[k]] = lp.cpu()
+            ent[s + r[k], c[k]] = e.cpu()
+        if hidden:
+            hs.append(torch.nn.functional.pad(h[:, :-1], (0, 0, 1, 0)).cpu())
+    if logp is None:
+        dt = next(model.parameters()).dtype
+        logp, ent = torch.zeros(B, L, dtype=dt), torch.zeros(B, L, dtype=dt)
+    return TokenStats(logp, ent, torch.cat(hs) if hidden else None)
+
+
+@torch.no_grad()
+def token_stats_unchunked(model, batch, chunk_rows: int = 64, hidden: bool = False) -> TokenStats:
+    """The old way (reference for tests and `make bench`): full (rows, L, V) logits per row chunk."""
     logps, ents, hs = [], [], []
     for s in range(0, len(batch), chunk_rows):
         rows = slice(s, s + chunk_rows)
@@ -73,12 +161,13 @@ def token_stats_per_sequence(model, batch) -> TokenStats:
     """The naive reference: one unpadded forward per sequence (for tests and `make bench`)."""
     B, L = batch.input_ids.shape
     dt = next(model.parameters()).dtype
+    dev = _device(model)
     logp, ent = torch.zeros(B, L, dtype=dt), torch.zeros(B, L, dtype=dt)
     with torch.no_grad():
         for i in range(B):
             keep = batch.attention_mask[i].bool()
             idx = keep.nonzero().squeeze(1)
-            ids = batch.input_ids[i, keep][None]
+            ids = batch.input_ids[i, keep][None].to(dev)
             lsm = torch.log_softmax(model(input_ids=ids).logits[0, :-1], -1)
             logp[i, idx[1:]] = lsm.gather(-1, ids[0, 1:, None]).squeeze(-1).cpu()
             ent[i, idx[1:]] = -(lsm.exp() * lsm).sum(-1).cpu()
@@ -91,6 +180,18 @@ def classify(delta: torch.Tensor | np.ndarray, eps: float = 1e-6):
     return np.where(d > eps, "boosted", np.where(d < -eps, "suppressed", "stable"))
 
 
+def token_strings(tokenizer, ids) -> np.ndarray:
+    """Token strings of `ids`; ids past the tokenizer (a model vocabulary padded beyond it, e.g.
+    Qwen's 151,936 > 151,669) become the placeholder "<pad:ID>" instead of raising IndexError."""
+    ids = np.asarray(ids, dtype=np.int64)
+    vocab = np.array(tokenizer.convert_ids_to_tokens(list(range(len(tokenizer)))), dtype=object)
+    out = np.empty(len(ids), dtype=object)
+    inside = (ids >= 0) & (ids < len(vocab))
+    out[inside] = vocab[ids[inside]]
+    out[~inside] = [f"<pad:{i}>" for i in ids[~inside]]
+    return out
+
+
 def token_table(batch, before: TokenStats, after: TokenStats | None = None, tokenizer=None,
                 eps: float = 1e-6, **extra) -> pd.DataFrame:
     """The tidy per-token table: one row per response token.
@@ -99,23 +200,26 @@ def token_table(batch, before: TokenStats, after: TokenStats | None = None, toke
     advantage, sign (pos/neg/zero), logp_before, prob, entropy, and with `after`: logp_after,
     delta, status. Scalar keyword arguments become constant columns (step, run, model, ...).
     """
-    m = batch.response_mask
+    m = batch.response_mask.cpu()
     rows, cols = m.nonzero(as_tuple=True)
     first = m.float().argmax(1)
-    adv = batch.advantage[rows].numpy()
+    at = lambda t: t.detach()[rows.to(t.device), cols.to(t.device)].cpu()  # noqa: E731
+    per_row = lambda t: t.detach()[rows.to(t.device)].cpu().numpy()  # noqa: E731
+    adv = per_row(batch.advantage)
+    ids = at(batch.input_ids).numpy()
+    lp = at(before.logp).double()
     df = pd.DataFrame({
-        "rollout": rows.numpy(), "group": batch.group[rows].numpy(), "position": (cols - first[rows]).numpy(),
-        "token_id": batch.input_ids[rows, cols].numpy(), "reward": batch.reward[rows].numpy(), "advantage": adv,
+        "rollout": rows.numpy(), "group": per_row(batch.group), "position": (cols - first[rows]).numpy(),
+        "token_id": ids, "reward": per_row(batch.reward), "advantage": adv,
         "sign": np.where(adv > 0, "pos", np.where(adv < 0, "neg", "zero")),
-        "logp_before": before.logp[rows, cols].double().numpy(),
-        "prob": before.logp[rows, cols].double().exp().numpy(),
-        "entropy": before.entropy[rows, cols].double().numpy(),
+        "logp_before": lp.numpy(),
+        "prob": lp.exp().numpy(),
+        "entropy": at(before.entropy).double().numpy(),
     })
     if tokenizer is not None:
-        vocab = np.array(tokenizer.convert_ids_to_tokens(list(range(len(tokenizer)))), dtype=object)
-        df.insert(4, "token", vocab[df["token_id"].to_numpy()])
+        df.insert(4, "token", token_strings(tokenizer, ids))
     if after is not None:
-        df["logp_after"] = after.logp[rows, cols].double().numpy()
+        df["logp_after"] = at(after.logp).double().numpy()
         df["delta"] = df["logp_after"] - df["logp_before"]
         df["status"] = classify(df["delta"], eps)
     for k, v in extra.items():
