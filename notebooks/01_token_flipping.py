@@ -34,7 +34,7 @@ results_dir = "data/results/tiny"   # where tidy tables go (set by the runner)
 model_path = "data/policies/tiny-m"  # policy of panels (a)-(d)
 models = ["data/policies/tiny-m", "data/policies/tiny-s"]  # one Fig. 9 row each
 dtype = "float64"                   # analysis and update precision (float64: SGD-size Δ are < fp32 round-off)
-sample_dtype = ""                   # sampler copy's dtype ("" = the training model itself; paper: bfloat16)
+sample_dtype = ""                   # dtype of the sampler copy; empty: the training model itself (paper: bfloat16)
 backend = "hf"                      # sampler: 'hf' or 'vllm' (weights pushed after every update)
 gpu_memory_utilization = 0.3        # vLLM's share of GPU memory, beside the training model
 device = "cpu"                      # cpu or cuda

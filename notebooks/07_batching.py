@@ -68,7 +68,7 @@ eval_sets = ["easy", "medium", "hard"]  # held-out sets: difficulty levels (task
 eval_n = 64                         # problems per evaluation set
 eval_samples = 1                    # samples per problem (avg@k)
 eval_temperature = 1.0              # evaluation temperature (1: the temperature the policy trains at)
-sample_dtype = ""                   # sampler copy's dtype ("" = the training model itself; paper: bfloat16)
+sample_dtype = ""                   # dtype of the sampler copy; empty: the training model itself (paper: bfloat16)
 backend = "hf"                      # sampler: 'hf' or 'vllm' (weights pushed after every update)
 gpu_memory_utilization = 0.3        # vLLM's share of GPU memory, beside the training model
 problems_path = ""                  # training problems (DAPO-Math-17k / MATH-500 / prompt+answer file); empty: generated arithmetic

@@ -413,26 +413,6 @@ def proxy_sign_consistency(model, batch, lr: float, eps: float = 0.0, chunk_rows
             "n_moved": int(moved.sum())}
 
 
-def sign_consistency_run(model, tokenizer, cfg, sgd_lr: float, progress: bool = True):
-    """A GRPO training run (train.RunConfig, persistent optimizer) that, before every step, compares
-    an SGD lm_head step with an SGD full step on that step's batch (Fig. 10). Trains `model` in place."""
-    import pandas as pd
-    from tqdm import tqdm
-
-    from . import rollout, tasks
-
-    opt = grpo.make_optimizer(model, cfg.update)
-    out = []
-    for step in tqdm(range(cfg.steps), desc="sign consistency run", disable=not progress):
-        problems = tasks.draw_problems(cfg.n_prompts, 1_000_003 * (cfg.seed + 1) + step, cfg.kinds)
-        batch = rollout.sample_batch(model, tokenizer, problems, G=cfg.G, temperature=cfg.temperature,
-                                     max_new_tokens=cfg.max_new_tokens, seed=cfg.seed * 7919 + step)
-        row = proxy_sign_consistency(model, batch, sgd_lr, cfg.eps, cfg.update.chunk_rows)
-        grpo.grpo_step(model, batch, cfg.update, optimizer=opt, seed=cfg.seed + step)
-        out.append({"step": step, "accuracy": float(batch.reward.mean()), **row})
-    return pd.DataFrame(out)
-
-
 def adam_first_step_ratio(model, batch, lr: float, chunk_rows: int = 64) -> np.ndarray:
     """App. D.3: (θ0 − θ1) / (lr · sign(g)) for every parameter element of Adam's first step
     (1 would be exact sign descent); the model is restored."""
