@@ -349,3 +349,14 @@ def test_cuda_sampling_matches_cpu(tok, model64):
     assert s1.reward.shape == (6,) and s1.group.tolist() == [0, 0, 1, 1, 2, 2]
     c1, c2 = (value.sample_continuations(cuda, [[3, 5, 6]], 8, [6], [1, DOT], 0, [9]) for _ in range(2))
     assert torch.equal(c1[0], c2[0]) and c1[0].device.type == "cpu"
+
+
+def test_rewards_see_responses_without_special_tokens(tmp_path):
+    """A chat model's response ends in <|im_end|>; DAPO's "Answer:" line must not read "12<|im_end|>"."""
+    from cancellation import standins
+    paths = standins.build(tmp_path / "standins")
+    model, tok = policy.load_policy(paths["model"])
+    src = tasks.ProblemSource(path=paths["dapo"])
+    b = rollout.sample(model, tok, rollout.SampleConfig(n_prompts=4, G=4, max_new_tokens=24, source=src), seed=1)
+    assert not any("<|im_end|>" in t or "<|endoftext|>" in t for t in b.texts)
+    assert src.verifier().stats["unparsed_response"] == 0 and b.reward.sum() > 0

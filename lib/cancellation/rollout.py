@@ -211,7 +211,7 @@ def assemble(tokenizer, problems, prompt_ids, prompt_mask, new_tokens, G: int, v
     input_ids = torch.cat([prompt_ids, torch.where(resp, new_tokens, torch.full_like(new_tokens, pad))], dim=1)
     attention_mask = torch.cat([prompt_mask, resp.long()], dim=1)
     response_mask = torch.cat([torch.zeros_like(prompt_mask, dtype=torch.bool), resp], dim=1)
-    texts = [tokenizer.decode(new_tokens[i][resp[i]].tolist()) for i in range(B)]
+    texts = [tokenizer.decode(new_tokens[i][resp[i]].tolist(), skip_special_tokens=True) for i in range(B)]
     group = torch.arange(len(problems)).repeat_interleave(G)
     reward = torch.tensor([verifier(problems[g], t) for g, t in zip(group.tolist(), texts)], dtype=torch.float64)
     return RolloutBatch(input_ids=input_ids, attention_mask=attention_mask, response_mask=response_mask, group=group,

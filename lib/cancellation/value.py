@@ -284,7 +284,7 @@ def _rewards(model, tokenizer, batch, reqs: list[Request], cfg: ValueConfig, ver
     for i, r in enumerate(reqs):
         budget = cfg.max_new_tokens - len(r.response)
         if budget <= 0 or (r.response and r.response[-1] in stops):  # complete already: a constant reward
-            text = tokenizer.decode(list(r.response))
+            text = tokenizer.decode(list(r.response), skip_special_tokens=True)
             out[i] = np.full(cfg.M, verifier(batch.problems[r.group], text), dtype=np.uint8)
         else:
             todo.append(i)
@@ -306,7 +306,7 @@ def _rewards(model, tokenizer, batch, reqs: list[Request], cfg: ValueConfig, ver
                 row = [t for t in row if t >= 0]
                 end = next((j + 1 for j, t in enumerate(row) if t in stops), len(row))
                 seqs.append(list(r.response) + row[:end])
-            texts = tokenizer.batch_decode(seqs)
+            texts = tokenizer.batch_decode(seqs, skip_special_tokens=True)
             out[i] = np.array([verifier(batch.problems[r.group], t) for t in texts], dtype=np.uint8)
             if on_done is not None:
                 on_done(i, out[i])
