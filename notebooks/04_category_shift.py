@@ -232,7 +232,8 @@ scale = 10.0 ** np.floor(np.log10(max(top[["mean_delta_positive_only", "mean_del
 y = np.arange(len(top))[::-1]
 ax.barh(y + 0.2, top.mean_delta_positive_only / scale, 0.4, color=COLORS["positive_only"])
 ax.barh(y - 0.2, top.mean_delta_grpo / scale, 0.4, color=COLORS["grpo"])
-ax.set_yticks(y, [f"[{c[0]}] {t}".replace("$", r"\$") for t, c in zip(top.token, top.category)], fontsize=6.5)
+shown = [tok.convert_tokens_to_string([t]).strip() or repr(t) for t in top.token]  # byte-level 'Ġx' -> 'x'
+ax.set_yticks(y, [f"[{c[0]}] {t}".replace("$", r"\$") for t, c in zip(shown, top.category)], fontsize=6.5)
 ax.axvline(0, color="k", lw=0.6)
 ax.set(xlabel=f"mean Δlog p per occurrence (×{scale:.0e})",
        title="(d) tokens that differ most ([M]ath [T]emplate [R]easoning)")

@@ -240,18 +240,23 @@ def band(ax, df, x, y, name, **kw):
     ax.fill_between(m.index, m - se, m + se, color=COLORS[name], alpha=0.15, lw=0)
 
 
-fig, axes = plots.figure(ncols=3, nrows=2, width=plots.WIDTH_2COL, height=3.9)
-panels = [(c, f"held-out: {c}") for c in cols]
-for ax, (c, title) in zip(axes.flat, panels):
+acc_panels = cols if len(set_names) > 1 else set_names  # one held-out set: its average is itself
+n_panels = len(acc_panels) + 2
+fig, axes = plots.figure(ncols=3, nrows=-(-n_panels // 3), width=plots.WIDTH_2COL, height=1.95 * -(-n_panels // 3),
+                         squeeze=False)
+flat = list(axes.flat)
+for ax, c in zip(flat, acc_panels):
     for name in strategies:
         band(ax, curves[(curves.strategy == name) & (curves.set == c)], "iteration", "accuracy", name, marker="o", ms=2)
-    ax.set(title=title, xlabel="iteration", ylabel="accuracy")
+    ax.set(title=f"held-out: {c}", xlabel="iteration", ylabel="accuracy")
 upd = iters[iters.updated]
-for ax, y, title in ((axes[1, 1], "batch_acc", "training batch reward"),
-                     (axes[1, 2], "entropy", "token entropy (batch)")):
+for ax, y, title in ((flat[len(acc_panels)], "batch_acc", "training batch reward"),
+                     (flat[len(acc_panels) + 1], "entropy", "token entropy (batch)")):
     for name in strategies:
         band(ax, upd[upd.strategy == name], "iteration", y, name)
     ax.set(title=title, xlabel="iteration")
+for ax in flat[n_panels:]:
+    ax.set_visible(False)
 axes[0, 0].legend(frameon=False, fontsize=6)
 fig.tight_layout()
 plots.save(fig, "fig08_training_curves", fig_dir)

@@ -211,7 +211,7 @@ def test_cpu_batch_equals_the_old_sampler_on_the_tiny_policy():
     resp = b.response_mask[:, P:]
     assert torch.equal(b.input_ids[:, P:][resp], new[resp]) and resp.sum() > 0
     assert b.reward.sum() > 0                                  # the trained policy solves some
-    assert b.texts == [tok.decode(new[i][resp[i]].tolist()) for i in range(len(b))]
+    assert b.texts == [tok.decode(new[i][resp[i]].tolist(), skip_special_tokens=True) for i in range(len(b))]
 
 
 # --------------------------------------------------------------------------- the vLLM seam, against a fake vllm
