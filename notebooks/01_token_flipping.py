@@ -99,7 +99,7 @@ def run(path, cfg):
 
 # %%
 model, tok = policy.load_policy(model_path, dtype=dtype, device=device)
-probe = rollout.sample(model, tok, base_cfg.sample_config(model), seed=seed + 99)
+probe = rollout.sample(model, tok, replace(base_cfg.sample_config(model), backend="hf"), seed=seed + 99)  # one batch: HF
 zero_w = torch.zeros(probe.input_ids.shape, dtype=torch.float64)
 floor = measure.noise_floor(model, probe, chunk_rows, step_fn=lambda m, b: grpo.grpo_step(
     m, b, replace(base_cfg.update, n_minibatches=1), token_weight=zero_w))
@@ -114,6 +114,8 @@ noise["eps"] = eps
 cache.write_table(noise, Path(results_dir) / "fig01_noise_floor.parquet")
 print(f"probe batch: {len(probe)} rollouts, {probe.n_tokens} response tokens, "
       f"accuracy {probe.reward.float().mean():.2f}, mixed groups {probe.mixed_groups()}/{n_prompts}")
+if source.reward_report():
+    print(source.reward_report())
 print(noise.to_string(index=False))
 assert floor["repeat"] < eps and floor["zero_update"] < eps, "noise floor above ε: raise eps or the precision"
 

@@ -73,6 +73,8 @@ f = coupling.features(model, batch, before, chunk=chunk, vocab_chunk=vocab_chunk
 print(f"{len(batch)} rollouts, {len(f)} response tokens, vocabulary {f.W.shape[0]}, hidden {f.h.shape[1]}; "
       f"accuracy {batch.reward.mean():.2f}, mixed groups {batch.mixed_groups()}/{n_prompts}, "
       f"tokens with A ≠ 0: {int((f.A != 0).sum())}")
+if source.reward_report():
+    print(source.reward_report())
 
 # %% [markdown]
 # ## (a), (b): hidden-state similarity and φ for same- vs different-token pairs

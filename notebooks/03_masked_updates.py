@@ -82,6 +82,8 @@ key = dict(model=policy.fingerprint(model_path), dtype=dtype, n_prompts=n_prompt
            max_new_tokens=max_new_tokens, seed=seed, lr=lr, source=source.params())
 print(f"{len(batch)} rollouts, {len(f)} response tokens, accuracy {batch.reward.mean():.2f}, "
       f"mixed groups {batch.mixed_groups()}/{n_prompts}, tokens with A ≠ 0: {int((f.A != 0).sum())}")
+if source.reward_report():
+    print(source.reward_report())
 
 # %% [markdown]
 # ## Precision check: float32 inside a float64 model

@@ -96,6 +96,8 @@ scfg = rollout.SampleConfig(n_prompts=n_prompts, G=G, temperature=temperature, m
 batch = rollout.sample(sampler, tok, scfg, seed=seed + 505)
 print(f"batch: {len(batch)} rollouts, {batch.n_tokens} response tokens, accuracy {batch.reward.mean():.2f}, "
       f"mixed groups {batch.mixed_groups()}/{n_prompts}")
+if source.reward_report():
+    print(source.reward_report())
 
 # %% [markdown]
 # ## K GRPO steps on the batch

@@ -104,6 +104,8 @@ n_pos = pd.Series([int(batch.reward[batch.group == g].sum()) for g in range(n_pr
 print(f"base batch: {len(batch)} rollouts, {batch.n_tokens} response tokens, accuracy {batch.reward.mean():.2f}, "
       f"mixed groups {batch.mixed_groups()}/{n_prompts}")
 print("positives per group (of %d): %s" % (G, sorted(n_pos.tolist())))
+if source.reward_report():
+    print(source.reward_report())
 
 # %% [markdown]
 # ## The pool of valued tokens

@@ -106,3 +106,12 @@ def test_07(out_root):
     _figs(figs, "fig07a_sign_partition", "fig08_training_curves")
     curves = pd.read_parquet(res / "fig08_training_curves.parquet")
     assert "math500" in set(curves.set)  # evaluated on the MATH-500-shaped file, rewarded by math-verify
+
+
+def test_paper_profile_can_fill_fig7b_and_trains_at_the_papers_lr():
+    """7(b) draws k positives and G_comp − k negatives from one group of G: G must hold G_comp − 1 of each;
+    Fig. 11's Adam repeats and the training runs use the paper's lr 1e-6, not the tiny profile's."""
+    paper = yaml.safe_load(PAPER.read_text())
+    s = paper["06_sampling_budget"]
+    assert s["G"] >= 2 * (s["G_comp"] - 1)
+    assert paper["05_value_gap"]["adam_lr"] == paper["01_token_flipping"]["lr"] == paper["07_batching"]["lr"] == 1e-6

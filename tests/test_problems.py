@@ -264,3 +264,15 @@ def test_answer_candidates():
     assert tasks.answer_candidates("x\nAnswer: $\\frac{1}{2}$.\n") == ["\\boxed{\\frac{1}{2}}"]
     assert tasks.answer_candidates("Answer: \\boxed{3}") == ["\\boxed{3}"]
     assert tasks.answer_candidates("nothing") == []
+
+
+def test_reward_report_counts_what_math_verify_could_not_parse(tmp_path):
+    p = tmp_path / "plain.jsonl"
+    p.write_text('{"prompt": "1+1?", "answer": "2"}\n')
+    src = tasks.ProblemSource(path=str(p))
+    (prob,) = src.load()
+    v = src.verifier()
+    assert v(prob, "Answer: 2") == 1.0 and v(prob, "no answer here") == 0.0
+    assert src.reward_report() == ("math-verify: 2 responses graded; counted as wrong because unparseable: "
+                                   "1 responses, 0 gold answers; 0 errors")
+    assert tasks.ProblemSource().reward_report() == ""

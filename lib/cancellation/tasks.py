@@ -495,6 +495,14 @@ class ProblemSource:
             self._verifier = MathVerifier()
         return self._verifier
 
+    def reward_report(self) -> str:
+        """One line on how the rewards so far were graded ('' for the exact arithmetic check)."""
+        if not self.path:
+            return ""
+        st = self.verifier().stats
+        return (f"math-verify: {st['graded']} responses graded; counted as wrong because unparseable: "
+                f"{st['unparsed_response']} responses, {st['unparsed_gold']} gold answers; {st['errors']} errors")
+
     def fingerprint(self) -> str:
         """sha256 of the file's bytes, or 'arith:<kinds>' for the generated task."""
         if not self.path:
