@@ -70,8 +70,8 @@ def head_logits(model, h: torch.Tensor) -> torch.Tensor:
 
 
 def response_positions(mask: torch.Tensor):
-    """(rows, cols) of the positions whose statistics matter: response tokens at column ≥ 1."""
-    m = mask.bool().clone()
+    """(rows, cols), on the CPU, of the positions whose statistics matter: response tokens at column ≥ 1."""
+    m = mask.detach().bool().cpu().clone()
     m[:, 0] = False
     return m.nonzero(as_tuple=True)
 
