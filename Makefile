@@ -1,7 +1,8 @@
 # make figures  : set up .venv if missing, train the tiny policies if missing, run every notebook
 # make fig01    : rerun one notebook (override parameters: make fig01 P="steps=5 seed=1")
-# make test     : the test suite (CPU, about 2 min)       make bench : speed-ups vs naive code
+# make test     : the test suite (CPU, about 5 min)       make bench : speed-ups and memory vs naive code
 PROFILE ?= tiny
+B ?=
 P ?=
 PYTHON ?= python3
 TORCH_SPEC ?= torch==2.13.0
@@ -44,7 +45,7 @@ test: env
 	$(PY) -m pytest -q -x --durations=10
 
 bench: env $(POLICIES)
-	$(PY) -m cancellation.bench
+	$(PY) -m cancellation.bench $(B)
 
 clean:
 	rm -rf data/cache notebooks/executed/smoke figures/smoke data/results/smoke

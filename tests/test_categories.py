@@ -213,5 +213,5 @@ def test_padded_vocabulary_ids_are_tagged_not_an_index_error(tok):
     ids = tok("Q: 4 7 + 3 8", add_special_tokens=False)["input_ids"]
     padded = len(tok) + 5
     cats, words = cz.tag_ids([ids + [padded]], tok)[0]
-    assert len(cats) == len(ids) + 1 and words[-1] == f"<padded:{padded}>"
+    assert len(cats) == len(ids) + 1 and words[-1] == f"<pad:{padded}>"
     assert cats[:-1] == cz.tag_ids([ids], tok)[0][0]  # the real tokens are tagged as without it

@@ -314,7 +314,7 @@ class Categorizer:
         # a model's vocabulary can be padded past the tokenizer's (Qwen: 151,936 > 151,669); a sampled
         # padded id has no text: it becomes a special piece of its own
         top = max((int(np.max(ids)) + 1 for ids in id_seqs if len(ids)), default=0)
-        padded = [f"<padded:{i}>" for i in range(len(vocab), top)]
+        padded = [f"<pad:{i}>" for i in range(len(vocab), top)]  # as measure.token_strings
         vocab = np.array(vocab + padded, dtype=object)
         special = frozenset(tokenizer.all_special_tokens) | frozenset(padded)
         return self.tag_sequences([vocab[np.asarray(ids)].tolist() for ids in id_seqs], scheme, special)
