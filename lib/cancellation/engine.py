@@ -142,11 +142,11 @@ def grpo_config(output_dir, *, n_prompts: int = 8, G: int = 8, n_minibatches: in
         learning_rate=lr, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, max_grad_norm=0.0,
         optim="adamw_torch", adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8,
         bf16=dtype == "bfloat16", fp16=False, use_cpu=not torch.cuda.is_available(),
-        gradient_checkpointing=gradient_checkpointing,
         use_vllm=use_vllm, vllm_importance_sampling_correction=False,
         logging_steps=1, report_to="none", save_strategy="no", disable_tqdm=True, log_completions=False,
         remove_unused_columns=False, dataloader_num_workers=0,
     )
+    kw["gradient_checkpointing"] = gradient_checkpointing   # TRL's default is on; the tiny runs need not recompute
     if use_vllm:
         kw.update(vllm_mode="colocate", vllm_gpu_memory_utilization=0.3)
     kw.update(overrides)
