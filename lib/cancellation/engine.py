@@ -37,8 +37,11 @@ Matching METHODS (checked by tests/test_engine.py):
 - advantages: TRL's `scale_rewards="group"` is (r − mean)/(std + 1e-4) with the unbiased std;
   verl's eps is 1e-6. The subclass recomputes advantages from TRL's rewards with
   `rollout.group_advantages` (verl exactly); the plain-TRL difference is a factor
-  (std + 1e-6)/(std + 1e-4), at most 2.8e-4 relative for binary rewards with G ≥ 2 (std ≥
-  sqrt(1/G)·… ≥ 0.35 for G ≤ 8).
+  (std + 1e-6)/(std + 1e-4), i.e. 1 − 99e-6/(std + 1e-4): for binary rewards std ≥ sqrt(1/G)
+  (one success in G), so at most 99e-6·sqrt(G) relative (2.8e-4 at G = 8, 4.0e-4 at G = 16).
+- log-probs: TRL's loss forward (fused LM head) returns float32 log-probs even for a float64
+  model (max |Δ| 9e-7 against a float64 forward on the tiny policy); for bf16/float32 training
+  this is at or below the model's own precision. The loss formula itself matches to 1e-12.
 - θ_old: with steps_per_generation > 1 TRL computes old log-probs by one forward at generation
   (RB: recomputed here on the released batch with the current policy), so ρ = 1 on an
   iteration's first mini-batch, as in METHODS.
@@ -467,10 +470,18 @@ def _make_monitor():
         logger (TensorBoard, W&B...) at its logging steps; otherwise `trainer.log` is called.
         `parquet`: the tidy per-step shares are appended there (rewritten after each step).
         `keep_tokens`: keep the per-token tables in `self.tokens` (tests, small runs).
+        `forward`: 'trainer' (default; the trainer's own log-prob function — TRL's fused LM head
+        returns float32 log-probs even for a float64 model — before = the loss forward's, one
+        extra forward per step) or 'model' (a plain forward in the model's dtype with positions
+        from the attention mask, before and after: two extra forwards, exact in float64).
         """
 
         def __init__(self, eps: float = 1e-6, conf_threshold: float = 0.9, parquet: str | None = None,
-                     noise_every: int = 0, keep_tokens: bool = False, enabled: bool = True):
+                     noise_every: int = 0, keep_tokens: bool = False, enabled: bool = True,
+                     forward: str = "trainer"):
+            if forward not in ("trainer", "model"):
+                raise ValueError(f"CancellationMonitor.forward={forward!r}; allowed: trainer, model")
+            self.own = forward == "model"
             self.eps, self.conf, self.parquet = eps, conf_threshold, parquet
             self.noise_every, self.keep_tokens, self.enabled = noise_every, keep_tokens, enabled
             self.trainer = None
@@ -500,7 +511,7 @@ def _make_monitor():
                     loss = inner_loss(model, inputs)
                 finally:
                     mon._capture = False
-                before = mon._captured
+                before = _own_forward(model, inputs) if mon.own else mon._captured
                 step = trainer.state.global_step
                 if mon.noise_every and step % mon.noise_every == 0 or (not mon.noise_every and mon._noise is None):
                     t = time.perf_counter()
@@ -517,6 +528,8 @@ def _make_monitor():
             return self
 
         def _forward(self, model, inputs):
+            if self.own:
+                return _own_forward(model, inputs)
             tr = self.trainer
             ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)
             am = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1)
