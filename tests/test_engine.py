@@ -16,7 +16,7 @@ from cancellation import engine, grpo, measure, policy, rollout, tasks  # noqa: 
 
 MODEL = "data/policies/tiny-s"
 SOURCE = dict(kinds=("add2", "sub2"))   # tiny-s solves these often enough for mixed groups
-RUN = dict(iterations=2, n_prompts=4, G=4, n_minibatches=2, max_new_tokens=64, tau=0.25)
+RUN = dict(iterations=2, n_prompts=4, G=4, n_minibatches=2, max_new_tokens=48, tau=0.25, max_rounds=3)
 
 pytestmark = pytest.mark.skipif(not (Path(MODEL) / "config.json").exists(), reason="needs make policy")
 
