@@ -1,0 +1,235 @@
+"""TRL integration (engine.py): strategies' defining properties from the trainer's own record,
+TRL's loss == grpo.policy_loss, and the monitor == measure.token_stats before/after.
+
+CPU, the tiny-s policy, 2 iterations of 4 prompts x 4 rollouts, HF generation inside TRL."""
+import copy
+import math
+import tempfile
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("trl")
+
+from cancellation import engine, grpo, measure, policy, rollout, tasks  # noqa: E402
+
+MODEL = "data/policies/tiny-s"
+SOURCE = dict(kinds=("add2", "sub2"))   # tiny-s solves these often enough for mixed groups
+RUN = dict(iterations=2, n_prompts=4, G=4, n_minibatches=2, max_new_tokens=48, tau=0.25, max_rounds=3)
+
+pytestmark = pytest.mark.skipif(not (Path(MODEL) / "config.json").exists(), reason="needs make policy")
+
+
+def _run(strategy, dtype="float32", **kw):
+    torch.manual_seed(0)
+    model, tok = policy.load_policy(MODEL, dtype=dtype)
+    with tempfile.TemporaryDirectory() as d:
+        return engine.train_trl(MODEL, tasks.ProblemSource(**SOURCE), strategy, output_dir=d, model=model,
+                                tokenizer=tok, dtype=dtype, **{**RUN, **kw})
+
+
+@pytest.fixture(scope="module")
+def runs():
+    return {s: _run(s) for s in engine.STRATEGIES}
+
+
+@pytest.mark.parametrize("strategy", list(engine.STRATEGIES))
+def test_strategy_property_from_trainer_record(runs, strategy):
+    out = runs[strategy]
+    mb, its = out["minibatches"], out["iterations"]
+    B = RUN["n_prompts"] * RUN["G"]
+    plan, rb = engine.STRATEGIES[strategy]
+    assert len(its) == RUN["iterations"]
+    assert its.updated.any(), "no update in the run: the property would hold vacuously"
+    for it, d in mb.groupby("iteration"):
+        # every iteration's mini-batches partition its B released rollouts
+        assert sorted(d.row) == list(range(B))
+        assert d.minibatch.nunique() <= RUN["n_minibatches"]
+        # advantages are verl's group normalisation of the recorded rewards (unbiased std, eps 1e-6)
+        # (RB may release part of a group; its advantages are those of the whole sampled group)
+        full = d[d.groupby("group").row.transform("size") == RUN["G"]].sort_values("row")
+        adv = rollout.group_advantages(torch.tensor(full.reward.values), torch.tensor(full.group.values))
+        assert torch.allclose(adv, torch.tensor(full.advantage.values), atol=1e-12)
+        if plan == "query_preserved":   # groups intact
+            assert (d.groupby("group").minibatch.nunique() == 1).all()
+        if plan == "sign_partitioned":   # one sign per mini-batch
+            signs = d[d.sign != 0].groupby("minibatch").sign.nunique()
+            assert (signs <= 1).all()
+        if plan == "random":             # TRL's own split: equal sizes
+            assert d.groupby("minibatch").size().nunique() == 1
+        if rb:                           # balanced counts
+            assert min((d.sign > 0).sum(), (d.sign < 0).sum()) >= math.ceil(RUN["tau"] * B - 1e-9)
+    if rb:
+        assert {"buffer_discarded", "buffer_delayed"} <= set(its.columns)
+        assert "rb/discarded" in out["log"].columns and "rb/delayed" in out["log"].columns
+    # monitor ran and logged through the trainer
+    assert "cancellation/noise_floor" in out["log"].columns
+    assert len(out["monitor"]) and out["monitor"].noise_floor.max() < 1e-5
+
+
+def test_random_splits_groups_somewhere(runs):
+    """The baseline scatters a query's rollouts (what QB fixes) — at least once in the run."""
+    mb = runs["random"]["minibatches"]
+    assert (mb.groupby(["iteration", "group"]).minibatch.nunique() > 1).any()
+
+
+def test_config_is_methods_update():
+    cfg = engine.grpo_config(tempfile.mkdtemp(), n_prompts=4, G=4, n_minibatches=2)
+    assert (cfg.loss_type, cfg.epsilon, cfg.epsilon_high, cfg.delta, cfg.beta) == ("dapo", 0.2, 0.28, 3.0, 0.0)
+    assert (cfg.steps_per_generation, cfg.gradient_accumulation_steps, cfg.num_iterations) == (2, 1, 1)
+    assert cfg.max_grad_norm == 0 and cfg.weight_decay == 0 and cfg.lr_scheduler_type == "constant"
+    with pytest.raises(ValueError, match="divisible"):
+        engine.grpo_config(tempfile.mkdtemp(), n_prompts=3, G=3, n_minibatches=2)
+
+
+def _loss_case():
+    """A float64 trainer and one mini-batch with ratios far from 1 (clip and dual clip bind)."""
+    model, tok = policy.load_policy(MODEL, dtype="float64")
+    src = tasks.ProblemSource(**SOURCE)
+    cfg = engine.grpo_config(tempfile.mkdtemp(), n_prompts=4, G=4, n_minibatches=2, max_new_tokens=16)
+    tr = engine.BatchingGRPOTrainer(model=model, processing_class=tok, reward_funcs=[engine.reward_function(src)],
+                                    args=cfg, train_dataset=engine.problem_dataset(src, tok, 8))
+    b = rollout.sample_batch(model, tok, tasks.sample_problems(2, seed=3, kinds=SOURCE["kinds"]), G=4,
+                             max_new_tokens=16, seed=0)
+    b.reward = torch.tensor([1, 0, 0, 1, 1, 0, 0, 0], dtype=torch.float64)
+    b.advantage = rollout.group_advantages(b.reward, b.group)
+    d = engine.from_rollout(b, tok.pad_token_id, "cpu")
+    d["advantages"] = b.advantage.clone()   # float64 (from_rollout gives TRL's float32)
+    g = torch.Generator().manual_seed(0)
+    cur = measure.token_stats(model, b).logp
+    old_full = cur + 1.5 * (2 * torch.rand(cur.shape, generator=g, dtype=torch.float64) - 1)
+    # TRL's completion layout: response tokens start at column 0 of completion_ids
+    C = d["completion_ids"].shape[1]
+    old_c = torch.zeros(len(b), C, dtype=torch.float64)
+    for i in range(len(b)):
+        cols = b.response_mask[i].nonzero().squeeze(1)
+        old_c[i, :len(cols)] = old_full[i, cols]
+    d["old_per_token_logps"] = old_c
+    n_tok = d["completion_mask"].sum()
+    d["num_items_in_batch"] = n_tok * cfg.steps_per_generation   # what BatchingGRPOTrainer sets
+    return model, tr, b, d, old_full
+
+
+def test_trl_loss_equals_policy_loss():
+    model, tr, b, d, old_full = _loss_case()
+    model.train()
+    tr.current_gradient_accumulation_steps = 1   # set by Trainer.train() per window
+    model.zero_grad()
+    # the same log-probs on both sides (TRL's fused LM head would round them to float32: see
+    # test_trl_forward_precision), so loss and gradient differences are the formulas' alone
+    C = d["completion_ids"].shape[1]
+    cols = [b.response_mask[i].nonzero().squeeze(1) for i in range(len(b))]
+
+    def same_logp(m, *a, **kw):
+        lp = measure.token_logp(measure.forward_logits(m, b), b.input_ids)
+        out = torch.zeros(len(b), C, dtype=lp.dtype)
+        rows = torch.cat([torch.full((len(c),), i) for i, c in enumerate(cols)])
+        pos = torch.cat([torch.arange(len(c)) for c in cols])
+        out = out.index_put((rows, pos), lp[rows, torch.cat(cols)])
+        return out, torch.zeros_like(out), None
+
+    tr._get_per_token_logps_and_entropies = same_logp
+    loss_trl = tr._compute_loss(model, d)
+    loss_trl.backward()
+    g_trl = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    logp = measure.token_logp(measure.forward_logits(model, b), b.input_ids)
+    adv = b.advantage[:, None] * b.response_mask
+    loss_ours = grpo.policy_loss(logp, old_full, adv, b.response_mask)
+    loss_ours.backward()
+    g_ours = [p.grad.clone() for p in model.parameters()]
+    # the case exercises every branch: low clip, high clip, dual clip (A < 0, ρ > 3)
+    ratio = torch.exp(logp.detach() - old_full)[b.response_mask]
+    a = adv[b.response_mask]
+    assert ((ratio > 3) & (a < 0)).any() and ((ratio > 1.28) & (a > 0)).any() and ((ratio < 0.8) & (a < 0)).any()
+    assert abs(float(loss_trl) - float(loss_ours)) < 1e-12 * max(1, abs(float(loss_ours)))
+    num = sum(float((x - y).norm() ** 2) for x, y in zip(g_trl, g_ours)) ** 0.5
+    den = sum(float(y.norm() ** 2) for y in g_ours) ** 0.5
+    assert den > 0 and num / den < 1e-10
+    # plain TRL's dapo normaliser (generation-batch tokens / steps_per_generation) would scale this
+    # mini-batch's loss by n_tok(mb) * spg / n_tok(batch); with the whole batch as "mini-batch" it is 1
+    model.zero_grad()
+
+
+def test_trl_forward_precision():
+    """TRL's loss forward (fused LM head) returns float32 log-probs: on a float64 model they differ
+    from ours by float32 round-off only (documented in engine.py)."""
+    model, tr, b, d, _ = _loss_case()
+    ids = torch.cat([d["prompt_ids"], d["completion_ids"]], 1)
+    am = torch.cat([d["prompt_mask"], d["completion_mask"]], 1)
+    with torch.no_grad():
+        lp = tr._get_per_token_logps_and_entropies(model, ids, am, d["completion_ids"].size(1))[0]
+    own = engine._own_forward(model, d)
+    m = d["completion_mask"].bool()
+    assert lp.dtype == torch.float32
+    err = float((lp.double() - own)[m].abs().max())
+    assert err < 1e-5, err
+
+
+def test_plain_trl_advantage_difference_is_bounded():
+    """TRL's group scaling uses std + 1e-4 (verl: + 1e-6); both std unbiased: the exact ratio."""
+    from trl.trainer.utils import nanstd
+    for G in (2, 4, 8, 16):
+        for k in range(1, G):
+            r = torch.tensor([1.0] * k + [0.0] * (G - k), dtype=torch.float64)
+            std = nanstd(r)
+            trl_adv = (r - r.mean()) / (std + 1e-4)
+            ours = rollout.group_advantages(r, torch.zeros(G, dtype=torch.long))
+            assert torch.allclose(trl_adv / ours, (std + 1e-6) / (std + 1e-4))
+            # std >= sqrt(1/G) for binary rewards: at most 99e-6·sqrt(G) relative (2.8e-4 at G = 8)
+            assert float(1 - (std + 1e-6) / (std + 1e-4)) <= 99e-6 * G ** 0.5 + 1e-12
+
+
+def test_monitor_equals_token_stats_on_same_step():
+    """Per step: the monitor's Δlog p == measure.token_stats(after) - token_stats(before) on the
+    same mini-batch, same update (float64: round-off ~1e-12)."""
+    from transformers import TrainerCallback
+
+    model, tok = policy.load_policy(MODEL, dtype="float64")
+    src = tasks.ProblemSource(**SOURCE)
+    cfg = engine.grpo_config(tempfile.mkdtemp(), n_prompts=4, G=4, n_minibatches=2, iterations=1,
+                             max_new_tokens=48, lr=1e-3)
+    tr = engine.BatchingGRPOTrainer(model=model, processing_class=tok, reward_funcs=[engine.reward_function(src)],
+                                    args=cfg, train_dataset=engine.problem_dataset(src, tok, 16), strategy="QB")
+    mon = engine.CancellationMonitor(keep_tokens=True, forward="model").attach(tr)
+    ours = []
+
+    class Reference(TrainerCallback):
+        def on_step_begin(self, args, state, control, model=None, **kw):
+            self.before = copy.deepcopy(tr.model)
+
+        def on_step_end(self, args, state, control, model=None, **kw):
+            inputs = tr._buffered_inputs[(tr._step - 1) % cfg.steps_per_generation]
+            if inputs.get("_skip"):
+                return
+            b = engine.to_rollout(inputs)
+            t = measure.token_table(b, measure.token_stats(self.before, b), measure.token_stats(tr.model, b),
+                                    step=state.global_step)
+            ours.append(t)
+
+    tr.add_callback(Reference())
+    tr.train()
+    import pandas as pd
+    ref = pd.concat(ours, ignore_index=True).sort_values(["step", "rollout", "position"]).reset_index(drop=True)
+    got = mon.token_table().sort_values(["step", "rollout", "position"]).reset_index(drop=True)
+    assert len(ref) == len(got) > 0 and ref.step.nunique() == 2
+    assert (ref.token_id.values == got.token_id.values).all()
+    assert abs(ref.delta.values - got.delta.values).max() < 1e-10
+    assert abs(ref.delta.values).max() > 1e-4          # the steps did move log-probs
+    assert (ref.status.values == got.status.values).all()
+    assert mon.table().noise_floor.max() < 1e-12
+
+
+def test_measure_step_plain_function_on_rollout_batch(model64, batch):
+    """measure_step for any trainer: the RolloutBatch path equals token_stats before/after."""
+    m = copy.deepcopy(model64)
+    before = measure.token_stats(m, batch).logp
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    grpo.grpo_step(m, batch, grpo.UpdateConfig(optimizer="sgd", lr=0.1), optimizer=opt, old_logp=before)
+    tokens, shares = engine.measure_step(m, batch, before)
+    after = measure.token_stats(m, batch).logp
+    assert abs(tokens.delta.values - (after - before)[batch.response_mask].numpy()).max() < 1e-12
+    assert set(shares.sign) <= {"pos", "neg"} and set(shares.conf_bin) <= {"all", *engine.CONF_BINS}
+    s = shares[shares.conf_bin == "all"].groupby("sign").fraction.sum()
+    assert (abs(s - 1) < 1e-12).all()
