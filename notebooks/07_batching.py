@@ -76,6 +76,8 @@ prompt_format = "auto"              # 'auto' (chat template when the tokenizer h
 chunk_rows = 64                     # rows per forward chunk
 token_chunk = 4096                  # positions per LM-head chunk (bounds the batch x vocabulary tensors)
 gradient_checkpointing = False      # recompute activations in the backward (large models)
+trl_strategies = ["random", "QB+RB"]  # strategies also trained on TRL (engine.train_trl) as a cross-check ([] skips)
+trl_seeds = [0]                     # seeds of the TRL runs
 
 # %%
 import logging
@@ -348,3 +350,50 @@ print(f"best average: {best}")
 #   sample-utilisation cost the paper's limitations section mentions.
 # - One RB seed (seed 2) fell to 28% average at the last evaluation after being at the top
 #   earlier: the RB curve's wide band in Fig. 8 is that one run, not a systematic effect.
+
+# %% [markdown]
+# ## The same strategies on an RL engine (TRL)
+# `engine.train_trl` runs a strategy inside TRL's `GRPOTrainer` (`BatchingGRPOTrainer`: the same
+# plans and RB buffer, the update configured to METHODS, see `cancellation/engine.py`), with the
+# cancellation monitor attached. On the tiny profile this is a cross-check of the small trainer:
+# same policy, prompts source, batch shape, learning rate and evaluation; TRL draws its own
+# prompts and samples with HF `generate`, so the curves agree in kind, not draw for draw. On the
+# paper profile the same call is how Table 2 is trained at scale (vLLM colocated on one GPU;
+# `accelerate launch --config_file configs/accelerate_zero2.yaml` across GPUs).
+
+# %%
+from cancellation import engine
+
+trl_runs = []
+for name in trl_strategies:
+    for s in trl_seeds:
+        params = dict(model=policy.fingerprint(model_path), dtype=dtype, device=device, engine="trl", strategy=name,
+                      **{k: v for k, v in train.run_params(config(name, s)).items() if k != "plan"})
+
+        def compute(name=name, s=s):
+            m, tk = policy.load_policy(model_path, dtype=dtype, device=device)
+            out = engine.train_trl(
+                model_path, source, name, output_dir=str(CKPT_DIR / "trl"), model=m, tokenizer=tk,
+                iterations=iterations, n_prompts=n_prompts, G=G, n_minibatches=n_minibatches, lr=lr,
+                max_new_tokens=max_new_tokens, temperature=temperature, tau=tau, max_rounds=max_rounds,
+                max_age=max_age, seed=s, dtype=dtype, use_vllm=backend == "vllm",
+                gradient_checkpointing=gradient_checkpointing, eval_every=eval_every,
+                eval_fn=lambda mm, tt: train.evaluate(mm, tt, eval_sets, eval_n, eval_samples, eval_temperature,
+                                                      max_new_tokens, like=source))
+            return {k: out[k] for k in ("evals", "iterations", "minibatches", "monitor")}
+
+        out = cache.cached("train_trl", params, compute)
+        trl_runs.append({k: df.assign(strategy=name, seed=s) for k, df in out.items()})
+if trl_runs:
+    te = pd.concat([r["evals"] for r in trl_runs], ignore_index=True)
+    tm = pd.concat([r["monitor"] for r in trl_runs], ignore_index=True)
+    cache.write_table(te, Path(results_dir) / "fig08_trl_curves.parquet")
+    cache.write_table(tm, Path(results_dir) / "fig08_trl_monitor.parquet")
+    tavg = te.groupby(["strategy", "seed", "iteration"]).accuracy.mean().rename("trl").reset_index()
+    small = avg[avg.strategy.isin(trl_strategies) & avg.seed.isin(trl_seeds)].rename(columns={"accuracy": "small"})
+    both = small.merge(tavg, on=["strategy", "seed", "iteration"], how="outer").sort_values(["strategy", "iteration"])
+    print("average held-out accuracy, small trainer vs TRL (same strategy, seed, batch shape, lr):")
+    print((both.set_index(["strategy", "seed", "iteration"])[["small", "trl"]] * 100).round(1).to_string())
+    mon = tm[tm.conf_bin == "all"].groupby(["strategy", "sign", "status"]).fraction.mean().unstack("status")
+    print("cancellation monitor on the TRL runs (mean share per optimizer step):")
+    print(mon.round(3).to_string())

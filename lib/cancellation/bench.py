@@ -301,6 +301,13 @@ def value_continuations():
           f"continuations/s\n  speed-up {slow / fast:8.1f}x")
 
 
+@bench
+def monitor():
+    """CancellationMonitor on a TRL run: time per optimizer step with the monitor on vs off."""
+    from . import engine
+    engine.bench_monitor()
+
+
 def main(argv=None):
     names = (argv if argv is not None else sys.argv[1:]) or list(BENCHES)
     torch.manual_seed(0)

@@ -587,7 +587,8 @@ def train_trl(model_path, source: tasks.ProblemSource, strategy: str = "random",
               max_new_tokens: int = 96, temperature: float = 1.0, tau: float = 0.4, max_rounds: int = 4,
               max_age: int = 2, seed: int = 0, dtype: str = "float32", device: str | None = None,
               use_vllm: bool = False, gradient_checkpointing: bool = False, monitor: bool = True,
-              eval_fn=None, eval_every: int = 0, model=None, tokenizer=None, **config_overrides) -> dict:
+              eval_fn=None, eval_every: int = 0, model=None, tokenizer=None, quiet: bool = True,
+              **config_overrides) -> dict:
     """One Table 2 run on TRL: `strategy` (STRATEGIES) from `model_path` on `source`'s problems.
 
     Returns {'log' (trainer log history), 'minibatches', 'iterations', 'monitor' (per-step
@@ -607,9 +608,13 @@ def train_trl(model_path, source: tasks.ProblemSource, strategy: str = "random",
     tokenizer.padding_side = "left"
     source.load()
     ds = problem_dataset(source, tokenizer, max(n_prompts * iterations * 2, 64), seed=seed)
-    cfg = grpo_config(output_dir, n_prompts=n_prompts, G=G, n_minibatches=n_minibatches, iterations=iterations,
-                      lr=lr, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, dtype=dtype,
-                      use_vllm=use_vllm, gradient_checkpointing=gradient_checkpointing, **config_overrides)
+    import warnings
+    with warnings.catch_warnings():
+        if quiet:  # transformers 5 renames gradient_checkpointing -> activation_checkpointing; TRL uses the old name
+            warnings.filterwarnings("ignore", category=FutureWarning)
+        cfg = grpo_config(output_dir, n_prompts=n_prompts, G=G, n_minibatches=n_minibatches, iterations=iterations,
+                          lr=lr, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, dtype=dtype,
+                          use_vllm=use_vllm, gradient_checkpointing=gradient_checkpointing, **config_overrides)
     Trainer = __getattr__("BatchingGRPOTrainer")
     trainer = Trainer(model=model, processing_class=tokenizer, reward_funcs=[reward_function(source)],
                       args=cfg, train_dataset=ds, strategy=strategy, tau=tau, max_rounds=max_rounds,
@@ -628,7 +633,14 @@ def train_trl(model_path, source: tasks.ProblemSource, strategy: str = "random",
         model.eval()
         evals += [dict(iteration=0, set=k, accuracy=v) for k, v in eval_fn(model, tokenizer).items()]
         trainer.add_callback(_Eval())
-    trainer.train()
+    if quiet:  # the metrics stay in trainer.state.log_history (and TensorBoard/W&B if configured)
+        from transformers.trainer_callback import PrinterCallback, ProgressCallback
+        trainer.remove_callback(PrinterCallback)
+        trainer.remove_callback(ProgressCallback)
+    with warnings.catch_warnings():
+        if quiet:  # transformers 5 renames gradient_checkpointing -> activation_checkpointing; TRL calls the old names
+            warnings.filterwarnings("ignore", category=FutureWarning)
+        trainer.train()
     return {"log": pd.DataFrame(trainer.state.log_history), "minibatches": trainer.minibatch_table(),
             "iterations": trainer.iteration_table(), "monitor": mon.table() if mon else pd.DataFrame(),
             "evals": pd.DataFrame(evals), "trainer": trainer, "monitor_callback": mon}
