@@ -165,3 +165,19 @@ def test_bootstrap_and_balance():
     import pandas as pd
     df = pd.DataFrame({"sign": ["pos"] * 10 + ["neg"] * 4, "status": ["boosted", "suppressed"] * 7})
     assert value.balanced_sample(df).groupby(["sign", "status"]).size().tolist() == [2, 2, 2, 2]
+
+
+@pytest.mark.gpu
+def test_cuda_continuations_match_cpu_when_greedy_and_are_seeded(model64, tok):
+    """MC continuations on CUDA: near-greedy draws equal CPU's; sampled draws reproduce per device."""
+    eos, pad = tok.eos_token_id, tok.pad_token_id
+    prefixes = [tok("Q: 4 7 + 3 8 = ? A:", add_special_tokens=False)["input_ids"],
+                tok("Q: 9 1 - 2 5 = ? A: First", add_special_tokens=False)["input_ids"]]
+    args = dict(M=3, budgets=[12, 12], eos_id=eos, pad_id=pad, seeds=[1, 2])
+    cuda = copy.deepcopy(model64).cuda()
+    cpu_g = value.sample_continuations(model64, prefixes, temperature=1e-6, **args)
+    gpu_g = value.sample_continuations(cuda, prefixes, temperature=1e-6, **args)
+    assert all(torch.equal(a, b) for a, b in zip(cpu_g, gpu_g))
+    a = value.sample_continuations(cuda, prefixes, temperature=1.0, **args)
+    b = value.sample_continuations(cuda, prefixes, temperature=1.0, **args)
+    assert all(torch.equal(x, y) for x, y in zip(a, b)) and all(x.device.type == "cpu" for x in a)
