@@ -241,9 +241,10 @@ def _check_rule(value, rule: dict, base: Path, check_paths: bool, default=None) 
             if isinstance(x, str) and x == "" and (is_list or default != ""):
                 errs.append(f"{el(x)}must not be empty; expected {'a path' if rule['path'] == 'file' else 'a model'}")
             elif isinstance(x, str):
+                x0 = x
                 x, e = _resolve_path(x, rule["path"], base, check_paths, rule.get("choices", ()))
                 if e:
-                    errs.append(e)
+                    errs.append(el(x0) + e)
             out.append(x)
         value = out if isinstance(value, list) else out[0]
     return value, errs
