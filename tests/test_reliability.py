@@ -60,7 +60,7 @@ def test_edited_problems_file_changes_every_cache_key(tmp_path):
     assert "eval_fingerprints" not in train.run_params(train.TrainConfig())  # generated sets keep their keys
 
 
-def test_value_cache_key_holds_answer_verifier_and_stop_ids():
+def test_value_cache_key_holds_answer_verifier_stop_ids_and_device():
     r = value.Request(prompt=(1, 2), response=(3,), ban=None, group=0)
     cfg = value.ValueConfig(M=4)
     k = lambda **kw: cache.key("mc_rewards", value._cache_params("m", r, cfg, **kw))  # noqa: E731
@@ -68,6 +68,7 @@ def test_value_cache_key_holds_answer_verifier_and_stop_ids():
     assert base != k(answer="8", verifier="exact", stops=[1])
     assert base != k(answer="7", verifier=value.verifier_id(tasks.MathVerifier()), stops=[1])
     assert base != k(answer="7", verifier="exact", stops=[1, 5])
+    assert base != k(answer="7", verifier="exact", stops=[1], device="cuda")
     assert value.verifier_id(tasks.verify) == "exact" and value.verifier_id(None) == "exact"
 
 

@@ -339,13 +339,21 @@ def verifier_id(verifier) -> str:
 
 
 def _cache_params(mid: str, r: Request, cfg: ValueConfig, answer: str | None = None, verifier: str = "exact",
-                  stops=None) -> dict:
+                  stops=None, device: str | None = None) -> dict:
     """Everything an entry's rewards depend on: the sampler's weights (`mid`), the prefix and banned
-    token, the sampling settings, the stop ids that end a continuation, the gold answer and the
-    verifier that grades against it (a changed problem file or grader recomputes)."""
+    token, the sampling settings and device (random streams differ by device), the stop ids that
+    end a continuation, the gold answer and the verifier that grades against it (a changed problem
+    file or grader recomputes)."""
     return dict(model=mid, prompt=list(r.prompt), response=list(r.response), ban=r.ban, M=cfg.M, seed=cfg.seed,
                 temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens, backend=cfg.backend,
-                answer=answer, verifier=verifier, stops=list(stops) if stops is not None else None)
+                answer=answer, verifier=verifier, stops=list(stops) if stops is not None else None, device=device)
+
+
+def _device_type(model) -> str:
+    try:
+        return next(getattr(model, "hf_model", model).parameters()).device.type
+    except (AttributeError, StopIteration, TypeError):
+        return "?"
 
 
 def cached_rewards(model, tokenizer, batch, reqs, cfg: ValueConfig, mid: str, verifier=None,
@@ -364,7 +372,8 @@ def cached_rewards(model, tokenizer, batch, reqs, cfg: ValueConfig, mid: str, ve
     d = Path(cache_dir or cache.DEFAULT_DIR)
     stops = stop_ids(tokenizer, getattr(model, "hf_model", model))
     vid = verifier_id(verifier)
-    kp = lambda r: _cache_params(mid, r, cfg, batch.problems[r.group].answer, vid, stops)  # noqa: E731
+    dev = _device_type(model)
+    kp = lambda r: _cache_params(mid, r, cfg, batch.problems[r.group].answer, vid, stops, dev)  # noqa: E731
     found, missing = {}, []
     for i, r in enumerate(reqs):
         v = cache.load("mc_rewards", kp(r), d)
