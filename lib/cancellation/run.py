@@ -383,8 +383,8 @@ def _failure_summary(name: str, e, kept: Path | None) -> str:
              + ":"]
     tb = "\n".join(_ANSI.sub("", t) for t in (getattr(e, "traceback", None) or []))
     at = re.search(r"^-*> ?(\d+)", tb, re.M)  # IPython marks the failing line of the cell with ---->
-    head = [ln for ln in src if ln.strip()][:6]
-    lines += [f"    | {ln}" for ln in head] + (["    | ..."] if len([ln for ln in src if ln.strip()]) > 6 else [])
+    head = [ln for ln in src if ln.strip()][:3]
+    lines += [f"    | {ln}" for ln in head] + (["    | ..."] if len([ln for ln in src if ln.strip()]) > 3 else [])
     if at and 0 < int(at.group(1)) <= len(src):
         lines.append(f"  at line {at.group(1)}: {src[int(at.group(1)) - 1].strip()}")
     lines.append(f"  {cause}")
