@@ -1,21 +1,24 @@
 # make figures  : set up .venv if missing, train the tiny policies if missing, run every notebook
-# make fig01    : rerun one notebook (override parameters: make fig01 P="steps=5 seed=1")
+# make fig01    : rerun one notebook; overrides (make fig01 P="steps=5 seed=1") write to figures/<profile>/runs/<hash>/,
+#                 data/results/<profile>/runs/<hash>/, notebooks/executed/<profile>/runs/<hash>/; add REPLACE=1 to
+#                 write the canonical (committed) outputs instead. Bad parameters stop before anything runs (exit 2).
 # make test     : the test suite (CPU, about 5 min)       make bench : speed-ups and memory vs naive code
 PROFILE ?= tiny
 B ?=
 P ?=
+REPLACE ?=
 PYTHON ?= python3
 TORCH_SPEC ?= torch==2.13.0
 VENV := .venv
 PY := $(VENV)/bin/python
 POLICIES := data/policies/tiny-m/model.safetensors data/policies/tiny-s/model.safetensors
 NOTEBOOKS := $(sort $(wildcard notebooks/[0-9][0-9]_*.py))
-OVERRIDES := $(foreach kv,$(P),-p $(subst =, ,$(kv)))
+OVERRIDES := $(foreach kv,$(P),-p $(subst =, ,$(kv))) $(if $(REPLACE),--replace)
 export PYTHONUNBUFFERED := 1
 
 .PHONY: env policy standins figures test bench clean help
 help:
-	@sed -n '1,3p' Makefile
+	@sed -n '1,6p' Makefile
 
 env: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml

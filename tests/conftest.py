@@ -1,9 +1,21 @@
+import atexit
 import copy
+import os
+import shutil
+import tempfile
 
-import pytest
-import torch
+# Hermetic tests: a fresh cache (and notebook 07's checkpoints under it) per test session, set before
+# `cancellation` is imported (cache.DEFAULT_DIR reads it once); papermill kernels inherit it.
+_CACHE = tempfile.mkdtemp(prefix="cancellation-test-cache-")
+os.environ["CANCELLATION_CACHE"] = _CACHE
+atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)
 
-from cancellation import policy, rollout, tasks, tiny
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from cancellation import cache, policy, rollout, tasks, tiny  # noqa: E402
+
+assert cache.DEFAULT_DIR == __import__("pathlib").Path(_CACHE), "cancellation was imported before conftest"
 
 
 @pytest.fixture(scope="session")

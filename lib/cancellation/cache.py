@@ -1,22 +1,45 @@
-"""Content-addressed cache of expensive results, with atomic writes.
+"""Content-addressed cache of expensive results, with atomic writes and per-key locks.
 
 A key is the hash of the stage name, its parameters (JSON) and a code version string, so a
-changed parameter recomputes and a rerun with the same parameters is instant. Values are
-written to a temporary file and renamed, so an interrupted run never leaves a partial entry.
+changed parameter recomputes and a rerun with the same parameters is instant. Callers put the
+*content* of their inputs in the parameters (policy.fingerprint, ProblemSource.params()), never
+a path alone. Values are written to a temporary file and renamed, so an interrupted run never
+leaves a partial entry; a per-key file lock makes a second run of the same computation wait for
+the first and then read its entry; an unreadable entry is moved aside (`.corrupt`), reported and
+recomputed. Files are created with the usual permissions (0644 under umask 022), not mkstemp's 0600.
+
+The cache lives in $CANCELLATION_CACHE when set (the tests set it to a temporary directory),
+else in data/cache/ of the repository.
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
 import pickle
 import tempfile
+import warnings
 from pathlib import Path
 
 import pandas as pd
 
-DEFAULT_DIR = Path(os.environ.get("CANCELLATION_CACHE", Path(__file__).resolve().parents[2] / "data" / "cache"))
+DEFAULT_DIR = Path(os.environ.get("CANCELLATION_CACHE") or Path(__file__).resolve().parents[2] / "data" / "cache")
 CODE_VERSION = "3"  # 3: rewards on responses without special tokens; 2: float64 RMSNorm in float64 models  # bump when a cached computation changes meaning
+
+
+def _umask() -> int:
+    old = os.umask(0o022)
+    os.umask(old)
+    return old
+
+
+FILE_MODE = 0o666 & ~_umask()  # what open() would give a new file; mkstemp gives 0600
+
+
+class CacheWarning(UserWarning):
+    """An unreadable cache entry or checkpoint was moved aside and will be recomputed."""
 
 
 def key(stage: str, params: dict, version: str = CODE_VERSION) -> str:
@@ -24,36 +47,109 @@ def key(stage: str, params: dict, version: str = CODE_VERSION) -> str:
     return f"{stage}-{hashlib.sha256(blob.encode()).hexdigest()[:16]}"
 
 
-def _atomic_write(path: Path, write):
+def atomic_write(path: str | Path, write):
+    """`write(tmp_path)` to a unique temporary file beside `path`, then rename it onto `path`.
+
+    Readers see the old file or the new one, never a partial one; two writers never share a
+    temporary file. The result has the mode a plain open() would give it.
+    """
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
     try:
         write(tmp)
+        os.chmod(tmp, FILE_MODE)
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
 
 
-def cached(stage: str, params: dict, compute, cache_dir: str | Path | None = None, version: str = CODE_VERSION):
-    """Return compute() cached under (stage, params, version); DataFrames as parquet, else pickle."""
+_atomic_write = atomic_write  # old name
+
+
+@contextlib.contextmanager
+def lock(path: str | Path):
+    """An exclusive advisory lock (fcntl.flock) on `path`.lock, held for the `with` block.
+
+    A second process asking for the same lock waits. Lock files are left in place (removing one
+    while another process waits on it would let a third take a different lock).
+    """
+    lp = Path(f"{path}.lock")
+    lp.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(lp, os.O_RDWR | os.O_CREAT, FILE_MODE)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+
+def move_aside(path: str | Path, why: str) -> Path:
+    """Rename an unreadable file to `<path>.corrupt` (kept for inspection) and warn, naming it."""
+    path = Path(path)
+    dest = Path(f"{path}.corrupt")
+    os.replace(path, dest)
+    warnings.warn(f"{path}: unreadable ({why}); moved to {dest.name}, recomputing", CacheWarning, stacklevel=3)
+    return dest
+
+
+MISS = object()
+
+
+def _read(path: Path):
+    if path.suffix == ".parquet":
+        return pd.read_parquet(path)
+    with open(path, "rb") as f:
+        return pickle.load(f)
+
+
+def load(stage: str, params: dict, cache_dir: str | Path | None = None, version: str = CODE_VERSION):
+    """The cached value of (stage, params, version), or MISS; an unreadable entry is moved aside (a miss)."""
     d = Path(cache_dir or DEFAULT_DIR)
     k = key(stage, params, version)
-    pq, pk = d / f"{k}.parquet", d / f"{k}.pkl"
-    if pq.exists():
-        return pd.read_parquet(pq)
-    if pk.exists():
-        with open(pk, "rb") as f:
-            return pickle.load(f)
-    value = compute()
+    for path in (d / f"{k}.parquet", d / f"{k}.pkl"):
+        if path.exists():
+            try:
+                return _read(path)
+            except FileNotFoundError:  # replaced between exists() and open(): read again below
+                continue
+            except Exception as e:  # truncated/garbled: pickle, pyarrow and EOF errors differ
+                move_aside(path, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}".rstrip(": "))
+    return MISS
+
+
+def _store(d: Path, k: str, value):
     if isinstance(value, pd.DataFrame):
-        _atomic_write(pq, lambda t: value.to_parquet(t, index=False))
+        atomic_write(d / f"{k}.parquet", lambda t: value.to_parquet(t, index=False))
     else:
         def w(t):
             with open(t, "wb") as f:
                 pickle.dump(value, f)
-        _atomic_write(pk, w)
+        atomic_write(d / f"{k}.pkl", w)
+
+
+def cached(stage: str, params: dict, compute, cache_dir: str | Path | None = None, version: str = CODE_VERSION):
+    """Return compute() cached under (stage, params, version); DataFrames as parquet, else pickle.
+
+    Runs of the same key at once: the first computes under the key's lock, the others wait and
+    read its entry.
+    """
+    d = Path(cache_dir or DEFAULT_DIR)
+    value = load(stage, params, d, version)
+    if value is not MISS:
+        return value
+    k = key(stage, params, version)
+    with lock(d / ".locks" / k):
+        value = load(stage, params, d, version)  # another run may have written it while we waited
+        if value is not MISS:
+            return value
+        if compute is None:
+            raise KeyError(f"no cache entry {d / k}.* and nothing to compute it with")
+        value = compute()
+        _store(d, k, value)
     return value
 
 
@@ -61,6 +157,6 @@ def write_table(df: pd.DataFrame, path: str | Path):
     """Atomically write a result table (.parquet or .csv)."""
     path = Path(path)
     if path.suffix == ".csv":
-        _atomic_write(path, lambda t: df.to_csv(t, index=False))
+        atomic_write(path, lambda t: df.to_csv(t, index=False))
     else:
-        _atomic_write(path, lambda t: df.to_parquet(t, index=False))
+        atomic_write(path, lambda t: df.to_parquet(t, index=False))

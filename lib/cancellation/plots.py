@@ -36,6 +36,8 @@ def save(fig, name: str, fig_dir: str | Path) -> list[Path]:
     out = Path(fig_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / f"{name}.pdf", out / f"{name}.png"]
-    fig.savefig(paths[0], metadata={"CreationDate": None, "ModDate": None, "Producer": None, "Creator": None})
-    fig.savefig(paths[1], metadata={"Software": None})
+    from .cache import atomic_write  # a temporary name, then rename: never a half-written figure
+    atomic_write(paths[0], lambda t: fig.savefig(t, format="pdf", metadata={"CreationDate": None, "ModDate": None,
+                                                                             "Producer": None, "Creator": None}))
+    atomic_write(paths[1], lambda t: fig.savefig(t, format="png", metadata={"Software": None}))
     return paths

@@ -13,9 +13,98 @@ from pathlib import Path
 import torch
 
 
+class PolicyLoadError(OSError):
+    """A policy that cannot be loaded; the message names the directory or file and what is wrong."""
+
+
+def is_hub_name(path: str | Path) -> bool:
+    """Whether `path` can only mean a Hugging Face hub repo id ("org/name" or "name").
+
+    Anything that exists here, is absolute or starts with '.', has more than one '/', or whose
+    first component exists here is a local path; a local path that does not exist is an error,
+    never a hub lookup.
+    """
+    s = str(path)
+    p = Path(s)
+    if not s or p.exists() or s.startswith((".", "/", "~")) or s.count("/") > 1 or "\\" in s:
+        return False
+    return not (s.count("/") == 1 and Path(s.split("/")[0]).exists())
+
+
+def _check_safetensors(f: Path):
+    """Raise PolicyLoadError naming `f` when its header or size is inconsistent (truncated, garbled)."""
+    import json
+    import struct
+    size = f.stat().st_size
+    try:
+        with open(f, "rb") as fh:
+            n = struct.unpack("<Q", fh.read(8))[0]
+            if n > size - 8:
+                raise ValueError(f"header of {n} bytes in a file of {size}")
+            header = json.loads(fh.read(n))
+        end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+    except Exception as e:  # struct/json/key errors: all mean a damaged file
+        raise PolicyLoadError(f"{f}: not a readable safetensors file ({e}); re-create or re-download it") from None
+    if 8 + n + end != size:
+        raise PolicyLoadError(f"{f}: truncated or padded safetensors file ({size} bytes, header says {8 + n + end}); "
+                              "re-create or re-download it")
+
+
+_SHA: dict = {}
+
+
+def file_sha256(f: str | Path) -> str:
+    """sha256 of a file's bytes, memoised per (path, mtime, size) in this process."""
+    f = Path(f)
+    st = f.stat()
+    k = (str(f.resolve()), st.st_mtime_ns, st.st_size)
+    if k not in _SHA:
+        h = hashlib.sha256()
+        with open(f, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
+        _SHA[k] = h.hexdigest()
+    return _SHA[k]
+
+
+def verify_manifest(path: str | Path) -> int:
+    """Check a local policy's weight files against the sha256 of its manifest.json.
+
+    The manifest is `<path>/manifest.json` (a tiny policy: names relative to `path`) or the
+    parent's (the stand-ins: names relative to the parent). Returns the number of files checked
+    (0 without a manifest); raises PolicyLoadError naming the first file that differs.
+    """
+    import json
+    p = Path(path)
+    checked = 0
+    for man in (p / "manifest.json", p.parent / "manifest.json"):
+        if not man.is_file():
+            continue
+        try:
+            sums = json.loads(man.read_text()).get("sha256") or {}
+        except (ValueError, AttributeError) as e:
+            raise PolicyLoadError(f"{man}: unreadable manifest ({e})") from None
+        base = man.parent
+        for name, want in sums.items():
+            f = base / name
+            if f.suffix != ".safetensors" or f.parent.resolve() != p.resolve():
+                continue
+            if not f.exists():
+                raise PolicyLoadError(f"{f}: listed in {man} but missing")
+            got = file_sha256(f)
+            if got != want:
+                raise PolicyLoadError(f"{f}: sha256 {got[:16]}... does not match {man.name} ({want[:16]}...); "
+                                      "the weights changed since the manifest was written: re-create the policy "
+                                      "(`make policy` / `make standins`) or restore the file")
+            checked += 1
+    return checked
+
+
 def load_policy(path: str | Path, dtype: str | torch.dtype = "float32", device: str = "cpu", exact: bool = True):
     """(model, tokenizer) for a local directory or a hub name, in eval mode, in `dtype`.
 
+    A local policy's weights are checked first: the safetensors headers, and their sha256
+    against `manifest.json` when there is one. Every error names the directory or file.
     `exact` (default) makes a float64 model float64 throughout (`exact_norms`); False keeps
     transformers' stock float32 norms, for the precision check of notebook 03.
     """
@@ -24,20 +113,36 @@ def load_policy(path: str | Path, dtype: str | torch.dtype = "float32", device: 
 
     hf_logging.disable_progress_bar()
     p = Path(path)
-    looks_local = str(path).startswith((".", "/")) or p.parts[:1] == ("data",)
-    if looks_local and not (p / "config.json").exists():
-        hint = " Run `make policy` to train the tiny policies." if "policies" in str(path) else ""
-        raise FileNotFoundError(f"model path {path!s} has no config.json.{hint}")
+    local = not is_hub_name(path)
+    if local:
+        if not (p / "config.json").exists():
+            hint = " Run `make policy` to train the tiny policies." if "policies" in str(path) else ""
+            where = "" if p.is_absolute() else f" (relative to {Path.cwd()})"
+            raise FileNotFoundError(f"model path {path!s}{where} has no config.json.{hint}")
+        for f in sorted(p.glob("*.safetensors")):
+            _check_safetensors(f)
+        verify_manifest(p)
     dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
-    tok = AutoTokenizer.from_pretrained(str(path))
+    try:
+        tok = AutoTokenizer.from_pretrained(str(path))
+    except Exception as e:
+        raise PolicyLoadError(f"{path}: cannot load the tokenizer ({type(e).__name__}: {_first_line(e)})") from e
     tok.padding_side = "left"
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
-    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype).to(device)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype).to(device)
+    except Exception as e:
+        raise PolicyLoadError(f"{path}: cannot load the model ({type(e).__name__}: {_first_line(e)})") from e
     if exact:
         exact_norms(model)
     model.eval()
     return model, tok
+
+
+def _first_line(e: BaseException) -> str:
+    s = str(e).strip()
+    return s.splitlines()[0] if s else ""
 
 
 def _rmsnorm_forward(self, x):
@@ -72,13 +177,23 @@ def n_params(model) -> int:
 
 
 def fingerprint(path: str | Path) -> str:
-    """Short content hash of a local policy's weights (a hub name is its own fingerprint)."""
+    """Short content hash of a local policy's weights (a hub name is its own fingerprint).
+
+    Memoised per (file, mtime, size), so notebooks may call it freely; an edited file rehashes.
+    """
     p = Path(path)
     files = sorted(p.glob("*.safetensors")) if p.is_dir() else []
     if not files:
         return str(path)
-    h = hashlib.sha256()
-    for f in files:
-        h.update(f.read_bytes())
-    return h.hexdigest()[:16]
+    k = tuple((str(f.resolve()), f.stat().st_mtime_ns, f.stat().st_size) for f in files)
+    if k not in _FP:
+        h = hashlib.sha256()
+        for f in files:
+            with open(f, "rb") as fh:
+                for block in iter(lambda: fh.read(1 << 20), b""):
+                    h.update(block)
+        _FP[k] = h.hexdigest()[:16]
+    return _FP[k]
 
+
+_FP: dict = {}

@@ -150,6 +150,9 @@ def run_params(cfg) -> dict:
     instead of its path alone."""
     p = asdict(cfg)
     p["source"] = cfg.source.params()
+    files = [d for d in getattr(cfg, "eval_sets", ()) if d not in tasks.DIFFICULTIES]
+    if files:  # held-out problem files by content too (generated sets keep their keys)
+        p["eval_fingerprints"] = {d: eval_source(d, cfg.source).fingerprint() for d in files}
     return p
 
 
@@ -275,17 +278,29 @@ def minibatch_update(model, batch, plan, old_logp, optimizer, cfg: grpo.UpdateCo
 
 
 def _save(path, state):
+    """Write a checkpoint atomically under a unique temporary name (cache.atomic_write): an
+    interruption never leaves a half-written checkpoint, two runs never share a temporary file."""
+    from . import cache
+    cache.atomic_write(path, lambda tmp: torch.save(state, tmp))
+
+
+def _load_checkpoint(path):
+    """The checkpoint at `path`, or None when there is none; an unreadable one (truncated, not a
+    torch file) is moved aside to `<path>.corrupt` with a warning naming it, and the run restarts
+    (a run is a function of its config, so a restart gives the same result)."""
     import os
-    import tempfile
-    # a unique temp name: two runs writing the same checkpoint never share a half-written file
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), prefix=os.path.basename(path), suffix=".tmp")
-    os.close(fd)
+
+    from . import cache
+    if not path or not os.path.exists(path):
+        return None
     try:
-        torch.save(state, tmp)
-        os.replace(tmp, path)  # atomic: an interruption never leaves a half-written checkpoint
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+        ck = torch.load(path, weights_only=False)
+        if not isinstance(ck, dict) or not {"config", "model", "optimizer", "torch_rng", "state"} <= set(ck):
+            raise ValueError("not a train_run checkpoint")
+        return ck
+    except Exception as e:  # torch raises several types for a damaged file
+        cache.move_aside(path, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+        return None
 
 
 def train_run(model, tok, cfg: TrainConfig, ckpt_path=None, ckpt_every: int = 1, progress: bool = True,
@@ -300,11 +315,12 @@ def train_run(model, tok, cfg: TrainConfig, ckpt_path=None, ckpt_every: int = 1,
     history are saved every `ckpt_every` iterations, and a run finds and continues its
     checkpoint: interrupted + resumed == uninterrupted, bit for bit.
     `on_iteration(it, model)` is called after each iteration (after the checkpoint).
+    A second run on the same `ckpt_path` waits for the first (a file lock), then resumes its
+    checkpoint; an unreadable checkpoint is moved aside with a warning and the run restarts.
     """
-    import os
-    import time
+    import contextlib
 
-    from tqdm import tqdm
+    from . import cache
 
     opt = grpo.make_optimizer(model, cfg.update)
     cfg.source.load()  # a bad problem file fails here, before any sampling
@@ -312,12 +328,23 @@ def train_run(model, tok, cfg: TrainConfig, ckpt_path=None, ckpt_every: int = 1,
         if d not in tasks.DIFFICULTIES:
             eval_source(d, cfg.source).load()
     sampler = PolicySampler(model, model_path, cfg.sample_config(model))
+    # One run per checkpoint at a time: a second run of the same config waits, then resumes the
+    # finished checkpoint (and returns at once) instead of racing the first.
+    with cache.lock(ckpt_path) if ckpt_path else contextlib.nullcontext():
+        return _train_run(model, tok, cfg, opt, sampler, ckpt_path, ckpt_every, progress, on_iteration)
+
+
+def _train_run(model, tok, cfg, opt, sampler, ckpt_path, ckpt_every, progress, on_iteration) -> dict:
+    import time
+
+    from tqdm import tqdm
+
     B = cfg.n_prompts * cfg.G
     st = dict(iteration=0, round=0, iters=[], mbs=[], evals=[],
               buffer=batching.RewardBalancedBuffer(B, cfg.tau, cfg.plan == "query_preserved", cfg.max_age)
               if cfg.reward_balanced else None)
-    if ckpt_path and os.path.exists(ckpt_path):
-        ck = torch.load(ckpt_path, weights_only=False)
+    ck = _load_checkpoint(ckpt_path)
+    if ck is not None:
         if ck["config"] != run_params(cfg):
             raise ValueError(f"checkpoint {ckpt_path} belongs to another config; delete it or change the path")
         model.load_state_dict(ck["model"])

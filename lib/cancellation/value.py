@@ -322,40 +322,74 @@ def model_id(model) -> str:
     return h.hexdigest()[:16]
 
 
-def _cache_params(mid: str, r: Request, cfg: ValueConfig) -> dict:
+def verifier_id(verifier) -> str:
+    """What grades the rewards, for cache keys: the exact arithmetic check, math-verify (with its
+    version and timeout), or another callable by its qualified name."""
+    if verifier is None or verifier is tasks.verify:
+        return "exact"
+    if isinstance(verifier, tasks.MathVerifier):
+        from importlib.metadata import PackageNotFoundError, version
+        try:
+            v = version("math-verify")
+        except PackageNotFoundError:  # pragma: no cover
+            v = "?"
+        return f"math-verify {v} timeout={verifier.timeout_s}"
+    f = getattr(verifier, "__func__", verifier)
+    return f"{getattr(f, '__module__', '')}.{getattr(f, '__qualname__', type(verifier).__qualname__)}"
+
+
+def _cache_params(mid: str, r: Request, cfg: ValueConfig, answer: str | None = None, verifier: str = "exact",
+                  stops=None, device: str | None = None) -> dict:
+    """Everything an entry's rewards depend on: the sampler's weights (`mid`), the prefix and banned
+    token, the sampling settings and device (random streams differ by device), the stop ids that
+    end a continuation, the gold answer and the verifier that grades against it (a changed problem
+    file or grader recomputes)."""
     return dict(model=mid, prompt=list(r.prompt), response=list(r.response), ban=r.ban, M=cfg.M, seed=cfg.seed,
-                temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens, backend=cfg.backend)
+                temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens, backend=cfg.backend,
+                answer=answer, verifier=verifier, stops=list(stops) if stops is not None else None, device=device)
+
+
+def _device_type(model) -> str:
+    try:
+        return next(getattr(model, "hf_model", model).parameters()).device.type
+    except (AttributeError, StopIteration, TypeError):
+        return "?"
 
 
 def cached_rewards(model, tokenizer, batch, reqs, cfg: ValueConfig, mid: str, verifier=None,
                    cache_dir: str | Path | None = None, progress: bool = True, stats: dict | None = None) -> list:
-    """`_rewards` through the cache: one entry per (model, prefix, banned token, M, seed, ...).
+    """`_rewards` through the cache: one entry per (model, prefix, banned token, M, seed, answer, verifier, ...).
 
-    `stats` (a dict) receives requests, cache hits, sampled continuations and seconds spent.
+    `stats` (a dict) receives requests, cache hits, sampled continuations and seconds spent. An
+    unreadable entry is moved aside and recomputed (cache.load).
     """
     import time
+
+    from .rollout import stop_ids
 
     t0 = time.perf_counter()
     verifier = verifier or tasks.verify
     d = Path(cache_dir or cache.DEFAULT_DIR)
+    stops = stop_ids(tokenizer, getattr(model, "hf_model", model))
+    vid = verifier_id(verifier)
+    dev = _device_type(model)
+    kp = lambda r: _cache_params(mid, r, cfg, batch.problems[r.group].answer, vid, stops, dev)  # noqa: E731
     found, missing = {}, []
     for i, r in enumerate(reqs):
-        k = cache.key("mc_rewards", _cache_params(mid, r, cfg))
-        if (d / f"{k}.pkl").exists():
-            found[i] = cache.cached("mc_rewards", _cache_params(mid, r, cfg), None, d)
-        else:
+        v = cache.load("mc_rewards", kp(r), d)
+        if v is cache.MISS:
             missing.append(i)
+        else:
+            found[i] = v
     sampled = 0
     if missing:
         sub = [reqs[i] for i in missing]
         new = _rewards(model, tokenizer, batch, sub, cfg, verifier, progress,
-                       on_done=lambda j, v: cache.cached("mc_rewards", _cache_params(mid, sub[j], cfg), lambda: v, d))
-        from .rollout import stop_ids
-        stops = stop_ids(tokenizer, getattr(model, "hf_model", model))
+                       on_done=lambda j, v: cache.cached("mc_rewards", kp(sub[j]), lambda: v, d))
         sampled = cfg.M * sum(cfg.max_new_tokens - len(r.response) > 0 and not (r.response and
                               r.response[-1] in stops) for r in sub)
         for i, v in zip(missing, new):
-            found[i] = cache.cached("mc_rewards", _cache_params(mid, reqs[i], cfg), lambda v=v: v, d)
+            found[i] = cache.cached("mc_rewards", kp(reqs[i]), lambda v=v: v, d)
     if stats is not None:
         stats.update(requests=len(reqs), cache_hits=len(reqs) - len(missing), continuations=int(sampled),
                      seconds=time.perf_counter() - t0)
