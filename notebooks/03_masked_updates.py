@@ -78,8 +78,8 @@ scfg = rollout.SampleConfig(n_prompts=n_prompts, G=G, temperature=temperature, m
                             device=device, source=source)
 batch = rollout.sample(model, tok, scfg, seed=seed + 303)
 f = coupling.features(model, batch)
-key = dict(model=policy.fingerprint(model_path), dtype=dtype, n_prompts=n_prompts, G=G, temperature=temperature,
-           max_new_tokens=max_new_tokens, seed=seed, lr=lr, source=source.params())
+key = dict(model=policy.fingerprint(model_path), dtype=dtype, device=device, n_prompts=n_prompts, G=G,
+           temperature=temperature, max_new_tokens=max_new_tokens, seed=seed, lr=lr, source=source.params())
 print(f"{len(batch)} rollouts, {len(f)} response tokens, accuracy {batch.reward.mean():.2f}, "
       f"mixed groups {batch.mixed_groups()}/{n_prompts}, tokens with A ≠ 0: {int((f.A != 0).sum())}")
 if source.reward_report():
@@ -250,7 +250,7 @@ def sign_run():
     return train.sign_consistency_run(m, t, run_cfg, lr, model_path=model_path)
 
 
-consistency = cache.cached("sign_consistency_run", dict(model=key["model"], dtype=dtype, sgd_lr=lr,
+consistency = cache.cached("sign_consistency_run", dict(model=key["model"], dtype=dtype, device=device, sgd_lr=lr,
                                                         **train.run_params(run_cfg)), sign_run)
 cache.write_table(consistency, Path(results_dir) / "fig10_proxy_sign_consistency.parquet")
 fig, ax = plots.figure(width=plots.WIDTH_1COL, height=2.0)
