@@ -1,6 +1,7 @@
 # make figures  : set up .venv if missing, train the tiny policies if missing, run every notebook
 # make fig01    : rerun one notebook (override parameters: make fig01 P="steps=5 seed=1")
 # make test     : the test suite (CPU, about 5 min)       make bench : speed-ups and memory vs naive code
+# make claims   : regenerate README's claims table from data/results/tiny/claims.parquet
 PROFILE ?= tiny
 B ?=
 P ?=
@@ -13,9 +14,9 @@ NOTEBOOKS := $(sort $(wildcard notebooks/[0-9][0-9]_*.py))
 OVERRIDES := $(foreach kv,$(P),-p $(subst =, ,$(kv)))
 export PYTHONUNBUFFERED := 1
 
-.PHONY: env policy standins figures test bench clean help
+.PHONY: env policy standins figures claims test bench clean help
 help:
-	@sed -n '1,3p' Makefile
+	@sed -n '1,4p' Makefile
 
 env: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
@@ -37,6 +38,10 @@ standins: env  ## CPU stand-ins of the paper's model and data (data/standins/, f
 
 figures: env $(POLICIES) $(if $(filter paper-smoke,$(PROFILE)),standins)
 	$(PY) -m cancellation.run all --profile $(PROFILE) $(OVERRIDES)
+	$(MAKE) claims
+
+claims: env  ## README's claims table from data/results/tiny/claims.parquet
+	$(PY) -m cancellation.claims readme
 
 fig%: env $(POLICIES) $(if $(filter paper-smoke,$(PROFILE)),standins)
 	$(PY) -m cancellation.run $* --profile $(PROFILE) $(OVERRIDES)
