@@ -165,8 +165,9 @@ def table_markdown(df: pd.DataFrame) -> str:
         meas = f"{_fmt(r.measured)}{ci} {r.unit}, n = {r.n}".replace("|", "\\|")
         if r.detail:
             meas += f"; {r.detail}".replace("|", "\\|")
-        lines.append(f"| {r.figure}: {r.statement} | {r.paper} | {meas} | {r.rule_text} | **{r.verdict}** |"
-                     .replace("\n", " "))
+        cells = [f"{r.figure}: {r.statement}", r.paper, meas, r.rule_text, f"**{r.verdict}**"]
+        cells = [c.replace("\\|", "|").replace("|", "\\|").replace("\n", " ") for c in cells]
+        lines.append("| " + " | ".join(cells) + " |")
     counts = df.verdict.value_counts()
     lines.append("")
     lines.append(f"{len(df)} claims: " + ", ".join(f"{counts.get(v, 0)} {v}" for v in VERDICTS) + ".")
