@@ -3,6 +3,7 @@
 #                 data/results/<profile>/runs/<hash>/, notebooks/executed/<profile>/runs/<hash>/; add REPLACE=1 to
 #                 write the canonical (committed) outputs instead. Bad parameters stop before anything runs (exit 2).
 # make test     : the test suite (CPU, about 5 min)       make bench : speed-ups and memory vs naive code
+# make claims   : regenerate README's claims table from data/results/tiny/claims.parquet
 PROFILE ?= tiny
 B ?=
 P ?=
@@ -16,7 +17,7 @@ NOTEBOOKS := $(sort $(wildcard notebooks/[0-9][0-9]_*.py))
 OVERRIDES := $(foreach kv,$(P),-p $(subst =, ,$(kv))) $(if $(REPLACE),--replace)
 export PYTHONUNBUFFERED := 1
 
-.PHONY: env policy standins figures test bench clean help
+.PHONY: env policy standins figures claims test bench clean help
 help:
 	@sed -n '1,6p' Makefile
 
@@ -40,6 +41,10 @@ standins: env  ## CPU stand-ins of the paper's model and data (data/standins/, f
 
 figures: env $(POLICIES) $(if $(filter paper-smoke,$(PROFILE)),standins)
 	$(PY) -m cancellation.run all --profile $(PROFILE) $(OVERRIDES)
+	$(MAKE) claims
+
+claims: env  ## README's claims table from data/results/tiny/claims.parquet
+	$(PY) -m cancellation.claims readme
 
 fig%: env $(POLICIES) $(if $(filter paper-smoke,$(PROFILE)),standins)
 	$(PY) -m cancellation.run $* --profile $(PROFILE) $(OVERRIDES)

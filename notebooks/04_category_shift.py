@@ -278,23 +278,28 @@ conf = conf[conf.category == "Template"].groupby(["confident", "update"])[["n_to
 print("Template tokens by confidence (means per batch):\n" + conf.round(4).to_string())
 
 # %% [markdown]
-# ### Reading (tiny profile, 6 batches of 16 prompts × 8 rollouts, SGD lr 0.1, float64)
-# **At this scale GRPO does not reliably move boosted mass from Template toward Reasoning.** The
-# mean shift points the paper's way — Template's share of boosted mass falls from 0.644
-# (positive-only) to 0.593 (−5.1 points, 95% interval [−19.5, +9.3]) and Reasoning's rises from
-# 0.017 to 0.028 (+1.1 points, [−0.9, +3.0]), Math's from 0.339 to 0.379 — but every interval
-# includes zero and only 3 of 6 batches lower the Template share (4 of 6 raise Reasoning's).
-#
-# Why the tiny task is a weak test of this claim: almost all Template mass (> 99%) sits on the
-# scaffold *wording* (First/Begin/Start, write/put/keep, digit/column/place, …), which the task
-# draws uniformly at random and which has nothing to do with reward. Positive-only and GRPO both
-# move those tokens by sampling noise (panel d is a list of wording tokens), so their share swings
-# from batch to batch by ±0.2. The confident scaffold that the paper calls template/format —
-# punctuation, "the … is", `\boxed{ }`, `<eos>`, p > 0.9 — gets almost no boosted mass under
-# either update (≈ 0.016 per batch); there GRPO mainly adds suppression (0.21 vs 0.017).
-# Decision words are few (4% of tokens) and carry 1.7% (positive-only) / 2.8% (GRPO) of the boosted mass.
-# A real model's templates are near-deterministic and shared verbatim by all rollouts, which is
-# where the paper sees the cancellation; raising `n_batches` (or using the paper profile) is the
-# way to a sharper answer here. lr = 0.1 is close to the linear regime on this policy (checked by
-# hand on one batch against lr = 1e-3: shares within 0.03, Δ correlation 0.993), so the shares
-# do not hinge on the step size.
+# ### Reading
+# Why the tiny task is a weak test of this claim: almost all Template mass sits on the scaffold
+# *wording* (First/Begin/Start, write/put/keep, digit/column/place, …), which the task draws
+# uniformly at random and which has nothing to do with reward. Positive-only and GRPO both move
+# those tokens by sampling noise (panel d is a list of wording tokens), so their share swings
+# from batch to batch. The confident scaffold that the paper calls template/format (punctuation,
+# "the … is", `\boxed{ }`, `<eos>`, p > 0.9) gets little boosted mass under either update. A real
+# model's templates are near-deterministic and shared verbatim by all rollouts, which is where the
+# paper sees the cancellation; raising `n_batches` (or using the paper profile) is the way to a
+# sharper answer here. The claims, with this run's numbers (t intervals over batches):
+
+# %%
+from cancellation import claims as C
+
+rows = []
+for c, sign in (("Template", -1), ("Reasoning", 1)):
+    if c not in sh.index:
+        continue
+    r = sh.loc[c]
+    rows.append(C.Claim(f"fig04_{c.lower()}", "Fig. 4", f"GRPO {'lowers' if sign < 0 else 'raises'} {c}'s share "
+                        "of boosted mass vs positive-only", "yes", r["mean"], r.lo, r.hi, n=tokens.batch.nunique(),
+                        unit="boosted-share shift", rule="direction", params=dict(sign=sign),
+                        detail=f"{fmt(c, u='positive_only')} → {fmt(c, u='grpo')}; "
+                        f"{int((np.sign(per[c]) == sign).sum())} of {len(per)} batches in the paper's direction"))
+C.record(results_dir, "04", rows);

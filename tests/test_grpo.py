@@ -131,3 +131,33 @@ def test_random_plan_partitions_rows():
     assert sorted(torch.cat(plan).tolist()) == list(range(10))
     assert [len(p) for p in plan] == [4, 3, 3]
     assert all(torch.equal(a, b) for a, b in zip(plan, grpo.random_plan(10, 3, seed=1)))
+
+
+def test_clipfrac_counts_only_tokens_where_the_clip_binds():
+    """verl's pg_clipfrac: A > 0 with ρ > 1 + ε_high, A < 0 with ρ < 1 − ε_low; never A = 0 or off-mask."""
+    rho = torch.tensor([[1.5, 0.5, 1.0, 1.5], [0.5, 1.5, 0.7, 1.29]], dtype=torch.float64)
+    adv = torch.tensor([[1.0, 1.0, 1.0, 0.0], [-1.0, -1.0, -1.0, 1.0]], dtype=torch.float64)
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]], dtype=torch.bool)
+    # by hand: (0,0) A>0 ρ>1.28 binds; (0,1) A>0 ρ<0.8 does not; (0,3) A=0 never; (1,0) A<0 ρ<0.8 binds;
+    # (1,1) A<0 ρ>1.28 does not; (1,2) ρ=0.7 < 0.8 with A<0 binds; (1,3) would bind but is off-mask
+    binds = grpo.clip_binds(rho, adv, 0.2, 0.28) & mask
+    assert binds.tolist() == [[True, False, False, False], [True, False, True, False]]
+    cfg = grpo.UpdateConfig()
+    _, clipped, dev = grpo._loss_terms(torch.log(rho), torch.zeros_like(rho), adv, None, mask, cfg, mask.sum())
+    assert clipped == 3
+    # the old count (ρ outside [0.8, 1.28] whatever A) would have been 6 on-mask tokens
+    assert int((((rho < 0.8) | (rho > 1.28)) & mask).sum()) == 6
+    assert dev == pytest.approx(float(((rho - 1).abs() * mask).sum()))
+
+
+def test_policy_loss_masks_with_where_no_nan_from_off_mask_overflow():
+    logp = torch.tensor([[-1.0, 800.0]], dtype=torch.float64)   # exp(800) = inf off the mask
+    old = torch.zeros_like(logp)
+    adv = torch.tensor([[1.0, 1.0]], dtype=torch.float64)
+    mask = torch.tensor([[True, False]])
+    loss = grpo.policy_loss(logp, old, adv, mask)
+    assert torch.isfinite(loss)
+    # by hand, one on-mask token: ρ = e^-1 < 1.28, A = 1: loss = -ρ
+    assert float(loss) == pytest.approx(-float(torch.exp(torch.tensor(-1.0, dtype=torch.float64))))
+    # multiplying by the mask would give inf · 0 = NaN
+    assert torch.isnan((-(adv * torch.exp(logp - old))) * mask).any()

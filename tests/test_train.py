@@ -60,7 +60,7 @@ def hand_loss(logps, olds, advs):
         n += len(lp)
         r = rho.detach()
         dev += float((r - 1).abs().sum())
-        clipped += int(((r < 1 - EPS_LOW) | (r > 1 + EPS_HIGH)).sum())
+        clipped += int((r > 1 + EPS_HIGH).sum()) if a > 0 else int((r < 1 - EPS_LOW).sum()) if a < 0 else 0  # verl pg_clipfrac
     return total / n, dev / n, clipped / n
 
 

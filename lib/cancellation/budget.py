@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from . import grpo, measure, rollout
+from . import grpo, measure, rollout, stats
 
 
 # --------------------------------------------------------------------------- sub-batches
@@ -106,39 +106,17 @@ def pool_delta(model, batch, rows, pool: pd.DataFrame, cfg: grpo.UpdateConfig, o
 
 # --------------------------------------------------------------------------- the value gap
 def gap_weights(status: np.ndarray) -> np.ndarray:
-    """w (S, N) with gap_s = Σ_n w_sn Δ̂_n = mean Δ̂(boosted) − mean Δ̂(suppressed) under split s.
-
-    `status`: (S, N) array of 'boosted' / 'suppressed' / 'stable' (one row per seed). A split
-    with no boosted or no suppressed token has no gap: its row is NaN."""
-    status = np.atleast_2d(status)
-    bo, su = (status == "boosted").astype(float), (status == "suppressed").astype(float)
-    nb, ns = bo.sum(1, keepdims=True), su.sum(1, keepdims=True)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        w = bo / nb - su / ns
-    w[((nb == 0) | (ns == 0)).squeeze(1)] = np.nan
-    return w
+    """w (S, N) with gap_s = Σ_n w_sn Δ̂_n = mean Δ̂(boosted) − mean Δ̂(suppressed) under split s
+    (stats.split_gap_weights; a split with no boosted or no suppressed token has a NaN row)."""
+    return stats.split_gap_weights(status)
 
 
 def gap_bootstrap(values: np.ndarray, status: np.ndarray, n_boot: int = 1000, seed: int = 0,
                   alpha: float = 0.05) -> tuple[float, float, float, np.ndarray]:
     """(gap, lo, hi, replicates): the value gap averaged over the S splits (seeds) of `status`
-    (S, N), with a percentile interval from resampling pool tokens and seeds (two-stage bootstrap).
-
-    The same `seed` draws the same token resamples for every call with the same N, so replicates
-    of two settings on one pool are paired (their difference has a valid interval too)."""
-    v = np.asarray(values, float)
-    status = np.atleast_2d(status)
-    S, N = status.shape
-    rng = np.random.default_rng(seed)
-    counts = np.stack([np.bincount(rng.integers(0, N, N), minlength=N) for _ in range(n_boot)]).astype(float)
-    bo, su = (status == "boosted").astype(float), (status == "suppressed").astype(float)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        g = (counts @ (bo * v).T) / (counts @ bo.T) - (counts @ (su * v).T) / (counts @ su.T)   # (n_boot, S)
-    seeds = rng.integers(0, S, (n_boot, S))
-    reps = np.nanmean(np.take_along_axis(g, seeds, 1), 1) if S > 1 else g[:, 0]
-    point = float(np.nanmean(gap_weights(status) @ v))
-    lo, hi = np.nanquantile(reps, [alpha / 2, 1 - alpha / 2])
-    return point, float(lo), float(hi), reps
+    (S, N), two-stage bootstrap over pool tokens and seeds (stats.weighted_gap_bootstrap; the same
+    `seed` gives paired replicates across settings on one pool)."""
+    return stats.weighted_gap_bootstrap(values, status, n_boot, seed, alpha)
 
 
 def noise_budget(values: np.ndarray, se: np.ndarray, status_a: np.ndarray, status_b: np.ndarray,

@@ -26,7 +26,7 @@ from pathlib import Path
 import pandas as pd
 
 DEFAULT_DIR = Path(os.environ.get("CANCELLATION_CACHE") or Path(__file__).resolve().parents[2] / "data" / "cache")
-CODE_VERSION = "3"  # 3: rewards on responses without special tokens; 2: float64 RMSNorm in float64 models  # bump when a cached computation changes meaning
+CODE_VERSION = "4"  # 4: clipfrac counts only binding clips (verl pg_clipfrac); 3: rewards on responses without special tokens; 2: float64 RMSNorm in float64 models  # bump when a cached computation changes meaning
 
 
 def _umask() -> int:

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from . import grpo, measure
+from . import stats as _stats
 
 
 # ----------------------------------------------------------------------------- features
@@ -380,17 +381,13 @@ def proxy_cosine(f: Features, cands: torch.Tensor, sets: torch.Tensor, **kw) -> 
 
 
 def boost_stats(delta, n_boot: int = 1000, seed: int = 0, level: float = 0.95) -> dict:
-    """Boost Rate = mean 1[δ > 0] and Mean Boost = mean δ, with percentile bootstrap intervals."""
-    d = (delta.detach().cpu().double().numpy() if isinstance(delta, torch.Tensor)
-         else np.asarray(delta, dtype=np.float64))
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, len(d), size=(n_boot, len(d)))
-    br, mb = (d[idx] > 0).mean(1), d[idx].mean(1)
-    q = [(1 - level) / 2, (1 + level) / 2]
-    return {"boost_rate": float((d > 0).mean()), "boost_rate_lo": float(np.quantile(br, q[0])),
-            "boost_rate_hi": float(np.quantile(br, q[1])), "mean_boost": float(d.mean()),
-            "mean_boost_lo": float(np.quantile(mb, q[0])), "mean_boost_hi": float(np.quantile(mb, q[1])),
-            "n": len(d)}
+    """Boost Rate = mean 1[δ > 0] and Mean Boost = mean δ, with percentile bootstrap intervals
+    (both from the same resamples, stats.bootstrap_stats)."""
+    r = _stats.bootstrap_stats(delta, {"boost_rate": lambda a, axis: (a > 0).mean(axis), "mean_boost": np.mean},
+                              n_boot, seed, level)
+    return {"boost_rate": r["boost_rate"][0], "boost_rate_lo": r["boost_rate"][1], "boost_rate_hi": r["boost_rate"][2],
+            "mean_boost": r["mean_boost"][0], "mean_boost_lo": r["mean_boost"][1], "mean_boost_hi": r["mean_boost"][2],
+            "n": len(delta)}
 
 
 # ----------------------------------------------------------------------------- proxy fidelity (Fig. 10, App. D.3)

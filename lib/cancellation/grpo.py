@@ -52,11 +52,18 @@ def policy_loss(logp, old_logp, advantage, mask, weight=None, clip_low=0.2, clip
     clip1 = torch.maximum(pg1, pg2)
     clip2 = torch.minimum(-advantage * clip_ratio_c, clip1)
     per_token = torch.where(advantage < 0, clip2, clip1)
-    m = mask.to(per_token.dtype)
+    m = mask.bool()
     if weight is not None:
         per_token = per_token * weight
     denom = m.sum() if n_tokens is None else n_tokens
-    return (per_token * m).sum() / denom
+    # verl's masked_sum: `where`, so an off-mask token whose ratio overflows (inf · 0) gives no NaN
+    return torch.where(m, per_token, torch.zeros_like(per_token)).sum() / denom
+
+
+def clip_binds(ratio, advantage, clip_low=0.2, clip_high=0.28):
+    """Tokens where the clip binds, verl's `pg_clipfrac` numerator: −A·clip(ρ) > −A·ρ, i.e.
+    A > 0 with ρ > 1 + ε_high or A < 0 with ρ < 1 − ε_low (A = 0 never)."""
+    return (-advantage * torch.clamp(ratio, 1 - clip_low, 1 + clip_high)) > (-advantage * ratio)
 
 
 def reweight_advantage(batch, how: str = "grpo") -> torch.Tensor:
@@ -175,8 +182,8 @@ def _loss_terms(logp, old, adv, tw, mask, cfg: UpdateConfig, n_tok):
     """policy_loss of a chunk (its share of the mini-batch's token mean) and clip statistics."""
     loss = policy_loss(logp, old, adv, mask, tw, cfg.clip_low, cfg.clip_high, cfg.clip_ratio_c, n_tokens=n_tok)
     ratio = torch.exp(logp.detach() - old)
-    clipped = float((((ratio < 1 - cfg.clip_low) | (ratio > 1 + cfg.clip_high)) & mask).sum())
-    ratio_dev = float(((ratio - 1).abs() * mask).sum())  # mean |ρ - 1|: 0 on an iteration's first step
+    clipped = float((clip_binds(ratio, adv.detach(), cfg.clip_low, cfg.clip_high) & mask.bool()).sum())  # verl pg_clipfrac
+    ratio_dev = float(torch.where(mask.bool(), (ratio - 1).abs(), torch.zeros_like(ratio)).sum())  # mean |ρ - 1|: 0 on an iteration's first step
     return loss, clipped, ratio_dev
 
 

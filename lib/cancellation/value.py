@@ -38,6 +38,7 @@ import pandas as pd
 import torch
 
 from . import cache, tasks
+from . import stats as _stats
 
 ESTIMATORS = ("paper", "exclude")
 
@@ -473,23 +474,13 @@ def value_params(cfg: ValueConfig) -> dict:
 
 # --------------------------------------------------------------------------- analysis
 def bootstrap_mean(x, n_boot: int = 2000, seed: int = 0, alpha: float = 0.05) -> tuple[float, float, float]:
-    """(mean, lo, hi): percentile bootstrap interval of the mean of x."""
-    x = np.asarray(x, dtype=float)
-    if len(x) == 0:
-        return np.nan, np.nan, np.nan
-    idx = np.random.default_rng(seed).integers(0, len(x), (n_boot, len(x)))
-    m = x[idx].mean(1)
-    return float(x.mean()), float(np.quantile(m, alpha / 2)), float(np.quantile(m, 1 - alpha / 2))
+    """(mean, lo, hi): percentile bootstrap interval of the mean of x (stats.bootstrap_mean)."""
+    return _stats.bootstrap_mean(x, n_boot, seed, alpha)
 
 
 def bootstrap_gap(b, s, n_boot: int = 2000, seed: int = 0, alpha: float = 0.05) -> tuple[float, float, float]:
-    """(mean(b) − mean(s), lo, hi): the value gap with a percentile bootstrap interval."""
-    b, s = np.asarray(b, float), np.asarray(s, float)
-    if len(b) == 0 or len(s) == 0:
-        return np.nan, np.nan, np.nan
-    rng = np.random.default_rng(seed)
-    g = b[rng.integers(0, len(b), (n_boot, len(b)))].mean(1) - s[rng.integers(0, len(s), (n_boot, len(s)))].mean(1)
-    return float(b.mean() - s.mean()), float(np.quantile(g, alpha / 2)), float(np.quantile(g, 1 - alpha / 2))
+    """(mean(b) − mean(s), lo, hi): the value gap with a percentile bootstrap interval (stats.bootstrap_gap)."""
+    return _stats.bootstrap_gap(b, s, n_boot, seed, alpha)
 
 
 def balanced_sample(df: pd.DataFrame, by=("sign", "status"), seed: int = 0, n: int | None = None) -> pd.DataFrame:

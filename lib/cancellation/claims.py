@@ -1,0 +1,209 @@
+"""The claims registry: every quantitative claim a notebook tests, with its verdict rule in code.
+
+A notebook builds `Claim` records from the values it computed (never typed numbers) and calls
+`record(results_dir, notebook, claims)`, which replaces that notebook's rows of
+`<results_dir>/claims.parquet` atomically. The verdict of a row is `RULES[rule](measured, lo, hi,
+**params)`; `verdict_of(row)` recomputes it from the stored numbers, and the tests check that it
+equals the stored verdict. `python -m cancellation.claims readme` writes the tiny profile's table
+into README.md between `<!-- claims:begin -->` and `<!-- claims:end -->`.
+
+Rules (all on the measured value m and its interval [lo, hi]; NaN bounds mean "no interval"):
+- direction(sign, ref=0, paper=None, point_ok=False): the paper says sign·(m − ref) > 0.
+  reproduced if the interval excludes ref in the paper's direction; not reproduced if it excludes
+  ref the other way, or if m is on the wrong side of ref and the interval excludes the paper's
+  value; else inconclusive. Without an interval: decided on m when point_ok (a deterministic
+  quantity), else inconclusive.
+- similar(tol, target=0, point_ok=False): the paper says m ≈ target. reproduced if the interval
+  lies inside [target − tol, target + tol]; not reproduced if it lies entirely outside it; else
+  inconclusive. Without an interval: |m − target| ≤ tol decides when point_ok, else inconclusive.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from . import cache
+
+REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE = "reproduced", "not reproduced", "inconclusive"
+VERDICTS = (REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE)
+BEGIN, END = "<!-- claims:begin -->", "<!-- claims:end -->"
+COLUMNS = ["notebook", "claim", "figure", "statement", "paper", "measured", "lo", "hi", "n", "unit", "rule",
+           "params", "rule_text", "detail", "verdict"]
+
+
+def _nan(x) -> bool:
+    return x is None or (isinstance(x, float) and math.isnan(x))
+
+
+def direction(m, lo, hi, sign: int = 1, ref: float = 0.0, paper=None, point_ok: bool = False) -> str:
+    s = 1 if sign >= 0 else -1
+    if _nan(m):
+        return INCONCLUSIVE
+    if _nan(lo) or _nan(hi):
+        if not point_ok:
+            return INCONCLUSIVE
+        return REPRODUCED if s * (m - ref) > 0 else NOT_REPRODUCED
+    a, b = sorted((s * (lo - ref), s * (hi - ref)))   # the interval in the paper's orientation
+    if a > 0:
+        return REPRODUCED
+    if b < 0:
+        return NOT_REPRODUCED
+    if paper is not None and s * (m - ref) <= 0 and not (lo <= paper <= hi):
+        return NOT_REPRODUCED
+    return INCONCLUSIVE
+
+
+def similar(m, lo, hi, tol: float, target: float = 0.0, point_ok: bool = False) -> str:
+    if _nan(m):
+        return INCONCLUSIVE
+    if _nan(lo) or _nan(hi):
+        if not point_ok:
+            return INCONCLUSIVE
+        return REPRODUCED if abs(m - target) <= tol else NOT_REPRODUCED
+    if target - tol <= lo and hi <= target + tol:
+        return REPRODUCED
+    if lo > target + tol or hi < target - tol:
+        return NOT_REPRODUCED
+    return INCONCLUSIVE
+
+
+RULES = {"direction": direction, "similar": similar}
+
+
+def rule_text(rule: str, params: dict) -> str:
+    """The rule in words, with its parameters (shown in the README and the notebooks)."""
+    p = dict(params)
+    pt = " (no interval: decided on the point)" if p.get("point_ok") else ""
+    if rule == "direction":
+        ref = p.get("ref", 0.0)
+        side = ">" if p.get("sign", 1) >= 0 else "<"
+        extra = f"; not if wrong side and CI excludes paper {p['paper']:g}" if p.get("paper") is not None else ""
+        return f"95% CI {side} {ref:g}{pt}{extra}"
+    if rule == "similar":
+        t, tol = p.get("target", 0.0), p["tol"]
+        return f"95% CI within {t:g} ± {tol:g}{pt}"
+    raise ValueError(f"unknown rule {rule!r}; known: {', '.join(RULES)}")
+
+
+@dataclass
+class Claim:
+    """One claim: what the paper says, what this run measured, and the rule that decides."""
+    claim: str                 # stable id, e.g. 'fig01_ab_boosted_share'
+    figure: str                # 'Fig. 1(a,b)'
+    statement: str             # the paper's statement
+    paper: str                 # the paper's value, as text ('similar', '≈ 0.7', '74–75 / 51')
+    measured: float            # the measured value the rule reads
+    lo: float = math.nan       # its 95% interval
+    hi: float = math.nan
+    n: int = 0                 # what the interval is over (tokens, steps, batches, seeds)
+    unit: str = ""             # how to read `measured` ('pts', 'log10 ratio', ...)
+    rule: str = "direction"
+    params: dict = field(default_factory=dict)
+    detail: str = ""           # the supporting numbers, as computed text (README column)
+    verdict: str = ""
+
+    def __post_init__(self):
+        if self.rule not in RULES:
+            raise ValueError(f"Claim {self.claim}: unknown rule {self.rule!r}; known: {', '.join(RULES)}")
+        self.measured, self.lo, self.hi = (float(x) if x is not None else math.nan
+                                           for x in (self.measured, self.lo, self.hi))
+        self.n = int(self.n)
+        self.verdict = RULES[self.rule](self.measured, self.lo, self.hi, **self.params)
+
+    def row(self, notebook: str) -> dict:
+        d = asdict(self)
+        d["params"] = json.dumps(self.params, sort_keys=True)
+        d["rule_text"] = rule_text(self.rule, self.params)
+        d["notebook"] = notebook
+        return d
+
+    def line(self) -> str:
+        """One printed line for the notebook's reading."""
+        ci = "" if _nan(self.lo) else f" [{self.lo:+.3g}, {self.hi:+.3g}]"
+        return (f"{self.figure} {self.statement} (paper: {self.paper}): {self.measured:+.3g}{ci} {self.unit}, "
+                f"n = {self.n} -> {self.verdict.upper()}  [rule: {rule_text(self.rule, self.params)}]"
+                + (f"\n    {self.detail}" if self.detail else ""))
+
+
+def verdict_of(row) -> str:
+    """The verdict recomputed from a stored row's numbers and rule."""
+    return RULES[row["rule"]](row["measured"], row["lo"], row["hi"], **json.loads(row["params"]))
+
+
+def record(results_dir, notebook: str, claims: list[Claim]) -> pd.DataFrame:
+    """Replace `notebook`'s rows of <results_dir>/claims.parquet with `claims` (atomic write)."""
+    path = Path(results_dir) / "claims.parquet"
+    new = pd.DataFrame([c.row(notebook) for c in claims], columns=COLUMNS)
+    ids = new.claim.tolist()
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"record({notebook}): duplicate claim ids {sorted({i for i in ids if ids.count(i) > 1})}")
+    old = pd.read_parquet(path) if path.exists() else pd.DataFrame(columns=COLUMNS)
+    old = old[old.notebook != notebook]
+    out = pd.concat([old, new], ignore_index=True) if len(old) else new
+    out = out.sort_values(["notebook"], kind="stable").reset_index(drop=True)
+    cache.write_table(out[COLUMNS], path)
+    for c in claims:
+        print(c.line())
+    return out
+
+
+def _fmt(x) -> str:
+    return "—" if _nan(x) else f"{x:+.3g}"
+
+
+def table_markdown(df: pd.DataFrame) -> str:
+    """The README table of a registry."""
+    lines = ["| claim (paper) | paper | measured [95% CI], n | rule | verdict |", "|---|---|---|---|---|"]
+    for _, r in df.iterrows():
+        ci = "" if _nan(r.lo) else f" [{_fmt(r.lo)}, {_fmt(r.hi)}]"
+        meas = f"{_fmt(r.measured)}{ci} {r.unit}, n = {r.n}".replace("|", "\\|")
+        if r.detail:
+            meas += f"; {r.detail}".replace("|", "\\|")
+        cells = [f"{r.figure}: {r.statement}", r.paper, meas, r.rule_text, f"**{r.verdict}**"]
+        cells = [c.replace("\\|", "|").replace("|", "\\|").replace("\n", " ") for c in cells]
+        lines.append("| " + " | ".join(cells) + " |")
+    counts = df.verdict.value_counts()
+    lines.append("")
+    lines.append(f"{len(df)} claims: " + ", ".join(f"{counts.get(v, 0)} {v}" for v in VERDICTS) + ".")
+    return "\n".join(lines)
+
+
+def update_readme(readme="README.md", registry="data/results/tiny/claims.parquet") -> bool:
+    """Write the registry's table between the markers; returns True when the file changed."""
+    readme = Path(readme)
+    text = readme.read_text()
+    if BEGIN not in text or END not in text:
+        raise ValueError(f"{readme}: markers {BEGIN} / {END} not found")
+    table = table_markdown(pd.read_parquet(registry))
+    new = re.sub(re.escape(BEGIN) + r".*?" + re.escape(END), lambda _: f"{BEGIN}\n{table}\n{END}", text, flags=re.S)
+    if new != text:
+        readme.write_text(new)
+    return new != text
+
+
+def readme_table(readme="README.md") -> str:
+    text = Path(readme).read_text()
+    return text[text.index(BEGIN) + len(BEGIN):text.index(END)].strip()
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m cancellation.claims")
+    ap.add_argument("command", choices=["readme", "show"])
+    ap.add_argument("--registry", default="data/results/tiny/claims.parquet")
+    ap.add_argument("--readme", default="README.md")
+    a = ap.parse_args(argv)
+    if a.command == "readme":
+        changed = update_readme(a.readme, a.registry)
+        print(f"{a.readme}: claims table {'updated' if changed else 'unchanged'} from {a.registry}")
+    else:
+        print(table_markdown(pd.read_parquet(a.registry)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,159 @@
+"""Intervals used across the notebooks, in one place.
+
+Percentile bootstrap of a mean, of a difference of means (the value gap), of the balanced gap
+(the average of the gaps inside positive and inside negative rollouts, notebook 05), of the
+split-weighted gap over a fixed token pool with resampled seeds (notebook 06,
+`weighted_gap_bootstrap`), of several statistics on shared resamples (`bootstrap_stats`,
+Boost Rate and Mean Boost of Table 1), Student-t intervals of a mean (over batches, seeds or
+steps) and Clopper–Pearson intervals of a proportion.
+
+Every bootstrap draws its resamples as `np.random.default_rng(seed).integers(0, n, (n_boot, n))`
+in a fixed order (documented per function), so the same seed gives the same replicates as the
+implementations these functions replaced (value.bootstrap_mean/bootstrap_gap,
+budget.gap_bootstrap, coupling.boost_stats and notebook 05's balanced gap).
+"""
+from __future__ import annotations
+
+import numpy as np
+from scipy import stats as _st
+
+
+def _arr(x) -> np.ndarray:
+    if hasattr(x, "detach"):  # torch tensor
+        x = x.detach().cpu().double().numpy()
+    return np.asarray(x, dtype=float)
+
+
+def bootstrap_stats(x, fns: dict, n_boot: int = 1000, seed: int = 0, level: float = 0.95, q=None) -> dict:
+    """{name: (point, lo, hi)} for statistics fn(sample, axis) computed on the same resamples of x.
+
+    `fns` maps a name to a function f(a, axis) (e.g. np.mean); point = f(x, axis=0). The interval
+    is the percentile interval at `level` (or at the quantiles `q` = (lo, hi) when given)."""
+    x = _arr(x)
+    if len(x) == 0:
+        return {k: (np.nan, np.nan, np.nan) for k in fns}
+    idx = np.random.default_rng(seed).integers(0, len(x), (n_boot, len(x)))
+    xs = x[idx]
+    q = [(1 - level) / 2, (1 + level) / 2] if q is None else list(q)
+    out = {}
+    for k, f in fns.items():
+        r = f(xs, axis=1)
+        out[k] = (float(f(x, axis=0)), float(np.quantile(r, q[0])), float(np.quantile(r, q[1])))
+    return out
+
+
+def bootstrap_mean(x, n_boot: int = 2000, seed: int = 0, alpha: float = 0.05) -> tuple[float, float, float]:
+    """(mean, lo, hi): percentile bootstrap interval of the mean of x."""
+    return bootstrap_stats(x, {"mean": np.mean}, n_boot, seed, q=(alpha / 2, 1 - alpha / 2))["mean"]
+
+
+def bootstrap_gap(b, s, n_boot: int = 2000, seed: int = 0, alpha: float = 0.05) -> tuple[float, float, float]:
+    """(mean(b) − mean(s), lo, hi): the value gap with a percentile bootstrap interval.
+
+    b and s are resampled independently, b's draws first, from one generator."""
+    b, s = _arr(b), _arr(s)
+    if len(b) == 0 or len(s) == 0:
+        return np.nan, np.nan, np.nan
+    rng = np.random.default_rng(seed)
+    g = b[rng.integers(0, len(b), (n_boot, len(b)))].mean(1) - s[rng.integers(0, len(s), (n_boot, len(s)))].mean(1)
+    return float(b.mean() - s.mean()), float(np.quantile(g, alpha / 2)), float(np.quantile(g, 1 - alpha / 2))
+
+
+def balanced_gap(cells, n_boot: int = 2000, seed: int = 0, alpha: float = 0.05) -> tuple[float, float, float]:
+    """The balanced gap: the mean over strata of mean(b) − mean(s), with a percentile bootstrap.
+
+    `cells`: [(b, s), ...] one pair per stratum (e.g. positive, then negative rollouts). Tokens are
+    resampled within each of the 2·len(cells) cells, in the order b₁, s₁, b₂, s₂, … from one
+    generator (notebook 05's order). NaN when a cell is empty."""
+    cells = [(_arr(b), _arr(s)) for b, s in cells]
+    if not cells or any(len(x) == 0 for bs in cells for x in bs):
+        return np.nan, np.nan, np.nan
+    rng = np.random.default_rng(seed)
+    boot = sum(x[rng.integers(0, len(x), (n_boot, len(x)))].mean(1) * (1 if i == 0 else -1)
+               for bs in cells for i, x in enumerate(bs)) / len(cells)
+    g = sum(b.mean() - s.mean() for b, s in cells) / len(cells)
+    return float(g), float(np.quantile(boot, alpha / 2)), float(np.quantile(boot, 1 - alpha / 2))
+
+
+def split_gap_weights(status: np.ndarray) -> np.ndarray:
+    """w (S, N) with gap_s = Σ_n w_sn v_n = mean v(boosted) − mean v(suppressed) under split s.
+
+    `status`: (S, N) array of 'boosted' / 'suppressed' / anything else (one row per seed). A
+    split with no boosted or no suppressed token has no gap: its row is NaN."""
+    status = np.atleast_2d(status)
+    bo, su = (status == "boosted").astype(float), (status == "suppressed").astype(float)
+    nb, ns = bo.sum(1, keepdims=True), su.sum(1, keepdims=True)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        w = bo / nb - su / ns
+    w[((nb == 0) | (ns == 0)).squeeze(1)] = np.nan
+    return w
+
+
+def weighted_gap_bootstrap(values, status, n_boot: int = 1000, seed: int = 0,
+                           alpha: float = 0.05) -> tuple[float, float, float, np.ndarray]:
+    """(gap, lo, hi, replicates): the value gap of a fixed token pool averaged over S splits
+    (`status` (S, N), one row per seed), with a two-stage percentile bootstrap: pool tokens
+    resampled (counts, shared by all splits), then seeds resampled.
+
+    Draws: n_boot token resamples first (one `integers(0, N, N)` each), then one (n_boot, S) seed
+    draw. The same seed gives the same token resamples for every call with the same N, so
+    replicates of two settings on one pool are paired."""
+    v = _arr(values)
+    status = np.atleast_2d(status)
+    S, N = status.shape
+    rng = np.random.default_rng(seed)
+    counts = np.stack([np.bincount(rng.integers(0, N, N), minlength=N) for _ in range(n_boot)]).astype(float)
+    bo, su = (status == "boosted").astype(float), (status == "suppressed").astype(float)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        g = (counts @ (bo * v).T) / (counts @ bo.T) - (counts @ (su * v).T) / (counts @ su.T)   # (n_boot, S)
+    seeds = rng.integers(0, S, (n_boot, S))
+    reps = np.nanmean(np.take_along_axis(g, seeds, 1), 1) if S > 1 else g[:, 0]
+    point = float(np.nanmean(split_gap_weights(status) @ v))
+    lo, hi = np.nanquantile(reps, [alpha / 2, 1 - alpha / 2])
+    return point, float(lo), float(hi), reps
+
+
+def combine_replicates(parts, weights=None, alpha: float = 0.05) -> tuple[float, float, float]:
+    """(point, lo, hi) of a weighted mean of statistics whose paired bootstrap replicates are
+    given: `parts` = [(point, lo, hi, replicates), ...] (e.g. weighted_gap_bootstrap outputs
+    with the same seed); default weights: equal (the balanced gap of notebook 06)."""
+    w = np.full(len(parts), 1 / len(parts)) if weights is None else np.asarray(weights, float)
+    point = float(sum(wi * p[0] for wi, p in zip(w, parts)))
+    reps = sum(wi * p[3] for wi, p in zip(w, parts))
+    lo, hi = np.nanquantile(reps, [alpha / 2, 1 - alpha / 2])
+    return point, float(lo), float(hi)
+
+
+def t_interval(x, level: float = 0.95) -> tuple[float, float, float]:
+    """(mean, lo, hi): Student-t interval of the mean of x (NaN bounds for fewer than 2 values)."""
+    x = _arr(x)
+    x = x[~np.isnan(x)]
+    if len(x) == 0:
+        return np.nan, np.nan, np.nan
+    h = t_halfwidth(x, level)
+    return float(x.mean()), float(x.mean() - h), float(x.mean() + h)
+
+
+def t_halfwidth(x, level: float = 0.95) -> float:
+    """Half width of the Student-t interval of the mean of x (NaN for fewer than 2 values)."""
+    x = _arr(x)
+    if len(x) < 2:
+        return float("nan")
+    return float(_st.t.ppf((1 + level) / 2, len(x) - 1) * x.std(ddof=1) / np.sqrt(len(x)))
+
+
+def clopper_pearson(k: int, n: int, level: float = 0.95) -> tuple[float, float]:
+    """Exact (Clopper–Pearson) interval of a proportion k/n."""
+    if n <= 0:
+        return np.nan, np.nan
+    a = 1 - level
+    lo = 0.0 if k <= 0 else float(_st.beta.ppf(a / 2, k, n - k + 1))
+    hi = 1.0 if k >= n else float(_st.beta.ppf(1 - a / 2, k + 1, n - k))
+    return lo, hi
+
+
+def proportion(flags, level: float = 0.95) -> tuple[float, float, float, int]:
+    """(share, lo, hi, n) of True in `flags`, with the Clopper–Pearson interval."""
+    f = np.asarray(flags, bool)
+    lo, hi = clopper_pearson(int(f.sum()), len(f), level)
+    return (float(f.mean()) if len(f) else np.nan), lo, hi, len(f)

@@ -1,0 +1,93 @@
+"""stats: intervals against independent computations (scipy, brute-force loops)."""
+import numpy as np
+import pytest
+from scipy import stats as st
+
+from cancellation import budget, coupling, stats, value
+
+
+def test_clopper_pearson_against_scipy_beta():
+    for k, n in [(0, 10), (3, 10), (10, 10), (47, 100), (1, 400)]:
+        lo, hi = stats.clopper_pearson(k, n)
+        want_lo = st.beta.ppf(0.025, k, n - k + 1) if k > 0 else 0.0
+        want_hi = st.beta.ppf(0.975, k + 1, n - k) if k < n else 1.0
+        assert lo == pytest.approx(want_lo, abs=1e-12) and hi == pytest.approx(want_hi, abs=1e-12)
+        if 0 < k < n:  # coverage property: P(X >= k | lo) = 0.025 and P(X <= k | hi) = 0.025
+            assert st.binom.sf(k - 1, n, lo) == pytest.approx(0.025, abs=1e-9)
+            assert st.binom.cdf(k, n, hi) == pytest.approx(0.025, abs=1e-9)
+    share, lo, hi, n = stats.proportion([True, False, False, True])
+    assert (share, n) == (0.5, 4) and (lo, hi) == stats.clopper_pearson(2, 4)
+
+
+def test_t_interval_against_scipy():
+    x = np.array([0.3, -0.1, 0.25, 0.4, 0.05, 0.2])
+    m, lo, hi = stats.t_interval(x)
+    want = st.t.interval(0.95, len(x) - 1, loc=x.mean(), scale=st.sem(x))
+    assert m == pytest.approx(x.mean()) and (lo, hi) == pytest.approx(want, abs=1e-12)
+    assert np.isnan(stats.t_interval([1.0])[1])
+
+
+def _loop_means(x, idx):
+    return np.array([sum(x[j] for j in row) / len(row) for row in idx])
+
+
+def test_bootstrap_mean_and_gap_against_brute_force_loop():
+    rng = np.random.default_rng(5)
+    x, y = rng.normal(size=37), rng.normal(0.5, 2, size=23)
+    # brute force: draw the same indices, average with Python loops, take the percentiles
+    idx = np.random.default_rng(3).integers(0, len(x), (300, len(x)))
+    means = _loop_means(x, idx)
+    assert stats.bootstrap_mean(x, 300, 3) == pytest.approx((x.mean(), *np.quantile(means, [0.025, 0.975])), abs=1e-12)
+    g = np.random.default_rng(3)
+    ib, is_ = g.integers(0, len(x), (300, len(x))), g.integers(0, len(y), (300, len(y)))
+    gaps = _loop_means(x, ib) - _loop_means(y, is_)
+    assert stats.bootstrap_gap(x, y, 300, 3) == pytest.approx((x.mean() - y.mean(), *np.quantile(gaps, [0.025, 0.975])),
+                                                              abs=1e-12)
+    assert value.bootstrap_mean(x, 300, 3) == stats.bootstrap_mean(x, 300, 3)
+    assert value.bootstrap_gap(x, y, 300, 3) == stats.bootstrap_gap(x, y, 300, 3)
+
+
+def test_balanced_gap_against_brute_force_loop():
+    rng = np.random.default_rng(1)
+    cells = [(rng.normal(1, 1, 12), rng.normal(0, 1, 9)), (rng.normal(0.5, 1, 7), rng.normal(0, 1, 15))]
+    g = np.random.default_rng(11)
+    reps = np.zeros(200)
+    for i, (b, s) in enumerate(cells):
+        reps += _loop_means(b, g.integers(0, len(b), (200, len(b)))) / 2
+        reps -= _loop_means(s, g.integers(0, len(s), (200, len(s)))) / 2
+    point = np.mean([b.mean() - s.mean() for b, s in cells])
+    assert stats.balanced_gap(cells, 200, 11) == pytest.approx((point, *np.quantile(reps, [0.025, 0.975])), abs=1e-12)
+    assert np.isnan(stats.balanced_gap([(cells[0][0], [])], 10, 0)[0])
+
+
+def test_weighted_gap_bootstrap_against_brute_force_loop():
+    rng = np.random.default_rng(2)
+    N, S = 30, 3
+    v = rng.normal(size=N)
+    status = rng.choice(["boosted", "suppressed", "stable"], size=(S, N))
+    point, lo, hi, reps = stats.weighted_gap_bootstrap(v, status, 100, 4)
+    g = np.random.default_rng(4)
+    draws = [g.integers(0, N, N) for _ in range(100)]
+    seeds = g.integers(0, S, (100, S))
+    want = []
+    for b, d in enumerate(draws):
+        per_seed = []
+        for s in seeds[b]:
+            bo = [v[j] for j in d if status[s, j] == "boosted"]
+            su = [v[j] for j in d if status[s, j] == "suppressed"]
+            per_seed.append(np.mean(bo) - np.mean(su) if bo and su else np.nan)  # empty cell: no gap
+        want.append(np.nanmean(per_seed))
+    assert reps == pytest.approx(np.array(want), abs=1e-12)
+    assert point == pytest.approx(np.mean([v[st_ == "boosted"].mean() - v[st_ == "suppressed"].mean() for st_ in status]))
+    assert budget.gap_bootstrap(v, status, 100, 4)[:3] == (point, lo, hi)
+    c = stats.combine_replicates([(point, lo, hi, reps), (point, lo, hi, reps)])
+    assert c == pytest.approx((point, lo, hi))
+
+
+def test_boost_stats_shares_resamples():
+    d = np.random.default_rng(0).normal(0.1, 1, 50)
+    out = coupling.boost_stats(d, 400, 7)
+    idx = np.random.default_rng(7).integers(0, 50, (400, 50))
+    br = np.array([np.mean([d[j] > 0 for j in row]) for row in idx])
+    assert out["boost_rate"] == (d > 0).mean() and out["n"] == 50
+    assert (out["boost_rate_lo"], out["boost_rate_hi"]) == pytest.approx(tuple(np.quantile(br, [0.025, 0.975])))
