@@ -157,3 +157,35 @@ def proportion(flags, level: float = 0.95) -> tuple[float, float, float, int]:
     f = np.asarray(flags, bool)
     lo, hi = clopper_pearson(int(f.sum()), len(f), level)
     return (float(f.mean()) if len(f) else np.nan), lo, hi, len(f)
+
+
+def sign_balanced_gap(values, sign, status) -> float:
+    """Mean over rollout signs of mean(Δ̂ | boosted) − mean(Δ̂ | suppressed); NaN if a cell is empty."""
+    values, sign, status = _arr(values), np.asarray(sign), np.asarray(status)
+    gaps = []
+    for s in ("pos", "neg"):
+        b, m = values[(sign == s) & (status == "boosted")], values[(sign == s) & (status == "suppressed")]
+        if len(b) == 0 or len(m) == 0:
+            return np.nan
+        gaps.append(b.mean() - m.mean())
+    return float(np.mean(gaps))
+
+
+def paired_gap_change(values, sign, status_a, status_b, n_boot: int = 2000, seed: int = 0,
+                      alpha: float = 0.05) -> tuple[float, float, float]:
+    """gap(status_b) − gap(status_a) on the same tokens (sign_balanced_gap), with a paired
+    percentile bootstrap: each replicate resamples the tokens once and splits them both ways,
+    so what the two splits share cancels (e.g. Fig. 11: step K against step 1)."""
+    values, sign = _arr(values), np.asarray(sign)
+    status_a, status_b = np.asarray(status_a), np.asarray(status_b)
+    d = sign_balanced_gap(values, sign, status_b) - sign_balanced_gap(values, sign, status_a)
+    rng = np.random.default_rng(seed)
+    reps = []
+    for _ in range(n_boot):
+        i = rng.integers(0, len(values), len(values))
+        reps.append(sign_balanced_gap(values[i], sign[i], status_b[i]) - sign_balanced_gap(values[i], sign[i], status_a[i]))
+    reps = np.asarray(reps)
+    reps = reps[np.isfinite(reps)]
+    if not np.isfinite(d) or len(reps) < n_boot // 2:
+        return float(d), np.nan, np.nan
+    return float(d), float(np.quantile(reps, alpha / 2)), float(np.quantile(reps, 1 - alpha / 2))
