@@ -113,3 +113,16 @@ def test_paired_gap_change_against_a_hand_loop():
     d, lo, hi = stats.paired_gap_change(v, sign, a, b, n_boot=300, seed=1)
     assert np.isclose(d, gap(b) - gap(a)) and lo <= d <= hi
     assert stats.paired_gap_change(v, sign, a, a, n_boot=50) == (0.0, 0.0, 0.0)
+
+
+def test_bootstrap_peak_finds_a_planted_peak():
+    """Tokens whose value gap exists only at mid scores: the peak and its interval sit there."""
+    rng = np.random.default_rng(0)
+    n = 2000
+    score = rng.random(n)
+    sign = np.where(rng.random(n) < 0.5, "pos", "neg")
+    status = np.where(rng.random(n) < 0.5, "boosted", "suppressed")
+    mid = (score > 0.5) & (score < 0.7)  # the top 30-50% by score
+    values = rng.normal(0, 0.1, n) + np.where(mid & (status == "boosted"), 1.0, 0.0)
+    k, lo, hi = stats.bootstrap_peak(values, sign, status, score, [10, 20, 30, 40, 50, 60, 80, 100], n_boot=200)
+    assert k == 50 and 40 <= lo <= hi <= 60
