@@ -84,13 +84,18 @@ def test_weighted_gap_bootstrap_against_brute_force_loop():
     assert c == pytest.approx((point, lo, hi))
 
 
-def test_boost_stats_shares_resamples():
+def test_boost_stats_exact_rate_interval_and_bootstrap_mean():
     d = np.random.default_rng(0).normal(0.1, 1, 50)
     out = coupling.boost_stats(d, 400, 7)
+    k = int((d > 0).sum())
+    assert out["boost_rate"] == k / 50 and out["n"] == 50
+    assert out["boost_rate_lo"] == pytest.approx(st.beta.ppf(0.025, k, 50 - k + 1))   # Clopper–Pearson by scipy
+    assert out["boost_rate_hi"] == pytest.approx(st.beta.ppf(0.975, k + 1, 50 - k))
     idx = np.random.default_rng(7).integers(0, 50, (400, 50))
-    br = np.array([np.mean([d[j] > 0 for j in row]) for row in idx])
-    assert out["boost_rate"] == (d > 0).mean() and out["n"] == 50
-    assert (out["boost_rate_lo"], out["boost_rate_hi"]) == pytest.approx(tuple(np.quantile(br, [0.025, 0.975])))
+    mb = np.array([np.mean([d[j] for j in row]) for row in idx])
+    assert (out["mean_boost_lo"], out["mean_boost_hi"]) == pytest.approx(tuple(np.quantile(mb, [0.025, 0.975])))
+    full = coupling.boost_stats(np.ones(400), 100, 0)  # 400/400: no longer a zero-width interval
+    assert full["boost_rate_lo"] < 0.995 and full["boost_rate_hi"] == 1.0
 
 
 def test_paired_gap_change_against_a_hand_loop():

@@ -381,13 +381,14 @@ def proxy_cosine(f: Features, cands: torch.Tensor, sets: torch.Tensor, **kw) -> 
 
 
 def boost_stats(delta, n_boot: int = 1000, seed: int = 0, level: float = 0.95) -> dict:
-    """Boost Rate = mean 1[δ > 0] and Mean Boost = mean δ, with percentile bootstrap intervals
-    (both from the same resamples, stats.bootstrap_stats)."""
-    r = _stats.bootstrap_stats(delta, {"boost_rate": lambda a, axis: (a > 0).mean(axis), "mean_boost": np.mean},
-                              n_boot, seed, level)
-    return {"boost_rate": r["boost_rate"][0], "boost_rate_lo": r["boost_rate"][1], "boost_rate_hi": r["boost_rate"][2],
+    """Boost Rate = mean 1[δ > 0] with its exact Clopper–Pearson interval (a bootstrap interval has
+    zero width at 400/400), and Mean Boost = mean δ with a percentile bootstrap interval."""
+    d = delta.detach().cpu().numpy() if isinstance(delta, torch.Tensor) else np.asarray(delta)
+    rate, lo, hi, n = _stats.proportion(d > 0, level)
+    r = _stats.bootstrap_stats(d, {"mean_boost": np.mean}, n_boot, seed, level)
+    return {"boost_rate": rate, "boost_rate_lo": lo, "boost_rate_hi": hi,
             "mean_boost": r["mean_boost"][0], "mean_boost_lo": r["mean_boost"][1], "mean_boost_hi": r["mean_boost"][2],
-            "n": len(delta)}
+            "n": n}
 
 
 # ----------------------------------------------------------------------------- proxy fidelity (Fig. 10, App. D.3)
