@@ -395,8 +395,10 @@ C.record(results_dir, "07", rows);
 # cancellation monitor attached. On the tiny profile this is a cross-check of the small trainer:
 # same policy, prompts source, batch shape, learning rate and evaluation; TRL draws its own
 # prompts and samples with HF `generate`, so the curves agree in kind, not draw for draw. On the
-# paper profile the same call is how Table 2 is trained at scale (vLLM colocated on one GPU;
-# `accelerate launch --config_file configs/accelerate_zero2.yaml` across GPUs).
+# paper profile (`engine = "trl"`) every run above — Fig. 8, Table 2, Fig. 7(a), the probe — is
+# already this call (vLLM colocated on one GPU; `accelerate launch --config_file
+# configs/accelerate_zero2.yaml` across GPUs), read back by `engine.small_trainer_frames`, and this
+# section has nothing to compare with: the small trainer is not run there.
 
 # %%
 trl_runs = []
