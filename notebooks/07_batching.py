@@ -47,6 +47,7 @@ results_dir = "data/results/tiny"   # where tidy tables go (set by the runner)
 model_path = "data/policies/tiny-m"  # the policy every run starts from
 dtype = "float32"                   # training precision (Adam steps are large; float32 suffices)
 device = "cpu"                      # cpu or cuda
+engine = "small"                    # small: the exact trainer of this artifact (tiny reference); trl: TRL GRPOTrainer (paper scale)
 threads = 1                         # torch CPU threads (fixed: float32 sums depend on it; 1 is robust on a shared CPU)
 strategies = ["random", "QB", "RB", "QB+RB", "sign_partitioned"]  # Table 2 rows (train.STRATEGIES)
 seeds = [0, 1, 2]                   # training seeds per strategy (prompts, sampling, plans)
@@ -91,6 +92,7 @@ import torch
 from scipy import stats
 
 from cancellation import cache, grpo, plots, policy, tasks, train
+from cancellation import engine as rl_engine
 
 logging.basicConfig(level=logging.WARNING)
 torch.set_num_threads(threads)
@@ -130,9 +132,38 @@ def run(name, seed, lr=lr):
     return {k: df.assign(strategy=name, seed=seed) for k, df in out.items()}
 
 
+def trl_out(name, seed, lr=lr):
+    """One cached TRL run (engine.train_trl): the raw frames plus the per-step record."""
+    params = dict(model=policy.fingerprint(model_path), dtype=dtype, device=device, engine="trl", strategy=name,
+                  **{k: v for k, v in train.run_params(config(name, seed, lr)).items() if k != "plan"})
+
+    def compute():
+        m, tk = policy.load_policy(model_path, dtype=dtype, device=device)
+        out = rl_engine.train_trl(
+            model_path, source, name, output_dir=str(CKPT_DIR / "trl"), model=m, tokenizer=tk,
+            iterations=iterations, n_prompts=n_prompts, G=G, n_minibatches=n_minibatches, lr=lr,
+            max_new_tokens=max_new_tokens, temperature=temperature, tau=tau, max_rounds=max_rounds,
+            max_age=max_age, seed=seed, dtype=dtype, use_vllm=backend == "vllm",
+            gradient_checkpointing=gradient_checkpointing, eval_every=eval_every,
+            eval_fn=lambda mm, tt: train.evaluate(mm, tt, eval_sets, eval_n, eval_samples, eval_temperature,
+                                                  max_new_tokens, like=source))
+        return {k: out[k] for k in ("evals", "iterations", "minibatches", "monitor", "steps", "eval_times")}
+
+    return cache.cached("train_trl", dict(params, record="steps"), compute)
+
+
+def trl_run(name, seed, lr=lr):
+    """A TRL run as the small trainer's three frames (engine.small_trainer_frames)."""
+    out = trl_out(name, seed, lr)
+    frames = rl_engine.small_trainer_frames(out, n_minibatches)
+    frames["monitor"] = out["monitor"]
+    return {k: df.assign(strategy=name, seed=seed) for k, df in frames.items()}
+
+
+train_fn = trl_run if engine == "trl" else run
 t0 = time.time()
-runs = [run(name, s) for name in strategies for s in seeds]
-probe = [run(name, s, probe_lr) for name in probe_strategies for s in probe_seeds]
+runs = [train_fn(name, s) for name in strategies for s in seeds]
+probe = [train_fn(name, s, probe_lr) for name in probe_strategies for s in probe_seeds]
 wall = time.time() - t0
 evals = pd.concat([r["evals"] for r in runs], ignore_index=True)
 iters = pd.concat([r["iterations"] for r in runs], ignore_index=True)
@@ -144,6 +175,12 @@ cache.write_table(iters, Path(results_dir) / "fig08_iterations.parquet")
 cache.write_table(mbs, Path(results_dir) / "fig07a_minibatches.parquet")
 print(f"{len(runs)} runs ({len(strategies)} strategies x seeds {seeds}), {wall:.0f} s in this session "
       f"(0 s means every run came from the cache), torch threads {torch.get_num_threads()}")
+if engine == "trl":
+    tmon = pd.concat([r["monitor"] for r in runs], ignore_index=True)
+    cache.write_table(tmon, Path(results_dir) / "fig08_trl_monitor.parquet")
+    print("engine = 'trl': every run below (Fig. 8, Table 2, Fig. 7(a), the probe) is TRL's GRPOTrainer "
+          "(engine.train_trl), read back through engine.small_trainer_frames into the small trainer's frames. "
+          "Differences from the small trainer's columns:\n- " + "\n- ".join(rl_engine.TRL_FRAME_NOTES))
 
 # %% [markdown]
 # ## Where the time goes
@@ -358,21 +395,24 @@ C.record(results_dir, "07", rows);
 # cancellation monitor attached. On the tiny profile this is a cross-check of the small trainer:
 # same policy, prompts source, batch shape, learning rate and evaluation; TRL draws its own
 # prompts and samples with HF `generate`, so the curves agree in kind, not draw for draw. On the
-# paper profile the same call is how Table 2 is trained at scale (vLLM colocated on one GPU;
-# `accelerate launch --config_file configs/accelerate_zero2.yaml` across GPUs).
+# paper profile (`engine = "trl"`) every run above — Fig. 8, Table 2, Fig. 7(a), the probe — is
+# already this call (vLLM colocated on one GPU; `accelerate launch --config_file
+# configs/accelerate_zero2.yaml` across GPUs), read back by `engine.small_trainer_frames`, and this
+# section has nothing to compare with: the small trainer is not run there.
 
 # %%
-from cancellation import engine
-
 trl_runs = []
-for name in trl_strategies:
+if engine == "trl":
+    print("engine = 'trl': the runs above are already TRL's; the small trainer is not run, so there is no "
+          "small-vs-TRL cross-check on this profile (run the tiny profile for it).")
+for name in (trl_strategies if engine == "small" else []):
     for s in trl_seeds:
         params = dict(model=policy.fingerprint(model_path), dtype=dtype, device=device, engine="trl", strategy=name,
                       **{k: v for k, v in train.run_params(config(name, s)).items() if k != "plan"})
 
         def compute(name=name, s=s):
             m, tk = policy.load_policy(model_path, dtype=dtype, device=device)
-            out = engine.train_trl(
+            out = rl_engine.train_trl(
                 model_path, source, name, output_dir=str(CKPT_DIR / "trl"), model=m, tokenizer=tk,
                 iterations=iterations, n_prompts=n_prompts, G=G, n_minibatches=n_minibatches, lr=lr,
                 max_new_tokens=max_new_tokens, temperature=temperature, tau=tau, max_rounds=max_rounds,

@@ -233,3 +233,38 @@ def test_measure_step_plain_function_on_rollout_batch(model64, batch):
     assert set(shares.sign) <= {"pos", "neg"} and set(shares.conf_bin) <= {"all", *engine.CONF_BINS}
     s = shares[shares.conf_bin == "all"].groupby("sign").fraction.sum()
     assert (abs(s - 1) < 1e-12).all()
+
+
+def test_small_trainer_frames_maps_a_trl_run(runs):
+    """engine.small_trainer_frames gives train_run's three frames (columns, meanings) from a TRL run."""
+    from cancellation import train  # noqa: F401  (the frames' reference: train.train_run)
+
+    for strategy in ("random", "QB+RB"):
+        out = runs[strategy]
+        evals = [dict(iteration=i, set=s, accuracy=0.5) for i in (0, RUN["iterations"]) for s in ("easy", "hard")]
+        out = dict(out, evals=__import__("pandas").DataFrame(evals))
+        f = engine.small_trainer_frames(out)
+        it, mb, ev = f["iterations"], f["minibatches"], f["evals"]
+        rb = engine.STRATEGIES[strategy][1]
+        want = [c for c in engine.SMALL_FRAMES["iterations"] if rb or not c.startswith("buffer_")]
+        assert list(it.columns) == want
+        assert list(mb.columns) == engine.SMALL_FRAMES["minibatches"]
+        assert list(ev.columns) == engine.SMALL_FRAMES["evals"]
+        assert list(it.iteration) == list(range(RUN["iterations"]))
+        assert (ev.updates == ev.iteration * RUN["n_minibatches"]).all()
+        rec = out["minibatches"]
+        upd = it[it.updated]
+        # one mini-batch row per optimizer step taken, each with the step record (no NaN)
+        assert len(mb) == len(out["steps"]) == rec.groupby(["iteration", "minibatch"]).ngroups
+        assert mb[["loss", "clipfrac", "ratio_dev", "grad_norm"]].notna().all().all()
+        assert (mb.grad_norm > 0).any() and ((mb.clipfrac >= 0) & (mb.clipfrac <= 1)).all()
+        # rows / signs / tokens add up: mini-batches partition the released batch
+        g = mb.groupby("iteration")[["rows", "n_pos", "n_neg", "n_tokens"]].sum()
+        assert (g.rows == upd.set_index("iteration").n_rollouts).all()
+        assert (g.n_pos == upd.set_index("iteration").n_pos).all()
+        assert (g.n_tokens == upd.set_index("iteration").n_tokens).all()
+        # ρ = 1 on an iteration's first mini-batch (θ_old), as in train_run
+        assert mb[mb.minibatch == 0].ratio_dev.abs().max() < 1e-5
+        assert upd[["batch_acc", "entropy", "loss", "t_sample", "t_update", "resp_len"]].notna().all().all()
+        assert (upd.entropy > 0).all() and ((upd.batch_acc >= 0) & (upd.batch_acc <= 1)).all()
+        assert (upd.n_rollouts == RUN["n_prompts"] * RUN["G"]).all()

@@ -106,6 +106,10 @@ def test_07(out_root):
     _figs(figs, "fig07a_sign_partition", "fig08_training_curves")
     curves = pd.read_parquet(res / "fig08_training_curves.parquet")
     assert "math500" in set(curves.set)  # evaluated on the MATH-500-shaped file, rewarded by math-verify
+    # engine: trl — the runs behind Fig. 8 / Table 2 are TRL's (its monitor table is written only then)
+    assert len(pd.read_parquet(res / "fig08_trl_monitor.parquet"))
+    mbs = pd.read_parquet(res / "fig07a_minibatches.parquet")
+    assert mbs[["loss", "clipfrac", "ratio_dev", "grad_norm"]].notna().all().all()
 
 
 def test_paper_profile_can_fill_fig7b_and_trains_at_the_papers_lr():

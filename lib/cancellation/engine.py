@@ -279,6 +279,7 @@ def _make_batching_trainer():
             spg = self.args.steps_per_generation
             it = self._iteration
             self._iteration += 1
+            t0 = time.perf_counter()
             batch, rounds, drawn = None, 0, []
             while batch is None and rounds < (self.max_rounds if self.reward_balanced else 1):
                 gb = generation_batch if rounds == 0 else self._extra_generation_batch()
@@ -292,7 +293,8 @@ def _make_batching_trainer():
                     self.buffer.add(b, r)
                     batch = self.buffer.release(r)
             row = dict(iteration=it, rounds=rounds, updated=batch is not None,
-                       sampled_acc=float(torch.cat([d.reward for d in drawn]).mean()))
+                       sampled_acc=float(torch.cat([d.reward for d in drawn]).mean()),
+                       t_sample=time.perf_counter() - t0)
             if self.buffer is not None:
                 st = self.buffer.stats()
                 row.update({f"buffer_{k}": st[k] for k in ("discarded", "delayed", "buffered", "sampled", "released")})
@@ -581,6 +583,189 @@ def _make_monitor():
     return CancellationMonitor
 
 
+
+# --------------------------------------------------------------------------- per-step record
+def _make_step_recorder():
+    from transformers import TrainerCallback
+
+    from . import grpo
+
+    class StepRecorder(TrainerCallback):
+        """Per optimizer step of a GRPOTrainer, what `train.minibatch_update` records for a
+        mini-batch step, read off the trainer's own loss forward (no extra forward): loss,
+        clipfrac (verl's pg_clipfrac, `grpo.clip_binds`), n_tokens, ratio_dev (mean |ρ − 1|
+        against the iteration's θ_old), entropy (token sum, at this step's parameters), the
+        gradient norm before the optimizer step, and the step's wall time (`seconds`, from
+        step begin to step end, before later callbacks such as the monitor and evaluation).
+        Steps that take no update (skip steps of a short plan, RB without a release) have no row.
+        """
+
+        def __init__(self, clip_low: float = 0.2, clip_high: float = 0.28):
+            self.clip_low, self.clip_high = clip_low, clip_high
+            self.rows: list[dict] = []
+            self._row = None
+            self._capture = False
+            self._t0 = None
+
+        def attach(self, trainer):
+            self.trainer = trainer
+            inner_loss, inner_logp = trainer._compute_loss, trainer._get_per_token_logps_and_entropies
+            rec = self
+
+            def logp_fn(model, *a, **kw):
+                out = inner_logp(model, *a, **kw)
+                if rec._capture:
+                    rec._captured = (out[0].detach(), None if out[1] is None else out[1].detach())
+                return out
+
+            def compute_loss(model, inputs):
+                if not model.training:
+                    return inner_loss(model, inputs)
+                rec._capture, rec._captured = True, None
+                try:
+                    loss = inner_loss(model, inputs)
+                finally:
+                    rec._capture = False
+                if rec._captured is not None:
+                    rec._row = rec._stats(inputs, *rec._captured, loss, trainer.state.global_step)
+                return loss
+
+            trainer._get_per_token_logps_and_entropies = logp_fn
+            trainer._compute_loss = compute_loss
+            trainer.add_callback(self)
+            return self
+
+        def _stats(self, inputs, logp, ent, loss, step):
+            m = inputs["completion_mask"].bool()
+            old = inputs.get("old_per_token_logps")
+            old = logp if old is None else old.detach()
+            adv = inputs["advantages"].detach()
+            adv = (adv if adv.dim() == 2 else adv[:, None]).double()
+            ratio = torch.exp(logp.double() - old.double())
+            n = int(m.sum())
+            binds = grpo.clip_binds(ratio, adv, self.clip_low, self.clip_high) & m
+            return dict(step=int(step), loss=float(loss.detach()), clipfrac=float(binds.sum()) / max(n, 1),
+                        n_tokens=n, ratio_dev=float((ratio - 1).abs()[m].sum()) / max(n, 1),
+                        entropy_sum=float(ent.double()[m].sum()) if ent is not None else float("nan"))
+
+        def on_step_begin(self, args, state, control, **kw):
+            self._t0 = time.perf_counter()
+
+        def on_pre_optimizer_step(self, args, state, control, model=None, **kw):
+            if self._row is None:
+                return
+            ps = [p for p in (model if model is not None else self.trainer.model).parameters() if p.grad is not None]
+            self._row["grad_norm"] = float(torch.sqrt(sum((p.grad.double() ** 2).sum() for p in ps))) if ps else 0.0
+
+        def on_step_end(self, args, state, control, **kw):
+            if self._row is not None:
+                self._row["seconds"] = time.perf_counter() - self._t0 if self._t0 is not None else float("nan")
+                self.rows.append(self._row)
+            self._row = None
+
+        def table(self) -> pd.DataFrame:
+            return pd.DataFrame(self.rows, columns=["step", "loss", "clipfrac", "n_tokens", "ratio_dev",
+                                                    "entropy_sum", "grad_norm", "seconds"])
+
+    return StepRecorder
+
+
+# the columns of train.train_run's three frames, in its order (buffer_* only for RB runs)
+SMALL_FRAMES = {
+    "evals": ["iteration", "updates", "set", "accuracy", "seconds"],
+    "iterations": ["iteration", "rounds", "sampled_acc", "updated", "t_sample", "buffer_discarded",
+                   "buffer_delayed", "buffer_buffered", "buffer_sampled", "buffer_released", "batch_acc", "entropy",
+                   "n_rollouts", "n_pos", "n_neg", "n_tokens", "resp_len", "loss", "t_update"],
+    "minibatches": ["loss", "clipfrac", "n_tokens", "ratio_dev", "minibatch", "rows", "n_pos", "n_neg",
+                    "grad_norm", "iteration"],
+}
+# what the TRL frames give differently from train_run (printed by notebook 07 on engine='trl')
+TRL_FRAME_NOTES = (
+    "iterations.entropy: token-weighted mean of the mini-batch entropies from TRL's loss forwards, each at "
+    "that step's parameters (train_run: one forward at θ_old over the whole batch; equal on the first "
+    "mini-batch, then drifting by the within-iteration update);",
+    "iterations.t_sample: TRL's generation and rewards (all RB rounds); t_update: the optimizer steps' wall "
+    "time minus t_sample (loss forward, backward, Adam; the monitor's extra forward and evaluation excluded);",
+    "evals.seconds: the evaluation's wall time, as train_run;",
+    "a column with no source in the run (an old cached run without the step record) is NaN.",
+)
+
+
+def small_trainer_frames(out: dict, n_minibatches: int | None = None) -> dict:
+    """`train_trl`'s output as `train.train_run`'s three frames (SMALL_FRAMES), so notebook 07's
+    Fig. 8 / Table 2 / Fig. 7(a) code reads a TRL run as it reads the small trainer's.
+
+    evals: iteration, updates (= iteration × n_minibatches), set, accuracy, seconds.
+    iterations: one row per rollout batch (updated or not, as train_run): rounds, sampled_acc,
+    updated, t_sample, RB's buffer_* counters; for an updated iteration batch_acc, n_rollouts,
+    n_pos, n_neg, n_tokens, resp_len from the released batch (the trainer's mini-batch record),
+    entropy, loss (mean over its mini-batch steps) and t_update from the per-step record.
+    minibatches: one row per optimizer step taken: loss, clipfrac, n_tokens, ratio_dev,
+    minibatch, rows, n_pos, n_neg, grad_norm, iteration. See TRL_FRAME_NOTES for the differences.
+    """
+    nan = float("nan")
+    mb, its = out["minibatches"], out["iterations"].copy()
+    steps = out.get("steps")
+    if steps is None or not len(steps):
+        steps = pd.DataFrame(columns=["step", "loss", "clipfrac", "n_tokens", "ratio_dev", "entropy_sum",
+                                      "grad_norm", "seconds"])
+    if n_minibatches is None:
+        n_minibatches = int(out["trainer"].args.steps_per_generation) if "trainer" in out else \
+            int(mb.minibatch.max()) + 1 if len(mb) else 1
+    # mini-batches: the trainer's row record grouped by step, joined with the step record
+    if len(mb):
+        per = mb.assign(pos=mb.sign > 0, neg=mb.sign < 0).groupby(["iteration", "minibatch", "step"], as_index=False) \
+            .agg(rows=("row", "size"), n_pos=("pos", "sum"), n_neg=("neg", "sum"), mb_tokens=("n_tokens", "sum"))
+    else:
+        per = pd.DataFrame(columns=["iteration", "minibatch", "step", "rows", "n_pos", "n_neg", "mb_tokens"])
+    per = per.merge(steps.drop(columns=["n_tokens"]), on="step", how="left")
+    per["n_tokens"] = per.pop("mb_tokens")
+    for c in ("rows", "n_pos", "n_neg", "n_tokens", "minibatch", "iteration"):
+        per[c] = per[c].astype(int)
+    minibatches = per[SMALL_FRAMES["minibatches"]].astype({c: float for c in ("loss", "clipfrac", "ratio_dev",
+                                                                              "grad_norm")}).reset_index(drop=True)
+    # iterations: the trainer's iteration record + the released batch + the steps
+    if len(mb):
+        rel = mb.drop_duplicates(["iteration", "row"])
+        b = rel.groupby("iteration").agg(batch_acc=("reward", "mean"), n_rollouts=("row", "size"),
+                                         n_pos=("sign", lambda s: int((s > 0).sum())),
+                                         n_neg=("sign", lambda s: int((s < 0).sum())),
+                                         n_tokens=("n_tokens", "sum"), resp_len=("n_tokens", "mean"))
+        st = per.groupby("iteration").agg(loss=("loss", "mean"), ent=("entropy_sum", "sum"),
+                                          ntok=("n_tokens", "sum"), secs=("seconds", "sum"),
+                                          have=("entropy_sum", "count"))
+        b["entropy"] = (st.ent / st.ntok).where(st.have == per.groupby("iteration").size())
+        b["loss"] = st.loss
+        b["_steps_s"] = st.secs.where(st.have == per.groupby("iteration").size())
+    else:
+        b = pd.DataFrame(columns=["batch_acc", "n_rollouts", "n_pos", "n_neg", "n_tokens", "resp_len", "entropy",
+                                  "loss", "_steps_s"])
+    its = its.merge(b, left_on="iteration", right_index=True, how="left")
+    if "t_sample" not in its:
+        its["t_sample"] = nan
+    its["t_update"] = (its.pop("_steps_s") - its.t_sample).where(its.updated)
+    its.loc[~its.updated.astype(bool), ["batch_acc", "entropy", "n_rollouts", "n_pos", "n_neg", "n_tokens",
+                                        "resp_len", "loss"]] = nan
+    cols = [c for c in SMALL_FRAMES["iterations"] if c in its or not c.startswith("buffer_")]
+    for c in cols:
+        if c not in its:
+            its[c] = nan
+    iterations = its[cols].reset_index(drop=True)
+    # evals
+    ev = out["evals"].copy()
+    if len(ev):
+        ev["updates"] = ev.iteration * n_minibatches
+        et = out.get("eval_times")
+        if et is not None and len(et):
+            ev = ev.merge(et, on="iteration", how="left")
+        else:
+            ev["seconds"] = nan
+        evals = ev[SMALL_FRAMES["evals"]].reset_index(drop=True)
+    else:
+        evals = pd.DataFrame(columns=SMALL_FRAMES["evals"])
+    return {"evals": evals, "iterations": iterations, "minibatches": minibatches}
+
+
 # --------------------------------------------------------------------------- runs
 def train_trl(model_path, source: tasks.ProblemSource, strategy: str = "random", *, output_dir="data/cache/trl",
               iterations: int = 16, n_prompts: int = 8, G: int = 8, n_minibatches: int = 4, lr: float = 3e-4,
@@ -592,7 +777,8 @@ def train_trl(model_path, source: tasks.ProblemSource, strategy: str = "random",
     """One Table 2 run on TRL: `strategy` (STRATEGIES) from `model_path` on `source`'s problems.
 
     Returns {'log' (trainer log history), 'minibatches', 'iterations', 'monitor' (per-step
-    shares, when `monitor`), 'evals' (when `eval_fn(model, tokenizer) -> {set: accuracy}` and
+    shares, when `monitor`), 'steps' (per optimizer step: loss, clipfrac, ratio_dev, entropy,
+    grad norm, seconds), 'eval_times', 'evals' (when `eval_fn(model, tokenizer) -> {set: accuracy}` and
     `eval_every` (iterations) are given), 'trainer'}. The policy trains in place when `model`
     is given. On GPU with `use_vllm` generation runs in a colocated vLLM engine; across GPUs
     launch the script with `accelerate launch --config_file configs/accelerate_zero2.yaml`.
@@ -619,19 +805,25 @@ def train_trl(model_path, source: tasks.ProblemSource, strategy: str = "random",
     trainer = Trainer(model=model, processing_class=tokenizer, reward_funcs=[reward_function(source)],
                       args=cfg, train_dataset=ds, strategy=strategy, tau=tau, max_rounds=max_rounds,
                       max_age=max_age, plan_seed=seed)
+    recorder = _make_step_recorder()().attach(trainer)   # before the monitor: its step time excludes the monitor's
     mon = __getattr__("CancellationMonitor")().attach(trainer) if monitor else None
-    evals = []
+    evals, eval_times = [], []
     if eval_fn is not None and eval_every:
         class _Eval(TrainerCallback):
             def on_step_end(self, args, state, control, model=None, **kw):
-                if state.global_step % (eval_every * n_minibatches) == 0:
+                if state.global_step % (eval_every * n_minibatches) == 0 or state.global_step == state.max_steps:
                     was = trainer.model.training
                     trainer.model.eval()
+                    t = time.perf_counter()
                     for k, v in eval_fn(trainer.model, tokenizer).items():
                         evals.append(dict(iteration=state.global_step // n_minibatches, set=k, accuracy=v))
+                    eval_times.append(dict(iteration=state.global_step // n_minibatches,
+                                           seconds=time.perf_counter() - t))
                     trainer.model.train(was)
         model.eval()
+        t = time.perf_counter()
         evals += [dict(iteration=0, set=k, accuracy=v) for k, v in eval_fn(model, tokenizer).items()]
+        eval_times.append(dict(iteration=0, seconds=time.perf_counter() - t))
         trainer.add_callback(_Eval())
     if quiet:  # the metrics stay in trainer.state.log_history (and TensorBoard/W&B if configured)
         from transformers.trainer_callback import PrinterCallback, ProgressCallback
@@ -643,7 +835,8 @@ def train_trl(model_path, source: tasks.ProblemSource, strategy: str = "random",
         trainer.train()
     return {"log": pd.DataFrame(trainer.state.log_history), "minibatches": trainer.minibatch_table(),
             "iterations": trainer.iteration_table(), "monitor": mon.table() if mon else pd.DataFrame(),
-            "evals": pd.DataFrame(evals), "trainer": trainer, "monitor_callback": mon}
+            "evals": pd.DataFrame(evals), "steps": recorder.table(), "eval_times": pd.DataFrame(eval_times),
+            "trainer": trainer, "monitor_callback": mon}
 
 
 def bench_monitor(model_path="data/policies/tiny-s", steps: int = 4, n_prompts: int = 4, G: int = 4,
