@@ -156,3 +156,18 @@ def test_06_sampling_budget(out_root):
     assert set(raw[raw.panel == "composition"].x) == {1}  # smoke: G_comp = 2
     trends = pd.read_parquet(res / "fig06_trends.parquet")
     assert set(trends.panel) == {"prompts", "rollouts"}
+
+
+def test_08_referee_controls(out_root):
+    res, figs = _run("08", out_root)
+    assert (figs / "fig12_referee_controls.png").stat().st_size > 10_000 and (figs / "fig12_referee_controls.pdf").exists()
+    freq = pd.read_parquet(res / "fig12_frequency_matched.parquet")
+    assert set(freq.tokens) == {"all tokens", "frequency-matched"} and set(freq.measure) == {"share gap", "within-id gap"}
+    lm = pd.read_parquet(res / "fig12_lm_head_kernel.parquet")
+    assert len(lm) == 8 and (lm.mean_abs_K.dropna() >= lm.mean_K.dropna().abs() - 1e-15).all()
+    # Eq. 10: a same-token pair has φ ≥ 0, so K = ⟨h_j,h_k⟩φ has the sign of ⟨h_j,h_k⟩; the share is a share
+    assert lm.share_positive.dropna().between(0, 1).all()
+    pairs = pd.read_parquet(res / "fig12_full_pairs.parquet")
+    assert len(pairs) == pairs.j.nunique() * pairs.k.nunique() and np.isfinite(pairs.full_inner).all()
+    claims = pd.read_parquet(res / "claims.parquet")
+    assert {"fig12_matched_boosted", "fig12_same_token_K", "fig12_same_token_full"} <= set(claims.claim)

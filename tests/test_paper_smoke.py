@@ -119,3 +119,13 @@ def test_paper_profile_can_fill_fig7b_and_trains_at_the_papers_lr():
     s = paper["06_sampling_budget"]
     assert s["G"] >= 2 * (s["G_comp"] - 1)
     assert paper["05_value_gap"]["adam_lr"] == paper["01_token_flipping"]["lr"] == paper["07_batching"]["lr"] == 1e-6
+
+
+@pytest.mark.slow
+def test_08(out_root):
+    res, figs = _run("08", out_root)
+    _figs(figs, "fig12_referee_controls")
+    lm = pd.read_parquet(res / "fig12_lm_head_kernel.parquet")
+    assert len(lm) == 8 and lm.n_pairs.sum() > 0
+    pairs = pd.read_parquet(res / "fig12_full_pairs.parquet")
+    assert np.isfinite(pairs.full_inner).all() and len(pairs) > 0
