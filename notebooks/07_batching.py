@@ -407,23 +407,8 @@ if engine == "trl":
           "small-vs-TRL cross-check on this profile (run the tiny profile for it).")
 for name in (trl_strategies if engine == "small" else []):
     for s in trl_seeds:
-        params = dict(model=policy.fingerprint(model_path), dtype=dtype, device=device, engine="trl", strategy=name,
-                      **{k: v for k, v in train.run_params(config(name, s)).items() if k != "plan"})
-
-        def compute(name=name, s=s):
-            m, tk = policy.load_policy(model_path, dtype=dtype, device=device)
-            out = rl_engine.train_trl(
-                model_path, source, name, output_dir=str(CKPT_DIR / "trl"), model=m, tokenizer=tk,
-                iterations=iterations, n_prompts=n_prompts, G=G, n_minibatches=n_minibatches, lr=lr,
-                max_new_tokens=max_new_tokens, temperature=temperature, tau=tau, max_rounds=max_rounds,
-                max_age=max_age, seed=s, dtype=dtype, use_vllm=backend == "vllm",
-                gradient_checkpointing=gradient_checkpointing, eval_every=eval_every,
-                eval_fn=lambda mm, tt: train.evaluate(mm, tt, eval_sets, eval_n, eval_samples, eval_temperature,
-                                                      max_new_tokens, like=source))
-            return {k: out[k] for k in ("evals", "iterations", "minibatches", "monitor")}
-
-        out = cache.cached("train_trl", params, compute)
-        trl_runs.append({k: df.assign(strategy=name, seed=s) for k, df in out.items()})
+        out = trl_out(name, s)  # the same cached TRL run the engine="trl" path uses
+        trl_runs.append({k: out[k].assign(strategy=name, seed=s) for k in ("evals", "monitor")})
 if trl_runs:
     te = pd.concat([r["evals"] for r in trl_runs], ignore_index=True)
     tm = pd.concat([r["monitor"] for r in trl_runs], ignore_index=True)
