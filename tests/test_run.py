@@ -53,3 +53,17 @@ def test_schema_names_are_notebook_parameters():
     names = set(schema["common"]) | {k for s, sec in schema.items() if s != "common" for k in sec if k != "constraints"}
     assert names <= declared, names - declared
     assert {k for k in declared if k not in run.INJECTED} - {"gradient_checkpointing"} <= set(schema["common"])
+
+
+def test_executed_notebooks_keep_results_not_progress_bars(tmp_path):
+    import json
+    nb = {"cells": [{"cell_type": "code", "metadata": {}, "outputs": [
+        {"output_type": "stream", "name": "stderr", "text": ["\r", "train:  50%|█████     | 8/16 [00:17<00:19,  2.42s/it]"]},
+        {"output_type": "stream", "name": "stderr", "text": ["/x/tqdm/auto.py:21: TqdmWarning: IProgress not found."]},
+        {"output_type": "stream", "name": "stderr", "text": ["UserWarning: something real\n"]},
+        {"output_type": "stream", "name": "stdout", "text": ["accuracy 0.50\n"]}]}], "metadata": {}}
+    p = tmp_path / "nb.ipynb"
+    p.write_text(json.dumps(nb))
+    run._strip_volatile(p)
+    kept = json.loads(p.read_text())["cells"][0]["outputs"]
+    assert [o["text"] for o in kept] == [["UserWarning: something real\n"], ["accuracy 0.50\n"]]

@@ -357,13 +357,25 @@ def resolve_params(nb_path: Path, profile: str = "tiny", overrides: dict | None 
     return params
 
 
+def _is_progress(out: dict) -> bool:
+    """A stderr stream of progress-bar redraws (tqdm writes '\r...it/s]') or tqdm's IProgress notice."""
+    if out.get("output_type") != "stream" or out.get("name") != "stderr":
+        return False
+    text = "".join(out.get("text", []))
+    return text.startswith("\r") or "TqdmWarning: IProgress not found" in text or (
+        "from .autonotebook import tqdm" in text)
+
+
 def _strip_volatile(path: Path):
-    """Drop timing metadata papermill writes, so reruns diff only where results changed."""
+    """Drop timing metadata papermill writes and progress-bar redraws, so reruns diff only where
+    results changed and a reader sees results, not hundreds of tqdm frames."""
     nb = json.loads(Path(path).read_text())
     nb.get("metadata", {}).pop("papermill", None)
     for c in nb.get("cells", []):
         c.get("metadata", {}).pop("papermill", None)
         c.get("metadata", {}).pop("execution", None)
+        if "outputs" in c:
+            c["outputs"] = [o for o in c["outputs"] if not _is_progress(o)]
     Path(path).write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
 
 
