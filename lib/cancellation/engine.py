@@ -455,6 +455,37 @@ def measure_step(model, inputs, logp_before, eps: float = 1e-6, conf_threshold: 
 _MONITOR = None
 
 
+def _hook_loss(trainer, active, after):
+    """Wrap TRL's loss so that `after(model, inputs, loss, logp, entropy)` sees the per-token
+    log-probs (and entropies) of the loss's own forward, detached; `active(model)` says whether
+    this call is a training step to observe. Hooks stack: each wraps the functions it finds."""
+    inner_loss, inner_logp = trainer._compute_loss, trainer._get_per_token_logps_and_entropies
+    box = {"on": False, "out": None}
+
+    def logp_fn(model, *a, **kw):
+        out = inner_logp(model, *a, **kw)
+        if box["on"]:
+            box["out"] = out
+        return out
+
+    def compute_loss(model, inputs):
+        if not active(model):
+            return inner_loss(model, inputs)
+        box["on"], box["out"] = True, None
+        try:
+            loss = inner_loss(model, inputs)
+        finally:
+            box["on"] = False
+        out = box["out"]
+        logp = None if out is None else out[0].detach()
+        ent = None if out is None or out[1] is None else out[1].detach()
+        after(model, inputs, loss, logp, ent)
+        return loss
+
+    trainer._get_per_token_logps_and_entropies = logp_fn
+    trainer._compute_loss = compute_loss
+
+
 def _make_monitor():
     from transformers import TrainerCallback
 
@@ -488,7 +519,6 @@ def _make_monitor():
             self.noise_every, self.keep_tokens, self.enabled = noise_every, keep_tokens, enabled
             self.trainer = None
             self._pending: list[tuple[dict, torch.Tensor]] = []
-            self._capture = False
             self._noise = None
             self.rows: list[pd.DataFrame] = []
             self.tokens: list[pd.DataFrame] = []
@@ -496,38 +526,20 @@ def _make_monitor():
 
         def attach(self, trainer):
             self.trainer = trainer
-            inner_loss, inner_logp = trainer._compute_loss, trainer._get_per_token_logps_and_entropies
-            mon = self
-
-            def logp_fn(model, *a, **kw):
-                out = inner_logp(model, *a, **kw)
-                if mon._capture:
-                    mon._captured = out[0].detach()
-                return out
-
-            def compute_loss(model, inputs):
-                if not (mon.enabled and model.training):
-                    return inner_loss(model, inputs)
-                mon._capture = True
-                try:
-                    loss = inner_loss(model, inputs)
-                finally:
-                    mon._capture = False
-                before = _own_forward(model, inputs) if mon.own else mon._captured
-                step = trainer.state.global_step
-                if mon.noise_every and step % mon.noise_every == 0 or (not mon.noise_every and mon._noise is None):
-                    t = time.perf_counter()
-                    again = mon._forward(model, inputs)
-                    m = inputs["completion_mask"].bool()
-                    mon._noise = float((again - before)[m].abs().max()) if m.any() else 0.0
-                    mon.seconds += time.perf_counter() - t
-                mon._pending.append((inputs, before))
-                return loss
-
-            trainer._get_per_token_logps_and_entropies = logp_fn
-            trainer._compute_loss = compute_loss
+            _hook_loss(trainer, lambda model: self.enabled and model.training, self._after_loss)
             trainer.add_callback(self)
             return self
+
+        def _after_loss(self, model, inputs, loss, logp, ent):
+            before = _own_forward(model, inputs) if self.own else logp
+            step = self.trainer.state.global_step
+            if self.noise_every and step % self.noise_every == 0 or (not self.noise_every and self._noise is None):
+                t = time.perf_counter()
+                again = self._forward(model, inputs)
+                m = inputs["completion_mask"].bool()
+                self._noise = float((again - before)[m].abs().max()) if m.any() else 0.0
+                self.seconds += time.perf_counter() - t
+            self._pending.append((inputs, before))
 
         def _forward(self, model, inputs):
             if self.own:
@@ -604,36 +616,17 @@ def _make_step_recorder():
             self.clip_low, self.clip_high = clip_low, clip_high
             self.rows: list[dict] = []
             self._row = None
-            self._capture = False
             self._t0 = None
 
         def attach(self, trainer):
             self.trainer = trainer
-            inner_loss, inner_logp = trainer._compute_loss, trainer._get_per_token_logps_and_entropies
-            rec = self
-
-            def logp_fn(model, *a, **kw):
-                out = inner_logp(model, *a, **kw)
-                if rec._capture:
-                    rec._captured = (out[0].detach(), None if out[1] is None else out[1].detach())
-                return out
-
-            def compute_loss(model, inputs):
-                if not model.training:
-                    return inner_loss(model, inputs)
-                rec._capture, rec._captured = True, None
-                try:
-                    loss = inner_loss(model, inputs)
-                finally:
-                    rec._capture = False
-                if rec._captured is not None:
-                    rec._row = rec._stats(inputs, *rec._captured, loss, trainer.state.global_step)
-                return loss
-
-            trainer._get_per_token_logps_and_entropies = logp_fn
-            trainer._compute_loss = compute_loss
+            _hook_loss(trainer, lambda model: model.training, self._after_loss)
             trainer.add_callback(self)
             return self
+
+        def _after_loss(self, model, inputs, loss, logp, ent):
+            if logp is not None:
+                self._row = self._stats(inputs, logp, ent, loss, self.trainer.state.global_step)
 
         def _stats(self, inputs, logp, ent, loss, step):
             m = inputs["completion_mask"].bool()

@@ -26,8 +26,22 @@ RUN_COLUMNS = ["step", "rollout", "group", "position", "token_id", "reward", "ad
                "delta", "status"]
 
 
+class _SamplesThePolicy:
+    """What RunConfig and TrainConfig share: nested configs restored from dicts (a config read back
+    from JSON or a checkpoint), and the SampleConfig of their training rounds."""
+
+    def __post_init__(self):
+        if isinstance(self.source, dict):
+            self.source = tasks.ProblemSource(**self.source)
+        if isinstance(self.update, dict):
+            self.update = grpo.UpdateConfig(**self.update)
+
+    def sample_config(self, model=None) -> rollout.SampleConfig:
+        return _sample_config(self, model)
+
+
 @dataclass
-class RunConfig:
+class RunConfig(_SamplesThePolicy):
     """A GRPO training run that measures each step's Δlog p on its own batch."""
     steps: int = 10                 # GRPO steps (one rollout batch each)
     n_prompts: int = 16             # prompts per batch
@@ -42,14 +56,6 @@ class RunConfig:
     gpu_memory_utilization: float = 0.3  # vLLM's share of GPU memory (beside the training model)
     update: grpo.UpdateConfig = field(default_factory=grpo.UpdateConfig)  # the GRPO update
 
-    def __post_init__(self):
-        if isinstance(self.source, dict):
-            self.source = tasks.ProblemSource(**self.source)
-        if isinstance(self.update, dict):
-            self.update = grpo.UpdateConfig(**self.update)
-
-    def sample_config(self, model=None) -> rollout.SampleConfig:
-        return _sample_config(self, model)
 
 
 def _sample_config(cfg, model=None) -> rollout.SampleConfig:
@@ -161,7 +167,7 @@ def run_params(cfg) -> dict:
 # one optimizer step per mini-batch, with held-out evaluation, checkpoints and resume.
 
 @dataclass
-class TrainConfig:
+class TrainConfig(_SamplesThePolicy):
     """A GRPO training run with a mini-batch plan, optional RB buffer, and periodic evaluation."""
     iterations: int = 16            # update phases (one released rollout batch each)
     n_prompts: int = 8              # prompts per sampling round
@@ -188,13 +194,7 @@ class TrainConfig:
     def __post_init__(self):
         if self.plan not in batching.PLANS:
             raise ValueError(f"TrainConfig.plan={self.plan!r}; allowed: {', '.join(batching.PLANS)}")
-        if isinstance(self.source, dict):
-            self.source = tasks.ProblemSource(**self.source)
-        if isinstance(self.update, dict):
-            self.update = grpo.UpdateConfig(**self.update)
-
-    def sample_config(self, model=None) -> rollout.SampleConfig:
-        return _sample_config(self, model)
+        super().__post_init__()
 
 
 # Table 2's rows: name -> (mini-batch plan, reward-balanced buffer)
