@@ -133,10 +133,8 @@ delta1 = coupling.first_order_delta(f, 1.0, chunk=chunk, vocab_chunk=vocab_chunk
 rows = []
 measured = {}
 for eta in lrs:
-    snap = grpo.snapshot(model, "lm_head")
-    grpo.grpo_step(model, batch, grpo.UpdateConfig(optimizer="sgd", lr=eta, scope="lm_head"), old_logp=before.logp)
-    d = (measure.token_stats(model, batch).logp - before.logp)[f.rows, f.cols]
-    grpo.restore(model, snap)
+    d = grpo.trial_delta(model, batch, grpo.UpdateConfig(optimizer="sgd", lr=eta, scope="lm_head"),
+                         before.logp)[f.rows, f.cols]
     pred = eta * delta1
     measured[eta] = d
     rows.append({"lr": eta, "pearson": float(np.corrcoef(d, pred)[0, 1]), "spearman": stats.spearmanr(d, pred)[0],

@@ -96,11 +96,8 @@ if source.reward_report():
 # %%
 def full_step_delta(m):
     before = measure.token_stats(m, batch).logp
-    snap = grpo.snapshot(m, "full")
-    grpo.grpo_step(m, batch, grpo.UpdateConfig(optimizer="sgd", lr=lr, scope="full"), old_logp=before)
-    d = (measure.token_stats(m, batch).logp - before)[batch.response_mask]
-    grpo.restore(m, snap)
-    return d
+    return grpo.trial_delta(m, batch, grpo.UpdateConfig(optimizer="sgd", lr=lr, scope="full"),
+                            before)[batch.response_mask]
 
 
 stock, _ = policy.load_policy(model_path, dtype=dtype, device=device, exact=False)  # transformers' float32 norms

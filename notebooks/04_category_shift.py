@@ -15,7 +15,7 @@
 #
 # *Paper, §3 and App. E.1 (Algorithm 2).* From one saved checkpoint θ₀ and one rollout batch B,
 # take two single updates: **positive-only** (advantages A·1[r = 1]) and **GRPO** (the original
-# A), each from θ₀ (`grpo.snapshot` / `grpo.restore`), and measure
+# A), each from θ₀ (`grpo.trial_delta`: snapshot, step, measure, restore), and measure
 # Δlog p = log π_θ'(o_t|s_t) − log π_θ₀(o_t|s_t) on the **whole** batch for both. Every response
 # token is tagged Math / Template / Reasoning / Other (`cancellation.categories`: detokenise to
 # words, NLTK POS tags plus the rules of `data/categories/category_map.csv`, tags mapped back to
@@ -91,16 +91,12 @@ def batch_deltas(i):
     def compute():
         batch = rollout.sample(model, tok, scfg, seed=bseed)
         before = measure.token_stats(model, batch, chunk_rows, token_chunk=token_chunk)
-        theta0 = grpo.snapshot(model, scope)
         df = measure.token_table(batch, before, tokenizer=tok).assign(batch=i)
         m = batch.response_mask
         for rw in UPDATES:
             cfg = grpo.UpdateConfig(optimizer="sgd", lr=lr, scope=scope, reweight=rw, chunk_rows=chunk_rows,
                                     token_chunk=token_chunk, gradient_checkpointing=gradient_checkpointing)
-            grpo.grpo_step(model, batch, cfg, old_logp=before.logp)
-            after = measure.token_stats(model, batch, chunk_rows, token_chunk=token_chunk)
-            df[f"delta_{rw}"] = (after.logp - before.logp)[m].double().cpu().numpy()
-            grpo.restore(model, theta0)
+            df[f"delta_{rw}"] = grpo.trial_delta(model, batch, cfg, before.logp)[m].double().cpu().numpy()
         # θ₀ must come back exactly for the second update (Algorithm 2, line 10): same forward, Δ = 0
         again = measure.token_stats(model, batch, chunk_rows, token_chunk=token_chunk)
         df["restore_error"] = float((again.logp - before.logp)[m].abs().max())

@@ -161,3 +161,21 @@ def test_policy_loss_masks_with_where_no_nan_from_off_mask_overflow():
     assert float(loss) == pytest.approx(-float(torch.exp(torch.tensor(-1.0, dtype=torch.float64))))
     # multiplying by the mask would give inf · 0 = NaN
     assert torch.isnan((-(adv * torch.exp(logp - old))) * mask).any()
+
+
+def test_trial_delta_equals_a_step_on_a_copy_and_restores_theta(fresh, batch):
+    """trial_delta (snapshot, step, measure, restore) vs the same step on an independent deep copy."""
+    cfg = grpo.UpdateConfig(optimizer="adam", lr=1e-2, n_minibatches=2)
+    theta = {k: v.clone() for k, v in fresh.state_dict().items()}
+    before = measure.token_stats(fresh, batch).logp
+    delta = grpo.trial_delta(fresh, batch, cfg, before)
+    ref = copy.deepcopy(fresh)
+    grpo.grpo_step(ref, batch, cfg, old_logp=before)
+    assert delta[batch.response_mask].abs().max() > 1e-4
+    assert torch.equal(delta, measure.token_stats(ref, batch).logp - before)
+    assert all(torch.equal(v, theta[k]) for k, v in fresh.state_dict().items())
+    assert all(p.grad is None for p in fresh.parameters())
+    with pytest.raises(RuntimeError, match="boom"), grpo.trial(fresh):  # restored on error too
+        grpo.grpo_step(fresh, batch, cfg)
+        raise RuntimeError("boom")
+    assert all(torch.equal(v, theta[k]) for k, v in fresh.state_dict().items())

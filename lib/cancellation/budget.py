@@ -96,12 +96,9 @@ def pool_delta(model, batch, rows, pool: pd.DataFrame, cfg: grpo.UpdateConfig, o
     recomputed there). `old_logp`: (B, L) log-probs of the whole batch under θ (ρ = 1);
     `before`: pool_logp under θ. The model's parameters are restored afterwards."""
     sub = regroup(batch, rows)
-    snap = grpo.snapshot(model, cfg.scope)
-    try:
+    with grpo.trial(model, cfg.scope):
         grpo.grpo_step(model, sub, cfg, old_logp=old_logp[torch.as_tensor(rows)])
         return pool_logp(model, batch, pool, cfg.chunk_rows, cfg.token_chunk) - before
-    finally:
-        grpo.restore(model, snap)
 
 
 # --------------------------------------------------------------------------- the value gap

@@ -298,16 +298,14 @@ def masked_effect_bruteforce(model, batch, c: int, M, f: Features, lr: float, sc
                              chunk_rows: int = 64) -> float:
     """Reference: re-run the whole SGD step with and without M's loss weights (two full steps)."""
     cfg = grpo.UpdateConfig(optimizer="sgd", lr=lr, scope=scope, chunk_rows=chunk_rows)
-    snap = grpo.snapshot(model, "full")
     old = measure.token_stats(model, batch, chunk_rows).logp
     r, col = int(f.rows[c]), int(f.cols[c])
-    grpo.grpo_step(model, batch, cfg, old_logp=old)
-    lp1 = float(measure.token_stats(model, batch.select([r]), chunk_rows).logp[0, col])
-    grpo.restore(model, snap)
-    grpo.grpo_step(model, batch, cfg, old_logp=old, token_weight=1.0 - _token_weight(batch, f, M))
-    lpm = float(measure.token_stats(model, batch.select([r]), chunk_rows).logp[0, col])
-    grpo.restore(model, snap)
-    return lp1 - lpm
+    lp = []
+    for weight in (None, 1.0 - _token_weight(batch, f, M)):
+        with grpo.trial(model, "full"):
+            grpo.grpo_step(model, batch, cfg, old_logp=old, token_weight=weight)
+            lp.append(float(measure.token_stats(model, batch.select([r]), chunk_rows).logp[0, col]))
+    return lp[0] - lp[1]
 
 
 # ----------------------------------------------------------------------------- mask sets and statistics
@@ -396,13 +394,10 @@ def proxy_sign_consistency(model, batch, lr: float, eps: float = 0.0, chunk_rows
     """Share of response tokens whose Δlog p has the same sign under an SGD lm_head step and an SGD
     full step from the same θ on the same batch (the model is restored after both)."""
     before = measure.token_stats(model, batch, chunk_rows).logp
-    snap = grpo.snapshot(model, "full")
     deltas = {}
     for scope in ("lm_head", "full"):
         cfg = grpo.UpdateConfig(optimizer="sgd", lr=lr, scope=scope, chunk_rows=chunk_rows)
-        grpo.grpo_step(model, batch, cfg, old_logp=before)
-        deltas[scope] = (measure.token_stats(model, batch, chunk_rows).logp - before)[batch.response_mask]
-        grpo.restore(model, snap)
+        deltas[scope] = grpo.trial_delta(model, batch, cfg, before)[batch.response_mask]
     a, b = deltas["lm_head"], deltas["full"]
     moved = (a.abs() > eps) & (b.abs() > eps)
     return {"sign_consistency": float((torch.sign(a) == torch.sign(b)).double().mean()),
@@ -414,14 +409,12 @@ def proxy_sign_consistency(model, batch, lr: float, eps: float = 0.0, chunk_rows
 def adam_first_step_ratio(model, batch, lr: float, chunk_rows: int = 64) -> np.ndarray:
     """App. D.3: (θ0 − θ1) / (lr · sign(g)) for every parameter element of Adam's first step
     (1 would be exact sign descent); the model is restored."""
-    snap = grpo.snapshot(model, "full")
     cfg = grpo.UpdateConfig(optimizer="adam", lr=lr, scope="full", chunk_rows=chunk_rows)
-    params = list(model.parameters())
-    theta0 = [p.detach().clone() for p in params]
-    grpo.grpo_step(model, batch, cfg)
-    ratios = [((t - p.detach()) / (lr * torch.sign(p.grad))).flatten()
-              for p, t in zip(params, theta0) if p.grad is not None]
-    grpo.restore(model, snap)
-    model.zero_grad(set_to_none=True)
+    with grpo.trial(model, "full"):
+        params = list(model.parameters())
+        theta0 = [p.detach().clone() for p in params]
+        grpo.grpo_step(model, batch, cfg)
+        ratios = [((t - p.detach()) / (lr * torch.sign(p.grad))).flatten()
+                  for p, t in zip(params, theta0) if p.grad is not None]
     r = torch.cat(ratios)
     return r[torch.isfinite(r)].cpu().numpy()

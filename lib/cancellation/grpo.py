@@ -309,3 +309,28 @@ def grpo_step(model, batch, cfg: UpdateConfig, optimizer=None, plan=None, token_
             optimizer.step()
             infos.append(info)
     return infos
+
+
+@contextlib.contextmanager
+def trial(model, scope: str = "full"):
+    """snapshot → (the body: step, measure) → restore, also on error: a single-step experiment
+    leaves θ exactly as it found it (tie state included, see `snapshot`)."""
+    snap = snapshot(model, scope)
+    try:
+        yield snap
+    finally:
+        restore(model, snap)
+        model.zero_grad(set_to_none=True)
+
+
+def trial_delta(model, batch, cfg: UpdateConfig, before_logp: torch.Tensor, measure_batch=None,
+                **step_kw) -> torch.Tensor:
+    """Δlog p (B, L) of `measure_batch` (default: `batch`) after one `grpo_step` on `batch` from θ,
+    θ restored after. `before_logp`: log-probs of `measure_batch` under θ; it is also θ_old of the
+    step (ρ = 1) when the step is on the measured batch and no `old_logp` is given."""
+    mb = batch if measure_batch is None else measure_batch
+    if measure_batch is None:
+        step_kw.setdefault("old_logp", before_logp)
+    with trial(model, cfg.scope):
+        grpo_step(model, batch, cfg, **step_kw)
+        return token_stats(model, mb, cfg.chunk_rows, token_chunk=cfg.token_chunk).logp - before_logp
