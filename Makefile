@@ -3,7 +3,8 @@
 #                 data/results/<profile>/runs/<hash>/, notebooks/executed/<profile>/runs/<hash>/; add REPLACE=1 to
 #                 write the canonical (committed) outputs instead. Bad parameters stop before anything runs (exit 2).
 # make test     : the test suite (CPU, about 5 min)       make bench : speed-ups and memory vs naive code
-# make claims   : regenerate README's claims table from data/results/tiny/claims.parquet
+# make claims   : regenerate README's claims table from data/results/tiny/claims.parquet (+ tiny-table2's)
+# make table2   : the full Table 2 / Fig. 8 test (notebook 07, profile tiny-table2, about an hour on 2 cores)
 PROFILE ?= tiny
 B ?=
 P ?=
@@ -17,9 +18,9 @@ NOTEBOOKS := $(sort $(wildcard notebooks/[0-9][0-9]_*.py))
 OVERRIDES := $(foreach kv,$(P),-p $(subst =, ,$(kv))) $(if $(REPLACE),--replace)
 export PYTHONUNBUFFERED := 1
 
-.PHONY: env policy standins figures claims test bench clean help
+.PHONY: env policy standins figures table2 claims test bench clean help
 help:
-	@sed -n '1,6p' Makefile
+	@sed -n '1,7p' Makefile
 
 env: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
@@ -41,6 +42,10 @@ standins: env  ## CPU stand-ins of the paper's model and data (data/standins/, f
 
 figures: env $(POLICIES) $(if $(filter paper-smoke,$(PROFILE)),standins)
 	$(PY) -m cancellation.run all --profile $(PROFILE) $(OVERRIDES)
+	$(MAKE) claims
+
+table2: env $(POLICIES)  ## the full Table 2 / Fig. 8 test: 10 seeds x 64 iterations, avg@4 on 256 problems, lr sweep
+	$(PY) -m cancellation.run 07 --profile tiny-table2 $(OVERRIDES)
 	$(MAKE) claims
 
 claims: env  ## README's claims table from data/results/tiny/claims.parquet

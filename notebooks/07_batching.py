@@ -48,7 +48,8 @@ model_path = "data/policies/tiny-m"  # the policy every run starts from
 dtype = "float32"                   # training precision (Adam steps are large; float32 suffices)
 device = "cpu"                      # cpu or cuda
 engine = "small"                    # small: the exact trainer of this artifact (tiny reference); trl: TRL GRPOTrainer (paper scale)
-threads = 1                         # torch CPU threads (fixed: float32 sums depend on it; 1 is robust on a shared CPU)
+threads = 1                         # torch CPU threads per run (fixed: float32 sums depend on it; 1 is robust on a shared CPU)
+workers = 1                         # small engine: training runs computed in parallel processes (each with threads), same numbers
 strategies = ["random", "QB", "RB", "QB+RB", "sign_partitioned"]  # Table 2 rows (train.STRATEGIES)
 seeds = [0, 1, 2]                   # training seeds per strategy (prompts, sampling, plans)
 iterations = 16                     # update phases per run
@@ -56,12 +57,13 @@ n_prompts = 8                       # prompts per sampling round
 G = 8                               # rollouts per prompt
 n_minibatches = 4                   # optimizer steps per update phase
 lr = 3e-4                           # Adam learning rate
-probe_lr = 1e-3                     # a larger learning rate for the stability probe
-probe_strategies = ["random", "QB+RB"]  # strategies rerun at probe_lr ([] skips the probe)
-probe_seeds = [0]                   # seeds of the stability probe
-tau = 0.4                           # RB: min(N+, N-) >= tau * batch size
+probe_lrs = [1e-3]                  # larger learning rates of the stability sweep, each a separate set of runs
+probe_strategies = ["random", "QB+RB"]  # strategies rerun at each of probe_lrs ([] skips the sweep)
+probe_seeds = [0]                   # seeds of the stability sweep
+tau = 0.4                           # RB: min(N+, N-) at least tau times the batch size
 max_rounds = 4                      # RB: sampling rounds per iteration before it skips the update
 max_age = 2                         # RB: rounds a buffered rollout may wait before it is discarded
+run_rounds = 0                      # RB: sampling rounds for a whole run; above 0 an iteration samples until a batch is released (equal optimizer steps)
 temperature = 1.0                   # training sampling temperature
 max_new_tokens = 96                 # response length cap
 eval_every = 4                      # iterations between held-out evaluations
@@ -92,6 +94,8 @@ import torch
 from scipy import stats
 
 from cancellation import cache, grpo, plots, policy, tasks, train
+from cancellation import claims as C
+from cancellation import stats as ST
 from cancellation import engine as rl_engine
 
 logging.basicConfig(level=logging.WARNING)
@@ -107,7 +111,8 @@ set_names = [train.set_name(d) for d in eval_sets]
 def config(name, seed, lr=lr):
     return train.strategy_config(
         name, iterations=iterations, n_prompts=n_prompts, G=G, temperature=temperature,
-        max_new_tokens=max_new_tokens, tau=tau, max_rounds=max_rounds, max_age=max_age, eval_every=eval_every,
+        max_new_tokens=max_new_tokens, tau=tau, max_rounds=max_rounds, max_age=max_age, run_rounds=run_rounds,
+        eval_every=eval_every,
         eval_sets=list(eval_sets), eval_n=eval_n, eval_samples=eval_samples, eval_temperature=eval_temperature,
         seed=seed, source=source, backend=backend, sample_dtype=sample_dtype,
         gpu_memory_utilization=gpu_memory_utilization,
@@ -115,21 +120,12 @@ def config(name, seed, lr=lr):
                                  token_chunk=token_chunk, gradient_checkpointing=gradient_checkpointing))
 
 
-def run(name, seed, lr=lr):
-    """One cached training run; checkpointed every iteration so an interruption resumes."""
-    cfg = config(name, seed, lr)
-    params = dict(model=policy.fingerprint(model_path), dtype=dtype, device=device, threads=threads,
-                  **train.run_params(cfg))
-    ckpt = CKPT_DIR / f"{cache.key('train_run', params)}.pt"
-
-    def compute():
-        model, tok = policy.load_policy(model_path, dtype=dtype, device=device)
-        out = train.train_run(model, tok, cfg, ckpt_path=ckpt, model_path=model_path)
-        return out
-
-    out = cache.cached("train_run", params, compute)
-    ckpt.unlink(missing_ok=True)  # the cached result supersedes the checkpoint
-    return {k: df.assign(strategy=name, seed=seed) for k, df in out.items()}
+def small_runs(jobs):
+    """Cached runs of the small trainer (train.cached_train_many: checkpointed every iteration, so
+    an interruption resumes; `workers` processes compute the missing ones), one per (name, seed, lr)."""
+    outs = train.cached_train_many(model_path, [config(n, s, r) for n, s, r in jobs], workers=workers,
+                                   dtype=dtype, device=device, threads=threads)
+    return [{k: df.assign(strategy=n, seed=s) for k, df in out.items()} for (n, s, r), out in zip(jobs, outs)]
 
 
 def trl_out(name, seed, lr=lr):
@@ -160,10 +156,15 @@ def trl_run(name, seed, lr=lr):
     return {k: df.assign(strategy=name, seed=seed) for k, df in frames.items()}
 
 
-train_fn = trl_run if engine == "trl" else run
 t0 = time.time()
-runs = [train_fn(name, s) for name in strategies for s in seeds]
-probe = [train_fn(name, s, probe_lr) for name in probe_strategies for s in probe_seeds]
+jobs = [(name, s, lr) for name in strategies for s in seeds]
+probe_jobs = [(name, s, r) for r in probe_lrs for name in probe_strategies for s in probe_seeds]
+if engine == "trl":
+    runs, probe = [trl_run(*j) for j in jobs], [trl_run(*j) for j in probe_jobs]
+else:  # one pool for both, so the workers stay busy
+    both = small_runs(jobs + probe_jobs)
+    runs, probe = both[:len(jobs)], both[len(jobs):]
+probe = [{k: df.assign(lr=r) for k, df in out.items()} for out, (_, _, r) in zip(probe, probe_jobs)]
 wall = time.time() - t0
 evals = pd.concat([r["evals"] for r in runs], ignore_index=True)
 iters = pd.concat([r["iterations"] for r in runs], ignore_index=True)
@@ -178,7 +179,7 @@ print(f"{len(runs)} runs ({len(strategies)} strategies x seeds {seeds}), {wall:.
 if engine == "trl":
     tmon = pd.concat([r["monitor"] for r in runs], ignore_index=True)
     cache.write_table(tmon, Path(results_dir) / "fig08_trl_monitor.parquet")
-    print("engine = 'trl': every run below (Fig. 8, Table 2, Fig. 7(a), the probe) is TRL's GRPOTrainer "
+    print("engine = 'trl': every run below (Fig. 8, Table 2, Fig. 7(a), the lr sweep) is TRL's GRPOTrainer "
           "(engine.train_trl), read back through engine.small_trainer_frames into the small trainer's frames. "
           "Differences from the small trainer's columns:\n- " + "\n- ".join(rl_engine.TRL_FRAME_NOTES))
 
@@ -226,6 +227,7 @@ for c in cols:
     a = agg[agg.set == c].set_index("strategy")
     table2[f"{c}_mean"], table2[f"{c}_ci95"] = 100 * a["mean"], 100 * a["ci"]
 table2["rollouts_sampled"] = counts
+table2["optimizer_steps"] = iters.groupby(["strategy", "seed"]).updated.sum().mul(n_minibatches).groupby("strategy").mean()
 for k in ("discarded", "delayed"):
     col = f"buffer_{k}"
     table2[f"rollouts_{k}"] = last[col].groupby("strategy").mean() if col in last else np.nan
@@ -239,27 +241,53 @@ for c in cols:
 shown["rollouts (sampled / discarded / delayed)"] = [
     f"{s:.0f} / {d:.0f} / {y:.0f}" if r else f"{s:.0f}" for s, d, y, r in
     zip(table2.rollouts_sampled, table2.rollouts_discarded.fillna(0), table2.rollouts_delayed.fillna(0), table2.RB)]
+shown["optimizer steps"] = table2.optimizer_steps.round(1)
+evals_per_set = eval_n * eval_samples
 print(f"start (every run's iteration 0): average accuracy {start:.1f}%; {len(seeds)} seeds {seeds}, "
-      f"{iterations} iterations x {n_minibatches} Adam steps, lr {lr:g}")
+      f"{iterations} iterations x {n_minibatches} Adam steps, lr {lr:g}; evaluation avg@{eval_samples} on "
+      f"{eval_n} problems per set (binomial SE of one run's score on one set up to "
+      f"{100 * 0.5 / np.sqrt(evals_per_set):.1f} pts)")
+steps_equal = table2.optimizer_steps.nunique() == 1
+print("optimizer steps " + ("equal across strategies" if steps_equal else "differ across strategies (RB skipped "
+      "updates; run_rounds > 0 keeps RB sampling until every iteration updates)") + ": "
+      + ", ".join(f"{s} {v:g}" for s, v in zip(table2.strategy, table2.optimizer_steps)))
+if profile == "tiny":
+    print("This is the light run of `make figures`. The full test of Table 2 / Fig. 8 (10 seeds, 64 iterations, "
+          "equal optimizer steps, avg@4 on 256 problems per set, an lr sweep) is `make table2`: "
+          "notebooks/executed/tiny-table2/07_batching.ipynb, figures/tiny-table2/, data/results/tiny-table2/, "
+          "and its claims are in the README's table marked (`make table2`).")
 shown.style.hide(axis="index")
 
 # %% [markdown]
-# ## Stability probe
-# The paper's baseline collapses at its learning rate. The same runs at `probe_lr` (seeds
-# `probe_seeds`): average held-out accuracy at each evaluation, and the training batch's
-# reward and entropy at the last update. A run "collapsed" if its final average is below half
-# the starting accuracy. RB cannot recover from a collapse by construction: with no correct
-# rollouts left it never releases a batch, so the policy stops changing.
+# ## Stability sweep
+# The paper's baseline collapses at its learning rate (Qwen2.5-Math-7B) while QB+RB keeps
+# training. The same strategies at each of `probe_lrs` (seeds `probe_seeds`), beside their runs
+# at `lr`: final average held-out accuracy, runs collapsed (final average below half the starting
+# accuracy) and optimizer steps taken. RB cannot recover from a collapse by construction: with no
+# correct rollouts left it never releases a batch, so the policy stops changing.
 
 # %%
+sweep = pd.DataFrame()
 if probe:
     pe = pd.concat([r["evals"] for r in probe], ignore_index=True)
-    pcurve = pe.groupby(["strategy", "seed", "iteration"]).accuracy.mean().unstack("iteration")
     pit = pd.concat([r["iterations"] for r in probe], ignore_index=True)
-    cache.write_table(pe.assign(lr=probe_lr), Path(results_dir) / "fig08_probe_evals.parquet")
-    print(f"lr {probe_lr:g}: average held-out accuracy by iteration")
-    print((100 * pcurve).round(1).to_string())
-    print(pit.groupby(["strategy", "seed"]).agg(updates=("updated", "sum"), rounds=("rounds", "sum")).to_string())
+    at_lr = lambda df: df[df.strategy.isin(probe_strategies) & df.seed.isin(probe_seeds)].assign(lr=lr)  # noqa: E731
+    se = pd.concat([at_lr(evals), pe], ignore_index=True)
+    cache.write_table(pe, Path(results_dir) / "fig08_probe_evals.parquet")
+    fin = (se[se.iteration == iterations].groupby(["strategy", "lr", "seed"]).accuracy.mean().rename("final")
+           .reset_index())
+    steps_ = (pd.concat([at_lr(iters), pit]).groupby(["strategy", "lr", "seed"]).updated.sum()
+              .mul(n_minibatches).rename("optimizer_steps").reset_index())
+    sweep = fin.merge(steps_, on=["strategy", "lr", "seed"])
+    sweep["collapsed"] = sweep.final < 0.5 * start / 100
+    cache.write_table(sweep, Path(results_dir) / "table2_lr_sweep.csv")
+    show_sweep = sweep.groupby(["strategy", "lr"]).agg(
+        final_avg=("final", lambda x: f"{100 * x.mean():.1f} ± {100 * ST.t_interval(x)[2] - 100 * x.mean():.1f}"
+                   if len(x) > 1 else f"{100 * x.mean():.1f}"),
+        collapsed=("collapsed", lambda x: f"{int(x.sum())}/{len(x)}"),
+        optimizer_steps=("optimizer_steps", "mean")).unstack("strategy")
+    print(f"start: average {start:.1f}%; seeds {probe_seeds}; final average ± 95% t half-width over seeds")
+    display(show_sweep)
 
 # %% [markdown]
 # ## Fig. 8 — training curves
@@ -363,18 +391,17 @@ print(f"best average: {best}")
 # %% [markdown]
 # ## Reading
 # Every strategy sees the same prompts and evaluation draws for a given seed, so the claims use
-# paired per-seed differences from `random` with t intervals over seeds. At `probe_lr` the
-# probe runs above show whether the baseline and QB+RB collapse; RB stops updating by
+# paired per-seed differences from `random` with t intervals over seeds. At `probe_lrs` the
+# sweep above shows whether the baseline and QB+RB collapse; RB stops updating by
 # construction once there are no correct rollouts (no balanced batch), which freezes a collapsed
 # policy rather than rescuing it. RB's sample cost is in the timing and Table 2 columns above.
-# With few seeds and a small evaluation set, differences of a few points are within noise.
+# With few seeds and a small evaluation set, differences of a few points are within noise: the
+# light run of `make figures` (tiny) is a smoke test of the design, `make table2` is the test.
 
 # %%
-from cancellation import claims as C
-from cancellation import stats as ST
-
 rows = []
-for name, sign, stmt in (("QB+RB", 1, "QB+RB beats the baseline"), ("sign_partitioned", -1, "sign partitioning hurts")):
+for name, sign, stmt in (("QB+RB", 1, "QB+RB beats the baseline"), ("QB", 1, "QB beats the baseline"),
+                         ("RB", 1, "RB beats the baseline"), ("sign_partitioned", -1, "sign partitioning hurts")):
     if name in fa and "random" in fa:
         d = 100 * (fa[name] - fa["random"])
         rows.append(C.Claim(f"table2_{name}", "Table 2", stmt, "yes", *ST.t_interval(d), n=len(d),
@@ -386,6 +413,20 @@ if "random" in fa:
     rows.append(C.Claim("table2_baseline_collapse", "Table 2", "the baseline is unstable (collapses)", "yes",
                         r, lo, hi, n=n, unit="share of baseline runs collapsed", rule="direction", params=dict(sign=1),
                         detail=f"{k}/{n} collapsed at lr {lr:g} (Clopper–Pearson)"))
+for r_ in (probe_lrs if len(sweep) else []):
+    at = sweep[sweep.lr == r_].pivot(index="seed", columns="strategy", values="final")
+    if "random" in at:
+        k = int(sweep[(sweep.lr == r_) & (sweep.strategy == "random")].collapsed.sum())
+        pr, lo, hi, n = ST.proportion(sweep[(sweep.lr == r_) & (sweep.strategy == "random")].collapsed)
+        rows.append(C.Claim(f"table2_baseline_collapse_lr{r_:g}", "Table 2", f"the baseline collapses at lr {r_:g}",
+                            "yes", pr, lo, hi, n=n, unit="share of baseline runs collapsed", rule="direction",
+                            params=dict(sign=1), detail=f"{k}/{n} collapsed (Clopper–Pearson)"))
+    if "random" in at and "QB+RB" in at:
+        d = 100 * (at["QB+RB"] - at["random"])
+        rows.append(C.Claim(f"table2_QB+RB_lr{r_:g}", "Table 2", f"QB+RB beats the baseline at lr {r_:g}", "yes",
+                            *ST.t_interval(d), n=len(d), unit="pts vs random (paired)", rule="direction",
+                            params=dict(sign=1), detail=f"final average {100 * at['QB+RB'].mean():.1f}% vs random "
+                            f"{100 * at['random'].mean():.1f}%"))
 C.record(results_dir, "07", rows);
 
 # %% [markdown]
@@ -395,7 +436,7 @@ C.record(results_dir, "07", rows);
 # cancellation monitor attached. On the tiny profile this is a cross-check of the small trainer:
 # same policy, prompts source, batch shape, learning rate and evaluation; TRL draws its own
 # prompts and samples with HF `generate`, so the curves agree in kind, not draw for draw. On the
-# paper profile (`engine = "trl"`) every run above — Fig. 8, Table 2, Fig. 7(a), the probe — is
+# paper profile (`engine = "trl"`) every run above — Fig. 8, Table 2, Fig. 7(a), the lr sweep — is
 # already this call (vLLM colocated on one GPU; `accelerate launch --config_file
 # configs/accelerate_zero2.yaml` across GPUs), read back by `engine.small_trainer_frames`, and this
 # section has nothing to compare with: the small trainer is not run there.

@@ -167,3 +167,33 @@ def test_resume_equals_uninterrupted(tmp_path):
 def test_bad_plan_named():
     with pytest.raises(ValueError, match="plan"):
         train.TrainConfig(plan="by_length")
+
+
+def test_run_rounds_gives_every_iteration_an_update_and_respects_the_budget():
+    """RB with a run budget: iterations keep sampling until the buffer releases (equal optimizer
+    steps), counted against the budget; a budget too small for that leaves later iterations idle."""
+    tok = _load_m()[1]
+    kw = dict(tau=0.5, max_rounds=1, max_age=3, eval_sets=["easy"], eval_every=4)  # a strict quota: rounds fail
+    capped = train.train_run(_load_m()[0], tok, _tcfg(**kw), progress=False)["iterations"]
+    assert not capped.updated.all() and (capped.rounds == 1).all()  # the per-iteration cap skips updates
+    full = train.train_run(_load_m()[0], tok, _tcfg(run_rounds=40, **kw), progress=False)["iterations"]
+    assert full.updated.all() and full.rounds.sum() <= 40 and full.rounds.max() > 1
+    tight = train.train_run(_load_m()[0], tok, _tcfg(run_rounds=int(full.rounds.iloc[0]), **kw),
+                            progress=False)["iterations"]
+    assert tight.rounds.sum() == full.rounds.iloc[0] and tight.updated.tolist() == [True, False, False, False]
+    assert "run_rounds" not in train.run_params(_tcfg())  # default: earlier cache keys unchanged
+    assert train.run_params(_tcfg(run_rounds=40))["run_rounds"] == 40
+
+
+def test_cached_train_many_in_two_processes_equals_one(tmp_path, monkeypatch):
+    from cancellation import cache
+    monkeypatch.setattr(cache, "DEFAULT_DIR", tmp_path / "a")
+    cfgs = [_tcfg(iterations=2, reward_balanced=False, plan=p, eval_sets=["easy"]) for p in ("random", "query_preserved")]
+    one = train.cached_train_many("data/policies/tiny-m", cfgs, workers=1, progress=False)
+    monkeypatch.setattr(cache, "DEFAULT_DIR", tmp_path / "b")
+    monkeypatch.setenv("CANCELLATION_CACHE", str(tmp_path / "b"))  # the spawned workers' cache
+    two = train.cached_train_many("data/policies/tiny-m", cfgs, workers=2)
+    assert (tmp_path / "b").exists() and not list((tmp_path / "b" / "ckpt").glob("*.pt"))
+    for a, b in zip(one, two):
+        for k in a:
+            pd.testing.assert_frame_equal(_strip(a)[k], _strip(b)[k])

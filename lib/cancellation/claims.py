@@ -5,7 +5,7 @@ A notebook builds `Claim` records from the values it computed (never typed numbe
 `<results_dir>/claims.parquet` atomically. The verdict of a row is `RULES[rule](measured, lo, hi,
 **params)`; `verdict_of(row)` recomputes it from the stored numbers, and the tests check that it
 equals the stored verdict. `python -m cancellation.claims readme` writes the tiny profile's table
-into README.md between `<!-- claims:begin -->` and `<!-- claims:end -->`.
+(and the full Table 2 run's, `make table2`) into README.md between `<!-- claims:begin -->` and `<!-- claims:end -->`.
 
 Rules (all on the measured value m and its interval [lo, hi]; NaN bounds mean "no interval"):
 - direction(sign, ref=0, paper=None, point_ok=False): the paper says sign·(m − ref) > 0.
@@ -174,13 +174,31 @@ def table_markdown(df: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
-def update_readme(readme="README.md", registry="data/results/tiny/claims.parquet") -> bool:
-    """Write the registry's table between the markers; returns True when the file changed."""
+# The README's table: the tiny profile's registry, then the claims of the full Table 2 run
+# (`make table2`, profile tiny-table2) when it has been run, labelled by how to reproduce them.
+README_REGISTRIES = (("data/results/tiny/claims.parquet", ""),
+                     ("data/results/tiny-table2/claims.parquet", " (`make table2`)"))
+
+
+def readme_registry(root=".", registries=README_REGISTRIES) -> pd.DataFrame:
+    """The registries of the README table that exist under `root`, concatenated; a label is
+    appended to the figure column of the rows of each later registry."""
+    frames = [pd.read_parquet(Path(root) / path).assign(figure=lambda d, t=tag: d.figure + t)
+              for path, tag in registries if (Path(root) / path).exists()]
+    if not frames:
+        raise FileNotFoundError(f"no claims registry under {root}: {[p for p, _ in registries]}")
+    return pd.concat(frames, ignore_index=True)
+
+
+def update_readme(readme="README.md", registry=None) -> bool:
+    """Write the table between the markers (of `registry`, a claims.parquet path, or by default
+    `readme_registry` beside the README); returns True when the file changed."""
     readme = Path(readme)
     text = readme.read_text()
     if BEGIN not in text or END not in text:
         raise ValueError(f"{readme}: markers {BEGIN} / {END} not found")
-    table = table_markdown(pd.read_parquet(registry))
+    reg = pd.read_parquet(registry) if registry else readme_registry(readme.resolve().parent)
+    table = table_markdown(reg)
     new = re.sub(re.escape(BEGIN) + r".*?" + re.escape(END), lambda _: f"{BEGIN}\n{table}\n{END}", text, flags=re.S)
     if new != text:
         readme.write_text(new)
@@ -195,14 +213,15 @@ def readme_table(readme="README.md") -> str:
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m cancellation.claims")
     ap.add_argument("command", choices=["readme", "show"])
-    ap.add_argument("--registry", default="data/results/tiny/claims.parquet")
+    ap.add_argument("--registry", default=None, help="one claims.parquet (default: the README's registries)")
     ap.add_argument("--readme", default="README.md")
     a = ap.parse_args(argv)
     if a.command == "readme":
         changed = update_readme(a.readme, a.registry)
-        print(f"{a.readme}: claims table {'updated' if changed else 'unchanged'} from {a.registry}")
+        src = a.registry or ", ".join(p for p, _ in README_REGISTRIES if (Path(a.readme).resolve().parent / p).exists())
+        print(f"{a.readme}: claims table {'updated' if changed else 'unchanged'} from {src}")
     else:
-        print(table_markdown(pd.read_parquet(a.registry)))
+        print(table_markdown(pd.read_parquet(a.registry) if a.registry else readme_registry()))
 
 
 if __name__ == "__main__":

@@ -151,11 +151,17 @@ def sign_consistency_run(model, tokenizer, cfg: RunConfig, sgd_lr: float, progre
     return pd.DataFrame(out)
 
 
+_KEY_DEFAULTS = {"run_rounds": 0}
+
+
 def run_params(cfg) -> dict:
     """JSON-able parameters of a run (for cache keys): the config, the problem file's content hash
     instead of its path alone."""
     p = asdict(cfg)
     p["source"] = cfg.source.params()
+    for k, default in _KEY_DEFAULTS.items():  # fields added after runs were cached: at their default the
+        if p.get(k, default) == default:      # key stays the one earlier runs were stored under
+            p.pop(k, None)
     files = [d for d in getattr(cfg, "eval_sets", ()) if d not in tasks.DIFFICULTIES]
     if files:  # held-out problem files by content too (generated sets keep their keys)
         p["eval_fingerprints"] = {d: eval_source(d, cfg.source).fingerprint() for d in files}
@@ -179,6 +185,7 @@ class TrainConfig(_SamplesThePolicy):
     tau: float = 0.4                # RB quota of either sign
     max_rounds: int = 4             # RB: sampling rounds per iteration before it gives up (no update)
     max_age: int = 2                # RB: rounds a buffered rollout may wait before it is discarded
+    run_rounds: int = 0             # RB: sampling rounds for the whole run; >0: an iteration samples until the buffer releases (equal optimizer steps across strategies) while the run has rounds left; 0: max_rounds per iteration
     eval_every: int = 4             # iterations between evaluations (and one before training)
     eval_sets: list = field(default_factory=lambda: list(tasks.DIFFICULTIES))  # held-out difficulties or problem files
     eval_n: int = 64                # problems per evaluation set
@@ -368,7 +375,13 @@ def _train_run(model, tok, cfg, opt, sampler, ckpt_path, ckpt_every, progress, o
                    initial=st["iteration"], total=cfg.iterations):
         t0 = time.time()
         batch, rounds, drawn = None, 0, []
-        while batch is None and rounds < (cfg.max_rounds if cfg.reward_balanced else 1):
+        if not cfg.reward_balanced:
+            cap = 1
+        elif cfg.run_rounds:  # equal optimizer steps: keep sampling while the run's budget lasts
+            cap = max(0, cfg.run_rounds - st["round"])
+        else:
+            cap = cfg.max_rounds
+        while batch is None and rounds < cap:
             r = st["round"]
             pseed, sseed = rollout.round_seeds(cfg.seed, r)
             b = sampler.sample(tok, cfg.source.draw(cfg.n_prompts, pseed), sseed)
@@ -380,7 +393,7 @@ def _train_run(model, tok, cfg, opt, sampler, ckpt_path, ckpt_every, progress, o
                 st["buffer"].add(b, r)
                 batch = st["buffer"].release(r)
         t_sample = time.time() - t0
-        row = dict(iteration=it, rounds=rounds, sampled_acc=float(torch.cat([d.reward for d in drawn]).mean()),
+        row = dict(iteration=it, rounds=rounds, sampled_acc=float(torch.cat([d.reward for d in drawn]).mean()) if drawn else float("nan"),
                    updated=batch is not None, t_sample=t_sample)
         if st["buffer"] is not None:
             row.update({f"buffer_{k}": v for k, v in st["buffer"].stats().items()
@@ -411,3 +424,62 @@ def _train_run(model, tok, cfg, opt, sampler, ckpt_path, ckpt_every, progress, o
             on_iteration(it, model)
     return {"iterations": pd.DataFrame(st["iters"]), "minibatches": pd.DataFrame(st["mbs"]),
             "evals": pd.DataFrame(st["evals"])}
+
+
+# --------------------------------------------------------------------------- cached runs, in parallel
+def _train_key(model_path, cfg: TrainConfig, dtype: str, device: str, threads: int) -> dict:
+    from . import policy
+    return dict(model=policy.fingerprint(model_path), dtype=dtype, device=device, threads=threads, **run_params(cfg))
+
+
+def cached_train(model_path, cfg: TrainConfig, dtype: str = "float32", device: str = "cpu", threads: int = 1,
+                 progress: bool = True) -> dict:
+    """One cached `train_run` from the policy at `model_path`: {'iterations', 'minibatches', 'evals'}.
+
+    The key is the policy's content hash, dtype, device, torch threads (float32 sums depend on
+    them) and the config. The run is checkpointed every iteration under the cache's ckpt/ folder,
+    so an interrupted run resumes; the checkpoint is deleted once the result is cached.
+    """
+    from . import cache, policy
+    params = _train_key(model_path, cfg, dtype, device, threads)
+    ckpt_dir = cache.DEFAULT_DIR / "ckpt"
+    ckpt_dir.mkdir(parents=True, exist_ok=True)
+    ckpt = ckpt_dir / f"{cache.key('train_run', params)}.pt"
+
+    def compute():
+        torch.set_num_threads(threads)
+        model, tok = policy.load_policy(model_path, dtype=dtype, device=device)
+        return train_run(model, tok, cfg, ckpt_path=ckpt, model_path=model_path, progress=progress)
+
+    out = cache.cached("train_run", params, compute)
+    ckpt.unlink(missing_ok=True)  # the cached result supersedes the checkpoint
+    return out
+
+
+def _train_worker(args) -> str:
+    model_path, cfg, kw = args
+    cached_train(model_path, cfg, progress=False, **kw)
+    return f"{cfg.plan}{'+RB' if cfg.reward_balanced else ''} seed {cfg.seed} lr {cfg.update.lr:g}"
+
+
+def cached_train_many(model_path, cfgs: list[TrainConfig], workers: int = 1, dtype: str = "float32",
+                      device: str = "cpu", threads: int = 1, progress: bool = True) -> list[dict]:
+    """`cached_train` for every config, in order. With `workers` > 1 the runs not cached yet are
+    first computed by that many processes (spawned, each with `threads` torch threads, so every
+    run gives the same numbers as in one process); a progress bar counts finished runs."""
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+    from multiprocessing import get_context
+
+    from tqdm import tqdm
+
+    from . import cache
+    kw = dict(dtype=dtype, device=device, threads=threads)
+    if workers > 1:
+        todo = [c for c in cfgs if cache.load("train_run", _train_key(model_path, c, **kw)) is cache.MISS]
+        if todo:
+            with ProcessPoolExecutor(min(workers, len(todo)), mp_context=get_context("spawn")) as ex:
+                futs = [ex.submit(_train_worker, (model_path, c, kw)) for c in todo]
+                for f in tqdm(as_completed(futs), total=len(futs), desc=f"training runs ({workers} processes)",
+                              disable=not progress):
+                    log.info("finished %s", f.result())
+    return [cached_train(model_path, c, progress=progress, **kw) for c in cfgs]
