@@ -47,6 +47,10 @@ def test_07_batching(out_root):
     assert list(t2.index) == ["random", "QB", "RB", "QB+RB", "sign_partitioned"]
     assert list(t2.QB) == [False, True, False, True, False] and list(t2.RB) == [False, False, True, True, False]
     assert t2.average_mean.between(0, 100).all() and (t2.n_seeds == 2).all()
+    assert (t2.optimizer_steps == 2 * 2).all()  # run_rounds: RB updates on every iteration, like the others
+    sweep = pd.read_csv(res / "table2_lr_sweep.csv")
+    assert sorted(sweep.lr.unique()) == [3e-4, 1e-3] and set(sweep.strategy) == {"random", "QB+RB"}
+    assert (sweep.optimizer_steps == 4).all() and sweep.final.between(0, 1).all()
     curves = pd.read_parquet(res / "fig08_training_curves.parquet")
     start = curves[curves.iteration == 0].groupby(["seed", "set"]).accuracy.nunique()
     assert (start == 1).all()  # every strategy starts from the same policy and evaluation draws
