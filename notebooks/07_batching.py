@@ -400,17 +400,19 @@ print(f"best average: {best}")
 
 # %%
 rows = []
+T2 = f"Table 2 ({len(seeds)} seeds x {iterations} iterations)"  # the run size, in the claim's figure column
+T2_SWEEP = f"Table 2, lr sweep ({len(probe_seeds)} seeds x {iterations} iterations)"
 for name, sign, stmt in (("QB+RB", 1, "QB+RB beats the baseline"), ("QB", 1, "QB beats the baseline"),
                          ("RB", 1, "RB beats the baseline"), ("sign_partitioned", -1, "sign partitioning hurts")):
     if name in fa and "random" in fa:
         d = 100 * (fa[name] - fa["random"])
-        rows.append(C.Claim(f"table2_{name}", "Table 2", stmt, "yes", *ST.t_interval(d), n=len(d),
+        rows.append(C.Claim(f"table2_{name}", T2, stmt, "yes", *ST.t_interval(d), n=len(d),
                             unit="pts vs random (paired)", rule="direction", params=dict(sign=sign),
                             detail=f"final average {100 * fa[name].mean():.1f}% vs random {100 * fa['random'].mean():.1f}%"))
 if "random" in fa:
     k = int((fa["random"] < 0.5 * start / 100).sum())
     r, lo, hi, n = ST.proportion(fa["random"] < 0.5 * start / 100)
-    rows.append(C.Claim("table2_baseline_collapse", "Table 2", "the baseline is unstable (collapses)", "yes",
+    rows.append(C.Claim("table2_baseline_collapse", T2, "the baseline is unstable (collapses)", "yes",
                         r, lo, hi, n=n, unit="share of baseline runs collapsed", rule="direction", params=dict(sign=1),
                         detail=f"{k}/{n} collapsed at lr {lr:g} (Clopper–Pearson)"))
 for r_ in (probe_lrs if len(sweep) else []):
@@ -418,12 +420,12 @@ for r_ in (probe_lrs if len(sweep) else []):
     if "random" in at:
         k = int(sweep[(sweep.lr == r_) & (sweep.strategy == "random")].collapsed.sum())
         pr, lo, hi, n = ST.proportion(sweep[(sweep.lr == r_) & (sweep.strategy == "random")].collapsed)
-        rows.append(C.Claim(f"table2_baseline_collapse_lr{r_:g}", "Table 2", f"the baseline collapses at lr {r_:g}",
+        rows.append(C.Claim(f"table2_baseline_collapse_lr{r_:g}", T2_SWEEP, f"the baseline collapses at lr {r_:g}",
                             "yes", pr, lo, hi, n=n, unit="share of baseline runs collapsed", rule="direction",
                             params=dict(sign=1), detail=f"{k}/{n} collapsed (Clopper–Pearson)"))
     if "random" in at and "QB+RB" in at:
         d = 100 * (at["QB+RB"] - at["random"])
-        rows.append(C.Claim(f"table2_QB+RB_lr{r_:g}", "Table 2", f"QB+RB beats the baseline at lr {r_:g}", "yes",
+        rows.append(C.Claim(f"table2_QB+RB_lr{r_:g}", T2_SWEEP, f"QB+RB beats the baseline at lr {r_:g}", "yes",
                             *ST.t_interval(d), n=len(d), unit="pts vs random (paired)", rule="direction",
                             params=dict(sign=1), detail=f"final average {100 * at['QB+RB'].mean():.1f}% vs random "
                             f"{100 * at['random'].mean():.1f}%"))
