@@ -44,8 +44,11 @@ G = 8                               # rollouts per prompt
 temperature = 1.0                   # sampling temperature (batch and continuations)
 max_new_tokens = 96                 # response cap (a continuation ends where a rollout would)
 lr = 0.1                            # SGD learning rate of the GRPO steps (App. D.2: plain SGD, lr 0.1)
-repeat_steps = 5                    # K: GRPO steps on the same batch for Fig. 11 (SGD step 1 is Fig. 5's)
-adam_lr = 1e-4                      # Fig. 11 also repeats Adam steps (the training optimizer) at this lr; 0 skips
+repeat_steps = 10                   # K: GRPO steps on the same batch for Fig. 11
+sgd_lrs = [0.1, 1.0]                # Fig. 11: plain-SGD learning rates of the repeated steps ([] skips SGD)
+adam_lrs = [1e-3, 1e-2]             # Fig. 11: Adam learning rates of the repeated steps (the training optimizer; [] skips Adam)
+nonlinear_share = 0.2               # Fig. 11 reads, per optimizer, the smallest lr at which this share of pool statuses changed from step 1 to step K
+n_pool11 = 150                      # Fig. 11: tokens per rollout sign valued for the repeated steps, drawn before any step, whatever their status
 eps = 1e-6                          # boosted/suppressed threshold on Δlog p
 p_max = 0.999                       # skip tokens with p_t above this (Eq. 20 divides by 1 - p_t)
 M = 16                              # continuations per branch and token (paper: 256)
@@ -101,49 +104,41 @@ if source.reward_report():
     print(source.reward_report())
 
 # %% [markdown]
-# ## K GRPO steps on the batch
-# Full scope, verl's token-mean clipped loss, one mini-batch, float64. All K steps use the same
-# batch and the same θ_old (the log-probs before the first step), like K epochs on one rollout
-# batch. After step k a token is boosted / suppressed / stable by its cumulative Δlog p =
-# log π_θk − log π_θ0 against ε. Fig. 5 uses the first plain-SGD step (lr 0.1, App. D.2); Fig. 11
-# repeats SGD steps and, separately, Adam steps (the optimizer of the training runs, whose first
-# step is sign descent and moves log-probs by orders of magnitude more). Cached.
+# ## GRPO steps on the batch
+# Full scope, verl's token-mean clipped loss, one mini-batch, float64. Fig. 5 splits tokens by
+# the first plain-SGD step (lr 0.1, App. D.2). Fig. 11 repeats K steps on the same batch with the
+# same θ_old (the log-probs before the first step), like K epochs on one rollout batch, for each
+# optimizer and learning rate of `sgd_lrs` / `adam_lrs` (`value.repeated_deltas`); after step k a
+# token is boosted / suppressed / stable by its cumulative Δlog p = log π_θk − log π_θ0 against
+# ε. Every run is cached.
 
 # %%
-def grpo_steps(optimizer, step_lr):
-    m = policy.cast(model, dtype)
-    cfg = grpo.UpdateConfig(optimizer=optimizer, lr=step_lr, scope="full", n_minibatches=1, chunk_rows=chunk_rows,
-                            token_chunk=token_chunk, gradient_checkpointing=gradient_checkpointing)
-    opt = grpo.make_optimizer(m, cfg)
-    before = measure.token_stats(m, batch, chunk_rows, token_chunk=token_chunk)
-    table = measure.token_table(batch, before, tokenizer=tok)
-    for k in range(1, repeat_steps + 1):
-        grpo.grpo_step(m, batch, cfg, optimizer=opt, old_logp=before.logp)
-        after = measure.token_stats(m, batch, chunk_rows, token_chunk=token_chunk)
-        table[f"delta_{k}"] = (after.logp - before.logp)[batch.response_mask].cpu().numpy()
-    del m, opt
-    return table
+def ucfg(optimizer, step_lr):
+    return grpo.UpdateConfig(optimizer=optimizer, lr=step_lr, scope="full", n_minibatches=1, chunk_rows=chunk_rows,
+                             token_chunk=token_chunk, gradient_checkpointing=gradient_checkpointing)
 
 
-def steps_run(optimizer, step_lr):
-    params = dict(model=fp, dtype=dtype, sample=rollout.config_params(scfg), optimizer=optimizer, lr=step_lr,
-                  K=repeat_steps)
-    return cache.cached("value_gap_steps", params, lambda: grpo_steps(optimizer, step_lr))
+def steps_run(optimizer, step_lr, K):
+    """(K, response tokens) cumulative Δlog p of K steps on the batch (cached)."""
+    params = dict(model=fp, dtype=dtype, sample=rollout.config_params(scfg), optimizer=optimizer, lr=step_lr, K=K)
+    return cache.cached("repeated_deltas", params,
+                        lambda: value.repeated_deltas(model, batch, ucfg(optimizer, step_lr), K))
 
 
 t0 = time.perf_counter()
-tokens = steps_run("sgd", lr)
-runs = {"sgd": tokens}
-if adam_lr > 0:
-    runs["adam"] = steps_run("adam", adam_lr)
-for name, t in runs.items():
-    for k in range(1, repeat_steps + 1):
-        tokens[f"{name}_delta_{k}"] = t[f"delta_{k}"].to_numpy()
-tokens["status"] = measure.classify(tokens["sgd_delta_1"], eps)
-print(f"{len(runs)} x {repeat_steps} GRPO steps + forwards: {time.perf_counter() - t0:.1f} s (cached after the first run)")
-for name in runs:
-    d = np.abs(tokens[tokens.sign != "zero"][[f"{name}_delta_1", f"{name}_delta_{repeat_steps}"]])
-    print(f"{name}: median |Δlog p| after step 1 {d.iloc[:, 0].median():.1e}, after step {repeat_steps} {d.iloc[:, 1].median():.1e}")
+tokens = measure.token_table(batch, measure.token_stats(model, batch, chunk_rows, token_chunk=token_chunk),
+                             tokenizer=tok)
+tokens["tok_idx"] = np.arange(len(tokens))  # position in the response-token order of every Δlog p array
+tokens["delta"] = steps_run("sgd", lr, 1)[0]
+tokens["status"] = measure.classify(tokens["delta"], eps)
+grid = [("sgd", r) for r in sgd_lrs] + [("adam", r) for r in adam_lrs]
+deltas = {(o, r): steps_run(o, r, repeat_steps) for o, r in grid}
+print(f"1 + {len(grid)} x {repeat_steps} GRPO steps + forwards: {time.perf_counter() - t0:.1f} s "
+      "(cached after the first run)")
+mixed = (tokens.sign != "zero").to_numpy()
+for (o, r), D in deltas.items():
+    print(f"{o} lr {r:g}: median |Δlog p| after step 1 {np.median(np.abs(D[0][mixed])):.1e}, after step "
+          f"{repeat_steps} {np.median(np.abs(D[-1][mixed])):.1e}")
 
 signed = tokens[tokens.sign != "zero"]
 skipped = signed.prob > p_max
@@ -176,8 +171,7 @@ for est in estimators:
 mc = pd.DataFrame(mc)
 vt = pd.concat([v.assign(estimator=e) for e, v in valued.items()], ignore_index=True)
 keep_cols = ["rollout", "group", "position", "token_id", "token", "reward", "advantage", "sign", "prob", "entropy",
-             "status"] + [f"{n}_delta_{k}" for n in runs for k in range(1, repeat_steps + 1)] + [
-                 "avg0", "avg1", "delta_hat", "delta_se", "M", "estimator"]
+             "delta", "status", "avg0", "avg1", "delta_hat", "delta_se", "M", "estimator"]
 cache.write_table(vt[keep_cols], Path(results_dir) / "fig05_token_values.parquet")
 se = vt.groupby("estimator").delta_se.describe(percentiles=[0.5, 0.9])[["mean", "50%", "90%", "max"]]
 print(mc.to_string(index=False))
@@ -268,44 +262,57 @@ plt.show()
 
 # %% [markdown]
 # ## Fig. 11 — repeated GRPO steps on the same batch
-# After each of K steps, the pool's tokens are re-split by their cumulative Δlog p; equal
-# numbers are drawn per cell (the smallest cell's size) and the gap recomputed. Values are not
-# re-estimated: Δ̂ is the value under the policy that sampled the batch.
+# A pool of `n_pool11` tokens per rollout sign is drawn from the mixed groups' tokens (p ≤ p_max)
+# **before any step and whatever their status**, and valued once under π_θ0 (the first
+# estimator; values shared with the Fig. 5 pool where tokens coincide). After each step k the
+# pool is split by its cumulative Δlog p and the sign-balanced gap recomputed
+# (`value.repeated_gap`): a token-bootstrap interval per step, and gap(k) − gap(1) with a paired
+# bootstrap. Plain SGD at lr 0.1 stays first-order (statuses barely change, so a flat gap is
+# built in); the claim reads, per optimizer, the smallest learning rate of the grid at which at
+# least `nonlinear_share` of the pool's statuses changed between step 1 and step K
+# (`value.nonlinear_choice`), so the test is made where repeated steps can change the split.
 
 # %%
+pool11 = value.balanced_sample(signed[~skipped], by=("sign",), seed=seed + 11, n=n_pool11)
+cfg11 = value.ValueConfig(M=M, seed=seed, temperature=temperature, max_new_tokens=max_new_tokens,
+                          estimator=estimators[0], p_max=p_max, rows_per_chunk=rows_per_chunk, backend=backend)
+v11 = value.token_values(sampler, tok, batch, pool11, cfg11, mid=mid, verifier=verifier)
 rows = []
-for name in runs:
-    for k in range(1, repeat_steps + 1):
-        split = vt.copy()
-        split["status_k"] = measure.classify(split[f"{name}_delta_{k}"], eps)
-        split = split[split.status_k != "stable"]
-        bal = pd.concat([value.balanced_sample(d, by=("sign", "status_k"), seed=seed + k)
-                         for _, d in split.groupby("estimator")])
-        g = gaps(bal, status_col="status_k", run=name, step=k)
-        first = vt[vt.estimator == estimators[0]]
-        g["changed_status"] = float((first.status != measure.classify(first[f"{name}_delta_{k}"], eps)).mean())
-        rows.append(g)
+for (o, r), D in deltas.items():
+    rg = value.repeated_gap(v11.delta_hat, v11.sign, D[:, v11.tok_idx.to_numpy()], eps, n_boot, seed)
+    rows.append(rg.assign(optimizer=o, lr=r, estimator=estimators[0]))
 fig11 = pd.concat(rows, ignore_index=True)
 cache.write_table(fig11, Path(results_dir) / "fig11_repeated_gap.parquet")
+last11 = fig11[fig11.step == repeat_steps].set_index(["optimizer", "lr"])
+chosen = {o: value.nonlinear_choice(last11.loc[o].changed_status.to_dict(), nonlinear_share)
+          for o in dict.fromkeys(o for o, _ in grid)}
 
-est = estimators[0]
-fig, axes = plots.figure(ncols=len(runs), width=plots.WIDTH_2COL if len(runs) > 1 else plots.WIDTH_1COL, height=2.0)
-for ax, name in zip(np.atleast_1d(axes), runs):
-    for sign in ("all", "pos", "neg"):
-        d = fig11[(fig11.estimator == est) & (fig11.run == name) & (fig11.sign == sign)]
-        ax.plot(d.step, d.gap, marker="o", ms=3, lw=1.4 if sign == "all" else 0.9, color=plots.SIGN_COLORS[sign],
-                label=plots.SIGN_LABELS[sign] if sign != "all" else "balanced (both signs)")
-        if sign == "all":
-            ax.fill_between(d.step, d.lo, d.hi, color=plots.SIGN_COLORS[sign], alpha=0.12)
+fig, axes = plots.figure(ncols=3, width=plots.WIDTH_2COL, height=2.1)
+for ax, o in zip(axes[:2], ("sgd", "adam")):
+    lrs_o = [r for oo, r in grid if oo == o]
+    for j, r in enumerate(lrs_o):
+        d = fig11[(fig11.optimizer == o) & (fig11.lr == r)]
+        color = plots.PALETTE[j % len(plots.PALETTE)]
+        ax.plot(d.step, d.gap, marker="o", ms=2.5, lw=1.4 if r == chosen[o] else 0.9, color=color,
+                label=f"lr {r:g}" + (" (read)" if r == chosen[o] else ""))
+        ax.fill_between(d.step, d.lo, d.hi, color=color, alpha=0.12)
     ax.axhline(0, color="k", lw=0.5)
-    step_lr = lr if name == "sgd" else adam_lr
-    ax.set(title=f"{'SGD' if name == 'sgd' else 'Adam'} lr {step_lr:g} ({est} estimator)",
-           xlabel="GRPO steps on the same batch", ylabel="value gap", xticks=range(1, repeat_steps + 1))
-np.atleast_1d(axes)[0].legend(frameon=False, fontsize=6)
+    ax.set(title=f"{'SGD' if o == 'sgd' else 'Adam'}: value gap ({estimators[0]})", xlabel="GRPO steps on the same batch",
+           ylabel="balanced value gap")
+    if lrs_o:
+        ax.legend(frameon=False, fontsize=6)
+for j, ((o, r), d) in enumerate(fig11.groupby(["optimizer", "lr"], sort=False)):
+    axes[2].plot(d.step, 100 * d.changed_status, marker="o", ms=2.5, lw=1.0, color=plots.PALETTE[j % len(plots.PALETTE)],
+                 ls="-" if o == "adam" else "--", label=f"{o} {r:g}")
+axes[2].axhline(100 * nonlinear_share, color="k", lw=0.6, ls=":")
+axes[2].set(title="statuses changed since step 1", xlabel="GRPO steps on the same batch", ylabel="% of pool tokens")
+axes[2].legend(frameon=False, fontsize=5.5)
 fig.tight_layout()
 plots.save(fig, "fig11_repeated_updates", fig_dir)
 plt.show()
-fig11[fig11.sign == "all"].round(3)
+print(f"pool: {len(v11)} tokens ({n_pool11} per rollout sign, any status); read per optimizer: "
+      + ", ".join(f"{o} lr {c:g}" if c is not None else f"{o}: no lr reached {nonlinear_share:.0%}" for o, c in chosen.items()))
+last11[["gap", "lo", "hi", "change", "change_lo", "change_hi", "changed_status"]].round(3)
 
 # %% [markdown]
 # ## What the numbers say
@@ -322,10 +329,9 @@ for est in estimators:
     b = fig5b[(fig5b.estimator == est) & (fig5b.sign == "all")]
     print(f"{'':>8}  gap by top-k% entropy: " + ", ".join(f"{k}%: {x:+.3f}" for k, x in zip(b.k, b.gap))
           + f"  (largest at k = {int(b.k.iloc[int(np.nanargmax(b.gap.to_numpy()))])}%)")
-    for name in runs:
-        f = fig11[(fig11.estimator == est) & (fig11.run == name) & (fig11.sign == "all")]
-        print(f"{'':>8}  gap after 1..{repeat_steps} {name} steps: " + ", ".join(f"{x:+.3f}" for x in f.gap)
-              + f"  (share of tokens whose status changed by step {repeat_steps}: {f.changed_status.iloc[-1]:.3f})")
+for (o, r), f in fig11.groupby(["optimizer", "lr"], sort=False):
+    print(f"Fig. 11, {o} lr {r:g}: gap after 1..{repeat_steps} steps " + ", ".join(f"{x:+.3f}" for x in f.gap)
+          + f"; statuses changed by step {repeat_steps}: {f.changed_status.iloc[-1]:.1%}")
 print(f"M = {M}; median per-token SE: " + ", ".join(f"{e} {v:.3f}" for e, v in se["50%"].items())
       + f"; wall time so far {time.perf_counter() - t_start:.0f} s")
 
@@ -336,10 +342,11 @@ print(f"M = {M}; median per-token SE: " + ", ".join(f"{e} {v:.3f}" for e, v in s
 # down at the sequence level, ends up raising the better tokens — the hidden credit assignment
 # the paper describes. Fig. 5(b): at this scale the highest-entropy tokens are the randomised
 # scaffold words, whose choice never affects the reward, so their value is 0 whatever the update
-# does; the value-carrying decisions sit at intermediate entropy. Fig. 11: repeated plain-SGD
-# steps stay in the first-order regime, so the cumulative Δlog p keeps the signs of the first
-# step (the share of changed statuses is printed) and a flat gap is built in; the steps share
-# their tokens, so the curves are strongly correlated. The claims, with this run's numbers:
+# does; the value-carrying decisions sit at intermediate entropy. Fig. 11: plain SGD at small lr
+# stays first-order (the cumulative Δlog p keeps the signs of step 1, a flat gap is built in),
+# so the claim is read where the printed share of changed statuses reaches `nonlinear_share`;
+# the steps share their tokens, so the curves of one run are strongly correlated, which the
+# paired interval of gap(K) − gap(1) accounts for. The claims, with this run's numbers:
 
 # %%
 from cancellation import claims as C
@@ -379,15 +386,18 @@ for sign, label in (("pos", "A > 0"), ("neg", "A < 0")):  # the gap within confi
                             f"boosted tokens have higher value than suppressed ({label}, {conf})", "yes",
                             g, lo, hi, n=len(b) + len(sp), unit="value gap", rule="direction", params=dict(sign=1),
                             detail=f"{len(b)} boosted, {len(sp)} suppressed tokens in this stratum"))
-for name in runs:
-    f11 = fig11[(fig11.estimator == estimators[0]) & (fig11.run == name) & (fig11.sign == "all")]
-    first, last = f11.iloc[0], f11.iloc[-1]
-    # paired: the same valued tokens split by step 1 and by step K, resampled together
-    d, lo, hi = S.paired_gap_change(v0.delta_hat, v0.sign, measure.classify(v0[f"{name}_delta_1"], eps),
-                                        measure.classify(v0[f"{name}_delta_{repeat_steps}"], eps), n_boot, seed)
-    rows.append(C.Claim(f"fig11_{name}", f"Fig. 11 ({name}, {estimators[0]})", "repeated updates widen the gap", "yes",
-                        d, lo, hi, n=len(v0), unit=f"gap(step {repeat_steps}) − gap(step 1), paired", rule="direction",
-                        params=dict(sign=1),
-                        detail=f"balanced draws: {first.gap:+.2f} [{first.lo:+.2f}, {first.hi:+.2f}] → {last.gap:+.2f} "
-                        f"[{last.lo:+.2f}, {last.hi:+.2f}]; statuses changed {100 * last.changed_status:.1f}%"))
+for o, c in chosen.items():  # Fig. 11 in the regime where repeated steps change the split
+    others = "; ".join(f"lr {r:g}: {100 * x.changed_status:.0f}% changed, change {x.change:+.3f}"
+                       for r, x in last11.loc[o].iterrows())
+    if c is None:
+        rows.append(C.Claim(f"fig11_{o}", f"Fig. 11 ({o}, {estimators[0]}, non-linear regime)",
+                            "repeated updates widen the gap", "yes", np.nan, np.nan, np.nan, n=len(v11),
+                            unit=f"gap(step {repeat_steps}) − gap(step 1), paired", rule="direction",
+                            params=dict(sign=1), detail=f"no lr reached {nonlinear_share:.0%} changed statuses: {others}"))
+        continue
+    x = last11.loc[(o, c)]
+    rows.append(C.Claim(f"fig11_{o}", f"Fig. 11 ({o} lr {c:g}, {estimators[0]}, non-linear regime)",
+                        "repeated updates widen the gap", "yes", x.change, x.change_lo, x.change_hi, n=len(v11),
+                        unit=f"gap(step {repeat_steps}) − gap(step 1), paired", rule="direction", params=dict(sign=1),
+                        detail=f"{100 * x.changed_status:.0f}% of statuses changed; gap {fig11[(fig11.optimizer == o) & (fig11.lr == c)].gap.iloc[0]:+.2f} → {x.gap:+.2f}; grid: {others}"))
 C.record(results_dir, "05", rows);

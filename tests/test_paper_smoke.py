@@ -118,7 +118,7 @@ def test_paper_profile_can_fill_fig7b_and_trains_at_the_papers_lr():
     paper = yaml.safe_load(PAPER.read_text())
     s = paper["06_sampling_budget"]
     assert s["G"] >= 2 * (s["G_comp"] - 1)
-    assert paper["05_value_gap"]["adam_lr"] == paper["01_token_flipping"]["lr"] == paper["07_batching"]["lr"] == 1e-6
+    assert paper["05_value_gap"]["adam_lrs"][0] == paper["01_token_flipping"]["lr"] == paper["07_batching"]["lr"] == 1e-6
 
 
 @pytest.mark.slow

@@ -181,3 +181,50 @@ def test_cuda_continuations_match_cpu_when_greedy_and_are_seeded(model64, tok):
     a = value.sample_continuations(cuda, prefixes, temperature=1.0, **args)
     b = value.sample_continuations(cuda, prefixes, temperature=1.0, **args)
     assert all(torch.equal(x, y) for x, y in zip(a, b)) and all(x.device.type == "cpu" for x in a)
+
+
+def test_repeated_gap_matches_a_brute_force_loop():
+    """value.repeated_gap vs explicit loops: gap per step, changed share, paired change."""
+    rng = np.random.default_rng(0)
+    n, K, eps = 60, 3, 1e-6
+    vals, sign = rng.normal(size=n), np.array(["pos", "neg"] * (n // 2))
+    deltas = rng.normal(scale=1e-5, size=(K, n))
+    out = value.repeated_gap(vals, sign, deltas, eps, n_boot=200, seed=1)
+
+    def gap(status):
+        g = []
+        for s in ("pos", "neg"):
+            b = [v for v, sg, st in zip(vals, sign, status) if sg == s and st == "boosted"]
+            m = [v for v, sg, st in zip(vals, sign, status) if sg == s and st == "suppressed"]
+            g.append(sum(b) / len(b) - sum(m) / len(m))
+        return (g[0] + g[1]) / 2
+
+    status = [["boosted" if d > eps else "suppressed" if d < -eps else "stable" for d in row] for row in deltas]
+    for k in range(K):
+        r = out.iloc[k]
+        assert r.step == k + 1 and r.gap == pytest.approx(gap(status[k]), abs=1e-12)
+        assert r.change == pytest.approx(gap(status[k]) - gap(status[0]), abs=1e-12)
+        assert r.changed_status == pytest.approx(np.mean([a != b for a, b in zip(status[k], status[0])]))
+        assert r.lo <= r.gap <= r.hi
+    assert value.nonlinear_choice({0.1: 0.05, 1.0: 0.3, 10.0: 0.5}, 0.2) == 1.0
+    assert value.nonlinear_choice({0.1: 0.05}, 0.2) is None
+
+
+def test_repeated_deltas_are_cumulative_steps_with_one_optimizer_and_restore_theta(model64, tok):
+    from cancellation import grpo
+    m = copy.deepcopy(model64)
+    b = rollout.sample_batch(m, tok, tasks.sample_problems(3, seed=1), G=4, max_new_tokens=24, seed=0)
+    b.reward = torch.tensor([1, 0, 0, 1, 1, 1, 1, 1, 0, 1, 0, 0], dtype=torch.float64)
+    b.advantage = rollout.group_advantages(b.reward, b.group)
+    cfg = grpo.UpdateConfig(optimizer="adam", lr=1e-2, n_minibatches=1)
+    theta = {k: v.clone() for k, v in m.state_dict().items()}
+    D = value.repeated_deltas(m, b, cfg, K=2)
+    assert all(torch.equal(v, theta[k]) for k, v in m.state_dict().items())
+    ref = copy.deepcopy(model64)  # independent: two steps of one Adam on a copy, θ_old fixed at θ0
+    before = measure.token_stats(ref, b).logp
+    opt = torch.optim.Adam(ref.parameters(), lr=1e-2)
+    for k in range(2):
+        grpo.grpo_step(ref, b, cfg, optimizer=opt, old_logp=before)
+        want = (measure.token_stats(ref, b).logp - before)[b.response_mask].numpy()
+        assert np.allclose(D[k], want, rtol=0, atol=1e-12)
+    assert np.abs(D[1] - D[0]).max() > 1e-4

@@ -488,3 +488,53 @@ def balanced_sample(df: pd.DataFrame, by=("sign", "status"), seed: int = 0, n: i
     groups = df.groupby(list(by))
     n = min(n or len(df), groups.size().min())
     return groups.sample(n=n, random_state=seed).reset_index(drop=True)
+
+
+# --------------------------------------------------------------------------- Fig. 11: repeated steps
+def repeated_deltas(model, batch, cfg: "grpo.UpdateConfig", K: int) -> np.ndarray:
+    """(K, n_response_tokens): cumulative Δlog p = log π_θk − log π_θ0 of every response token
+    (row-major over batch.response_mask) after each of K GRPO steps on the same batch with the
+    same θ_old = θ0 (K epochs on one rollout batch; one optimizer, its state carried across the
+    steps). θ is restored afterwards (grpo.trial)."""
+    from . import grpo, measure
+    before = measure.token_stats(model, batch, cfg.chunk_rows, token_chunk=cfg.token_chunk).logp
+    out = []
+    with grpo.trial(model, cfg.scope):
+        opt = grpo.make_optimizer(model, cfg)
+        for _ in range(K):
+            grpo.grpo_step(model, batch, cfg, optimizer=opt, old_logp=before)
+            after = measure.token_stats(model, batch, cfg.chunk_rows, token_chunk=cfg.token_chunk).logp
+            out.append((after - before)[batch.response_mask].double().cpu().numpy())
+    return np.stack(out)
+
+
+def repeated_gap(values, sign, deltas: np.ndarray, eps: float, n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
+    """Fig. 11 on a fixed pool of valued tokens: after each step k (row k−1 of `deltas`, shape
+    (K, n_pool), cumulative Δlog p of the pool's tokens), the pool split by status at step k, the
+    sign-balanced value gap (stats.sign_balanced_gap) with a token-bootstrap interval, the share
+    of tokens whose status differs from step 1, and gap(k) − gap(1) with a paired bootstrap (the
+    same tokens split both ways in every replicate). One row per step."""
+    from . import measure
+    from . import stats as S
+    values, sign = np.asarray(values, float), np.asarray(sign)
+    status = [measure.classify(d, eps) for d in deltas]
+    rng = np.random.default_rng(seed)
+    idx = [rng.integers(0, len(values), len(values)) for _ in range(n_boot)]
+    rows = []
+    for k, st in enumerate(status, start=1):
+        g = S.sign_balanced_gap(values, sign, st)
+        reps = np.array([S.sign_balanced_gap(values[i], sign[i], st[i]) for i in idx])
+        reps = reps[np.isfinite(reps)]
+        lo, hi = (np.quantile(reps, [0.025, 0.975]) if len(reps) >= n_boot // 2 else (np.nan, np.nan))
+        ch, ch_lo, ch_hi = S.paired_gap_change(values, sign, status[0], st, n_boot, seed) if k > 1 else (0.0, 0.0, 0.0)
+        rows.append(dict(step=k, gap=g, lo=float(lo), hi=float(hi), change=ch, change_lo=ch_lo, change_hi=ch_hi,
+                         changed_status=float((st != status[0]).mean()),
+                         n_boosted=int((st == "boosted").sum()), n_suppressed=int((st == "suppressed").sum())))
+    return pd.DataFrame(rows)
+
+
+def nonlinear_choice(changed: dict, share: float):
+    """The smallest lr whose share of changed statuses (step 1 vs step K) is at least `share`:
+    the run Fig. 11's claim reads (None if no lr of the grid gets there). `changed`: lr -> share."""
+    ok = sorted(lr for lr, c in changed.items() if c >= share)
+    return ok[0] if ok else None
