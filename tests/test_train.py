@@ -197,3 +197,13 @@ def test_cached_train_many_in_two_processes_equals_one(tmp_path, monkeypatch):
     for a, b in zip(one, two):
         for k in a:
             pd.testing.assert_frame_equal(_strip(a)[k], _strip(b)[k])
+
+
+def test_initial_eval_given_equals_evaluating_at_iteration_0():
+    cfg = _tcfg(iterations=2, eval_sets=["easy"])
+    m, tok = _load_m()
+    ev0 = train.evaluate(m, tok, cfg.eval_sets, cfg.eval_n, cfg.eval_samples, cfg.eval_temperature, cfg.max_new_tokens)
+    a = train.train_run(m, tok, cfg, progress=False)
+    b = train.train_run(_load_m()[0], tok, cfg, progress=False, initial_eval=ev0)
+    for k in a:
+        pd.testing.assert_frame_equal(_strip(a)[k], _strip(b)[k])

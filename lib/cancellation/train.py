@@ -311,7 +311,7 @@ def _load_checkpoint(path):
 
 
 def train_run(model, tok, cfg: TrainConfig, ckpt_path=None, ckpt_every: int = 1, progress: bool = True,
-              on_iteration=None, model_path=None) -> dict:
+              on_iteration=None, model_path=None, initial_eval: dict | None = None) -> dict:
     """Train `model` in place; returns {'iterations', 'minibatches', 'evals'} DataFrames.
 
     Iteration: sample a round of cfg.n_prompts x cfg.G rollouts (with RB: into the buffer, and
@@ -322,6 +322,8 @@ def train_run(model, tok, cfg: TrainConfig, ckpt_path=None, ckpt_every: int = 1,
     history are saved every `ckpt_every` iterations, and a run finds and continues its
     checkpoint: interrupted + resumed == uninterrupted, bit for bit.
     `on_iteration(it, model)` is called after each iteration (after the checkpoint).
+    `initial_eval`: the evaluation of the starting policy ({set: accuracy}, e.g. cached: it is the
+    same for every run from one checkpoint) used instead of evaluating at iteration 0.
     A second run on the same `ckpt_path` waits for the first (a file lock), then resumes its
     checkpoint; an unreadable checkpoint is moved aside with a warning and the run restarts.
     """
@@ -338,10 +340,10 @@ def train_run(model, tok, cfg: TrainConfig, ckpt_path=None, ckpt_every: int = 1,
     # One run per checkpoint at a time: a second run of the same config waits, then resumes the
     # finished checkpoint (and returns at once) instead of racing the first.
     with cache.lock(ckpt_path) if ckpt_path else contextlib.nullcontext():
-        return _train_run(model, tok, cfg, opt, sampler, ckpt_path, ckpt_every, progress, on_iteration)
+        return _train_run(model, tok, cfg, opt, sampler, ckpt_path, ckpt_every, progress, on_iteration, initial_eval)
 
 
-def _train_run(model, tok, cfg, opt, sampler, ckpt_path, ckpt_every, progress, on_iteration) -> dict:
+def _train_run(model, tok, cfg, opt, sampler, ckpt_path, ckpt_every, progress, on_iteration, initial_eval) -> dict:
     import time
 
     from tqdm import tqdm
@@ -369,7 +371,10 @@ def _train_run(model, tok, cfg, opt, sampler, ckpt_path, ckpt_every, progress, o
                              seconds=time.time() - t) for d, a in acc.items()]
 
     if st["iteration"] == 0 and not st["evals"]:
-        do_eval(0)
+        if initial_eval is None:
+            do_eval(0)
+        else:
+            st["evals"] += [dict(iteration=0, updates=0, set=d, accuracy=a, seconds=0.0) for d, a in initial_eval.items()]
     name = cfg.plan + ("+RB" if cfg.reward_balanced else "")
     for it in tqdm(range(st["iteration"], cfg.iterations), desc=f"train {name} s{cfg.seed}", disable=not progress,
                    initial=st["iteration"], total=cfg.iterations):
@@ -449,7 +454,14 @@ def cached_train(model_path, cfg: TrainConfig, dtype: str = "float32", device: s
     def compute():
         torch.set_num_threads(threads)
         model, tok = policy.load_policy(model_path, dtype=dtype, device=device)
-        return train_run(model, tok, cfg, ckpt_path=ckpt, model_path=model_path, progress=progress)
+        # iteration 0's evaluation is the same for every run from this policy: computed once
+        ev = dict(model=params["model"], dtype=dtype, device=device, threads=threads, sets=list(cfg.eval_sets),
+                  n=cfg.eval_n, samples=cfg.eval_samples, temperature=cfg.eval_temperature,
+                  max_new_tokens=cfg.max_new_tokens, source=cfg.source.params(),
+                  files=params.get("eval_fingerprints"))
+        ev0 = cache.cached("initial_eval", ev, lambda: evaluate(model, tok, cfg.eval_sets, cfg.eval_n, cfg.eval_samples,
+                                                                cfg.eval_temperature, cfg.max_new_tokens, like=cfg.source))
+        return train_run(model, tok, cfg, ckpt_path=ckpt, model_path=model_path, progress=progress, initial_eval=ev0)
 
     out = cache.cached("train_run", params, compute)
     ckpt.unlink(missing_ok=True)  # the cached result supersedes the checkpoint
