@@ -287,12 +287,13 @@ last11 = fig11[fig11.step == repeat_steps].set_index(["optimizer", "lr"])
 chosen = {o: value.nonlinear_choice(last11.loc[o].changed_status.to_dict(), nonlinear_share)
           for o in dict.fromkeys(o for o, _ in grid)}
 
+COL11 = {key: plots.PALETTE[i % len(plots.PALETTE)] for i, key in enumerate(grid)}  # one colour per run, all panels
 fig, axes = plots.figure(ncols=3, width=plots.WIDTH_2COL, height=2.1)
 for ax, o in zip(axes[:2], ("sgd", "adam")):
     lrs_o = [r for oo, r in grid if oo == o]
-    for j, r in enumerate(lrs_o):
+    for r in lrs_o:
         d = fig11[(fig11.optimizer == o) & (fig11.lr == r)]
-        color = plots.PALETTE[j % len(plots.PALETTE)]
+        color = COL11[(o, r)]
         ax.plot(d.step, d.gap, marker="o", ms=2.5, lw=1.4 if r == chosen[o] else 0.9, color=color,
                 label=f"lr {r:g}" + (" (read)" if r == chosen[o] else ""))
         ax.fill_between(d.step, d.lo, d.hi, color=color, alpha=0.12)
@@ -301,8 +302,8 @@ for ax, o in zip(axes[:2], ("sgd", "adam")):
            ylabel="balanced value gap")
     if lrs_o:
         ax.legend(frameon=False, fontsize=6)
-for j, ((o, r), d) in enumerate(fig11.groupby(["optimizer", "lr"], sort=False)):
-    axes[2].plot(d.step, 100 * d.changed_status, marker="o", ms=2.5, lw=1.0, color=plots.PALETTE[j % len(plots.PALETTE)],
+for (o, r), d in fig11.groupby(["optimizer", "lr"], sort=False):
+    axes[2].plot(d.step, 100 * d.changed_status, marker="o", ms=2.5, lw=1.0, color=COL11[(o, r)],
                  ls="-" if o == "adam" else "--", label=f"{o} {r:g}")
 axes[2].axhline(100 * nonlinear_share, color="k", lw=0.6, ls=":")
 axes[2].set(title="statuses changed since step 1", xlabel="GRPO steps on the same batch", ylabel="% of pool tokens")
