@@ -54,6 +54,8 @@ p_max = 0.999                       # skip tokens with p_t above this (Eq. 20 di
 M = 16                              # continuations per branch and token (paper: 256)
 n_per_cell = 100                    # tokens valued per (rollout sign, boosted/suppressed) cell of step 1
 estimators = ["exclude", "paper"]   # Δ̂ estimators computed on the same tokens ('paper' is Eq. 20)
+tagger = "shipped"                  # token classes of the by-class gap (as notebook 04): 'shipped', 'auto', 'perceptron'
+category_map = ""                   # path of a category table; empty: data/categories/category_map.csv
 entropy_k = [10, 20, 30, 40, 50, 60, 70, 80, 90, 100]  # top-k% highest-entropy subsets of panel (b)
 n_boot = 2000                       # bootstrap resamples of the 95% intervals
 rows_per_chunk = 1024               # continuation rows per sampler batch
@@ -76,7 +78,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from cancellation import cache, grpo, measure, plots, policy, rollout, tasks, value
+from cancellation import cache, categories, grpo, measure, plots, policy, rollout, tasks, value
 from cancellation import stats as S
 
 logging.basicConfig(level=logging.WARNING)
@@ -129,6 +131,7 @@ t0 = time.perf_counter()
 tokens = measure.token_table(batch, measure.token_stats(model, batch, chunk_rows, token_chunk=token_chunk),
                              tokenizer=tok)
 tokens["tok_idx"] = np.arange(len(tokens))  # position in the response-token order of every Δlog p array
+tokens["category"] = categories.Categorizer(category_map or None, tagger=tagger).tag_batch(batch, tok).category.to_numpy()
 tokens["delta"] = steps_run("sgd", lr, 1)[0]
 tokens["status"] = measure.classify(tokens["delta"], eps)
 grid = [("sgd", r) for r in sgd_lrs] + [("adam", r) for r in adam_lrs]
@@ -170,8 +173,8 @@ for est in estimators:
                    per_second=mc_stats["continuations"] / mc_stats["seconds"] if mc_stats["continuations"] else np.nan))
 mc = pd.DataFrame(mc)
 vt = pd.concat([v.assign(estimator=e) for e, v in valued.items()], ignore_index=True)
-keep_cols = ["rollout", "group", "position", "token_id", "token", "reward", "advantage", "sign", "prob", "entropy",
-             "delta", "status", "avg0", "avg1", "delta_hat", "delta_se", "M", "estimator"]
+keep_cols = ["rollout", "group", "position", "token_id", "token", "category", "reward", "advantage", "sign", "prob",
+             "entropy", "delta", "status", "avg0", "avg1", "delta_hat", "delta_se", "M", "estimator"]
 cache.write_table(vt[keep_cols], Path(results_dir) / "fig05_token_values.parquet")
 se = vt.groupby("estimator").delta_se.describe(percentiles=[0.5, 0.9])[["mean", "50%", "90%", "max"]]
 print(mc.to_string(index=False))
@@ -259,6 +262,50 @@ ax.legend(frameon=False, fontsize=6)
 fig.tight_layout()
 plots.save(fig, "fig05_value_gap", fig_dir)
 plt.show()
+
+# %% [markdown]
+# ## Fig. 5(a) by token class and by confidence
+# The same valued tokens (first estimator), split by token class (`cancellation.categories`, the
+# tagger and table of notebook 04) and by confidence (p < 0.9 / p ≥ 0.9): the boosted −
+# suppressed value gap within each rollout sign and balanced over signs, with bootstrap
+# intervals. A class whose choice never changes the reward (scaffold wording) has Δ ≈ 0 on both
+# sides, so its gap is ≈ 0 whatever the update does; the gap of Fig. 5(a) has to come from the
+# classes that carry decisions.
+
+# %%
+v0 = vt[vt.estimator == estimators[0]].copy()
+v0["confidence"] = np.where(v0.prob < 0.9, "p < 0.9", "p ≥ 0.9")
+strata = []
+for col in ("category", "confidence"):
+    for level, d in v0.groupby(col):
+        cells = [(d[(d.sign == sg) & (d.status == "boosted")].delta_hat.to_numpy(),
+                  d[(d.sign == sg) & (d.status == "suppressed")].delta_hat.to_numpy()) for sg in ("pos", "neg")]
+        for sg, (b, sp) in zip(("pos", "neg"), cells):
+            g, lo, hi = S.bootstrap_gap(b, sp, n_boot, seed) if len(b) and len(sp) else (np.nan,) * 3
+            strata.append(dict(by=col, level=level, sign=sg, gap=g, lo=lo, hi=hi, n_boosted=len(b), n_suppressed=len(sp)))
+        g, lo, hi = S.balanced_gap(cells, n_boot, seed + 1) if all(len(x) for c in cells for x in c) else (np.nan,) * 3
+        strata.append(dict(by=col, level=level, sign="all", gap=g, lo=lo, hi=hi,
+                           n_boosted=sum(len(b) for b, _ in cells), n_suppressed=sum(len(x) for _, x in cells)))
+strata = pd.DataFrame(strata)
+cache.write_table(strata, Path(results_dir) / "fig05_strata_gap.parquet")
+
+fig, axes = plots.figure(ncols=2, width=plots.WIDTH_2COL * 0.75, height=2.0)
+for ax, col in zip(axes, ("category", "confidence")):
+    d = strata[strata.by == col]
+    levels = list(dict.fromkeys(d.level))
+    for j, sg in enumerate(("pos", "neg", "all")):
+        e = d[d.sign == sg].set_index("level").reindex(levels)
+        x = np.arange(len(levels)) + (j - 1) * 0.27
+        ax.bar(x, e.gap, width=0.25, color=plots.SIGN_COLORS[sg], label={"pos": "A > 0", "neg": "A < 0", "all": "balanced"}[sg])
+        ax.errorbar(x, e.gap, yerr=[e.gap - e.lo, e.hi - e.gap], fmt="none", ecolor="k", lw=0.7, capsize=1.5)
+    ax.axhline(0, color="k", lw=0.5)
+    ax.set_xticks(range(len(levels)), [f"{lv}\n(n={int(d[(d.level == lv) & (d.sign == 'all')].n_boosted.iloc[0] + d[(d.level == lv) & (d.sign == 'all')].n_suppressed.iloc[0])})" for lv in levels], fontsize=6)
+    ax.set(title=f"value gap by {col} ({estimators[0]})", ylabel="boosted − suppressed Δ̂")
+axes[0].legend(frameon=False, fontsize=6)
+fig.tight_layout()
+plots.save(fig, "fig05c_value_gap_strata", fig_dir)
+plt.show()
+strata.round(3)
 
 # %% [markdown]
 # ## Fig. 11 — repeated GRPO steps on the same batch
@@ -376,7 +423,17 @@ rows.append(C.Claim("fig05b_peak", f"Fig. 5(b), {estimators[0]}", "the gap peaks
                     rule="similar", params=dict(target=40, tol=15),
                     detail=f"peak at k = {kmax:.0f}% [{klo:.0f}, {khi:.0f}] of the valued pool; balanced-draw gaps by k: "
                     + ", ".join(f"{k}%: {x:+.2f}" for k, x in zip(b.k, b.gap))))
-v0 = vt[vt.estimator == estimators[0]]
+for _, r in strata[(strata.by == "category") & (strata.sign == "all")].iterrows():  # by token class
+    nb_ = dict(n=int(r.n_boosted + r.n_suppressed), unit="value gap (sign-balanced)",
+               detail=f"{int(r.n_boosted)} boosted, {int(r.n_suppressed)} suppressed tokens of class {r.level}")
+    if r.level == "Template":  # a control: scaffold wording never changes the reward, so no gap is expected
+        rows.append(C.Claim(f"fig05a_{estimators[0]}_{r.level}", f"Fig. 5(a), {estimators[0]}, {r.level} tokens (control)",
+                            "scaffold (Template) tokens show no value gap", "≈ 0 (control)", r.gap, r.lo, r.hi,
+                            rule="similar", params=dict(target=0, tol=0.1), **nb_))
+    else:
+        rows.append(C.Claim(f"fig05a_{estimators[0]}_{r.level}", f"Fig. 5(a), {estimators[0]}, {r.level} tokens",
+                            f"boosted tokens have higher value than suppressed ({r.level} tokens, both signs)", "yes",
+                            r.gap, r.lo, r.hi, rule="direction", params=dict(sign=1), **nb_))
 for sign, label in (("pos", "A > 0"), ("neg", "A < 0")):  # the gap within confidence strata (p confounds it)
     for conf, m in (("p < 0.9", v0.prob < 0.9), ("p ≥ 0.9", v0.prob >= 0.9)):
         d = v0[m & (v0.sign == sign)]
