@@ -40,9 +40,10 @@
 # instances of all seeds; intervals resample seeds (paired across the settings of a panel).
 #
 # The step of a sub-batch B at ρ = 1 is exactly θ + (lr/T_B) Σ_{i∈B} A_i h_i, h_i the score of
-# rollout i: h is computed once per rollout (`budget.rollout_scores`) and every setting's step is
-# taken from it and undone with `grpo.trial` (tests: equal to a real `grpo_step` and to a
-# hand-written SGD step).
+# rollout i: with `step_mode` 'scores' h is computed once per rollout (`budget.rollout_scores`)
+# and every setting's step is taken from it and undone with `grpo.trial` (tests: equal to a real
+# `grpo_step` and to a hand-written SGD step); 'grpo' (large models, whose h do not fit in
+# memory) runs a real `grpo_step` per setting.
 
 # %% tags=["parameters"]
 profile = "tiny"                    # parameter profile (set by the runner)
@@ -72,7 +73,7 @@ comp_prompts = 16                   # 7(b): prompts of the composition batch
 comp_G = 96                         # 7(b): rollouts per prompt of the composition batch (holds G_comp - 1 of each sign)
 comp_groups = 4                     # 7(b): query groups used (the first with G_comp - 1 of each sign)
 top_fracs = [50, 25]                # highest-|Δ̂| subsets of the valued tokens (percent), besides all tokens
-n_seeds = 48                        # subsampling seeds (each draws the sub-batches and the valued rollouts)
+n_seeds = 32                        # subsampling seeds (each draws the sub-batches and the valued rollouts)
 n_boot = 1000                       # bootstrap resamples of the seeds
 rows_per_chunk = 1024               # continuation rows per sampler batch
 backend = "hf"                      # continuation sampler: 'hf' or 'vllm' (GPU)
@@ -83,6 +84,7 @@ prompt_format = "auto"              # 'auto' (chat template when the tokenizer h
 chunk_rows = 64                     # rows per forward chunk
 token_chunk = 4096                  # positions per LM-head chunk (bounds the batch x vocabulary tensors)
 gradient_checkpointing = False      # recompute activations in the backward (large models)
+step_mode = "scores"                # 'scores': steps from per-rollout scores h (small models); 'grpo': a real grpo_step each
 score_dtype = "float32"             # storage of the per-rollout scores h (float32 halves the memory)
 seed = 0                            # seeds prompts, sampling, valued tokens, subsampling and bootstrap
 
@@ -180,8 +182,9 @@ def sweep():
         if not pl:
             continue
         hrows = np.unique(np.concatenate([e["rows"].numpy() for e in pl]))
-        H = budget.rollout_scores(model, b, hrows, bf.logp, cfg, dtype=getattr(torch, score_dtype))
-        out.append(budget.sweep_deltas(model, b, pl, tokens[name], H, hrows, lr, chunk_rows, token_chunk))
+        H = (budget.rollout_scores(model, b, hrows, bf.logp, cfg, dtype=getattr(torch, score_dtype))
+             if step_mode == "scores" else None)
+        out.append(budget.sweep_deltas(model, b, pl, tokens[name], cfg, bf.logp, H, hrows))
         del H
     return pd.concat(out, ignore_index=True)
 
@@ -189,7 +192,7 @@ def sweep():
 params = dict(model=fp, dtype=dtype, sample=rollout.config_params(scfg), comp=rollout.config_params(ccfg), lr=lr,
               p_max=p_max, prompt_sizes=list(prompt_sizes), n_fixed=n_fixed, valued_per_prompt=valued_per_prompt,
               rollout_sizes=list(rollout_sizes), prompts_fixed=prompts_fixed, tokens_per_rollout=tokens_per_rollout,
-              G_comp=G_comp, comp_groups=comp_groups, n_seeds=n_seeds, score_dtype=score_dtype, seed=seed)
+              G_comp=G_comp, comp_groups=comp_groups, n_seeds=n_seeds, step_mode=step_mode, score_dtype=score_dtype, seed=seed)
 t0 = time.perf_counter()
 sw = cache.cached("budget_sweep_nested", params, sweep)
 t_sweep = time.perf_counter() - t0

@@ -199,8 +199,11 @@ def test_steps_from_scores_equal_real_grpo_steps(fresh, batch, score_dtype, tol)
     hrows = np.arange(len(batch))
     H = budget.rollout_scores(fresh, batch, hrows, before.logp, cfg, dtype=score_dtype)
     assert all(torch.equal(v, fresh.state_dict()[k]) for k, v in state.items())
-    sw = budget.sweep_deltas(fresh, batch, plan, toks, H, hrows, lr=1.0)
+    sw = budget.sweep_deltas(fresh, batch, plan, toks, cfg, before.logp, H, hrows, block=5)
     assert all(torch.equal(v, fresh.state_dict()[k]) for k, v in state.items())  # θ restored exactly
+    real_sw = budget.sweep_deltas(fresh, batch, plan, toks, cfg, before.logp)  # real grpo steps (pool_delta)
+    assert (real_sw[["panel", "x", "seed", "tok"]].to_numpy() == sw[["panel", "x", "seed", "tok"]].to_numpy()).all()
+    assert np.allclose(real_sw.delta, sw.delta, rtol=tol, atol=tol * np.abs(real_sw.delta).max())
     assert len(sw) == sum(int(np.isin(toks.rollout, e["valued"].numpy()).sum()) for e in plan)
     for e in plan:
         d = sw[(sw.panel == e["panel"]) & (sw.x == e["x"])].sort_values("tok")
@@ -249,3 +252,11 @@ def test_trend_noise_mc_term_matches_simulation():
     nb = budget.trend_noise(0.1, np.array(sims), wa, wb, se)
     assert np.isclose(nb["var_mc"], np.var(sims), rtol=0.1)
     assert nb["var_seed"] < 0.1 * nb["var_mc"]  # all the replicates' variance here is Monte Carlo noise
+
+
+def test_seeds_needed_scales_the_whole_variance():
+    nb = dict(d=0.1, var_seed=0.002, var_mc=0.0005, var_pool=0.0)
+    S2 = budget.seeds_needed(nb, S=10)
+    # with S2 seeds the variance (0.0025 at 10 seeds, all as 1/S) is at most (d/2)^2
+    assert 0.0025 * 10 / S2 <= (0.1 / 2) ** 2 + 1e-15 and 0.0025 * 10 / (S2 - 1) > (0.1 / 2) ** 2
+    assert budget.seeds_needed(dict(nb, d=0.0), S=10) == np.inf

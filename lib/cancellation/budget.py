@@ -330,26 +330,39 @@ def add_to_params(model, u: torch.Tensor):
         o += p.numel()
 
 
-def sweep_deltas(model, batch, plan: list[dict], tokens: pd.DataFrame, H: torch.Tensor, H_rows,
-                 lr: float, chunk_rows: int = 64, token_chunk: int = 4096) -> pd.DataFrame:
+def sweep_deltas(model, batch, plan: list[dict], tokens: pd.DataFrame, cfg: grpo.UpdateConfig, old_logp: torch.Tensor,
+                 H: torch.Tensor | None = None, H_rows=None, block: int = 128) -> pd.DataFrame:
     """Δlog p of each setting's valued tokens after that setting's plain-SGD GRPO step from θ.
 
     `plan`: budget_plan / composition_plan entries; `tokens`: the valued tokens (rows of
     measure.token_table, `valued_tokens`), each entry's are those whose rollout is in its `valued`
-    rows; `H`, `H_rows`: rollout_scores of the rows every entry draws from. The step of an entry is
-    θ + Σ_i c_i h_i (step_coefficients; the steps of one seed in one matrix product), taken and
-    undone with grpo.trial. Returns rows (panel, x, seed, tok, delta) with `tok` the index into
-    `tokens`, plus the update's size (n_rollouts, n_tokens, n_mixed)."""
-    index = {int(r): j for j, r in enumerate(torch.as_tensor(H_rows).tolist())}
+    rows; `cfg`: a plain-SGD full-scope update (lr, chunks); `old_logp`: (B, L) log-probs of the
+    batch under θ. With `H`, `H_rows` (rollout_scores of the rows every entry draws from) the step
+    of an entry is θ + Σ_i c_i h_i (step_coefficients; the steps of a block of seeds in one matrix
+    product); without, a real grpo_step on the sub-batch (pool_delta) — the same step, for models
+    whose scores do not fit in memory. Either is undone with grpo.trial. Returns rows (panel, x,
+    seed, tok, delta) with `tok` the index into `tokens`, plus the update's size (n_rollouts,
+    n_tokens, n_mixed)."""
+    if cfg.optimizer != "sgd" or cfg.scope != "full" or cfg.n_minibatches != 1:
+        raise ValueError("sweep_deltas: the steps from scores are plain SGD, full scope, one mini-batch")
+    lr, chunk_rows, token_chunk = cfg.lr, cfg.chunk_rows, cfg.token_chunk
+    index = {int(r): j for j, r in enumerate(torch.as_tensor(H_rows).tolist())} if H is not None else {}
     roll = tokens.rollout.to_numpy()
     before, out = {}, []
     by_seed: dict[int, list[dict]] = {}
     for e in plan:
         by_seed.setdefault(e["seed"], []).append(e)
-    for s, entries in by_seed.items():
-        C = torch.stack([step_coefficients(batch, e["rows"], index, lr) for e in entries])
-        U = (C.to(H.dtype) @ H).double() if H.dtype != torch.float64 else C @ H
-        for e, u in zip(entries, U):
+    blocks, cur = [], []
+    for entries in by_seed.values():   # seeds in blocks of about `block` steps: one pass over H per block
+        if cur and len(cur) + len(entries) > block:
+            blocks.append(cur)
+            cur = []
+        cur = cur + entries
+    blocks += [cur] if cur else []
+    for entries in blocks:
+        if H is not None:
+            U = torch.stack([step_coefficients(batch, e["rows"], index, lr) for e in entries]).to(H.dtype) @ H
+        for j, e in enumerate(entries):
             key = tuple(torch.as_tensor(e["valued"]).tolist())
             tok = np.flatnonzero(np.isin(roll, np.asarray(key)))
             if not len(tok):
@@ -357,12 +370,16 @@ def sweep_deltas(model, batch, plan: list[dict], tokens: pd.DataFrame, H: torch.
             sel = tokens.iloc[tok]
             if key not in before:
                 before[key] = pool_logp(model, batch, sel, chunk_rows, token_chunk)
-            with grpo.trial(model, "full"):
-                add_to_params(model, u)
-                after = pool_logp(model, batch, sel, chunk_rows, token_chunk)
+            if H is None:
+                delta = pool_delta(model, batch, e["rows"], sel, cfg, old_logp, before[key])
+            else:
+                with grpo.trial(model, "full"):
+                    add_to_params(model, U[j].double())
+                    delta = pool_logp(model, batch, sel, chunk_rows, token_chunk) - before[key]
             sub = batch.select(e["rows"])
             out.append(pd.DataFrame(dict(panel=e["panel"], x=e["x"], seed=e["seed"], tok=tok,
-                                         delta=after - before[key], n_rollouts=len(e["rows"]),
+                                         delta=delta, in_update=np.isin(roll[tok], e["rows"].numpy()),
+                                         n_rollouts=len(e["rows"]),
                                          n_tokens=sub.n_tokens, n_mixed=sub.mixed_groups())))
     return pd.concat(out, ignore_index=True)
 
@@ -492,12 +509,22 @@ def gap_table(sw: pd.DataFrame, tokens: pd.DataFrame, subsets: dict, n_boot: int
     return pd.DataFrame(rows), reps
 
 
+def seeds_needed(nb: dict, S: int, z: float = 2.0) -> float:
+    """The seeds S' that bring the standard error of d below |d|/z when every term of its variance
+    scales as 1/S: each seed draws fresh sub-batches *and* fresh valued rollouts, so the Monte Carlo
+    term averages over seeds too (budget.needed's `seeds` keeps it fixed: an upper bound here)."""
+    cap = (abs(nb["d"]) / z) ** 2
+    tot = (0.0 if np.isnan(nb["var_seed"]) else nb["var_seed"]) + nb["var_mc"]
+    return float(np.ceil(S * tot / cap)) if cap > 0 else np.inf
+
+
 def trend_table(sw: pd.DataFrame, tokens: pd.DataFrame, gaps: pd.DataFrame, reps: dict, subsets: dict,
                 M: int) -> pd.DataFrame:
     """Per panel and subset: the trend d with its paired 95% interval — (a)/(b): gap(largest budget) −
     gap(smallest) and the least-squares slope per doubling; 7(b): the mean gap of the middle
     compositions (k = 2..G−2) − that of the two ends (k = 1 sparse, k = G−1 saturated) — and its noise
-    budget (trend_noise; budget.needed: the seeds or continuations M that make |d| twice its SE)."""
+    budget (trend_noise; seeds_needed, and budget.needed for the continuations M, that make |d|
+    twice its SE)."""
     se = tokens.delta_se.to_numpy()
     out = []
     for panel in gaps.panel.unique():
@@ -543,7 +570,7 @@ def trend_table(sw: pd.DataFrame, tokens: pd.DataFrame, gaps: pd.DataFrame, reps
             if wa is not None:
                 nb = trend_noise(dd, dr, wa, wb, se)
                 need = needed(nb, S=S, M=M, N=len(tokens))
-                row.update(var_seed=nb["var_seed"], var_mc=nb["var_mc"], se=need["se"], need_seeds=need["seeds"],
-                           need_M=need["M"])
+                row.update(var_seed=nb["var_seed"], var_mc=nb["var_mc"], se=need["se"],
+                           need_seeds=seeds_needed(nb, S), need_M=need["M"])
             out.append(row)
     return pd.DataFrame(out)
