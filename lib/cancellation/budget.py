@@ -522,7 +522,8 @@ def trend_table(sw: pd.DataFrame, tokens: pd.DataFrame, gaps: pd.DataFrame, reps
                 M: int) -> pd.DataFrame:
     """Per panel and subset: the trend d with its paired 95% interval — (a)/(b): gap(largest budget) −
     gap(smallest) and the least-squares slope per doubling; 7(b): the mean gap of the middle
-    compositions (k = 2..G−2) − that of the two ends (k = 1 sparse, k = G−1 saturated) — and its noise
+    compositions (k = 2..G−2) − that of the two ends (k = 1 sparse, k = G−1 saturated; also against
+    each end alone: d_sparse, d_saturated) — and its noise
     budget (trend_noise; seeds_needed, and budget.needed for the continuations M, that make |d|
     twice its SE)."""
     se = tokens.delta_se.to_numpy()
@@ -550,6 +551,8 @@ def trend_table(sw: pd.DataFrame, tokens: pd.DataFrame, gaps: pd.DataFrame, reps
                 mid = list(range(1, len(xs) - 1)) or [0]
                 dd, dr = G0[mid].mean() - G0[ends].mean(), R[mid].mean(0) - R[ends].mean(0)
                 frm, to, slope, sr = "ends", "middle", np.nan, (np.nan, np.nan)
+                ends_split = {f"d_{e}": (float(G0[mid].mean() - G0[i]), *interval(R[mid].mean(0) - R[i]))
+                              for e, i in (("sparse", 0), ("saturated", len(xs) - 1))}
                 wa = wb = None
                 if name != "within_sign":
                     m = subsets[name]
@@ -567,6 +570,9 @@ def trend_table(sw: pd.DataFrame, tokens: pd.DataFrame, gaps: pd.DataFrame, reps
             lo, hi = interval(dr)
             row = dict(panel=panel, subset=name, frm=frm, to=to, d=float(dd), d_lo=lo, d_hi=hi,
                        slope_per_doubling=slope, slope_lo=sr[0], slope_hi=sr[1], n_seeds=S)
+            if panel == "composition":   # middle − each end alone: which end makes the difference
+                for k_, (g_, l_, h_) in ends_split.items():
+                    row.update({k_: g_, f"{k_}_lo": l_, f"{k_}_hi": h_})
             if wa is not None:
                 nb = trend_noise(dd, dr, wa, wb, se)
                 need = needed(nb, S=S, M=M, N=len(tokens))
