@@ -157,7 +157,10 @@ for name, b, bf, pl in (("fig6", batch, before, plan), ("fig7b", cbatch, cbefore
         continue
     vrows = np.unique(np.concatenate([e["valued"].numpy() for e in pl]))
     vt = budget.valued_tokens(measure.token_table(b, bf, tokenizer=tok), vrows, tokens_per_rollout, p_max, seed)
-    vt = value.token_values(sampler, tok, b, vt, vcfg, mid=f"{fp}:{sample_dtype}", verifier=verifier, stats=stats)
+    st = {}
+    vt = value.token_values(sampler, tok, b, vt, vcfg, mid=f"{fp}:{sample_dtype}", verifier=verifier, stats=st)
+    for k in ("cache_hits", "requests", "continuations"):
+        stats[k] = stats.get(k, 0) + st.get(k, 0)
     parts.append(vt.assign(batch=name))
 t_values = time.perf_counter() - t0
 tokens = {p.batch.iloc[0]: p.reset_index(drop=True) for p in parts}

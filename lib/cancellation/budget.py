@@ -1,14 +1,22 @@
 """Sampling budget and reward composition (paper §3.3 Fig. 6, §4 Fig. 7(b)).
 
-One base rollout batch and one pool of tokens valued once (value.token_values). A *setting* is a
-sub-batch of the base batch: `n_prompts` prompts × `n` rollouts each (`subsample`), or, per
-query group, k positive and G−k negative rollouts (`composition_rows`). Group advantages are
-recomputed on the sub-batch (verl: a group of one rollout gets A = r). One plain-SGD GRPO step
-on the sub-batch (`pool_delta`) moves the log-probs of the pool's tokens; the boosted/suppressed
-split of the pool changes with the setting, the values do not. The value gap of a split is
-linear in the values: gap = Σ_n w_n Δ̂_n (`gap_weights`), which gives the bootstrap over pool
-tokens and seeds (`gap_bootstrap`) and the Monte Carlo share of its variance in closed form
-(`noise_budget`).
+The fair test (notebook 06). One base rollout batch (and, for 7(b), a batch with enough rollouts
+per query that every composition k = 1..G−1 can be drawn from the same groups). Per seed, one
+random order of groups and of the rollouts inside each group; a *setting* is a prefix of it
+(`budget_plan`, `composition_plan`: nested sub-batches), so the rollouts of the smallest setting
+are in every update of the sweep. The valued tokens of a seed are tokens of those rollouts
+(`valued_tokens`, valued once with value.token_values): inside every update, the same tokens for
+every budget. Group advantages are recomputed on each sub-batch (verl: a group of one rollout
+gets A = r). One plain-SGD GRPO step per setting: at ρ = 1 it is θ + (lr/T_B) Σ_{i∈B} A_i h_i
+with h_i the score of rollout i (`rollout_scores`, `step_coefficients`), so `sweep_deltas` takes
+every step from scores computed once (or, for large models, runs a real grpo_step), undone with
+grpo.trial. The value gap of a setting pools the (seed, token) instances of all seeds
+(`pooled_gap`); intervals resample seeds, paired across the settings of a panel (`gap_table`);
+trends and their noise budget (`trend_table`, `trend_noise`, `seeds_needed`).
+
+The first design (a fixed pool valued once, most of it outside the small-budget updates) is kept
+below it: `subsample`, `composition_rows`, `pool_delta` (a real step, also the reference of the
+tests), `gap_bootstrap`, `noise_budget`, `needed`.
 """
 from __future__ import annotations
 
