@@ -98,6 +98,8 @@ def test_06(out_root):
     res, figs = _run("06", out_root)
     _figs(figs, "fig06_sampling_budget", "fig07b_reward_composition")
     assert len(pd.read_parquet(res / "fig06_value_gap.parquet"))
+    raw = pd.read_parquet(res / "fig06_valued_deltas.parquet")  # step_mode grpo: real grpo_steps
+    assert raw.in_update.all() and raw.seed.nunique() == 2 and set(raw[raw.panel == "composition"].x) <= {1}
 
 
 @pytest.mark.slow
@@ -113,11 +115,12 @@ def test_07(out_root):
 
 
 def test_paper_profile_can_fill_fig7b_and_trains_at_the_papers_lr():
-    """7(b) draws k positives and G_comp − k negatives from one group of G: G must hold G_comp − 1 of each;
+    """7(b) draws k positives and G_comp − k negatives from one group of comp_G: it must hold G_comp − 1 of each
+    (every composition 1..G_comp − 1 of the same queries); the scores h of a 1.7B model do not fit: real steps;
     Fig. 11's Adam repeats and the training runs use the paper's lr 1e-6, not the tiny profile's."""
     paper = yaml.safe_load(PAPER.read_text())
     s = paper["06_sampling_budget"]
-    assert s["G"] >= 2 * (s["G_comp"] - 1)
+    assert s["comp_G"] >= 2 * (s["G_comp"] - 1) and s["G_comp"] >= 16 and s["step_mode"] == "grpo"
     assert paper["05_value_gap"]["adam_lrs"][0] == paper["01_token_flipping"]["lr"] == paper["07_batching"]["lr"] == 1e-6
 
 
