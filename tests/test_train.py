@@ -173,14 +173,14 @@ def test_run_rounds_gives_every_iteration_an_update_and_respects_the_budget():
     """RB with a run budget: iterations keep sampling until the buffer releases (equal optimizer
     steps), counted against the budget; a budget too small for that leaves later iterations idle."""
     tok = _load_m()[1]
-    kw = dict(tau=0.5, max_rounds=1, max_age=3, eval_sets=["easy"], eval_every=4)  # a strict quota: rounds fail
+    kw = dict(iterations=3, tau=0.5, max_rounds=1, max_age=3, eval_sets=["easy"], eval_every=3, eval_n=4)  # strict quota
     capped = train.train_run(_load_m()[0], tok, _tcfg(**kw), progress=False)["iterations"]
     assert not capped.updated.all() and (capped.rounds == 1).all()  # the per-iteration cap skips updates
     full = train.train_run(_load_m()[0], tok, _tcfg(run_rounds=40, **kw), progress=False)["iterations"]
     assert full.updated.all() and full.rounds.sum() <= 40 and full.rounds.max() > 1
     tight = train.train_run(_load_m()[0], tok, _tcfg(run_rounds=int(full.rounds.iloc[0]), **kw),
                             progress=False)["iterations"]
-    assert tight.rounds.sum() == full.rounds.iloc[0] and tight.updated.tolist() == [True, False, False, False]
+    assert tight.rounds.sum() == full.rounds.iloc[0] and tight.updated.tolist() == [True, False, False]
     assert "run_rounds" not in train.run_params(_tcfg())  # default: earlier cache keys unchanged
     assert train.run_params(_tcfg(run_rounds=40))["run_rounds"] == 40
 
