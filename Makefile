@@ -13,7 +13,8 @@ PYTHON ?= python3
 TORCH_SPEC ?= torch==2.13.0
 VENV := .venv
 PY := $(VENV)/bin/python
-POLICIES := data/policies/tiny-m/model.safetensors data/policies/tiny-s/model.safetensors
+POLICIES := data/policies/tiny-m/model.safetensors data/policies/tiny-s/model.safetensors \
+            data/policies/tiny-m-fixed/model.safetensors
 NOTEBOOKS := $(sort $(wildcard notebooks/[0-9][0-9]_*.py))
 OVERRIDES := $(foreach kv,$(P),-p $(subst =, ,$(kv))) $(if $(REPLACE),--replace)
 export PYTHONUNBUFFERED := 1
@@ -30,12 +31,17 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q -e ".[dev]"
 	touch $@
 
+# the control policy: tiny-m pretrained on traces with one wording per scaffold slot (Fig. 1(d), Fig. 4)
+data/policies/tiny-m-fixed/model.safetensors: | env
+	$(PY) -m cancellation.tiny --size tiny-m --scaffold fixed --out data/policies/tiny-m-fixed
+
 data/policies/%/model.safetensors: | env
 	$(PY) -m cancellation.tiny --size $* --out data/policies/$*
 
-policy: env  ## retrain both tiny policies
+policy: env  ## retrain the tiny policies (tiny-m, tiny-s and the fixed-scaffold control tiny-m-fixed)
 	$(PY) -m cancellation.tiny --size tiny-m --out data/policies/tiny-m
 	$(PY) -m cancellation.tiny --size tiny-s --out data/policies/tiny-s
+	$(PY) -m cancellation.tiny --size tiny-m --scaffold fixed --out data/policies/tiny-m-fixed
 
 standins: env  ## CPU stand-ins of the paper's model and data (data/standins/, for PROFILE=paper-smoke)
 	$(PY) -m cancellation.standins --out data/standins

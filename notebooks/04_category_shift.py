@@ -31,6 +31,16 @@
 # (Adam's first step is sign descent and would wash out the per-token magnitudes we compare).
 # The experiment is repeated on `n_batches` independent batches (different prompts and sampling
 # seeds); intervals are 95% t-intervals over batches.
+#
+# **Tagging on the tiny task is by role** (`data/categories/arithmetic_roles.csv`, editable): the
+# digits a column computes, the digit written, carry/borrow amounts and words and the boxed answer
+# are the decisions (Reasoning); operands and operators copied from the prompt are Math; scaffold
+# wording and punctuation are Template. The word table the paper's POS reading uses
+# (`compare_map`) is shown beside it: there, only carry/no/borrow are Reasoning.
+#
+# **Control** (`control_model_path`): the same batches on a policy pretrained on a *fixed
+# scaffold* (one wording per slot, `tiny-m-fixed`), so the reader can see which verdicts come
+# from the tiny task's random scaffold wording rather than from the update rule.
 
 # %% tags=["parameters"]
 profile = "tiny"                     # parameter profile (set by the runner)
@@ -39,8 +49,8 @@ results_dir = "data/results/tiny"    # where tidy tables go (set by the runner)
 model_path = "data/policies/tiny-m"  # the saved checkpoint θ₀
 dtype = "float64"                    # analysis and update precision
 device = "cpu"                       # cpu or cuda
-n_batches = 6                        # independent rollout batches (one per seed)
-n_prompts = 16                       # prompts per batch
+n_batches = 40                       # independent rollout batches (one per seed)
+n_prompts = 8                        # prompts per batch
 G = 8                                # rollouts per prompt
 lr = 0.1                             # SGD learning rate (the paper's causal analyses use 0.1)
 scope = "full"                       # 'full' (all parameters) or 'lm_head'
@@ -49,7 +59,9 @@ temperature = 1.0                    # sampling temperature
 max_new_tokens = 96                  # response length cap
 eps = 1e-6                           # boosted/suppressed threshold for the token counts
 tagger = "shipped"                   # 'shipped' (NLTK lexicon+RegexpTagger; same tables everywhere), 'auto', 'perceptron'
-category_map = ""                    # path of a category table; empty: data/categories/category_map.csv
+category_map = "data/categories/arithmetic_roles.csv"  # category table; empty: data/categories/category_map.csv
+compare_map = "data/categories/category_map.csv"       # a second table whose verdicts are shown beside; empty: none
+control_model_path = "data/policies/tiny-m-fixed"      # fixed-scaffold control policy (same batch seeds); empty: none
 top_k = 14                           # tokens in the panel of largest Δlog p differences
 min_count = 20                       # a token type needs this many occurrences to enter that panel
 problems_path = ""                   # real problems (DAPO-Math-17k / MATH-500 / prompt+answer file); empty: generated arithmetic
@@ -66,7 +78,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
-from scipy import stats
+
+from tqdm import tqdm
 
 from cancellation import cache, categories, grpo, measure, plots, policy, rollout, tasks
 
@@ -79,16 +92,24 @@ COLORS = {"positive_only": plots.PALETTE[0], "grpo": plots.PALETTE[1]}
 
 source = tasks.ProblemSource(path=problems_path, prompt_format=prompt_format)
 source.load()  # a malformed problem file stops here, before any model loads
-model, tok = policy.load_policy(model_path, dtype=dtype, device=device)
 scfg = rollout.SampleConfig(n_prompts=n_prompts, G=G, temperature=temperature, max_new_tokens=max_new_tokens,
                             device=device, source=source)
+_loaded = {}
 
 
-def batch_deltas(i):
-    """Algorithm 2 on batch i: the token table with Δlog p under both updates (cached)."""
+def load(path):
+    if path not in _loaded:
+        _loaded.clear()  # one model in memory at a time
+        _loaded[path] = policy.load_policy(path, dtype=dtype, device=device)
+    return _loaded[path]
+
+
+def batch_deltas(i, path=model_path):
+    """Algorithm 2 on batch i of the policy at `path`: the token table with Δlog p under both updates (cached)."""
     bseed = seed + 1000 + i
 
     def compute():
+        model, tok = load(path)
         batch = rollout.sample(model, tok, scfg, seed=bseed)
         before = measure.token_stats(model, batch, chunk_rows, token_chunk=token_chunk)
         df = measure.token_table(batch, before, tokenizer=tok).assign(batch=i)
@@ -103,29 +124,36 @@ def batch_deltas(i):
         df["mixed_groups"] = batch.mixed_groups()
         return df
 
-    params = dict(model=policy.fingerprint(model_path), dtype=dtype, device=device, i=i, seed=seed,
+    params = dict(model=policy.fingerprint(path), dtype=dtype, device=device, i=i, seed=seed,
                   n_prompts=n_prompts, G=G, lr=lr, scope=scope, chunk_rows=chunk_rows, temperature=temperature,
                   max_new_tokens=max_new_tokens, source=source.params())
     return cache.cached("category_shift", params, compute)
 
 
-t0 = time.time()
-tokens = pd.concat([batch_deltas(i) for i in range(n_batches)], ignore_index=True)
+def batches(path, what):
+    """All batches of one policy, tagged; batches without a mixed-reward group are left out."""
+    t0 = time.time()
+    df = pd.concat([batch_deltas(i, path) for i in tqdm(range(n_batches), desc=what, leave=False)], ignore_index=True)
+    df[["category", "word"]] = cz.tag_table(df, tok, seq_cols=("batch", "rollout"))
+    per = df.groupby("batch").agg(accuracy=("reward", "mean"), mixed_groups=("mixed_groups", "first"),
+                                  restore_error=("restore_error", "first"), n_tokens=("token_id", "size"))
+    assert per.restore_error.max() == 0.0, "θ₀ was not restored exactly between the two updates"
+    # a batch without a mixed-reward group has A = 0 everywhere: neither update moves anything
+    empty = per.index[per.mixed_groups == 0].tolist()
+    print(f"{what}: {n_batches} batches x {n_prompts * G} rollouts, {len(df)} response tokens, accuracy "
+          f"{per.accuracy.mean():.2f}, mixed groups per batch {per.mixed_groups.mean():.1f}/{n_prompts}, "
+          f"{time.time() - t0:.0f} s (cached batches are instant)"
+          + (f"; batches {empty} have no mixed-reward group (no update signal) and are left out" if empty else ""))
+    df = df[~df.batch.isin(empty)].reset_index(drop=True)
+    if df.empty:
+        raise ValueError("no batch has a mixed-reward group: raise n_prompts or G")
+    return df
+
+
 cz = categories.Categorizer(category_map or None, tagger=tagger)
-tokens[["category", "word"]] = cz.tag_table(tokens, tok, seq_cols=("batch", "rollout"))
-print(f"{n_batches} batches x {n_prompts * G} rollouts, {len(tokens)} response tokens, tagger={cz.tagger}, "
-      f"{time.time() - t0:.0f} s (cached batches are instant)")
-per_batch = tokens.groupby("batch").agg(accuracy=("reward", "mean"), mixed_groups=("mixed_groups", "first"),
-                                        restore_error=("restore_error", "first"), n_tokens=("token_id", "size"))
-print(per_batch.to_string())
-assert per_batch.restore_error.max() == 0.0, "θ₀ was not restored exactly between the two updates"
-# a batch without a mixed-reward group has A = 0 everywhere: neither update moves anything
-empty = per_batch.index[per_batch.mixed_groups == 0].tolist()
-if empty:
-    print(f"batches {empty} have no mixed-reward group (no update signal) and are left out")
-tokens = tokens[~tokens.batch.isin(empty)].reset_index(drop=True)
-if tokens.empty:
-    raise ValueError("no batch has a mixed-reward group: raise n_prompts or G")
+tok = load(model_path)[1]
+tokens = batches(model_path, Path(model_path).name)
+print(f"category table: {category_map or categories.DEFAULT_MAP}, tagger={cz.tagger}")
 
 # %% [markdown]
 # ## Tagging check
@@ -143,23 +171,9 @@ for c, d in audit.groupby("category", sort=False):
 # ## Boosted and suppressed mass per category
 
 # %%
-long = pd.concat([tokens.assign(update=u, delta=tokens[f"delta_{u}"]) for u in UPDATES], ignore_index=True)
-mass = categories.category_mass(long, "delta", by=("update", "batch"), eps=eps)
-mass = mass[mass.category.isin(tokens.category.unique())]
-
-
-def ci95(x):
-    x = np.asarray(x, float)
-    h = stats.t.ppf(0.975, len(x) - 1) * x.std(ddof=1) / np.sqrt(len(x)) if len(x) > 1 else np.nan
-    return pd.Series({"mean": x.mean(), "lo": x.mean() - h, "hi": x.mean() + h})
-
-
-summary = (mass.melt(id_vars=["update", "batch", "category"], var_name="measure")
-           .groupby(["update", "category", "measure"]).value.apply(ci95).unstack().reset_index())
-shares = mass.pivot_table(index=["batch", "category"], columns="update", values="boosted_share")
-shift = (shares.grpo - shares.positive_only).rename("value").reset_index()
-shift = shift.groupby("category").value.apply(ci95).unstack().reset_index().assign(measure="boosted_share_shift")
-table = pd.concat([summary, shift.assign(update="grpo - positive_only")], ignore_index=True)
+mass, summary, per = categories.share_shift(tokens, UPDATES, eps=eps)
+shift = categories.shift_summary(per).assign(measure="boosted_share_shift")
+table = pd.concat([summary, shift.drop(columns="n").assign(update="grpo - positive_only")], ignore_index=True)
 cache.write_table(mass, Path(results_dir) / "fig04_category_mass_per_batch.parquet")
 cache.write_table(table, Path(results_dir) / "fig04_category_shift.parquet")
 view = summary[summary.measure.isin(["boosted_mass", "suppressed_mass", "boosted_share", "n_tokens"])]
@@ -244,29 +258,29 @@ plt.show()
 # the paired difference excluding zero. The cell below prints that test.
 
 # %%
+sh = shift.set_index("category")
+
+
 def fmt(c, meas="boosted_share", u=None):
     d = table[(table.category == c) & (table.measure == meas) & ((table["update"] == u) if u else True)].iloc[0]
     return f"{d['mean']:+.4f} [{d.lo:+.4f}, {d.hi:+.4f}]" if meas.endswith("shift") else f"{d['mean']:.4f}"
 
 
+def moved(p, c, want):
+    """How many batches move category c's boosted share in the paper's direction."""
+    return f"{int((np.sign(p[c]) == want).sum())} of {int(p[c].notna().sum())} batches"
+
+
 for c in cats:
     print(f"{c:>9}: boosted share positive-only {fmt(c, u='positive_only')}, GRPO {fmt(c, u='grpo')}; "
           f"paired shift GRPO − positive-only {fmt(c, 'boosted_share_shift')}")
-sh = shift.set_index("category")
-tmpl_down = "Template" in sh.index and sh.loc["Template", "hi"] < 0
-reas_up = "Reasoning" in sh.index and sh.loc["Reasoning", "lo"] > 0
-verdict = ("YES: GRPO moves boosted mass from Template toward Reasoning" if tmpl_down and reas_up else
-           "PARTLY: " + ("Template share falls" if tmpl_down else "Reasoning share rises") if tmpl_down or reas_up else
-           "NO: at this scale GRPO does not reliably move boosted mass from Template toward Reasoning")
-print(f"\n{verdict} (over {tokens.batch.nunique()} batches, 95% intervals of the paired shift).")
-per = (shares.grpo - shares.positive_only).unstack("category")
-print("per-batch shift of the boosted share (GRPO − positive-only):\n" + per[cats].round(4).to_string())
 for c, want in (("Template", -1), ("Reasoning", 1)):
     if c in per:
-        print(f"  {c}: {int((np.sign(per[c]) == want).sum())} of {len(per)} batches move in the paper's direction")
+        print(f"  {c}: {moved(per, c, want)} move in the paper's direction")
 tot = mass.groupby(["update", "batch"])[["boosted_mass", "suppressed_mass"]].sum().groupby("update").mean()
 print("total mass per batch:\n" + tot.to_string())
 # where the Template mass sits: confident scaffold (p > 0.9) vs uncertain wording choices
+long = pd.concat([tokens.assign(update=u, delta=tokens[f"delta_{u}"]) for u in UPDATES], ignore_index=True)
 conf = long.assign(confident=np.where(long.prob > 0.9, "p>0.9", "p<=0.9"))
 conf = categories.category_mass(conf, "delta", by=("update", "batch", "confident"), eps=eps)
 conf = conf[conf.category == "Template"].groupby(["confident", "update"])[["n_tokens", "boosted_mass",
@@ -274,28 +288,82 @@ conf = conf[conf.category == "Template"].groupby(["confident", "update"])[["n_to
 print("Template tokens by confidence (means per batch):\n" + conf.round(4).to_string())
 
 # %% [markdown]
-# ### Reading
-# Why the tiny task is a weak test of this claim: almost all Template mass sits on the scaffold
-# *wording* (First/Begin/Start, write/put/keep, digit/column/place, …), which the task draws
-# uniformly at random and which has nothing to do with reward. Positive-only and GRPO both move
-# those tokens by sampling noise (panel d is a list of wording tokens), so their share swings
-# from batch to batch. The confident scaffold that the paper calls template/format (punctuation,
-# "the … is", `\boxed{ }`, `<eos>`, p > 0.9) gets little boosted mass under either update. A real
-# model's templates are near-deterministic and shared verbatim by all rollouts, which is where the
-# paper sees the cancellation; raising `n_batches` (or using the paper profile) is the way to a
-# sharper answer here. The claims, with this run's numbers (t intervals over batches):
+# ## Which verdicts come from the tagging and which from the scaffold wording
+# The same Δlog p tagged with the word table (`compare_map`), and the same batch seeds on the
+# fixed-scaffold control policy (`control_model_path`, tagged with `category_map`). One row per
+# setting; the columns are the paired shifts of the boosted share (GRPO − positive-only) with
+# 95% t intervals over batches.
+
+# %%
+settings = {f"{Path(model_path).name}, {Path(category_map or categories.DEFAULT_MAP).stem}": (tokens, per)}
+if compare_map:
+    cz_words = categories.Categorizer(compare_map, tagger=tagger)
+    words = tokens.drop(columns=["category", "word"])
+    words[["category", "word"]] = cz_words.tag_table(words, tok, seq_cols=("batch", "rollout"))
+    settings[f"{Path(model_path).name}, {Path(compare_map).stem}"] = (words, categories.share_shift(words, UPDATES, eps=eps)[2])
+if control_model_path:
+    control = batches(control_model_path, Path(control_model_path).name)
+    settings[f"{Path(control_model_path).name} (control), {Path(category_map or categories.DEFAULT_MAP).stem}"] = (
+        control, categories.share_shift(control, UPDATES, eps=eps)[2])
+rows = []
+for name, (df, p) in settings.items():
+    share_of_tokens = df.category.value_counts(normalize=True)
+    for r in categories.shift_summary(p).itertuples():
+        rows.append(dict(setting=name, category=r.category, shift=r.mean, lo=r.lo, hi=r.hi, n=r.n,
+                         token_share=share_of_tokens.get(r.category, 0.0)))
+compare = pd.DataFrame(rows)
+cache.write_table(compare, Path(results_dir) / "fig04_settings.parquet")
+print(compare.pivot(index="setting", columns="category", values="token_share").round(3)
+      .to_string(float_format=lambda v: f"{100 * v:.1f}%").replace("category", "share of tokens"))
+compare.assign(shift=lambda d: d.apply(lambda r: f"{r['shift']:+.3f} [{r.lo:+.3f}, {r.hi:+.3f}]", axis=1)) \
+    .pivot(index="setting", columns="category", values="shift")
+
+# %%
+fig, ax = plots.figure(width=plots.WIDTH_1COL * 1.5, height=2.6)
+names = list(settings)
+shown_cats = [c for c in categories.CATEGORIES if c in set(compare.category)]
+for k, name in enumerate(names):
+    d = compare[compare.setting == name].set_index("category").reindex(shown_cats)
+    xs = np.arange(len(shown_cats)) + (k - (len(names) - 1) / 2) * 0.22
+    ax.errorbar(xs, d["shift"], yerr=[d["shift"] - d.lo, d.hi - d["shift"]], fmt="os^"[k % 3], ms=4, capsize=2,
+                color=plots.PALETTE[k], label=name)
+ax.axhline(0, color="k", lw=0.6)
+ax.set_xticks(np.arange(len(shown_cats)), shown_cats)
+ax.set(ylabel="boosted share: GRPO − positive-only", title="Fig. 4(b) by tagging and by scaffold (95% CI)")
+ax.legend(frameon=False, fontsize=6.5)
+fig.tight_layout()
+plots.save(fig, "fig04b_category_shift_settings", fig_dir)
+plt.show()
+
+# %% [markdown]
+# ## Claims and reading
+# Each verdict below comes from the paired shift's 95% interval over batches
+# (`cancellation.claims`): Template's share must fall and Reasoning's rise under GRPO. The claims
+# on the fixed-scaffold policy are labelled as controls: they tell whether the main verdicts
+# depend on the tiny task's random scaffold wording. Printed from this run's numbers:
 
 # %%
 from cancellation import claims as C
 
-rows = []
-for c, sign in (("Template", -1), ("Reasoning", 1)):
-    if c not in sh.index:
-        continue
-    r = sh.loc[c]
-    rows.append(C.Claim(f"fig04_{c.lower()}", "Fig. 4", f"GRPO {'lowers' if sign < 0 else 'raises'} {c}'s share "
-                        "of boosted mass vs positive-only", "yes", r["mean"], r.lo, r.hi, n=tokens.batch.nunique(),
-                        unit="boosted-share shift", rule="direction", params=dict(sign=sign),
-                        detail=f"{fmt(c, u='positive_only')} → {fmt(c, u='grpo')}; "
-                        f"{int((np.sign(per[c]) == sign).sum())} of {len(per)} batches in the paper's direction"))
+
+def claim_rows(p, suffix="", label="Fig. 4", what="", shares=False):
+    """The two Fig. 4 claims for one setting's per-batch shifts `p`."""
+    out = []
+    s_ = categories.shift_summary(p).set_index("category")
+    for c, sign in (("Template", -1), ("Reasoning", 1)):
+        if c not in s_.index:
+            continue
+        r = s_.loc[c]
+        detail = f"{moved(p, c, sign)} in the paper's direction"
+        if shares:  # mean boosted shares of the main setting
+            detail = f"{fmt(c, u='positive_only')} → {fmt(c, u='grpo')}; " + detail
+        out.append(C.Claim(f"fig04_{c.lower()}{suffix}", label, f"GRPO {'lowers' if sign < 0 else 'raises'} {c}'s "
+                           f"share of boosted mass vs positive-only{what}", "yes", r["mean"], r.lo, r.hi, n=int(r.n),
+                           unit="boosted-share shift", rule="direction", params=dict(sign=sign), detail=detail))
+    return out
+
+
+rows = claim_rows(per, shares=True)
+if control_model_path:
+    rows += claim_rows(settings[names[-1]][1], "_fixed_scaffold", "Fig. 4, fixed-scaffold control", " (fixed scaffold)")
 C.record(results_dir, "04", rows);

@@ -1,6 +1,7 @@
 """Token categories: tiny vocabulary, a real byte-level BPE tokenisation, SentencePiece-style
 pieces, the editable table, the tagger choice, and the mass aggregation against a plain loop."""
 import random
+import re
 
 import numpy as np
 import pandas as pd
@@ -215,3 +216,100 @@ def test_padded_vocabulary_ids_are_tagged_not_an_index_error(tok):
     cats, words = cz.tag_ids([ids + [padded]], tok)[0]
     assert len(cats) == len(ids) + 1 and words[-1] == f"<pad:{padded}>"
     assert cats[:-1] == cz.tag_ids([ids], tok)[0][0]  # the real tokens are tagged as without it
+
+
+# Role tagging of the tiny task (data/categories/arithmetic_roles.csv), labelled by hand:
+# computed digits, the digit written, carry/borrow amounts and words, the boxed answer = R(easoning);
+# operands, operators, '=' and the carry-in = M(ath); scaffold wording and punctuation = T(emplate).
+ROLE_TRACES = [
+    ("First ones digit : 7 + 8 = 1 5 , write 5 carry 1 . Next tens digit : 4 + 3 + 1 = 8 , write 8 no carry . "
+     "So the answer is \\boxed{ 8 5 } <eos>",
+     "T T T T M M M M R R T T R R R T T T T T M M M M M M R T T R R R T T T T T T R R T T"),
+    ("Begin ones column : borrow 1 , 1 4 - 6 = 8 , keep 8 . Then tens place : 8 - 2 - 1 = 5 , put 5 . "
+     "Hence the result is \\boxed{ 5 8 } <eos>",
+     "T T T T R R T M M M M M R T T R T T T T T M M M M M M R T T R T T T T T T R R T T"),
+    ("Start ones digit : 5 * 3 = 1 5 , put 5 carry 1 . Now tens column : 9 * 3 + 1 = 2 8 , write 2 8 . "
+     "Finally put 1 . Thus the answer is \\boxed{ 2 8 5 } <eos>",
+     "T T T T M M M M R R T T R R R T T T T T M M M M M M R R T T R R T T T R T T T T T T R R R T T"),
+]
+
+
+def test_role_tags_match_hand_labels(tiny_tok):
+    cz = C.Categorizer(C.ROLES_MAP, tagger="shipped")
+    ids = [tiny_tok(t, add_special_tokens=False).input_ids for t, _ in ROLE_TRACES]
+    for (trace, labels), (cats, _) in zip(ROLE_TRACES, cz.tag_ids(ids, tiny_tok)):
+        assert len(labels.split()) == len(trace.split()) == len(cats)
+        got = " ".join(c[0] for c in cats)
+        assert got == labels, f"{trace}\n want {labels}\n got  {got}"
+
+
+def _roles_by_grammar(trace):
+    """An independent labelling: parse each column step of make_trace's grammar with one regex."""
+    toks = trace.split()
+    lab = ["M" if t == "=" else "T" if t not in TINY_MATH and t not in TINY_REASONING else None for t in toks]
+    step = re.compile(r"(?:\S+ \S+ \S+ : (?:(borrow) (1) , )?([\d+\-* ]+?) = ([\d ]+?) , \S+ ([\d ]+?)"
+                      r"(?: (carry) ([\d ]+)| (no) (carry))? \.)|(?:\S+ \S+ ([\d ]+) \.)|(?:\\boxed\{ ([\d ]+) \})")
+    text = " ".join(toks)
+    # map character offsets to token indices
+    starts = np.cumsum([0] + [len(t) + 1 for t in toks[:-1]])
+    groups = dict(zip("borrow amt expr res wr carry camt no nocarry final boxed".split(), range(1, 12)))
+    for m in step.finditer(text):
+        for name, g in groups.items():
+            if m.group(g) is None:
+                continue
+            a, b = m.span(g)
+            for k in np.flatnonzero((starts >= a) & (starts < b)):
+                lab[k] = "M" if name == "expr" else "R"
+    return " ".join(map(str, lab))
+
+
+def test_role_tags_match_grammar_parse_on_generated_traces(tiny_tok):
+    cz = C.Categorizer(C.ROLES_MAP, tagger="shipped")
+    rng = random.Random(11)
+    problems = tasks.sample_problems(120, seed=11)
+    traces = [tasks.make_trace(p, rng, error_rate=0.5) for p in problems]
+    ids = [tiny_tok(t, add_special_tokens=False).input_ids for t in traces]
+    n_reasoning_digits = 0
+    for trace, (cats, _) in zip(traces, cz.tag_ids(ids, tiny_tok)):
+        want = _roles_by_grammar(trace)
+        assert "None" not in want.split(), trace
+        assert " ".join(c[0] for c in cats) == want, trace
+        n_reasoning_digits += sum(c == "Reasoning" and t.isdigit() for t, c in zip(trace.split(), cats))
+    assert n_reasoning_digits > 1000
+
+
+def test_include_and_span_rows(tmp_path):
+    (tmp_path / "base.csv").write_text("rule,key,value\nregex,\\d+,Math\n")
+    (tmp_path / "roles.csv").write_text('rule,key,value\ninclude,base.csv,\nspan,"is ... ,",Reasoning\n')
+    cz = C.Categorizer(tmp_path / "roles.csv", tagger="shipped")
+    assert cz.word_categories([["x", "is", "4", "2", ",", "5"]])[0][2:] == ["Reasoning", "Reasoning", "Other", "Math"]
+    (tmp_path / "cycle.csv").write_text("rule,key,value\ninclude,cycle.csv,\n")
+    with pytest.raises(ValueError, match="include cycle"):
+        C.load_map(tmp_path / "cycle.csv")
+    (tmp_path / "badspan.csv").write_text("rule,key,value\nspan,is,Reasoning\n")
+    with pytest.raises(ValueError, match=r"badspan\.csv:2: a span key"):
+        C.load_map(tmp_path / "badspan.csv")
+
+
+def test_share_shift_against_loop():
+    from scipy import stats as ss
+    rng = np.random.default_rng(0)
+    n, cats = 600, ["Math", "Template", "Reasoning"]
+    df = pd.DataFrame(dict(batch=rng.integers(0, 5, n), category=rng.choice(cats, n),
+                           delta_positive_only=rng.normal(size=n), delta_grpo=rng.normal(size=n)))
+    mass, summary, shift = C.share_shift(df)
+    for b in range(5):
+        d = df[df.batch == b]
+        for c in cats:
+            share = {}
+            for u in ("positive_only", "grpo"):
+                tot = sum(max(x, 0.0) for x in d[f"delta_{u}"])
+                share[u] = sum(max(x, 0.0) for x, cc in zip(d[f"delta_{u}"], d.category) if cc == c) / tot
+            assert shift.loc[b, c] == pytest.approx(share["grpo"] - share["positive_only"], abs=1e-12)
+    x = shift["Template"].to_numpy()
+    h = ss.t.ppf(0.975, len(x) - 1) * x.std(ddof=1) / np.sqrt(len(x))
+    s = C.shift_summary(shift).set_index("category")
+    assert s.loc["Template", "lo"] == pytest.approx(x.mean() - h) and s.loc["Template", "n"] == 5
+    m = summary.set_index(["update", "category", "measure"]).loc[("grpo", "Math", "boosted_mass")]
+    per_batch = [df[(df.batch == b) & (df.category == "Math")].delta_grpo.clip(lower=0).sum() for b in range(5)]
+    assert m["mean"] == pytest.approx(np.mean(per_batch))

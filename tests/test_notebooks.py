@@ -112,6 +112,13 @@ def test_04_category_shift(out_root):
     top = pd.read_parquet(res / "fig04_top_tokens.parquet")
     assert np.allclose(top.difference, top.mean_delta_grpo - top.mean_delta_positive_only)
     assert (top.difference.abs().diff().dropna() <= 1e-15).all() and (top.n >= 3).all()
+    # role table vs word table on the same tokens: spans only re-tag Math words as Reasoning
+    st = pd.read_parquet(res / "fig04_settings.parquet").pivot(index="setting", columns="category", values="token_share")
+    roles, words, control = (st.loc[[i for i in st.index if k in i][0]] for k in ("arithmetic_roles", "category_map", "control"))
+    assert np.isclose(roles.Template, words.Template) and np.isclose(roles.Math + roles.Reasoning, words.Math + words.Reasoning)
+    assert roles.Reasoning > words.Reasoning and control.name.startswith("tiny-m-fixed")
+    claims = pd.read_parquet(res / "claims.parquet").set_index("claim")
+    assert {"fig04_template", "fig04_reasoning", "fig04_template_fixed_scaffold"} <= set(claims.index)
 
 
 def test_05_value_gap(out_root):

@@ -9,7 +9,10 @@ word gets one category, and every token takes the category of the word it belong
     -> tokens Reasoning, Reasoning, Template, Math, Math
 
 Word categories come from one editable table, data/categories/category_map.csv (phrase, word,
-regex and POS-tag rules, and the lexicon of the shipped tagger; its header explains them). POS
+regex and POS-tag rules, and the lexicon of the shipped tagger; its header explains them). A table
+can `include` another and add `span` (role) rules: data/categories/arithmetic_roles.csv tags the
+tiny task by role -- numbers a column computes, carry/borrow = Reasoning; operands copied from
+the prompt = Math -- on top of the word rules. POS
 tags come from NLTK: `nltk.pos_tag` when its tagger data is installed, otherwise (and by default
 on the tiny profile, for machine-independent tables) an NLTK UnigramTagger over the shipped
 lexicon backed off to a RegexpTagger. Nothing is ever downloaded.
@@ -28,8 +31,10 @@ import numpy as np
 import pandas as pd
 
 CATEGORIES = ("Math", "Template", "Reasoning", "Other")
-RULES = ("phrase", "word", "regex", "pos", "lexicon")
+RULES = ("phrase", "word", "regex", "pos", "lexicon", "span", "include")
 DEFAULT_MAP = Path(__file__).resolve().parents[2] / "data" / "categories" / "category_map.csv"
+# the tiny task tagged by role (computed digits, carry/borrow = Reasoning; operands = Math): Fig. 4 on tiny
+ROLES_MAP = DEFAULT_MAP.with_name("arithmetic_roles.csv")
 SCHEMES = ("bytelevel", "sentencepiece", "wordpiece")
 TAGGERS = ("auto", "shipped", "perceptron")
 
@@ -55,30 +60,50 @@ class CategoryMap:
     regexes: list      # [(compiled regex, category)] in file order
     pos: list          # [(tag prefix, category)], longest prefix first
     lexicon: dict      # lower-case word -> Penn tag (shipped tagger)
+    spans: list = None  # [(open words, close words, category)] in file order: role rules
     path: str = ""
+
+
+def _map_rows(path: Path, _seen=()):
+    """(file, line number, row) of a category table, `include` rows expanded in place."""
+    if not path.exists():
+        raise FileNotFoundError(f"category map not found: {path}")
+    if path.resolve() in _seen:
+        raise ValueError(f"{path}: include cycle ({' -> '.join(str(p) for p in _seen)})")
+    lines = [(i + 1, ln) for i, ln in enumerate(path.read_text(encoding="utf-8").splitlines())
+             if ln.strip() and not ln.lstrip().startswith("#")]
+    reader = csv.reader([ln for _, ln in lines])
+    header = next(reader, [])
+    if header[:3] != ["rule", "key", "value"]:
+        raise ValueError(f"{path}: header must start with rule,key,value; got {header}")
+    for (lineno, _), row in zip(lines[1:], reader):
+        if row and row[0].strip() == "include":
+            if len(row) < 2 or not row[1].strip():
+                raise ValueError(f"{path}:{lineno}: include needs a file name in the key column")
+            yield from _map_rows(path.parent / row[1].strip(), (*_seen, path.resolve()))
+        else:
+            yield path, lineno, row
 
 
 def load_map(path: str | Path | None = None) -> CategoryMap:
     """Read the category table; a bad row raises an error naming the file and line."""
     path = Path(path or DEFAULT_MAP)
-    if not path.exists():
-        raise FileNotFoundError(f"category map not found: {path}")
-    lines = [(i + 1, ln) for i, ln in enumerate(path.read_text(encoding="utf-8").splitlines())
-             if ln.strip() and not ln.lstrip().startswith("#")]
-    reader = csv.reader([ln for _, ln in lines])
-    header = next(reader)
-    if header[:3] != ["rule", "key", "value"]:
-        raise ValueError(f"{path}: header must start with rule,key,value; got {header}")
-    phrases, words, regexes, pos, lexicon = {}, {}, [], [], {}
-    for (lineno, _), row in zip(lines[1:], reader):
+    phrases, words, regexes, pos, lexicon, spans = {}, {}, [], [], {}, []
+    for where, lineno, row in _map_rows(path):
         if len(row) < 3:
-            raise ValueError(f"{path}:{lineno}: expected rule,key,value[,note]; got {row}")
+            raise ValueError(f"{where}:{lineno}: expected rule,key,value[,note]; got {row}")
         rule, key, value = row[0].strip(), row[1], row[2].strip()
         if rule not in RULES:
-            raise ValueError(f"{path}:{lineno}: unknown rule {rule!r}; allowed: {', '.join(RULES)}")
+            raise ValueError(f"{where}:{lineno}: unknown rule {rule!r}; allowed: {', '.join(RULES)}")
         if rule != "lexicon" and value not in CATEGORIES:
-            raise ValueError(f"{path}:{lineno}: unknown category {value!r}; allowed: {', '.join(CATEGORIES)}")
-        if rule == "phrase":
+            raise ValueError(f"{where}:{lineno}: unknown category {value!r}; allowed: {', '.join(CATEGORIES)}")
+        if rule == "span":
+            ends = re.split(r"\s+(?:…|\.\.\.)\s+", key.strip().lower())
+            if len(ends) != 2 or not all(ends):
+                raise ValueError(f"{where}:{lineno}: a span key is 'OPEN … CLOSE' (alternatives with |, "
+                                 f"'...' also works); got {key!r}")
+            spans.append((frozenset(ends[0].split("|")), frozenset(ends[1].split("|")), value))
+        elif rule == "phrase":
             slots = [s.split("|") for s in key.lower().split()]
             for words_ in itertools.product(*slots):
                 phrases.setdefault(words_[0], []).append((tuple(words_), value))
@@ -96,7 +121,23 @@ def load_map(path: str | Path | None = None) -> CategoryMap:
     for k in phrases:
         phrases[k].sort(key=lambda p: -len(p[0]))
     pos.sort(key=lambda p: -len(p[0]))
-    return CategoryMap(phrases, words, regexes, pos, lexicon, str(path))
+    return CategoryMap(phrases, words, regexes, pos, lexicon, spans, str(path))
+
+
+def apply_spans(low_words, cats, spans):
+    """Role rules: the Math words strictly between an opening word and the next closing word
+    take the span's category; a word covered by several spans takes the first rule's (file order)."""
+    out, done = list(cats), [False] * len(cats)
+    for opens, closes, cat in spans:
+        inside = False
+        for i, w in enumerate(low_words):
+            if inside and w in closes:
+                inside = False
+            elif inside and cats[i] == "Math" and not done[i]:
+                out[i], done[i] = cat, True
+            if not inside and w in opens:
+                inside = True
+    return out
 
 
 # ------------------------------------------------------------------------------------ tagging
@@ -113,7 +154,8 @@ def perceptron_available() -> bool:
 def shipped_tagger(lexicon: dict):
     """NLTK UnigramTagger over the shipped lexicon, backed off to a RegexpTagger."""
     import nltk
-    return nltk.UnigramTagger(model=lexicon, backoff=nltk.RegexpTagger(TAG_PATTERNS))
+    back = nltk.RegexpTagger(TAG_PATTERNS)
+    return nltk.UnigramTagger(model=lexicon, backoff=back) if lexicon else back  # NLTK refuses an empty model
 
 
 @lru_cache(maxsize=None)
@@ -285,6 +327,8 @@ class Categorizer:
                 stack.append(cats[i])
             elif w == "}" and stack:
                 cats[i] = stack.pop()
+        if self.map.spans:
+            cats = apply_spans(low, cats, self.map.spans)
         return cats
 
     # -- tokens
@@ -372,3 +416,34 @@ def category_mass(df: pd.DataFrame, delta: str = "delta", by=(), eps: float = 1e
         tot = g.groupby(level=by)[f"{kind}_mass"].transform("sum") if by else g[f"{kind}_mass"].sum()
         g[f"{kind}_share"] = g[f"{kind}_mass"] / tot
     return g.reset_index()
+
+
+def share_shift(tokens: pd.DataFrame, updates=("positive_only", "grpo"), eps: float = 1e-6, level: float = 0.95):
+    """Fig. 4's statistics from a token table with `category`, `batch` and one `delta_<update>`
+    column per update.
+
+    Returns (mass, summary, shift):
+      mass     category_mass per update and batch (boosted / suppressed mass, counts, shares);
+      summary  per update, category and measure: mean over batches with a t interval (mean, lo, hi);
+      shift    per batch and category: boosted share under updates[1] minus under updates[0]
+               (the paired shift; NaN where a batch has no boosted mass under an update).
+    """
+    from . import stats
+
+    long = pd.concat([tokens.assign(update=u, delta=tokens[f"delta_{u}"]) for u in updates], ignore_index=True)
+    mass = category_mass(long, "delta", by=("update", "batch"), eps=eps)
+    mass = mass[mass.category.isin(tokens.category.unique())].reset_index(drop=True)
+    measures = [c for c in mass.columns if c not in ("update", "batch", "category")]
+    rows = [dict(update=u, category=c, measure=m, **dict(zip(("mean", "lo", "hi"), stats.t_interval(d[m], level))))
+            for (u, c), d in mass.groupby(["update", "category"]) for m in measures]
+    shares = mass.pivot_table(index="batch", columns=["update", "category"], values="boosted_share", dropna=False)
+    shift = shares[updates[1]] - shares[updates[0]]
+    return mass, pd.DataFrame(rows), shift
+
+
+def shift_summary(shift: pd.DataFrame, level: float = 0.95) -> pd.DataFrame:
+    """Per category: mean paired shift over batches with its t interval, and the batch count."""
+    from . import stats
+
+    return pd.DataFrame([dict(category=c, **dict(zip(("mean", "lo", "hi"), stats.t_interval(shift[c], level))),
+                              n=int(shift[c].notna().sum())) for c in shift.columns])

@@ -104,8 +104,16 @@ def _parse_prompt(prompt: str) -> tuple[int, str, int]:
     return int(m.group(1).replace(" ", "")), m.group(2), int(m.group(3).replace(" ", ""))
 
 
-def make_trace(problem: Problem, rng: random.Random, error_rate: float = 0.0) -> str:
+SCAFFOLDS = ("varied", "fixed")
+
+
+def make_trace(problem: Problem, rng: random.Random, error_rate: float = 0.0, scaffold: str = "varied") -> str:
     """A chain-of-thought response (without the prompt, ending in <eos>).
+
+    scaffold: 'varied' draws every scaffold slot's wording at random (First/Begin/Start, ...);
+    'fixed' always writes the first wording of each slot (First, Next, digit, write, Finally, So,
+    answer) -- the control task of Fig. 1(d) / Fig. 4, where the scaffold is one phrasing shared
+    by every rollout, as a real model's template is.
 
     With probability `error_rate` one slip is injected and carried through consistently: a +-1/2
     error in one column's result, a dropped carry/borrow, or a wrong boxed number. The returned
@@ -119,7 +127,10 @@ def make_trace(problem: Problem, rng: random.Random, error_rate: float = 0.0) ->
     db = [int(c) for c in str(b)][::-1]
     ncol = len(da)
     slip_col = rng.randrange(ncol)
-    w = lambda xs: rng.choice(xs)  # noqa: E731  (a random scaffold wording)
+    if scaffold not in SCAFFOLDS:
+        raise ValueError(f"scaffold={scaffold!r}; allowed: {', '.join(SCAFFOLDS)}")
+    # a scaffold wording: random, or always the first one (draws nothing, so 'varied' streams are unchanged)
+    w = (lambda xs: xs[0]) if scaffold == "fixed" else (lambda xs: rng.choice(xs))  # noqa: E731
     parts, written, carry = [], [], 0
     for k in range(ncol):
         x = da[k]

@@ -9,6 +9,7 @@ uncertain where it matters; it stops when sampled held-out accuracy reaches a ta
 groups are mixed.
 
     python -m cancellation.tiny --size tiny-m --out data/policies/tiny-m
+    python -m cancellation.tiny --size tiny-m --scaffold fixed --out data/policies/tiny-m-fixed   # the control
 """
 from __future__ import annotations
 
@@ -90,6 +91,7 @@ class PretrainConfig:
     eval_prompts: int = 192         # held-out prompts per evaluation (one sample each, T = 1)
     target_acc: float = 0.5         # stop once sampled held-out accuracy reaches this
     kinds: list = field(default_factory=lambda: list(tasks.KINDS))  # problem kinds in the mix
+    scaffold: str = "varied"        # 'varied' (random scaffold wording) or 'fixed' (one phrasing per slot: the control task)
 
 
 def _encode_traces(tok, problems, traces):
@@ -134,7 +136,7 @@ def pretrain(cfg: PretrainConfig, out_dir: str | Path | None = None, progress: b
     for step in range(1, cfg.max_steps + 1):
         model.train()
         probs = [tasks.sample_problem(rng, rng.choice(cfg.kinds)) for _ in range(cfg.batch_size)]
-        traces = [tasks.make_trace(p, rng, cfg.error_rate) for p in probs]
+        traces = [tasks.make_trace(p, rng, cfg.error_rate, cfg.scaffold) for p in probs]
         ids, attn, lmask = _encode_traces(tok, probs, traces)
         logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1]
         tgt, m = ids[:, 1:], lmask[:, 1:].float()
@@ -182,11 +184,13 @@ def main(argv=None):
     ap.add_argument("--max-steps", type=int, default=PretrainConfig.max_steps)
     ap.add_argument("--eval-every", type=int, default=PretrainConfig.eval_every)
     ap.add_argument("--target-acc", type=float, default=PretrainConfig.target_acc)
+    ap.add_argument("--scaffold", default="varied", choices=tasks.SCAFFOLDS,
+                    help="'fixed': one wording per scaffold slot (the control policy tiny-m-fixed)")
     a = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     torch.set_num_threads(max(1, torch.get_num_threads()))
     m = pretrain(PretrainConfig(size=a.size, seed=a.seed, max_steps=a.max_steps, eval_every=a.eval_every,
-                                target_acc=a.target_acc), a.out)
+                                target_acc=a.target_acc, scaffold=a.scaffold), a.out)
     print(json.dumps({k: m[k] for k in ("steps", "minutes", "n_params", "heldout_acc_t1", "heldout_acc_greedy")}, indent=2))
 
 
