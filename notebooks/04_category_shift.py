@@ -209,7 +209,8 @@ top.round(5)
 # %%
 import matplotlib.pyplot as plt
 
-cats = [c for c in categories.CATEGORIES if c in set(tokens.category)]
+share_of = tokens.category.value_counts(normalize=True)
+cats = [c for c in categories.CATEGORIES if share_of.get(c, 0) >= 0.001]  # a few stray tokens say nothing
 x = np.arange(len(cats))
 fig, axes = plots.figure(ncols=2, nrows=2, width=plots.WIDTH_2COL, height=4.3)
 
@@ -308,15 +309,21 @@ if control_model_path:
 rows = []
 for name, (df, p) in settings.items():
     share_of_tokens = df.category.value_counts(normalize=True)
+    _, summ, _ = categories.share_shift(df, UPDATES, eps=eps)
+    share = summ[summ.measure == "boosted_share"].pivot(index="category", columns="update", values="mean")
     for r in categories.shift_summary(p).itertuples():
         rows.append(dict(setting=name, category=r.category, shift=r.mean, lo=r.lo, hi=r.hi, n=r.n,
-                         token_share=share_of_tokens.get(r.category, 0.0)))
+                         token_share=share_of_tokens.get(r.category, 0.0),
+                         **{f"boosted_share_{u}": share.loc[r.category, u] for u in UPDATES}))
 compare = pd.DataFrame(rows)
+compare = compare[compare.token_share >= 0.001]  # categories with a handful of stray tokens say nothing
 cache.write_table(compare, Path(results_dir) / "fig04_settings.parquet")
-print(compare.pivot(index="setting", columns="category", values="token_share").round(3)
-      .to_string(float_format=lambda v: f"{100 * v:.1f}%").replace("category", "share of tokens"))
-compare.assign(shift=lambda d: d.apply(lambda r: f"{r['shift']:+.3f} [{r.lo:+.3f}, {r.hi:+.3f}]", axis=1)) \
-    .pivot(index="setting", columns="category", values="shift")
+compare.assign(tokens=lambda d: (100 * d.token_share).map("{:.1f}%".format),
+               **{"boosted share (positive-only → GRPO)": lambda d: d.apply(
+                   lambda r: f"{r.boosted_share_positive_only:.3f} → {r.boosted_share_grpo:.3f}", axis=1),
+                  "paired shift [95% CI]": lambda d: d.apply(
+                      lambda r: f"{r['shift']:+.3f} [{r.lo:+.3f}, {r.hi:+.3f}]", axis=1)}) \
+    .set_index(["setting", "category"])[["tokens", "boosted share (positive-only → GRPO)", "paired shift [95% CI]"]]
 
 # %%
 fig, ax = plots.figure(width=plots.WIDTH_1COL * 1.5, height=2.6)
@@ -330,7 +337,7 @@ for k, name in enumerate(names):
 ax.axhline(0, color="k", lw=0.6)
 ax.set_xticks(np.arange(len(shown_cats)), shown_cats)
 ax.set(ylabel="boosted share: GRPO − positive-only", title="Fig. 4(b) by tagging and by scaffold (95% CI)")
-ax.legend(frameon=False, fontsize=6.5)
+ax.legend(frameon=False, fontsize=6.5, loc="lower left")
 fig.tight_layout()
 plots.save(fig, "fig04b_category_shift_settings", fig_dir)
 plt.show()

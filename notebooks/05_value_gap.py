@@ -201,21 +201,8 @@ def cell_means(df, status_col="status"):
 
 def gaps(df, status_col="status", **extra):
     """Value gap per sign and the sign average, with bootstrap intervals (tokens resampled per cell)."""
-    rows = []
-    for est, d in df.groupby("estimator"):
-        per_sign = {}
-        for sign in ("pos", "neg"):
-            b = d[(d.sign == sign) & (d[status_col] == "boosted")].delta_hat.to_numpy()
-            s = d[(d.sign == sign) & (d[status_col] == "suppressed")].delta_hat.to_numpy()
-            g, lo, hi = S.bootstrap_gap(b, s, n_boot, seed)
-            per_sign[sign] = (b, s)
-            rows.append(dict(estimator=est, sign=sign, gap=g, lo=lo, hi=hi, n_boosted=len(b), n_suppressed=len(s), **extra))
-        if all(len(x) for bs in per_sign.values() for x in bs):
-            g, lo, hi = S.balanced_gap(list(per_sign.values()), n_boot, seed + 1)
-            rows.append(dict(estimator=est, sign="all", gap=g, lo=lo, hi=hi,
-                             n_boosted=sum(len(b) for b, _ in per_sign.values()),
-                             n_suppressed=sum(len(s) for _, s in per_sign.values()), **extra))
-    return pd.DataFrame(rows)
+    return pd.DataFrame([dict(estimator=est, **r, **extra) for est, d in df.groupby("estimator")
+                         for r in value.sign_gaps(d, n_boot, seed, status_col)])
 
 
 fig5a = cell_means(vt)
@@ -278,14 +265,7 @@ v0["confidence"] = np.where(v0.prob < 0.9, "p < 0.9", "p ≥ 0.9")
 strata = []
 for col in ("category", "confidence"):
     for level, d in v0.groupby(col):
-        cells = [(d[(d.sign == sg) & (d.status == "boosted")].delta_hat.to_numpy(),
-                  d[(d.sign == sg) & (d.status == "suppressed")].delta_hat.to_numpy()) for sg in ("pos", "neg")]
-        for sg, (b, sp) in zip(("pos", "neg"), cells):
-            g, lo, hi = S.bootstrap_gap(b, sp, n_boot, seed) if len(b) and len(sp) else (np.nan,) * 3
-            strata.append(dict(by=col, level=level, sign=sg, gap=g, lo=lo, hi=hi, n_boosted=len(b), n_suppressed=len(sp)))
-        g, lo, hi = S.balanced_gap(cells, n_boot, seed + 1) if all(len(x) for c in cells for x in c) else (np.nan,) * 3
-        strata.append(dict(by=col, level=level, sign="all", gap=g, lo=lo, hi=hi,
-                           n_boosted=sum(len(b) for b, _ in cells), n_suppressed=sum(len(x) for _, x in cells)))
+        strata += [dict(by=col, level=level, **r) for r in value.sign_gaps(d, n_boot, seed)]
 strata = pd.DataFrame(strata)
 cache.write_table(strata, Path(results_dir) / "fig05_strata_gap.parquet")
 

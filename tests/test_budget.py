@@ -4,7 +4,6 @@ import copy
 import statistics
 
 import numpy as np
-import pandas as pd
 import pytest
 import torch
 
@@ -19,34 +18,10 @@ def verl_advantages(rewards):
     return [(r - m) / (s + 1e-6) for r in rewards]
 
 
-def test_subsample_regroups_advantages(batch):
-    for P, n, seed in ((2, 3, 0), (3, 2, 1), (3, 1, 2), (1, 4, 3)):
-        rows = budget.subsample(batch, P, n, seed=seed)
-        sub = budget.regroup(batch, rows)
-        groups = sub.group.unique().tolist()
-        assert len(groups) == P and all(int((sub.group == g).sum()) == n for g in groups)
-        assert len(set(rows.tolist())) == len(rows)
-        for g in groups:
-            r = sub.reward[sub.group == g].tolist()
-            assert np.allclose(sub.advantage[sub.group == g].numpy(), verl_advantages(r), atol=1e-12)
-    one = budget.regroup(batch, budget.subsample(batch, 3, 1, seed=5))
-    assert np.allclose(one.advantage.numpy(), one.reward.numpy(), atol=1e-5)  # n = 1: A = r (positive-only)
-    assert not torch.equal(budget.subsample(batch, 2, 2, seed=0), budget.subsample(batch, 2, 2, seed=1)) or \
-        not torch.equal(budget.subsample(batch, 2, 2, seed=0), budget.subsample(batch, 2, 2, seed=2))
-    with pytest.raises(ValueError, match="n=5"):
-        budget.subsample(batch, 1, 5)
-
-
-def test_composition_rows(batch):
+def test_composition_groups(batch):
     # rewards per group: [1,0,0,1], [1,1,1,1], [0,1,0,0]
     assert budget.composition_groups(batch, 3) == [0]
     assert budget.composition_groups(batch, 2) == [0, 2]
-    for k in (1, 2):
-        rows = budget.composition_rows(batch, k, 3, [0], seed=k)
-        r = batch.reward[rows]
-        assert (batch.group[rows] == 0).all() and int(r.sum()) == k and len(rows) == 3
-    with pytest.raises(ValueError, match="k=2 of G=2"):
-        budget.composition_rows(batch, 2, 2, [2])
 
 
 def hand_sgd_delta(model, batch, rows, pool, lr):
@@ -92,61 +67,12 @@ def test_pool_delta_matches_hand_sgd_step(fresh, batch, tok):
     cfg = grpo.UpdateConfig(optimizer="sgd", lr=1.0, scope="full")
     pb = budget.pool_logp(fresh, batch, pool)
     assert np.allclose(pb, pool.logp_before, atol=1e-12, rtol=0)
-    rows = budget.subsample(batch, 2, 3, seed=0)
+    rows = budget.nested_rows(budget.nested_order(batch, seed=0), 2, 3)
     d = budget.pool_delta(fresh, batch, rows, pool, cfg, before.logp, pb)
     ref = hand_sgd_delta(fresh, batch, rows, pool, lr=1.0)
     assert np.abs(ref).max() > 1e-6  # the step moves the pool
     assert np.allclose(d, ref, rtol=1e-7, atol=1e-12)
     assert all(torch.equal(v, fresh.state_dict()[k]) for k, v in state.items())  # θ restored exactly
-
-
-def test_gap_weights_and_bootstrap():
-    rng = np.random.default_rng(0)
-    N, S = 400, 3
-    v = rng.normal(size=N)
-    status = rng.choice(["boosted", "suppressed", "stable"], size=(S, N), p=[0.4, 0.4, 0.2])
-    v[status[0] == "boosted"] += 0.5  # a real gap under split 0
-    loop = [v[st == "boosted"].mean() - v[st == "suppressed"].mean() for st in status]
-    assert np.allclose(budget.gap_weights(status) @ v, loop)
-    g, lo, hi, reps = budget.gap_bootstrap(v, status, n_boot=2000, seed=1)
-    assert np.isclose(g, np.mean(loop)) and lo < g < hi
-    # one split: the bootstrap SE of the gap is the two-sample SE of a difference of means
-    g1, _, _, r1 = budget.gap_bootstrap(v, status[:1], n_boot=4000, seed=1)
-    b, s = v[status[0] == "boosted"], v[status[0] == "suppressed"]
-    se = np.sqrt(b.var(ddof=1) / len(b) + s.var(ddof=1) / len(s))
-    assert abs(r1.std() / se - 1) < 0.1
-    # paired: the same seed and pool resample the same tokens
-    assert np.array_equal(budget.gap_bootstrap(v, status, 50, 3)[3], budget.gap_bootstrap(v, status, 50, 3)[3])
-    no_sup = np.where(status == "suppressed", "stable", status)
-    assert np.isnan(budget.gap_weights(no_sup)).all()
-
-
-def test_noise_budget_mc_term_matches_simulation():
-    rng = np.random.default_rng(2)
-    N, S = 300, 4
-    v = rng.normal(size=N)
-    se = rng.uniform(0.05, 0.3, size=N)
-    sa = rng.choice(["boosted", "suppressed"], size=(S, N))
-    sb = rng.choice(["boosted", "suppressed"], size=(S, N))
-    nb = budget.noise_budget(v, se, sa, sb, n_boot=200, seed=0)
-    wa, wb = budget.gap_weights(sa).mean(0), budget.gap_weights(sb).mean(0)
-    sims = [(wb - wa) @ (v + rng.normal(size=N) * se) for _ in range(4000)]  # redraw the MC noise
-    assert abs(np.var(sims) / nb["var_mc"] - 1) < 0.1
-    ga, gb = budget.gap_weights(sa) @ v, budget.gap_weights(sb) @ v
-    assert np.isclose(nb["var_seed"], ga.var(ddof=1) / S + gb.var(ddof=1) / S)
-    assert np.isclose(nb["d"], gb.mean() - ga.mean())
-
-
-def test_needed_scales_each_component():
-    nb = dict(d=4.0, var_seed=1.0, var_mc=1.0, var_pool=1.0)  # SE² = 3 < (d/2)² = 4: resolved already
-    out = budget.needed(nb, S=4, M=16, N=100)
-    assert out["factor_all"] == pytest.approx(0.75) and out["se"] == pytest.approx(np.sqrt(3))
-    nb = dict(d=2.0, var_seed=0.5, var_mc=0.25, var_pool=0.5)  # cap (d/2)² = 1
-    out = budget.needed(nb, S=4, M=16, N=100)
-    assert out["seeds"] == 8                    # 0.5·4/S' + 0.75 = 1
-    assert out["M"] == np.inf                   # seeds + pool alone already reach the cap
-    assert out["pool"] == 150                   # the pool term carries the MC term along: 0.75·100/N' + 0.5 = 1
-    assert out["factor_all"] == pytest.approx(1.25)
 
 
 # --------------------------------------------------------------------------- the fair test (nested sub-batches)
@@ -260,3 +186,15 @@ def test_seeds_needed_scales_the_whole_variance():
     # with S2 seeds the variance (0.0025 at 10 seeds, all as 1/S) is at most (d/2)^2
     assert 0.0025 * 10 / S2 <= (0.1 / 2) ** 2 + 1e-15 and 0.0025 * 10 / (S2 - 1) > (0.1 / 2) ** 2
     assert budget.seeds_needed(dict(nb, d=0.0), S=10) == np.inf
+def test_needed_scales_each_component():
+    nb = dict(d=4.0, var_seed=1.0, var_mc=1.0, var_pool=1.0)  # SE² = 3 < (d/2)² = 4: resolved already
+    out = budget.needed(nb, S=4, M=16, N=100)
+    assert out["factor_all"] == pytest.approx(0.75) and out["se"] == pytest.approx(np.sqrt(3))
+    nb = dict(d=2.0, var_seed=0.5, var_mc=0.25, var_pool=0.5)  # cap (d/2)² = 1
+    out = budget.needed(nb, S=4, M=16, N=100)
+    assert out["seeds"] == 8                    # 0.5·4/S' + 0.75 = 1
+    assert out["M"] == np.inf                   # seeds + pool alone already reach the cap
+    assert out["pool"] == 150                   # the pool term carries the MC term along: 0.75·100/N' + 0.5 = 1
+    assert out["factor_all"] == pytest.approx(1.25)
+
+

@@ -37,6 +37,11 @@ def test_01_token_flipping(out_root):
     assert set(fig9.model) == {"tiny-m", "tiny-s"} and set(fig9.sign) == {"pos", "neg", "all"}
     deltas = pd.read_parquet(res / "fig01_token_deltas.parquet")
     assert (deltas.delta.abs() > 1e-6).mean() > 0.5  # an Adam step moves most tokens past ε
+    comp = pd.read_parquet(res / "fig01_suppressed_categories.parquet").set_index(["policy", "run"])
+    assert np.allclose(comp.sum(axis=1), 1.0) and "tiny-m-fixed (control)" in comp.index.get_level_values(0)
+    # the fixed-scaffold control ran and recorded its Fig. 1(d) claim
+    claims = pd.read_parquet(res / "claims.parquet").set_index("claim")
+    assert claims.loc["fig01_d_drop_fixed_scaffold", "figure"] == "Fig. 1(d), fixed-scaffold control"
 
 
 def test_07_batching(out_root):

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 from scipy import stats as st
 
-from cancellation import budget, coupling, stats, value
+from cancellation import coupling, stats, value
 
 
 def test_clopper_pearson_against_scipy_beta():
@@ -58,30 +58,6 @@ def test_balanced_gap_against_brute_force_loop():
     point = np.mean([b.mean() - s.mean() for b, s in cells])
     assert stats.balanced_gap(cells, 200, 11) == pytest.approx((point, *np.quantile(reps, [0.025, 0.975])), abs=1e-12)
     assert np.isnan(stats.balanced_gap([(cells[0][0], [])], 10, 0)[0])
-
-
-def test_weighted_gap_bootstrap_against_brute_force_loop():
-    rng = np.random.default_rng(2)
-    N, S = 30, 3
-    v = rng.normal(size=N)
-    status = rng.choice(["boosted", "suppressed", "stable"], size=(S, N))
-    point, lo, hi, reps = stats.weighted_gap_bootstrap(v, status, 100, 4)
-    g = np.random.default_rng(4)
-    draws = [g.integers(0, N, N) for _ in range(100)]
-    seeds = g.integers(0, S, (100, S))
-    want = []
-    for b, d in enumerate(draws):
-        per_seed = []
-        for s in seeds[b]:
-            bo = [v[j] for j in d if status[s, j] == "boosted"]
-            su = [v[j] for j in d if status[s, j] == "suppressed"]
-            per_seed.append(np.mean(bo) - np.mean(su) if bo and su else np.nan)  # empty cell: no gap
-        want.append(np.nanmean(per_seed))
-    assert reps == pytest.approx(np.array(want), abs=1e-12)
-    assert point == pytest.approx(np.mean([v[st_ == "boosted"].mean() - v[st_ == "suppressed"].mean() for st_ in status]))
-    assert budget.gap_bootstrap(v, status, 100, 4)[:3] == (point, lo, hi)
-    c = stats.combine_replicates([(point, lo, hi, reps), (point, lo, hi, reps)])
-    assert c == pytest.approx((point, lo, hi))
 
 
 def test_boost_stats_exact_rate_interval_and_bootstrap_mean():

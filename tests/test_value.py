@@ -3,10 +3,11 @@ against independent sampling, and the cache."""
 import copy
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
-from cancellation import measure, rollout, tasks, value
+from cancellation import measure, rollout, stats, tasks, value
 
 S_WORDS = {w for i, w in enumerate(tasks.VOCAB) if i % 2 == 0}  # the verifier rewards these final words
 HORIZON = 3                                     # tokens left to the response cap at the valued state
@@ -183,6 +184,33 @@ def test_cuda_continuations_match_cpu_when_greedy_and_are_seeded(model64, tok):
     assert all(torch.equal(x, y) for x, y in zip(a, b)) and all(x.device.type == "cpu" for x in a)
 
 
+def _loop_gaps(vals, sign, status):
+    """Brute force: per sign, mean of boosted minus mean of suppressed values; 'all' = their average."""
+    g = {}
+    for s in ("pos", "neg"):
+        b = [v for v, sg, st in zip(vals, sign, status) if sg == s and st == "boosted"]
+        m = [v for v, sg, st in zip(vals, sign, status) if sg == s and st == "suppressed"]
+        g[s] = sum(b) / len(b) - sum(m) / len(m)
+    g["all"] = (g["pos"] + g["neg"]) / 2
+    return g
+
+
+def test_sign_gaps_against_a_loop_and_the_stats_intervals():
+    rng = np.random.default_rng(4)
+    n = 300
+    df = pd.DataFrame(dict(sign=rng.choice(["pos", "neg"], n), status=rng.choice(["boosted", "suppressed", "stable"], n),
+                           delta_hat=rng.normal(size=n)))
+    rows = {r["sign"]: r for r in value.sign_gaps(df, n_boot=300, seed=7)}
+    want = _loop_gaps(df.delta_hat, df.sign, df.status)
+    for s in ("pos", "neg", "all"):
+        assert rows[s]["gap"] == pytest.approx(want[s], abs=1e-12) and rows[s]["lo"] <= rows[s]["gap"] <= rows[s]["hi"]
+    b = df[(df.sign == "pos") & (df.status == "boosted")].delta_hat
+    assert rows["pos"]["n_boosted"] == len(b) and rows["pos"]["hi"] == stats.bootstrap_gap(
+        b, df[(df.sign == "pos") & (df.status == "suppressed")].delta_hat, 300, 7)[2]
+    empty = value.sign_gaps(df[df.status != "suppressed"], n_boot=10)
+    assert all(np.isnan(r["gap"]) for r in empty)
+
+
 def test_repeated_gap_matches_a_brute_force_loop():
     """value.repeated_gap vs explicit loops: gap per step, changed share, paired change."""
     rng = np.random.default_rng(0)
@@ -192,12 +220,7 @@ def test_repeated_gap_matches_a_brute_force_loop():
     out = value.repeated_gap(vals, sign, deltas, eps, n_boot=200, seed=1)
 
     def gap(status):
-        g = []
-        for s in ("pos", "neg"):
-            b = [v for v, sg, st in zip(vals, sign, status) if sg == s and st == "boosted"]
-            m = [v for v, sg, st in zip(vals, sign, status) if sg == s and st == "suppressed"]
-            g.append(sum(b) / len(b) - sum(m) / len(m))
-        return (g[0] + g[1]) / 2
+        return _loop_gaps(vals, sign, status)["all"]
 
     status = [["boosted" if d > eps else "suppressed" if d < -eps else "stable" for d in row] for row in deltas]
     for k in range(K):

@@ -1,16 +1,15 @@
 """Intervals used across the notebooks, in one place.
 
 Percentile bootstrap of a mean, of a difference of means (the value gap), of the balanced gap
-(the average of the gaps inside positive and inside negative rollouts, notebook 05), of the
-split-weighted gap over a fixed token pool with resampled seeds (notebook 06,
-`weighted_gap_bootstrap`), of several statistics on shared resamples (`bootstrap_stats`,
+(the average of the gaps inside positive and inside negative rollouts, notebook 05), of several
+statistics on shared resamples (`bootstrap_stats`,
 Boost Rate and Mean Boost of Table 1), Student-t intervals of a mean (over batches, seeds or
 steps) and Clopper–Pearson intervals of a proportion.
 
 Every bootstrap draws its resamples as `np.random.default_rng(seed).integers(0, n, (n_boot, n))`
 in a fixed order (documented per function), so the same seed gives the same replicates as the
 implementations these functions replaced (value.bootstrap_mean/bootstrap_gap,
-budget.gap_bootstrap, coupling.boost_stats and notebook 05's balanced gap).
+coupling.boost_stats and notebook 05's balanced gap).
 """
 from __future__ import annotations
 
@@ -73,55 +72,6 @@ def balanced_gap(cells, n_boot: int = 2000, seed: int = 0, alpha: float = 0.05) 
                for bs in cells for i, x in enumerate(bs)) / len(cells)
     g = sum(b.mean() - s.mean() for b, s in cells) / len(cells)
     return float(g), float(np.quantile(boot, alpha / 2)), float(np.quantile(boot, 1 - alpha / 2))
-
-
-def split_gap_weights(status: np.ndarray) -> np.ndarray:
-    """w (S, N) with gap_s = Σ_n w_sn v_n = mean v(boosted) − mean v(suppressed) under split s.
-
-    `status`: (S, N) array of 'boosted' / 'suppressed' / anything else (one row per seed). A
-    split with no boosted or no suppressed token has no gap: its row is NaN."""
-    status = np.atleast_2d(status)
-    bo, su = (status == "boosted").astype(float), (status == "suppressed").astype(float)
-    nb, ns = bo.sum(1, keepdims=True), su.sum(1, keepdims=True)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        w = bo / nb - su / ns
-    w[((nb == 0) | (ns == 0)).squeeze(1)] = np.nan
-    return w
-
-
-def weighted_gap_bootstrap(values, status, n_boot: int = 1000, seed: int = 0,
-                           alpha: float = 0.05) -> tuple[float, float, float, np.ndarray]:
-    """(gap, lo, hi, replicates): the value gap of a fixed token pool averaged over S splits
-    (`status` (S, N), one row per seed), with a two-stage percentile bootstrap: pool tokens
-    resampled (counts, shared by all splits), then seeds resampled.
-
-    Draws: n_boot token resamples first (one `integers(0, N, N)` each), then one (n_boot, S) seed
-    draw. The same seed gives the same token resamples for every call with the same N, so
-    replicates of two settings on one pool are paired."""
-    v = _arr(values)
-    status = np.atleast_2d(status)
-    S, N = status.shape
-    rng = np.random.default_rng(seed)
-    counts = np.stack([np.bincount(rng.integers(0, N, N), minlength=N) for _ in range(n_boot)]).astype(float)
-    bo, su = (status == "boosted").astype(float), (status == "suppressed").astype(float)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        g = (counts @ (bo * v).T) / (counts @ bo.T) - (counts @ (su * v).T) / (counts @ su.T)   # (n_boot, S)
-    seeds = rng.integers(0, S, (n_boot, S))
-    reps = np.nanmean(np.take_along_axis(g, seeds, 1), 1) if S > 1 else g[:, 0]
-    point = float(np.nanmean(split_gap_weights(status) @ v))
-    lo, hi = np.nanquantile(reps, [alpha / 2, 1 - alpha / 2])
-    return point, float(lo), float(hi), reps
-
-
-def combine_replicates(parts, weights=None, alpha: float = 0.05) -> tuple[float, float, float]:
-    """(point, lo, hi) of a weighted mean of statistics whose paired bootstrap replicates are
-    given: `parts` = [(point, lo, hi, replicates), ...] (e.g. weighted_gap_bootstrap outputs
-    with the same seed); default weights: equal (the balanced gap of notebook 06)."""
-    w = np.full(len(parts), 1 / len(parts)) if weights is None else np.asarray(weights, float)
-    point = float(sum(wi * p[0] for wi, p in zip(w, parts)))
-    reps = sum(wi * p[3] for wi, p in zip(w, parts))
-    lo, hi = np.nanquantile(reps, [alpha / 2, 1 - alpha / 2])
-    return point, float(lo), float(hi)
 
 
 def t_interval(x, level: float = 0.95) -> tuple[float, float, float]:

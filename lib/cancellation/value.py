@@ -538,3 +538,24 @@ def nonlinear_choice(changed: dict, share: float):
     the run Fig. 11's claim reads (None if no lr of the grid gets there). `changed`: lr -> share."""
     ok = sorted(lr for lr, c in changed.items() if c >= share)
     return ok[0] if ok else None
+
+
+def sign_gaps(df: pd.DataFrame, n_boot: int = 2000, seed: int = 0, status_col: str = "status",
+              value_col: str = "delta_hat") -> list[dict]:
+    """Fig. 5's value gap of one token table: per rollout sign, mean value of boosted minus
+    suppressed tokens (bootstrap, `seed`), and the sign-balanced gap over both signs (`seed + 1`).
+
+    Rows: sign ('pos', 'neg', 'all'), gap, lo, hi, n_boosted, n_suppressed; NaN where a cell is empty.
+    """
+    rows, cells = [], []
+    for sign in ("pos", "neg"):
+        d = df[df.sign == sign]
+        b = d[d[status_col] == "boosted"][value_col].to_numpy()
+        s = d[d[status_col] == "suppressed"][value_col].to_numpy()
+        cells.append((b, s))
+        g, lo, hi = _stats.bootstrap_gap(b, s, n_boot, seed)
+        rows.append(dict(sign=sign, gap=g, lo=lo, hi=hi, n_boosted=len(b), n_suppressed=len(s)))
+    g, lo, hi = _stats.balanced_gap(cells, n_boot, seed + 1)
+    rows.append(dict(sign="all", gap=g, lo=lo, hi=hi, n_boosted=sum(len(b) for b, _ in cells),
+                     n_suppressed=sum(len(s) for _, s in cells)))
+    return rows
