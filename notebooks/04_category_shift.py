@@ -326,7 +326,7 @@ compare.assign(tokens=lambda d: (100 * d.token_share).map("{:.1f}%".format),
     .set_index(["setting", "category"])[["tokens", "boosted share (positive-only → GRPO)", "paired shift [95% CI]"]]
 
 # %%
-fig, ax = plots.figure(width=plots.WIDTH_1COL * 1.5, height=2.6)
+fig, ax = plots.figure(width=plots.WIDTH_1COL * 1.5, height=2.9)
 names = list(settings)
 shown_cats = [c for c in categories.CATEGORIES if c in set(compare.category)]
 for k, name in enumerate(names):
@@ -337,7 +337,7 @@ for k, name in enumerate(names):
 ax.axhline(0, color="k", lw=0.6)
 ax.set_xticks(np.arange(len(shown_cats)), shown_cats)
 ax.set(ylabel="boosted share: GRPO − positive-only", title="Fig. 4(b) by tagging and by scaffold (95% CI)")
-ax.legend(frameon=False, fontsize=6.5, loc="lower left")
+ax.legend(frameon=False, fontsize=6.5, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=3)
 fig.tight_layout()
 plots.save(fig, "fig04b_category_shift_settings", fig_dir)
 plt.show()
