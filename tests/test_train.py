@@ -183,6 +183,13 @@ def test_run_rounds_gives_every_iteration_an_update_and_respects_the_budget():
     assert tight.rounds.sum() == full.rounds.iloc[0] and tight.updated.tolist() == [True, False, False]
     assert "run_rounds" not in train.run_params(_tcfg())  # default: earlier cache keys unchanged
     assert train.run_params(_tcfg(run_rounds=40))["run_rounds"] == 40
+    # without RB the budget is never read: the same run, so the same cache key
+    plain = dict(kw, reward_balanced=False)
+    a, b = (train.train_run(_load_m()[0], tok, _tcfg(run_rounds=r, **plain), progress=False)["iterations"]
+            for r in (0, 40))
+    timing = ["t_sample", "t_update"]
+    pd.testing.assert_frame_equal(a.drop(columns=timing), b.drop(columns=timing))
+    assert train.run_params(_tcfg(run_rounds=40, **plain)) == train.run_params(_tcfg(**plain))
 
 
 def test_cached_train_many_in_two_processes_equals_one(tmp_path, monkeypatch):

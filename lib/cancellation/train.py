@@ -159,6 +159,8 @@ def run_params(cfg) -> dict:
     instead of its path alone."""
     p = asdict(cfg)
     p["source"] = cfg.source.params()
+    if p.get("reward_balanced") is False:  # run_rounds shapes RB's sampling only: a run without RB is the
+        p["run_rounds"] = 0                 # same run whatever it is, so it keeps one key (and one cache entry)
     for k, default in _KEY_DEFAULTS.items():  # fields added after runs were cached: at their default the
         if p.get(k, default) == default:      # key stays the one earlier runs were stored under
             p.pop(k, None)
