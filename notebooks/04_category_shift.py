@@ -18,7 +18,7 @@
 # A), each from θ₀ (`grpo.trial_delta`: snapshot, step, measure, restore), and measure
 # Δlog p = log π_θ'(o_t|s_t) − log π_θ₀(o_t|s_t) on the **whole** batch for both. Every response
 # token is tagged Math / Template / Reasoning / Other (`cancellation.categories`: detokenise to
-# words, NLTK POS tags plus the rules of `data/categories/category_map.csv`, tags mapped back to
+# words, NLTK POS tags plus the rules of the category table `category_map`, tags mapped back to
 # tokens). Per category we sum the *boosted mass* Σ max(Δ, 0) and the *suppressed mass*
 # Σ max(−Δ, 0), and take each category's share of all boosted mass.
 #
@@ -158,8 +158,9 @@ print(f"category table: {category_map or categories.DEFAULT_MAP}, tagger={cz.tag
 # %% [markdown]
 # ## Tagging check
 # How each token type of the batch was tagged (with the word it belongs to), so a reader can
-# audit the category map. Edit `data/categories/category_map.csv` to change a choice; the
-# cached Δlog p are re-tagged on the next run without recomputing.
+# audit the category table. Edit the table (`category_map`; the role table includes the word
+# table `data/categories/category_map.csv`) to change a choice; the cached Δlog p are re-tagged on
+# the next run without recomputing.
 
 # %%
 audit = (tokens.groupby(["category", "token"]).size().rename("n").reset_index()
