@@ -238,7 +238,7 @@ def _check_rule(value, rule: dict, base: Path, check_paths: bool, default=None) 
     if rule.get("path"):
         out = []
         for x in items:
-            if isinstance(x, str) and x == "" and (is_list or default != ""):
+            if isinstance(x, str) and x == "" and (is_list or (default != "" and not rule.get("optional"))):
                 errs.append(f"{el(x)}must not be empty; expected {'a path' if rule['path'] == 'file' else 'a model'}")
             elif isinstance(x, str):
                 x0 = x
