@@ -338,6 +338,10 @@ if control_model_path:
                       for r, df in control_runs.items()}, axis=1)
     print(f"control accuracy per step (mean over steps): grpo {cacc.grpo.mean():.3f}, "
           f"positive-only {cacc.positive_only.mean():.3f}")
+    cf = pd.concat({r: measure.flip_fractions(df[df.sign != "zero"], by=("step", "sign")) for r, df in
+                    control_runs.items()}, names=["run"]).reset_index(level=0)
+    print("control: share of tokens per status (mean over steps), as Fig. 1(a,b,d):\n" +
+          cf.groupby(["run", "sign", "status"]).fraction.mean().unstack("status").round(3).to_string())
 comp = pd.DataFrame(comp).T.fillna(0.0).rename_axis(["policy", "run"])
 cache.write_table(comp.reset_index(), Path(results_dir) / "fig01_suppressed_categories.parquet")
 print("categories of the suppressed tokens in A > 0 rollouts (share of those tokens):")
