@@ -112,7 +112,7 @@ pair_summary.T
 # absolute contribution; the table keeps both.
 
 # %%
-edges = torch.quantile(f.entropy, torch.linspace(0, 1, n_entropy_bins + 1, dtype=f.entropy.dtype))
+edges = torch.quantile(f.entropy, torch.linspace(0, 1, n_entropy_bins + 1, dtype=f.entropy.dtype, device=f.entropy.device))
 bins = torch.bucketize(f.entropy, edges[1:-1])
 signed, absolute = coupling.entropy_bin_means(f, bins, n_entropy_bins, chunk=chunk, vocab_chunk=vocab_chunk)
 heat = pd.DataFrame([{"bin_j": a, "bin_k": b, "entropy_lo_j": float(edges[a]), "entropy_hi_j": float(edges[a + 1]),
@@ -129,7 +129,7 @@ print(f"mean |A_k<h_j,h_k>phi_jk|: highest-entropy bin pair {top:.3g}, lowest {b
 # comes from forward passes before and after; δ_j = η/N Σ_k A_k K_jk from the kernel.
 
 # %%
-delta1 = coupling.first_order_delta(f, 1.0, chunk=chunk, vocab_chunk=vocab_chunk)   # δ for η = 1; δ ∝ η
+delta1 = coupling.first_order_delta(f, 1.0, chunk=chunk, vocab_chunk=vocab_chunk).cpu()   # δ for η = 1; δ ∝ η
 rows = []
 measured = {}
 for eta in lrs:

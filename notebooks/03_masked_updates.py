@@ -126,8 +126,9 @@ def masked(pool):
     for kind, M in sets.items():
         d = coupling.masked_effects_lm_head(f, cands, M, lr)
         cos = coupling.proxy_cosine(f, cands, M)
-        rows.append(pd.DataFrame({"pool": pool, "kind": kind, "scope": "lm_head", "cand": cands.numpy(),
-                                  "delta": d.numpy(), "proxy_cos": cos.numpy(), "cand_sign": np.sign(f.A[cands].numpy())}))
+        rows.append(pd.DataFrame({"pool": pool, "kind": kind, "scope": "lm_head", "cand": cands.cpu().numpy(),
+                                  "delta": d.cpu().numpy(), "proxy_cos": cos.cpu().numpy(),
+                                  "cand_sign": np.sign(f.A[cands].cpu().numpy())}))
     nf = min(n_cands_full, len(cands))
     jobs = [(kind, i) for kind in coupling.SET_KINDS for i in range(nf)]
     d_full = cache.cached("masked_full", dict(key, pool=pool, n_cands=n_cands, n_full=nf, mask_size=mask_size,

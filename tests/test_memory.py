@@ -160,13 +160,18 @@ def test_token_table_accepts_device_stats_and_coupling_indices_follow_features(m
 gpu = pytest.mark.gpu
 
 
+def _exact(model):
+    """A copy with float64 rotary tables: transformers' float32 tables differ by an ulp between CPU and CUDA."""
+    return policy.exact_rope(copy.deepcopy(model))
+
+
 def _cuda(model):
-    return copy.deepcopy(model).to("cuda")
+    return _exact(model).to("cuda")
 
 
 @gpu
 def test_gpu_token_stats_and_table_match_cpu(model64, batch, tok):
-    cpu = measure.token_stats(model64, batch, chunk_rows=5, hidden=True, token_chunk=7)
+    cpu = measure.token_stats(_exact(model64), batch, chunk_rows=5, hidden=True, token_chunk=7)
     gpu_ = measure.token_stats(_cuda(model64), batch, chunk_rows=5, hidden=True, token_chunk=7)
     m = batch.response_mask
     assert (cpu.logp[m] - gpu_.logp[m]).abs().max() <= 1e-10
@@ -180,6 +185,7 @@ def test_gpu_token_stats_and_table_match_cpu(model64, batch, tok):
 @pytest.mark.parametrize("scope", ["full", "lm_head"])
 def test_gpu_grpo_step_matches_cpu(fresh, batch, scope):
     cfg = grpo.UpdateConfig(optimizer="sgd", lr=0.5, scope=scope, chunk_rows=5, token_chunk=7)
+    fresh = policy.exact_rope(fresh)
     g = _cuda(fresh)
     before = measure.token_stats(fresh, batch).logp
     grpo.grpo_step(fresh, batch, cfg, old_logp=before)
@@ -193,6 +199,7 @@ def test_gpu_grpo_step_matches_cpu(fresh, batch, scope):
 
 @gpu
 def test_gpu_coupling_kernel_and_masked_effects_match_cpu(model64, batch):
+    model64 = _exact(model64)
     fc = coupling.features(model64, batch)
     g = _cuda(model64)
     fg = coupling.features(g, batch)
@@ -213,3 +220,18 @@ def test_gpu_coupling_kernel_and_masked_effects_match_cpu(model64, batch):
     fe = coupling.masked_effects_full(g, batch, fg, cg[:1], sg["both"][:1], 0.1)
     fe_cpu = coupling.masked_effects_full(copy.deepcopy(model64), batch, fc, cc[:1], sc["both"][:1], 0.1)
     assert (fe - fe_cpu).abs().max() <= 1e-9
+
+
+def test_exact_rope_tables_are_float64_closed_form(model64):
+    """policy.exact_rope: cos/sin equal cos(pos·inv_freq) in float64; the stock tables are float32-rounded."""
+    m = copy.deepcopy(model64)
+    rot = next(x for x in m.modules() if type(x).__name__.endswith("RotaryEmbedding"))
+    x, pos = torch.zeros(1, dtype=torch.float64), torch.arange(200)[None]
+    inv = rot.inv_freq.double()
+    want = torch.cat([pos[0, :, None] * inv, pos[0, :, None] * inv], -1)
+    stock_cos, _ = rot(x, pos)
+    policy.exact_rope(m)
+    cos, sin = rot(x, pos)
+    assert (cos[0] - torch.cos(want)).abs().max() <= 1e-15 and (sin[0] - torch.sin(want)).abs().max() <= 1e-15
+    assert (stock_cos[0] - torch.cos(want)).abs().max() > 1e-9      # float32 tables: the gap exact_rope closes
+    assert rot(x.float(), pos)[0].dtype == torch.float32            # other dtypes keep the stock path

@@ -166,6 +166,28 @@ def exact_norms(model):
     return model
 
 
+def _rope_forward64(self, x, position_ids):
+    if x.dtype != torch.float64:
+        return type(self).forward(self, x, position_ids)
+    freqs = position_ids[..., None].double() * self.inv_freq.to(device=x.device, dtype=torch.float64)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos() * self.attention_scaling, emb.sin() * self.attention_scaling
+
+
+def exact_rope(model):
+    """Make the rotary tables of a float64 model float64 (default RoPE only; idempotent).
+
+    transformers computes cos/sin of the rotary embedding in float32 on every device; CUDA's and the
+    CPU's float32 cos differ by an ulp, which moves log p by up to 8e-7 between the devices (measured
+    on tiny-s, H100; 3e-14 with float64 tables). The tables do not depend on the weights, so Δlog p
+    on one device is unaffected: the notebooks keep the stock tables, the CPU-vs-CUDA tests use these.
+    """
+    for m in model.modules():
+        if type(m).__name__.endswith("RotaryEmbedding") and getattr(m, "rope_type", "default") == "default":
+            m.forward = types.MethodType(_rope_forward64, m)
+    return model
+
+
 def cast(model, dtype: str | torch.dtype):
     """A deep copy of `model` in `dtype` (analysis passes of the tiny profile run in float64)."""
     dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
