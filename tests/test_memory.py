@@ -82,6 +82,26 @@ def test_gradient_checkpointing_same_step_and_state_restored(fresh, batch):
     assert d <= 1e-12
 
 
+def test_lm_head_step_never_backpropagates_through_the_body(fresh, batch):
+    """transformers' checkpointing leaves a hook making the embeddings' output require grad; an lm_head
+    step (checkpointed or after a checkpointed step) must still not run the body's backward, and must
+    move log p exactly as a step on a model that was never checkpointed."""
+    ref, b = copy.deepcopy(fresh), copy.deepcopy(fresh)
+    lm = dict(optimizer="sgd", lr=0.5, scope="lm_head")
+    grpo.grpo_step(ref, batch, grpo.UpdateConfig(**lm))
+    with grpo.trial(b, "full"):                                   # a checkpointed full step, then undone
+        grpo.grpo_step(b, batch, grpo.UpdateConfig(optimizer="sgd", lr=0.5, gradient_checkpointing=True))
+    assert not getattr(b, "_require_grads_hooks", None)          # the hook it added is gone
+    backward_calls = []
+    mlp = [mod for name, mod in b.named_modules() if name.endswith("mlp")][0]
+    hook = mlp.register_full_backward_hook(lambda *_: backward_calls.append(1))
+    grpo.grpo_step(b, batch, grpo.UpdateConfig(**lm, gradient_checkpointing=True))
+    hook.remove()
+    assert backward_calls == []
+    m = batch.response_mask
+    assert (measure.token_stats(ref, batch).logp - measure.token_stats(b, batch).logp)[m].abs().max() <= 1e-12
+
+
 # ----------------------------------------------------------------------------- tied embeddings, padded vocab
 def tied_qwen3(seed=0, vocab=70):
     """A tiny Qwen3ForCausalLM with tied embeddings and a vocabulary padded past the tokenizer's 53."""

@@ -200,9 +200,13 @@ def accumulate_grad(model, batch, rows, old_logp, weight, cfg: UpdateConfig, tok
     rows = torch.as_tensor(rows)
     n_tok = batch.response_mask[rows].sum().clamp(min=1)
     total, clipped, ratio_dev = 0.0, 0.0, 0.0
+    # A frozen body (lm_head scope) runs without a graph: no activations kept, no backward through it,
+    # whatever hooks make the embeddings' output require grad (gradient checkpointing adds one).
+    body_grad = any(p.requires_grad for p in model.get_decoder().parameters())
     for s in range(0, len(rows), cfg.chunk_rows):
         r = rows[s:s + cfg.chunk_rows]
-        h = measure.forward_hidden(model, batch, r)
+        with torch.set_grad_enabled(body_grad and torch.is_grad_enabled()):
+            h = measure.forward_hidden(model, batch, r)
         dev, dt = h.device, h.dtype
         rr, cc = measure.response_positions(batch.response_mask[r])
         ids = batch.input_ids[r][rr, cc].to(dev)
@@ -263,6 +267,11 @@ def checkpointing(model, on: bool):
         yield
         return
     was = any(getattr(m, "gradient_checkpointing", False) is True for m in model.modules())
+    # transformers' enable also hooks the input embeddings so their output requires grad, and its
+    # disable leaves that hook in place: every later forward in grad mode would then build the body's
+    # graph (an lm_head step would backpropagate through all layers: 2x its time on an H100). Removed
+    # on exit when this context added it.
+    hooked = bool(getattr(model, "_require_grads_hooks", None))
     if hasattr(model, "activation_checkpointing_enable"):    # transformers >= 5
         enable = lambda: model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})  # noqa: E731
         disable = model.activation_checkpointing_disable
@@ -281,6 +290,8 @@ def checkpointing(model, on: bool):
             m.training = False
         if not was:
             disable()
+        if not hooked and hasattr(model, "disable_input_require_grads"):
+            model.disable_input_require_grads()
 
 
 def grpo_step(model, batch, cfg: UpdateConfig, optimizer=None, plan=None, token_weight=None, old_logp=None,
