@@ -11,7 +11,7 @@ import time
 
 import torch
 
-from . import measure, policy, rollout, tasks
+from . import measure, policy, rollout, scale, tasks
 
 BENCHES = {}
 
@@ -169,15 +169,7 @@ def _vocab_standin(rows=8, resp=4096, prompt=16, vocab=151_936, seed=0):
                       num_attention_heads=4, num_key_value_heads=2, head_dim=16,
                       max_position_embeddings=prompt + resp, tie_word_embeddings=True)
     model = Qwen3ForCausalLM(cfg).to(torch.float32).eval()
-    g = torch.Generator().manual_seed(seed)
-    L = prompt + resp
-    ids = torch.randint(0, vocab, (rows, L), generator=g)
-    resp_mask = torch.zeros(rows, L, dtype=torch.bool)
-    resp_mask[:, prompt:] = True
-    reward = (torch.arange(rows) % 2).double()
-    group = torch.arange(rows) // 4
-    batch = rollout.RolloutBatch(input_ids=ids, attention_mask=torch.ones_like(ids), response_mask=resp_mask,
-                                 group=group, reward=reward, advantage=rollout.group_advantages(reward, group))
+    batch = scale.synthetic_batch(rows // 4, 4, prompt, resp, vocab, seed)
     return model, batch
 
 
