@@ -4,7 +4,7 @@
 #                 write the canonical (committed) outputs instead. Bad parameters stop before anything runs (exit 2).
 # make test     : the test suite (CPU, about 5 min)       make bench : speed-ups and memory vs naive code
 # make claims   : regenerate README's claims table from data/results/tiny/claims.parquet (+ tiny-table2's)
-# make table2   : the full Table 2 / Fig. 8 test (notebook 07, profile tiny-table2, ~70 min on 2 cores)
+# make table2   : the full Table 2 / Fig. 8 test (notebook 07, profile tiny-table2, 62 min on 2 cores)
 PROFILE ?= tiny
 B ?=
 P ?=
