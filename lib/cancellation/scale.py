@@ -95,7 +95,7 @@ def probe(shape: str, device: str = "cuda", n_prompts: int = 4, G: int = 8, prom
         stats()
         secs, peak, _ = _timed(stats, device)
         add("analysis_forward", secs, peak, n_tok)
-    old = stats().logp
+    old = stats().logp if {"adam_full", "sgd_lm_head"} & set(steps) else None   # θ_old of the steps
     for name, cfg in (("adam_full", grpo.UpdateConfig(optimizer="adam", lr=1e-6, scope="full")),
                       ("sgd_lm_head", grpo.UpdateConfig(optimizer="sgd", lr=0.1, scope="lm_head"))):
         if name not in steps:
