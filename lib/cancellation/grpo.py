@@ -41,6 +41,8 @@ class UpdateConfig:
         for name, allowed in (("optimizer", OPTIMIZERS), ("scope", SCOPES), ("reweight", REWEIGHTS)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"UpdateConfig.{name}={getattr(self, name)!r}; allowed: {', '.join(allowed)}")
+        from .compute import check_update
+        check_update(self)  # with the Compute guard on (tests): the knobs must be the profile's
 
 
 def policy_loss(logp, old_logp, advantage, mask, weight=None, clip_low=0.2, clip_high=0.28, clip_ratio_c=3.0,
