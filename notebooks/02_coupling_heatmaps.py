@@ -68,7 +68,7 @@ source.load()  # a malformed problem file stops here, before any model loads
 compute = Compute(device=device, dtype=dtype, chunk_rows=chunk_rows, token_chunk=token_chunk)  # every model call below
 model, tok = policy.load_policy(model_path, dtype=dtype, device=device)
 scfg = rollout.SampleConfig(n_prompts=n_prompts, G=G, temperature=temperature, max_new_tokens=max_new_tokens,
-                            device=device, source=source)
+                            device=device, source=source, token_chunk=token_chunk)
 batch = rollout.sample(model, tok, scfg, seed=seed + 202)
 before = compute.stats(model, batch, hidden=True)
 f = coupling.features(model, batch, before, chunk=chunk, vocab_chunk=vocab_chunk)

@@ -79,7 +79,7 @@ compute = Compute(device=device, dtype=dtype, chunk_rows=chunk_rows, token_chunk
                   gradient_checkpointing=gradient_checkpointing)  # reaches every forward and update below
 model, tok = policy.load_policy(model_path, dtype=dtype, device=device)  # float64 norms too (policy.exact_norms)
 scfg = rollout.SampleConfig(n_prompts=n_prompts, G=G, temperature=temperature, max_new_tokens=max_new_tokens,
-                            device=device, source=source)
+                            device=device, source=source, token_chunk=token_chunk)
 batch = rollout.sample(model, tok, scfg, seed=seed + 303)
 f = coupling.features(model, batch, compute=compute)
 key = dict(model=policy.fingerprint(model_path), dtype=dtype, device=device, n_prompts=n_prompts, G=G,

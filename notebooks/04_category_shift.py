@@ -93,7 +93,7 @@ COLORS = {"positive_only": plots.PALETTE[0], "grpo": plots.PALETTE[1]}
 source = tasks.ProblemSource(path=problems_path, prompt_format=prompt_format)
 source.load()  # a malformed problem file stops here, before any model loads
 scfg = rollout.SampleConfig(n_prompts=n_prompts, G=G, temperature=temperature, max_new_tokens=max_new_tokens,
-                            device=device, source=source)
+                            device=device, source=source, token_chunk=token_chunk)
 _loaded = {}
 
 

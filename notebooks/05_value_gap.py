@@ -98,7 +98,7 @@ sampler = rollout.make_sampler(model, model_path, backend, sample_dtype, seed, g
 fp = policy.fingerprint(model_path)
 scfg = rollout.SampleConfig(n_prompts=n_prompts, G=G, temperature=temperature, max_new_tokens=max_new_tokens,
                             backend=backend, device=device, dtype=sample_dtype, source=source,
-                            gpu_memory_utilization=gpu_memory_utilization)
+                            gpu_memory_utilization=gpu_memory_utilization, token_chunk=token_chunk)
 batch = rollout.sample(sampler, tok, scfg, seed=seed + 505)
 print(f"batch: {len(batch)} rollouts, {batch.n_tokens} response tokens, accuracy {batch.reward.mean():.2f}, "
       f"mixed groups {batch.mixed_groups()}/{n_prompts}")
@@ -166,7 +166,7 @@ mid = f"{fp}:{sample_dtype}"
 valued, mc = {}, []
 for est in estimators:
     cfg = value.ValueConfig(M=M, seed=seed, temperature=temperature, max_new_tokens=max_new_tokens, estimator=est,
-                            p_max=p_max, rows_per_chunk=rows_per_chunk, backend=backend)
+                            p_max=p_max, rows_per_chunk=rows_per_chunk, backend=backend, token_chunk=token_chunk)
     mc_stats = {}
     valued[est] = value.token_values(sampler, tok, batch, pool_tokens, cfg, mid=mid, verifier=verifier, stats=mc_stats)
     mc.append(dict(estimator=est, M=M, tokens=len(pool_tokens), **mc_stats,
@@ -302,7 +302,8 @@ strata.round(3)
 # %%
 pool11 = value.balanced_sample(signed[~skipped], by=("sign",), seed=seed + 11, n=n_pool11)
 cfg11 = value.ValueConfig(M=M, seed=seed, temperature=temperature, max_new_tokens=max_new_tokens,
-                          estimator=estimators[0], p_max=p_max, rows_per_chunk=rows_per_chunk, backend=backend)
+                          estimator=estimators[0], p_max=p_max, rows_per_chunk=rows_per_chunk, backend=backend,
+                          token_chunk=token_chunk)
 v11 = value.token_values(sampler, tok, batch, pool11, cfg11, mid=mid, verifier=verifier)
 rows = []
 for (o, r), D in deltas.items():

@@ -116,7 +116,7 @@ sampler = rollout.make_sampler(model, model_path, backend, sample_dtype, seed, g
 fp = policy.fingerprint(model_path)
 scfg = rollout.SampleConfig(n_prompts=n_prompts, G=G, temperature=temperature, max_new_tokens=max_new_tokens,
                             backend=backend, device=device, dtype=sample_dtype, source=source,
-                            gpu_memory_utilization=gpu_memory_utilization)
+                            gpu_memory_utilization=gpu_memory_utilization, token_chunk=token_chunk)
 batch = rollout.sample(sampler, tok, scfg, seed=seed + 606)
 n_pos = pd.Series([int(batch.reward[batch.group == g].sum()) for g in range(n_prompts)])
 print(f"Fig. 6 base batch: {len(batch)} rollouts, {batch.n_tokens} response tokens, accuracy {batch.reward.mean():.2f}, "
@@ -124,7 +124,7 @@ print(f"Fig. 6 base batch: {len(batch)} rollouts, {batch.n_tokens} response toke
 print("positives per group (of %d): %s" % (G, sorted(n_pos.tolist())))
 ccfg = rollout.SampleConfig(n_prompts=comp_prompts, G=comp_G, temperature=temperature, max_new_tokens=max_new_tokens,
                             backend=backend, device=device, dtype=sample_dtype, source=source,
-                            gpu_memory_utilization=gpu_memory_utilization)
+                            gpu_memory_utilization=gpu_memory_utilization, token_chunk=token_chunk)
 cfull = rollout.sample(sampler, tok, ccfg, seed=seed + 607)
 comp_gs, comp_rows = budget.composition_rows_capped(cfull, G_comp, comp_groups, seed=seed)
 cbatch = cfull.select(comp_rows)
@@ -148,7 +148,7 @@ cplan = budget.composition_plan(cbatch, comp_gs, G_comp, seeds) if comp_gs else 
 cfg = grpo.UpdateConfig(optimizer="sgd", lr=lr, scope="full", n_minibatches=1, chunk_rows=chunk_rows,
                         token_chunk=token_chunk, gradient_checkpointing=gradient_checkpointing)
 vcfg = value.ValueConfig(M=M, seed=seed, temperature=temperature, max_new_tokens=max_new_tokens, estimator=estimator,
-                         p_max=p_max, rows_per_chunk=rows_per_chunk, backend=backend)
+                         p_max=p_max, rows_per_chunk=rows_per_chunk, backend=backend, token_chunk=token_chunk)
 before = measure.token_stats(model, batch, chunk_rows, token_chunk=token_chunk)
 cbefore = measure.token_stats(model, cbatch, chunk_rows, token_chunk=token_chunk)
 parts, stats, t0 = [], {}, time.perf_counter()

@@ -142,7 +142,7 @@ def trl_out(name, seed, lr=lr):
             max_age=max_age, seed=seed, dtype=dtype, use_vllm=backend == "vllm",
             gradient_checkpointing=gradient_checkpointing, eval_every=eval_every,
             eval_fn=lambda mm, tt: train.evaluate(mm, tt, eval_sets, eval_n, eval_samples, eval_temperature,
-                                                  max_new_tokens, like=source))
+                                                  max_new_tokens, like=source, token_chunk=token_chunk))
         return {k: out[k] for k in ("evals", "iterations", "minibatches", "monitor", "steps", "eval_times")}
 
     return cache.cached("train_trl", dict(params, record="steps"), compute)

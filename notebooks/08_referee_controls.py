@@ -139,7 +139,7 @@ freq.pivot_table(index=["tokens", "stratum", "measure"], columns="status", value
 # %%
 model, tok = policy.load_policy(model_path, dtype=dtype, device=device)
 scfg = rollout.SampleConfig(n_prompts=n_prompts, G=G, temperature=temperature, max_new_tokens=max_new_tokens,
-                            device=device, source=source)
+                            device=device, source=source, token_chunk=token_chunk)
 batch = rollout.sample(model, tok, scfg, seed=seed + 202)
 before = measure.token_stats(model, batch, chunk_rows, hidden=True, token_chunk=token_chunk)
 f = coupling.features(model, batch, before, chunk=chunk, vocab_chunk=vocab_chunk)

@@ -1,4 +1,5 @@
 import math
+from dataclasses import replace
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -154,10 +155,30 @@ def test_prefill_computes_last_position_logits_only(tok, model64):
     m.lm_head.register_forward_hook(lambda mod, inp, out: shapes.append(tuple(out.shape)))
     probs = tasks.sample_problems(2, seed=0)
     rollout.sample(m, tok, rollout.SampleConfig(G=2, max_new_tokens=4, source=Source()), problems=probs)
-    assert shapes[0] == (4, 1, len(tok)) and all(s[1] == 1 for s in shapes)
+    assert shapes[0] == (4, len(tok)) and all(s[0] <= 4 for s in shapes)   # rows x V, never rows x L x V
     shapes.clear()
     value.sample_continuations(m, [[3, 5, 6, 7, 8]], 4, [3], tok.eos_token_id, tok.pad_token_id, [0])
-    assert shapes[0] == (1, 1, len(tok))
+    assert shapes[0] == (4, len(tok)) and all(s[0] <= 4 for s in shapes)
+
+
+def test_decode_logits_in_token_chunks_draw_the_same_tokens(tok, model64):
+    """token_chunk bounds the rows of every LM-head call of a decode step; the draws do not change."""
+    m = copy.deepcopy(model64)
+    rows = []
+    m.lm_head.register_forward_pre_hook(lambda mod, args: rows.append(args[0].shape[0]))
+    probs = tasks.sample_problems(3, seed=0)
+    cfg = rollout.SampleConfig(G=4, max_new_tokens=12, source=Source())
+    whole = rollout.sample(m, tok, cfg, problems=probs, seed=3)
+    assert max(rows) == 12
+    rows.clear()
+    chunked = rollout.sample(m, tok, replace(cfg, token_chunk=5), problems=probs, seed=3)
+    assert max(rows) == 5 and torch.equal(whole.input_ids, chunked.input_ids)
+    prefixes = [[3, 5, 6, 7, 8], [3, 5, 9]]
+    a = value.sample_continuations(m, prefixes, 6, [8, 5], tok.eos_token_id, tok.pad_token_id, [0, 1], bans=[5, None])
+    rows.clear()
+    b = value.sample_continuations(m, prefixes, 6, [8, 5], tok.eos_token_id, tok.pad_token_id, [0, 1], bans=[5, None],
+                                   token_chunk=5)
+    assert max(rows) == 5 and all(torch.equal(x, y) for x, y in zip(a, b))
 
 
 def test_sample_same_seed_same_batch(tok, model64):

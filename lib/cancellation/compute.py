@@ -111,11 +111,13 @@ def apply_guard(model):
 
 
 def check_update(cfg) -> None:
-    """Raise KnobError when the guard is on and `cfg`'s memory knobs differ from the guard's."""
+    """Raise KnobError when the guard is on and the memory knobs `cfg` carries (an UpdateConfig,
+    a SampleConfig, a ValueConfig) differ from the guard's."""
     knobs = guard_knobs()
     if not knobs:
         return
-    bad = {k: (getattr(cfg, k), v) for k, v in knobs.items() if k in KNOBS and getattr(cfg, k) != v}
+    bad = {k: (getattr(cfg, k), v) for k, v in knobs.items()
+           if k in KNOBS and hasattr(cfg, k) and getattr(cfg, k) != v}
     if bad:
-        raise KnobError("an UpdateConfig was built without the profile's Compute: "
+        raise KnobError(f"a {type(cfg).__name__} was built without the profile's Compute: "
                         + ", ".join(f"{k}={got!r} (profile: {want!r})" for k, (got, want) in bad.items()))

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, fields
 
 import torch
 
-from . import tasks
+from . import measure, tasks
 
 
 @dataclass
@@ -121,14 +121,17 @@ class SampleConfig:
     seed: int = 0                   # default seed of `sample` (problem draw and sampling)
     source: tasks.ProblemSource = field(default_factory=lambda: tasks.ProblemSource())  # problems, rendering, verifier
     chunk_size: int = 256           # rollouts per HF sampler call: bounds the KV cache
+    token_chunk: int = 4096         # rows per LM-head call of a decode step: bounds its (rows, V) logits (Compute)
     gpu_memory_utilization: float = 0.3   # vLLM's share of GPU memory (the HF model sits beside it)
 
     def __post_init__(self):
         if self.backend not in ("hf", "vllm"):
             raise ValueError(f"SampleConfig.backend={self.backend!r}; allowed: hf, vllm")
-        for name in ("n_prompts", "G", "max_new_tokens", "chunk_size"):
+        for name in ("n_prompts", "G", "max_new_tokens", "chunk_size", "token_chunk"):
             if getattr(self, name) < 1:
                 raise ValueError(f"SampleConfig.{name}={getattr(self, name)}: must be at least 1")
+        from .compute import check_update
+        check_update(self)  # with the Compute guard on (tests): token_chunk must be the profile's
 
 
 def config_params(cfg: SampleConfig) -> dict:
@@ -160,43 +163,60 @@ def _device(model) -> torch.device:
     return next(model.parameters()).device
 
 
+def last_hidden(model, **inputs):
+    """One body forward with the KV cache: the LM-head input at the last position (B, d) and the cache."""
+    out = model.get_decoder()(**inputs, use_cache=True)
+    return out.last_hidden_state[:, -1], out.past_key_values
+
+
+def draw_chunked(model, h: torch.Tensor, token_chunk: int, draw) -> torch.Tensor:
+    """Tokens (B,) drawn from the LM head's logits of h (B, d), at most `token_chunk` rows of logits
+    at a time (a decode step's (B, V) logits are 152k wide on Qwen): `draw(logits, rows)` returns
+    the tokens of the rows in slice `rows`. One chunk, the whole batch, when B ≤ token_chunk."""
+    return torch.cat([draw(measure.head_logits(model, h[s:s + token_chunk]), slice(s, min(s + token_chunk, len(h))))
+                      for s in range(0, len(h), token_chunk)])
+
+
 @torch.no_grad()
 def generate(model, input_ids, attention_mask, max_new_tokens: int, temperature: float, stop, pad_id: int,
-             generator: torch.Generator | None = None) -> torch.Tensor:
+             generator: torch.Generator | None = None, token_chunk: int = 4096) -> torch.Tensor:
     """Batched ancestral sampling with a KV cache; returns (B, T) new tokens, pad after the first stop id.
 
     `stop`: one stop id or a list. temperature 0 is greedy decoding. `generator` must live on the
-    model's device. Prefill computes logits for the last position only (the others are never
-    used: a (B, L, V) tensor would dominate memory on a 152k vocabulary); the DynamicCache holds
-    keys/values in the model's dtype. The softmax is float64, so draws do not depend on the
-    weights' dtype beyond the logits themselves.
+    model's device. Logits are computed for the last position only (prefill included) and for at
+    most `token_chunk` rows at a time (`draw_chunked`); the DynamicCache holds keys/values in the
+    model's dtype. The softmax is float64, so draws do not depend on the weights' dtype beyond
+    the logits themselves.
     """
     from transformers import DynamicCache
 
     dev = input_ids.device
     stop = torch.as_tensor([stop] if isinstance(stop, int) else list(stop), dtype=torch.long, device=dev)
     B = input_ids.shape[0]
+
+    def draw(logits, rows):
+        if temperature == 0:
+            return logits.argmax(-1)
+        probs = torch.softmax(logits.double() / temperature, dim=-1)
+        return torch.multinomial(probs, 1, generator=generator).squeeze(1)
+
     pos = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos, past_key_values=DynamicCache(),
-                use_cache=True, logits_to_keep=1)
-    logits, next_pos = out.logits[:, -1], pos[:, -1] + 1
+    h, kv = last_hidden(model, input_ids=input_ids, attention_mask=attention_mask, position_ids=pos,
+                        past_key_values=DynamicCache())
+    next_pos = pos[:, -1] + 1
     done = torch.zeros(B, dtype=torch.bool, device=dev)
     new_tokens = []
     for _ in range(max_new_tokens):
-        if temperature == 0:
-            tok = logits.argmax(-1)
-        else:
-            probs = torch.softmax(logits.double() / temperature, dim=-1)
-            tok = torch.multinomial(probs, 1, generator=generator).squeeze(1)
+        tok = draw_chunked(model, h, token_chunk, draw)
         tok = torch.where(done, torch.full_like(tok, pad_id), tok)
         new_tokens.append(tok)
         done = done | torch.isin(tok, stop)
         if bool(done.all()):
             break
         attention_mask = torch.cat([attention_mask, torch.ones_like(attention_mask[:, :1])], dim=1)
-        out = model(input_ids=tok[:, None], attention_mask=attention_mask, position_ids=next_pos[:, None],
-                    past_key_values=out.past_key_values, use_cache=True)
-        logits, next_pos = out.logits[:, -1], next_pos + 1
+        h, kv = last_hidden(model, input_ids=tok[:, None], attention_mask=attention_mask,
+                            position_ids=next_pos[:, None], past_key_values=kv)
+        next_pos = next_pos + 1
     return torch.stack(new_tokens, dim=1)
 
 
@@ -284,7 +304,8 @@ def _sample_hf(model, ids, mask, cfg: SampleConfig, seed: int, stop, pad: int) -
     chunks = []
     for s in range(0, ids.shape[0], cfg.chunk_size):
         chunks.append(generate(model, ids[s:s + cfg.chunk_size].to(device), mask[s:s + cfg.chunk_size].to(device),
-                               cfg.max_new_tokens, cfg.temperature, stop, pad, generator=gen).cpu())
+                               cfg.max_new_tokens, cfg.temperature, stop, pad, generator=gen,
+                               token_chunk=cfg.token_chunk).cpu())
     T = max(c.shape[1] for c in chunks)
     return torch.cat([torch.nn.functional.pad(c, (0, T - c.shape[1]), value=pad) for c in chunks])
 

@@ -66,7 +66,8 @@ def _sample_config(cfg, model=None) -> rollout.SampleConfig:
                               else "float32")
     return rollout.SampleConfig(n_prompts=cfg.n_prompts, G=cfg.G, temperature=cfg.temperature,
                                 max_new_tokens=cfg.max_new_tokens, backend=cfg.backend, device=dev, dtype=dt,
-                                seed=cfg.seed, source=cfg.source, gpu_memory_utilization=cfg.gpu_memory_utilization)
+                                seed=cfg.seed, source=cfg.source, gpu_memory_utilization=cfg.gpu_memory_utilization,
+                                token_chunk=cfg.update.token_chunk)
 
 
 class PolicySampler:
@@ -242,16 +243,18 @@ def eval_problems(name: str, n: int, like: tasks.ProblemSource | None = None) ->
 
 
 def evaluate(model, tok, sets, n: int, samples: int = 1, temperature: float = 1.0,
-             max_new_tokens: int = 96, like: tasks.ProblemSource | None = None) -> dict:
+             max_new_tokens: int = 96, like: tasks.ProblemSource | None = None, token_chunk: int = 4096) -> dict:
     """Accuracy (avg@samples) on each held-out set (a difficulty of the generated task or a file).
 
     The generated sets go through one batched sampling call (fewer decode loops); its seed is
     fixed, so every run and step of a comparison draws with the same random numbers (paired
-    differences are less noisy). Each file set is one call with the same fixed seed.
+    differences are less noisy). Each file set is one call with the same fixed seed. `token_chunk`:
+    the run's Compute knob (rows per LM-head call of a decode step).
     """
     dev = str(next(model.parameters()).device)
     scfg = lambda src: rollout.SampleConfig(G=samples, temperature=temperature,  # noqa: E731
-                                            max_new_tokens=max_new_tokens, device=dev, source=src)
+                                            max_new_tokens=max_new_tokens, device=dev, source=src,
+                                            token_chunk=token_chunk)
     out = {}
     gen = [d for d in sets if d in tasks.DIFFICULTIES]
     if gen:
@@ -369,7 +372,7 @@ def _train_run(model, tok, cfg, opt, sampler, ckpt_path, ckpt_every, progress, o
     def do_eval(it):
         t = time.time()
         acc = evaluate(model, tok, cfg.eval_sets, cfg.eval_n, cfg.eval_samples, cfg.eval_temperature,
-                       cfg.max_new_tokens, like=cfg.source)
+                       cfg.max_new_tokens, like=cfg.source, token_chunk=cfg.update.token_chunk)
         st["evals"] += [dict(iteration=it, updates=it * cfg.update.n_minibatches, set=d, accuracy=a,
                              seconds=time.time() - t) for d, a in acc.items()]
 
@@ -463,7 +466,8 @@ def cached_train(model_path, cfg: TrainConfig, dtype: str = "float32", device: s
                   max_new_tokens=cfg.max_new_tokens, source=cfg.source.params(),
                   files=params.get("eval_fingerprints"))
         ev0 = cache.cached("initial_eval", ev, lambda: evaluate(model, tok, cfg.eval_sets, cfg.eval_n, cfg.eval_samples,
-                                                                cfg.eval_temperature, cfg.max_new_tokens, like=cfg.source))
+                                                                cfg.eval_temperature, cfg.max_new_tokens, like=cfg.source,
+                                                                token_chunk=cfg.update.token_chunk))
         return train_run(model, tok, cfg, ckpt_path=ckpt, model_path=model_path, progress=progress, initial_eval=ev0)
 
     out = cache.cached("train_run", params, compute)

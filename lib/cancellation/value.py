@@ -53,6 +53,7 @@ class ValueConfig:
     estimator: str = "paper"      # 'paper' (Eq. 20) or 'exclude' (see module docstring)
     p_max: float = 1 - 1e-3       # skip tokens with p_t above this
     rows_per_chunk: int = 1024    # continuation rows per sampler batch (prefixes per batch = this // M)
+    token_chunk: int = 4096       # rows per LM-head call of a decode step: bounds its (rows, V) logits (Compute)
     backend: str = "hf"           # 'hf' (shared-prefix KV cache) or 'vllm'
 
     def __post_init__(self):
@@ -62,6 +63,8 @@ class ValueConfig:
             raise ValueError(f"ValueConfig.backend={self.backend!r}; allowed: hf, vllm")
         if self.M < 2:
             raise ValueError(f"ValueConfig.M={self.M}: need at least 2 continuations for a standard error")
+        from .compute import check_update
+        check_update(self)  # with the Compute guard on (tests): token_chunk must be the profile's
 
 
 # --------------------------------------------------------------------------- sampling
@@ -114,7 +117,7 @@ def prefix_seed(seed: int, ids, ban: int | None) -> int:
 
 @torch.no_grad()
 def sample_continuations(model, prefixes, M: int, budgets, eos_id, pad_id: int, seeds, temperature: float = 1.0,
-                         bans=None, share_prefill: bool = True) -> list[torch.Tensor]:
+                         bans=None, share_prefill: bool = True, token_chunk: int = 4096) -> list[torch.Tensor]:
     """M continuations of each prefix; returns one (M, T_i) long tensor per prefix (on CPU), pad
     after the first stop id.
 
@@ -123,8 +126,10 @@ def sample_continuations(model, prefixes, M: int, budgets, eos_id, pad_id: int, 
     prefix a token id the *first* sampled token may not be (None: no ban). share_prefill=False
     prefills the M copies of a prefix separately (the naive reference; same samples). Every
     tensor lives on the model's device, the per-prefix generators included (reproducible per
-    device); prefill computes logits for the last position only.
+    device); logits are computed for the last position only and for at most `token_chunk` rows at
+    a time (`rollout.draw_chunked`).
     """
+    from .rollout import draw_chunked, last_hidden
     P = len(prefixes)
     bans = bans if bans is not None else [None] * P
     dev = next(model.parameters()).device
@@ -139,15 +144,13 @@ def sample_continuations(model, prefixes, M: int, budgets, eos_id, pad_id: int, 
     ids, am = ids.repeat_interleave(n_rep, 0).to(dev), am.repeat_interleave(n_rep, 0).to(dev)
     pos = (am.cumsum(-1) - 1).clamp(min=0)
     from transformers import DynamicCache
-    out = model(input_ids=ids, attention_mask=am, position_ids=pos, past_key_values=DynamicCache(), use_cache=True,
-                logits_to_keep=1)
-    kv, logits = out.past_key_values, out.logits[:, -1]
+    h, kv = last_hidden(model, input_ids=ids, attention_mask=am, position_ids=pos, past_key_values=DynamicCache())
     T = max(budgets)
     grow = _grow_layer_class()
     # one prefill per prefix, its KV cache replicated M times (as DynamicCache.batch_repeat_interleave)
     kv.layers = [grow(layer, T, M if share_prefill else 1) for layer in kv.layers]
     if share_prefill:
-        logits = logits.repeat_interleave(M, 0)
+        h = h.repeat_interleave(M, 0)
         am = am.repeat_interleave(M, 0)
         pos = pos.repeat_interleave(M, 0)
     next_pos = pos[:, -1] + 1
@@ -163,17 +166,20 @@ def sample_continuations(model, prefixes, M: int, budgets, eos_id, pad_id: int, 
     row_out = torch.arange(P * M, device=dev)                                  # live row -> output row
     alive = torch.ones(P * M, dtype=torch.bool, device=dev)
     for k in range(T):
-        if temperature == 0:
-            tok = logits.argmax(-1)
-        else:
+        def draw(logits, rows):
+            if temperature == 0:
+                return logits.argmax(-1)
             probs = torch.softmax(logits.double() / temperature, dim=-1)
-            if k == 0 and bool((ban >= 0).any()):  # π renormalised without the banned token
-                b = ban >= 0
-                probs[b, ban[b]] = 0.0
+            bn = ban[rows]
+            if k == 0 and bool((bn >= 0).any()):  # π renormalised without the banned token
+                b = bn >= 0
+                probs[b, bn[b]] = 0.0
                 probs[b] /= probs[b].sum(-1, keepdim=True)
             cdf = probs.cumsum(-1)
-            u = U[row_prefix, k, row_rep][:, None] * cdf[:, -1:]
-            tok = torch.searchsorted(cdf, u).squeeze(1).clamp(max=probs.shape[1] - 1)
+            u = U[row_prefix[rows], k, row_rep[rows]][:, None] * cdf[:, -1:]
+            return torch.searchsorted(cdf, u).squeeze(1).clamp(max=probs.shape[1] - 1)
+
+        tok = draw_chunked(model, h, token_chunk, draw)
         tok = torch.where(alive, tok, torch.full_like(tok, pad_id))
         result[row_out[alive], k] = tok[alive]
         alive = alive & ~torch.isin(tok, stop) & (budget > k + 1)
@@ -188,9 +194,9 @@ def sample_continuations(model, prefixes, M: int, budgets, eos_id, pad_id: int, 
                 x[keep] for x in (tok, am, next_pos, row_prefix, row_rep, budget, row_out, alive))
             live_at_compaction = n_alive
         am = torch.cat([am, torch.ones_like(am[:, :1])], dim=1)
-        out = model(input_ids=tok[:, None], attention_mask=am, position_ids=next_pos[:, None],
-                    past_key_values=kv, use_cache=True)
-        kv, logits, next_pos = out.past_key_values, out.logits[:, -1], next_pos + 1
+        h, kv = last_hidden(model, input_ids=tok[:, None], attention_mask=am, position_ids=next_pos[:, None],
+                            past_key_values=kv)
+        next_pos = next_pos + 1
     result = result.cpu()
     return [result[i * M:(i + 1) * M] for i in range(P)]
 
@@ -300,7 +306,8 @@ def _rewards(model, tokenizer, batch, reqs: list[Request], cfg: ValueConfig, ver
         if cfg.backend == "vllm":
             conts = _sample_vllm(model, prefixes, cfg.M, budgets, seeds, cfg.temperature, bans, stops)
         else:
-            conts = sample_continuations(model, prefixes, cfg.M, budgets, stops, pad, seeds, cfg.temperature, bans)
+            conts = sample_continuations(model, prefixes, cfg.M, budgets, stops, pad, seeds, cfg.temperature, bans,
+                                         token_chunk=cfg.token_chunk)
         for i, r, c, b in zip(todo[s:s + per], chunk, conts, budgets):
             seqs = []
             for row in c[:, :b].tolist():  # the response is everything up to and including the first stop id
