@@ -1,0 +1,85 @@
+"""What every figure module shares: the Params base (one source of a notebook's parameters),
+field helpers for the parameters most notebooks take, and the cache key of a stage.
+
+A figure's `Params` is a dataclass of `param(default, doc, **rules)` fields. The runner reads
+its defaults, types, docs and rules (`min`, `max`, `gt`, `lt`, `choices`, `nonempty`, `distinct`,
+`path`, `optional`: the vocabulary of notebooks/params/schema.yaml) to validate a profile and
+`-p` overrides before anything runs; profiles only override values. The notebook gets the
+resolved values as one dict and builds `P = figNN.Params(**params)`.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+from dataclasses import dataclass, field, fields
+
+from ..compute import Compute
+
+
+def param(default, doc: str, **rules):
+    """A Params field: its default, a one-line doc and the runner's validation rules."""
+    meta = {"doc": doc, "rules": rules}
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda d=default: copy.deepcopy(d), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+# ----------------------------------------------------------------------------- the parameters most figures take
+def model_path(default: str = "data/policies/tiny-m"):
+    return param(default, "policy: a local Hugging Face model directory or a hub repo id", path="model")
+
+
+def dtype(default: str = "float64"):
+    return param(default, "precision of analysis forwards and updates (float64: SGD-size Δ are below float32 round-off)",
+                 choices=["float64", "float32", "bfloat16", "float16"])
+
+
+def device():
+    return param("cpu", "cpu, cuda or cuda:N", nonempty=True)
+
+
+def chunk_rows():
+    return param(64, "rows per body forward (gradient accumulation inside a mini-batch)", min=1)
+
+
+def token_chunk():
+    return param(4096, "positions per LM-head call: bounds every (positions, vocabulary) logits tensor", min=1)
+
+
+def seed():
+    return param(0, "seeds prompts, sampling and every random draw of the figure", min=0)
+
+
+def problems_path():
+    return param("", "real problems (DAPO-Math-17k / MATH-500 / prompt+answer file); empty: generated arithmetic",
+                 path="file")
+
+
+def prompt_format():
+    return param("auto", "'auto' (chat template when the tokenizer has one), 'chat' or 'raw'",
+                 choices=["auto", "chat", "raw"])
+
+
+@dataclass
+class FigureParams:
+    """Base of every figure's Params: the Compute config and the runner's view of the fields."""
+
+    def compute(self) -> Compute:
+        """The Compute config of these parameters (the knobs the figure declares; defaults for the rest)."""
+        return Compute.from_params(dataclasses.asdict(self))
+
+    def key(self) -> dict:
+        """Every parameter, for cache keys (callers add content fingerprints of files and models)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def defaults(cls) -> dict:
+        return dataclasses.asdict(cls())
+
+    @classmethod
+    def rules(cls) -> dict:
+        return {f.name: dict(f.metadata.get("rules", {})) for f in fields(cls)}
+
+    @classmethod
+    def docs(cls) -> dict:
+        return {f.name: f.metadata.get("doc", "") for f in fields(cls)}

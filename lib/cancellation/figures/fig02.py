@@ -1,0 +1,171 @@
+"""Fig. 2 (notebook 02): the coupling kernel K_jk = ⟨h_j,h_k⟩·φ_jk on one sampled batch.
+
+`compute(P)` samples the batch, computes the blockwise features (never a per-token V×d
+gradient nor an N×V probability matrix), then (a)(b) ⟨h,h⟩, cosine and φ for random same-token
+and different-token pairs; (c) the mean coupling contribution A_k⟨h_j,h_k⟩φ_jk over every pair,
+by entropy bins; and the first-order prediction δ_j = η/N Σ_k A_k K_jk against the measured
+Δlog p of real SGD lm_head steps. Cached whole under every parameter and the model's and
+problems' fingerprints. `claims(R, P)` gives the notebook's claim rows.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+from scipy import stats
+
+from .. import cache, coupling, grpo, policy, rollout, tasks
+from .. import claims as C
+from .. import stats as S
+from . import base
+from .base import param
+
+TABLES = ("fig02_pairs", "fig02_heatmap", "fig02_first_order")
+
+
+@dataclass
+class Params(base.FigureParams):
+    """Notebook 02's parameters."""
+    model_path: str = base.model_path()
+    dtype: str = base.dtype()
+    device: str = base.device()
+    n_prompts: int = param(16, "prompts in the batch", min=1)
+    G: int = param(8, "rollouts per prompt", min=1)
+    temperature: float = param(1.0, "sampling temperature", gt=0)
+    max_new_tokens: int = param(96, "response length cap", min=1)
+    n_pairs: int = param(20000, "sampled token pairs per split (same-token / different-token) for (a), (b)", min=1)
+    n_entropy_bins: int = param(8, "entropy quantile bins of the heatmap (c)", min=1)
+    lr: float = param(0.1, "SGD lr of the lm_head step whose Δlog p is predicted (paper's causal lr)", gt=0)
+    lrs: list = param([0.01, 0.1, 1.0, 10.0], "learning rates of the first-order fidelity table",
+                      gt=0, nonempty=True, distinct=True)
+    chunk: int = param(1024, "tokens per kernel block", min=1)
+    vocab_chunk: int = param(8192, "vocabulary entries per block (bounds memory for large vocabularies)", min=1)
+    problems_path: str = base.problems_path()
+    prompt_format: str = base.prompt_format()
+    chunk_rows: int = base.chunk_rows()
+    token_chunk: int = base.token_chunk()
+    seed: int = base.seed()
+
+
+@dataclass
+class Result:
+    """What Fig. 2 plots and its claims read."""
+    summary: str                 # one line on the batch
+    pairs: pd.DataFrame          # one row per sampled pair: pair, j, k, hdot, hcos, phi, kernel, entropy_j, entropy_k
+    pair_summary: pd.DataFrame   # per split: means, positive shares, |φ| quantities
+    heat: pd.DataFrame           # per (bin_j, bin_k): mean and mean |A_k⟨h_j,h_k⟩φ_jk|
+    absolute: np.ndarray         # (bins, bins) mean |contribution|, for the heatmap
+    edges: list                  # entropy bin edges
+    fidelity: pd.DataFrame       # per lr: Pearson, Spearman, sign agreement, R², median |Δ|
+    scatter: pd.DataFrame        # at P.lr: predicted δ_j and measured Δlog p_j per token
+
+    def write(self, results_dir) -> None:
+        for name, df in zip(TABLES, (self.pairs, self.heat, self.fidelity)):
+            cache.write_table(df, Path(results_dir) / f"{name}.parquet")
+
+
+def compute(P: Params) -> Result:
+    source = tasks.ProblemSource(path=P.problems_path, prompt_format=P.prompt_format)
+    source.load()  # a malformed problem file stops here, before any model loads
+    key = dict(P.key(), model=policy.fingerprint(P.model_path), source=source.params())
+    return cache.cached("fig02", key, lambda: _compute(P, source))
+
+
+def _compute(P: Params, source) -> Result:
+    cc = P.compute()
+    torch.manual_seed(P.seed)
+    model, tok = policy.load_policy(P.model_path, dtype=P.dtype, device=P.device)
+    scfg = rollout.SampleConfig(n_prompts=P.n_prompts, G=P.G, temperature=P.temperature,
+                                max_new_tokens=P.max_new_tokens, device=P.device, source=source,
+                                token_chunk=P.token_chunk)
+    batch = rollout.sample(model, tok, scfg, seed=P.seed + 202)
+    before = cc.stats(model, batch, hidden=True)
+    f = coupling.features(model, batch, before, chunk=P.chunk, vocab_chunk=P.vocab_chunk)
+    summary = (f"{len(batch)} rollouts, {len(f)} response tokens, vocabulary {f.W.shape[0]}, hidden {f.h.shape[1]}; "
+               f"accuracy {batch.reward.mean():.2f}, mixed groups {batch.mixed_groups()}/{P.n_prompts}, "
+               f"tokens with A ≠ 0: {int((f.A != 0).sum())}")
+    if source.reward_report():
+        summary += "\n" + source.reward_report()
+    pairs = _pairs(f, P)
+    pair_summary = pairs.groupby("pair").agg(
+        hdot_mean=("hdot", "mean"), hcos_mean=("hcos", "mean"), hdot_positive=("hdot", lambda x: (x > 0).mean()),
+        phi_mean=("phi", "mean"), phi_abs_median=("phi", lambda x: x.abs().median()),
+        phi_above_1e_2=("phi", lambda x: (x.abs() > 1e-2).mean()), kernel_abs_mean=("kernel", lambda x: x.abs().mean()))
+    heat, absolute, edges = _heatmap(f, P)
+    fidelity, scatter = _first_order(model, batch, before, f, P)
+    return Result(summary, pairs, pair_summary, heat, absolute, edges, fidelity, scatter)
+
+
+def _pairs(f: coupling.Features, P: Params) -> pd.DataFrame:
+    """(a), (b): `different` uniformly among pairs with o_j ≠ o_k; `same` uniformly among pairs with
+    o_j = o_k (a random j, then a random other occurrence of its token)."""
+    rng = np.random.default_rng(P.seed)
+    o = f.o.cpu().numpy()
+    j = rng.integers(0, len(f), 4 * P.n_pairs)
+    k = rng.integers(0, len(f), 4 * P.n_pairs)
+    keep = o[j] != o[k]
+    dj, dk = j[keep][:P.n_pairs], k[keep][:P.n_pairs]
+    by_tok = pd.Series(np.arange(len(o))).groupby(o).apply(np.array)
+    sj = rng.choice(np.nonzero(pd.Series(o).map(by_tok.map(len)).to_numpy() > 1)[0], P.n_pairs)
+    sk = np.array([rng.choice(by_tok[o[x]][by_tok[o[x]] != x]) for x in sj])
+    out = []
+    for name, a, b in (("same", sj, sk), ("different", dj, dk)):
+        t = coupling.pair_terms(f, torch.as_tensor(a), torch.as_tensor(b), vocab_chunk=P.vocab_chunk)
+        out.append(pd.DataFrame({"pair": name, "j": a, "k": b, **{c: v.cpu().numpy() for c, v in t.items()},
+                                 "entropy_j": f.entropy[a].cpu().numpy(), "entropy_k": f.entropy[b].cpu().numpy()}))
+    return pd.concat(out, ignore_index=True)
+
+
+def _heatmap(f: coupling.Features, P: Params):
+    """(c): mean of A_k⟨h_j,h_k⟩φ_jk over every pair j ≠ k, per (entropy bin of j, of k), bins at quantiles."""
+    n = P.n_entropy_bins
+    edges = torch.quantile(f.entropy, torch.linspace(0, 1, n + 1, dtype=f.entropy.dtype, device=f.entropy.device))
+    bins = torch.bucketize(f.entropy, edges[1:-1])
+    signed, absolute = coupling.entropy_bin_means(f, bins, n, chunk=P.chunk, vocab_chunk=P.vocab_chunk)
+    heat = pd.DataFrame([{"bin_j": a, "bin_k": b, "entropy_lo_j": float(edges[a]), "entropy_hi_j": float(edges[a + 1]),
+                          "mean_contribution": float(signed[a, b]), "mean_abs_contribution": float(absolute[a, b])}
+                         for a in range(n) for b in range(n)])
+    return heat, absolute.cpu().numpy(), edges.tolist()
+
+
+def _first_order(model, batch, before, f: coupling.Features, P: Params):
+    """δ_j = η/N Σ_k A_k K_jk against the Δlog p of the real GRPO step (SGD, lm_head, ρ = 1) per lr."""
+    cc = P.compute()
+    delta1 = coupling.first_order_delta(f, 1.0, chunk=P.chunk, vocab_chunk=P.vocab_chunk).cpu()  # δ ∝ η
+    rows, scatter = [], None
+    for eta in P.lrs:
+        d = grpo.trial_delta(model, batch, cc.update(optimizer="sgd", lr=eta, scope="lm_head"),
+                             before.logp)[f.rows, f.cols]
+        pred = eta * delta1
+        if eta == P.lr:
+            scatter = pd.DataFrame({"predicted": pred.numpy(), "measured": d.cpu().numpy()})
+        rows.append({"lr": eta, "pearson": float(np.corrcoef(d, pred)[0, 1]), "spearman": stats.spearmanr(d, pred)[0],
+                     "sign_agreement": float((torch.sign(d) == torch.sign(pred)).double().mean()),
+                     "r2": float(1 - ((d - pred) ** 2).sum() / ((d - d.mean()) ** 2).sum()),
+                     "median_abs_delta": float(d.abs().median())})
+    if scatter is None:
+        raise ValueError(f"lr = {P.lr} must be one of lrs = {P.lrs} (the scatter of panel (d) is at lr)")
+    return pd.DataFrame(rows), scatter
+
+
+def claims(R: Result, P: Params) -> list[C.Claim]:
+    same, diff = R.pairs[R.pairs.pair == "same"].hcos, R.pairs[R.pairs.pair == "different"].hcos
+    top, bottom = float(R.absolute[-1, -1]), float(R.absolute[0, 0])
+    row = R.fidelity.set_index("lr").loc[P.lr]
+    return [
+        C.Claim("fig02_a_same_token", "Fig. 2(a)", "same-token pairs have more aligned hidden states", "yes",
+                *S.bootstrap_gap(same, diff, 1000, P.seed), n=len(R.pairs), unit="cos, same − different",
+                rule="direction", params=dict(sign=1),
+                detail=f"mean cos {same.mean():.2f} (same) vs {diff.mean():.2f} (different)"),
+        C.Claim("fig02_c_entropy", "Fig. 2(c)", "coupling concentrates on high-entropy pairs", "yes",
+                np.log10(top / bottom), n=P.n_entropy_bins ** 2, unit="log10(high×high / low×low)", rule="direction",
+                params=dict(sign=1, point_ok=True),
+                detail=f"mean |A⟨h,h⟩φ| {top:.2g} vs {bottom:.2g} (every pair of the batch)"),
+        C.Claim("fig02_first_order", "first order (not in paper)", "δ_j predicts Δlog p of an SGD lm_head step", "—",
+                row.pearson, n=len(R.scatter), unit="Pearson", rule="direction",
+                params=dict(sign=1, ref=0.9, point_ok=True),
+                detail=f"sign agreement {100 * row.sign_agreement:.1f}% at η = {P.lr:g}"),
+    ]
