@@ -108,6 +108,8 @@ def test_bad_problem_file_names_file_and_row(tmp_path, name, content, expected):
     ("07", {"strategies": "[random, QQ]"}, "element 'QQ': not allowed"),
     ("07", {"eval_sets": "[easy, nope.jsonl]"}, "element 'nope.jsonl': no such file"),
     ("07", {"fig_dir": "x"}, "parameter 'fig_dir' is set by the runner"),
+    ("01", {"models": "[data/policies/tiny-m, data/policies/tiny-m]"},
+     "parameter 'models' = ['data/policies/tiny-m', 'data/policies/tiny-m']: must not repeat an element"),
 ])
 def test_bad_parameter_is_one_line_naming_notebook_parameter_value_and_allowed(nb, overrides, expected, capsys):
     argv = [nb, "--check"] + [a for k, v in overrides.items() for a in ("-p", k, v)]
