@@ -108,6 +108,8 @@ def test_bad_problem_file_names_file_and_row(tmp_path, name, content, expected):
     ("07", {"strategies": "[random, QQ]"}, "element 'QQ': not allowed"),
     ("07", {"eval_sets": "[easy, nope.jsonl]"}, "element 'nope.jsonl': no such file"),
     ("07", {"fig_dir": "x"}, "parameter 'fig_dir' is set by the runner"),
+    ("01", {"device": "gpu"}, "parameter 'device' = 'gpu': not a device; allowed: cpu, cuda, cuda:N"),
+    ("05", {"device": "cuda:x"}, "05_value_gap: parameter 'device' = 'cuda:x': not a device"),
     ("01", {"models": "[data/policies/tiny-m, data/policies/tiny-m]"},
      "parameter 'models' = ['data/policies/tiny-m', 'data/policies/tiny-m']: must not repeat an element"),
 ])
@@ -131,10 +133,21 @@ def test_run_all_rejects_a_name_before_any_notebook_runs(monkeypatch, capsys):
     ran = []
     monkeypatch.setattr(run, "run_notebook", lambda *a, **k: ran.append(a))
     with pytest.raises(SystemExit) as e:
-        run.main(["all", "-p", "steps", "1"])
+        run.main(["all", "-p", "stepz", "1", "-p", "steps", "1"])
     assert e.value.code == 2 and ran == []
-    err = capsys.readouterr().err
-    assert "02_coupling_heatmaps: unknown parameter 'steps'" in err and "07_batching" in err
+    err = capsys.readouterr().err.splitlines()
+    assert err == ["error: unknown parameter 'stepz': no selected notebook declares it. Did you mean 'steps'?"]
+
+
+def test_run_all_gives_each_value_to_the_notebooks_that_declare_it(monkeypatch):
+    ran = {}
+    monkeypatch.setattr(run, "run_notebook", lambda ref, profile, ov, **k: ran.setdefault(Path(ref).stem, ov))
+    run.main(["all", "-p", "steps", "1", "-p", "n_pairs", "50"])
+    declares = {nb.stem: run.notebook_defaults(nb) for nb in run.all_notebooks()}
+    assert set(ran) == set(declares)
+    for stem, ov in ran.items():
+        assert ov == {k: v for k, v in {"steps": "1", "n_pairs": "50"}.items() if k in declares[stem]}, stem
+    assert ran["01_token_flipping"] == {"steps": "1"} and ran["02_coupling_heatmaps"] == {"n_pairs": "50"}
 
 
 def test_relative_paths_resolve_against_the_callers_directory(tmp_path, monkeypatch, capsys):

@@ -67,3 +67,58 @@ def test_executed_notebooks_keep_results_not_progress_bars(tmp_path):
     run._strip_volatile(p)
     kept = json.loads(p.read_text())["cells"][0]["outputs"]
     assert [o["text"] for o in kept] == [["UserWarning: something real\n"], ["accuracy 0.50\n"]]
+
+
+def test_device_is_checked_before_anything_runs():
+    nb = run.find_notebook("01")
+    for ok in ("cpu", "cuda", "cuda:0", "cuda:12", "mps"):
+        assert run.resolve_params(nb, "tiny", {"device": ok})["device"] == ok  # syntax only: no GPU needed here
+    for bad in ("gpu", "CUDA", "cuda:", "cuda:-1", "cuda0", "cpu "):
+        with pytest.raises(run.ParameterError, match=rf"'device' = '{bad}': not a device; allowed: cpu, cuda"):
+            run.resolve_params(nb, "tiny", {"device": bad})
+
+
+@pytest.mark.parametrize("name", ["../params/tiny", "notebooks/params/tiny", "tiny.yaml", "/tmp/tiny", "schema",
+                                  "", "./tiny", "~/tiny"])
+def test_profile_is_the_plain_name_of_a_file_under_notebooks_params(name, capsys):
+    with pytest.raises(run.ParameterError, match="--profile takes the name of a profile in notebooks/params/"):
+        run.load_profile(name)
+    with pytest.raises(SystemExit) as e:
+        run.main(["01", "--profile", name, "--check"])
+    assert e.value.code == 2 and "known profiles: " in capsys.readouterr().err
+
+
+def _profile(tmp_path, monkeypatch, text):
+    """A profile named `mine` beside copies of the real ones (run.PARAMS points there)."""
+    import shutil
+    d = tmp_path / "params"
+    shutil.copytree(run.PARAMS, d)
+    (d / "mine.yaml").write_text(text)
+    monkeypatch.setattr(run, "PARAMS", d)
+    return d / "mine.yaml"
+
+
+def test_misspelled_profile_keys_and_sections_are_errors_with_a_suggestion(tmp_path, monkeypatch, capsys):
+    _profile(tmp_path, monkeypatch, "common:\n  seed: 1\n  sede: 3\n01_token_fliping:\n  steps: 2\n"
+                                    "02_coupling_heatmaps:\n  n_pair: 5\n")
+    with pytest.raises(SystemExit) as e:
+        run.main(["01", "--profile", "mine", "--check"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.splitlines()
+    assert any("mine.yaml, common: unknown parameter 'sede': no notebook declares it. Did you mean 'seed'?" in ln
+               for ln in err), err
+    assert any("mine.yaml: unknown section '01_token_fliping'. Did you mean '01_token_flipping'?" in ln
+               for ln in err), err
+    with pytest.raises(SystemExit):  # each error once, however many notebooks are selected
+        run.main(["all", "--profile", "mine", "--check"])
+    err = capsys.readouterr().err.splitlines()
+    assert sum("'sede'" in ln for ln in err) == 1 and any("unknown parameter 'n_pair'" in ln for ln in err), err
+
+
+def test_a_common_key_applies_to_the_notebooks_that_declare_it(tmp_path, monkeypatch):
+    _profile(tmp_path, monkeypatch, "common:\n  n_pairs: 7\n  seed: 2\n")  # n_pairs: notebook 02 only
+    assert "n_pairs" not in run.resolve_params(run.find_notebook("01"), "mine")
+    assert run.resolve_params(run.find_notebook("02"), "mine")["n_pairs"] == 7
+    _profile(tmp_path / "b", monkeypatch, "common:\n  fig_dir: x\n")
+    with pytest.raises(run.ParameterError, match="common: parameter 'fig_dir' is set by the runner"):
+        run.resolve_params(run.find_notebook("01"), "mine")
