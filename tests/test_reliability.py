@@ -375,3 +375,151 @@ def test_figures_are_written_atomically(tmp_path):
 def test_tests_use_their_own_cache_directory():
     assert Path(os.environ["CANCELLATION_CACHE"]) == cache.DEFAULT_DIR
     assert not cache.DEFAULT_DIR.resolve().is_relative_to(ROOT)
+
+
+# ------------------------------------------------------------------ all-or-nothing outputs, Ctrl-C, killed runs
+STAGED_NB = '''# %% tags=["parameters"]
+profile = "tiny"
+fig_dir = "figures/tiny"
+results_dir = "data/results/tiny"
+value = 1
+fail_at = ""
+
+# %%
+from pathlib import Path
+import pandas as pd
+from cancellation import cache, claims as C
+Path(results_dir).mkdir(parents=True, exist_ok=True)
+cache.write_table(pd.DataFrame({"v": [value]}), Path(results_dir) / "t.parquet")
+C.record(results_dir, "97", [C.Claim("probe_value", "Fig. 0", "a probe", "1", measured=value)])
+print("tables in", results_dir)
+
+# %%
+if fail_at == "figures":
+    raise RuntimeError("failed between the tables and the figures")
+if fail_at == "sleep":
+    import time
+    Path(fig_dir).mkdir(parents=True, exist_ok=True)
+    (Path(fig_dir) / "sleeping").write_text("")
+    time.sleep(60)
+Path(fig_dir).mkdir(parents=True, exist_ok=True)
+(Path(fig_dir) / "f.txt").write_text(str(value))
+'''
+
+
+def _staged_root(tmp_path):
+    """A stand-in repository root: the probe notebook, the real params, a claims registry holding
+    another notebook's row (which every promotion must keep)."""
+    from cancellation import claims as C
+    root = tmp_path / "repo"
+    (root / "notebooks/params").mkdir(parents=True)
+    shutil.copy(run.SCHEMA, root / "notebooks/params")
+    (root / "notebooks/params/tiny.yaml").write_text("97_staged:\n  value: 1\n")
+    (root / "notebooks" / "97_staged.py").write_text(STAGED_NB)
+    C.record(root / "data/results/tiny", "01", [C.Claim("other_notebook", "Fig. 1", "kept", "1", measured=1.0)])
+    return root, root / "notebooks" / "97_staged.py", root / "data/results/tiny"
+
+
+def _snapshot(root):
+    """Every output file's bytes (not the staging area, lock files or a kept <name>.failed.ipynb)."""
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*"))
+            if p.is_file() and ".run-staging" not in p.parts and p.suffix != ".lock"
+            and not p.name.endswith(".failed.ipynb")}
+
+
+@pytest.mark.slow
+def test_a_run_failing_part_way_leaves_every_output_as_it_was(tmp_path):
+    root, nb, res = _staged_root(tmp_path)
+    good = run.run_notebook(str(nb), "tiny", out_root=root, log_output=False)
+    assert pd.read_parquet(res / "t.parquet").v.tolist() == [1] and (root / "figures/tiny/f.txt").read_text() == "1"
+    assert sorted(pd.read_parquet(res / "claims.parquet").notebook) == ["01", "97"]  # the other row survived
+    text = good.read_text()
+    assert ".run-staging" not in text and str(res) in text  # the record names the final directories
+    before = _snapshot(root)
+    with pytest.raises(run.NotebookFailed, match="failed between the tables and the figures"):
+        run.run_notebook(str(nb), "tiny", {"value": "2", "fail_at": "figures"}, out_root=root, log_output=False,
+                         replace=True)
+    assert _snapshot(root) == before  # tables written before the failure were never promoted
+    assert (good.parent / "97_staged.failed.ipynb").exists()
+    assert [p.name for p in (root / ".run-staging").iterdir() if p.is_dir()] == []
+    run.run_notebook(str(nb), "tiny", out_root=root, log_output=False)  # a rerun: byte-identical notebook
+    assert good.read_text() == text and not (good.parent / "97_staged.failed.ipynb").exists()
+
+
+def _interrupting(*a, **k):
+    """papermill.execute_notebook stand-in: writes into the staged directories, then Ctrl-C."""
+    params = k["parameters"]
+    Path(params["results_dir"]).mkdir(parents=True, exist_ok=True)
+    (run.ROOT / params["results_dir"] / "t.parquet").write_bytes(b"half")
+    Path(a[1]).write_text(Path(a[0]).read_text())
+    raise KeyboardInterrupt
+
+
+def test_ctrl_c_is_one_short_message_exit_130_and_no_temporaries(tmp_path, monkeypatch, capsys):
+    import papermill
+    root, nb, res = _staged_root(tmp_path)
+    monkeypatch.chdir(root)
+    before = _snapshot(root)
+    monkeypatch.setattr(papermill, "execute_notebook", _interrupting)
+    with pytest.raises(SystemExit) as e:
+        run.main([str(nb), "--root", str(root)])
+    assert e.value.code == 130
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[0] == "error: 97_staged interrupted (Ctrl-C); its figures, tables and executed notebook are unchanged"
+    assert len(err) == 2 and "Traceback" not in "".join(err) and "97_staged.failed.ipynb" in err[1]
+    assert _snapshot(root) == before
+    assert [p for p in (root / ".run-staging").iterdir() if p.is_dir()] == []
+
+
+def test_sigterm_raises_so_that_cleanup_runs():
+    from cancellation import staging
+    with pytest.raises(staging.Terminated), staging.sigterm_raises():
+        os.kill(os.getpid(), __import__("signal").SIGTERM)
+        time.sleep(5)
+
+
+def test_staging_left_by_killed_runs_is_cleared_at_the_next_start(tmp_path):
+    import socket
+    import subprocess
+    import sys
+    from cancellation import staging
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    for name, pid in (("01.dead", dead.pid), ("02.alive", os.getpid())):
+        d = tmp_path / staging.STAGING / name / "results"
+        d.mkdir(parents=True)
+        (d.parent / "owner.json").write_text(json.dumps({"host": socket.gethostname(), "pid": pid}))
+    old = tmp_path / "notebooks/executed/tiny/.01_token_flipping.x1y2.tmp.ipynb"  # an older runner's temporary
+    old.parent.mkdir(parents=True)
+    old.write_text("{}")
+    staging.clear_stale(tmp_path)
+    assert sorted(p.name for p in (tmp_path / staging.STAGING).iterdir()) == ["02.alive"] and not old.exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig, rc, how", [("SIGINT", 130, "interrupted (Ctrl-C)"), ("SIGTERM", 143, "terminated (SIGTERM)")])
+def test_ctrl_c_in_a_terminal_prints_two_lines_not_tracebacks(tmp_path, sig, rc, how):
+    """The real thing: the runner in its own process group (a terminal's foreground job) gets the signal
+    while its kernel runs a cell; no KeyboardInterrupt or ZMQ tracebacks, no temporaries."""
+    import signal
+    import subprocess
+    import sys
+    root, nb, res = _staged_root(tmp_path)
+    before = _snapshot(root)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "lib"), os.environ.get("PYTHONPATH", "")])}
+    p = subprocess.Popen([sys.executable, "-m", "cancellation.run", str(nb), "--root", str(root), "-p", "fail_at",
+                          "sleep", "--replace"], cwd=root, env=env, start_new_session=True,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        t = time.time()
+        while not list(root.glob(".run-staging/*/figures/sleeping")) and time.time() - t < 60 and p.poll() is None:
+            time.sleep(0.2)
+        os.killpg(p.pid, getattr(signal, sig))
+        out, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == rc, err
+    assert err.splitlines() == [f"error: 97_staged {how}; its figures, tables and executed notebook are unchanged",
+                                "  the notebook as far as it ran: notebooks/executed/tiny/97_staged.failed.ipynb"]
+    assert _snapshot(root) == before and not [d for d in (root / ".run-staging").iterdir() if d.is_dir()]

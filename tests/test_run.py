@@ -1,3 +1,5 @@
+import json
+
 import pytest
 
 from cancellation import run
@@ -122,3 +124,51 @@ def test_a_common_key_applies_to_the_notebooks_that_declare_it(tmp_path, monkeyp
     _profile(tmp_path / "b", monkeypatch, "common:\n  fig_dir: x\n")
     with pytest.raises(run.ParameterError, match="common: parameter 'fig_dir' is set by the runner"):
         run.resolve_params(run.find_notebook("01"), "mine")
+
+
+# ------------------------------------------------------------------ README's paper command, verbatim
+README = run.ROOT / "README.md"
+
+
+def _readme_command(start: str) -> str:
+    """The shell command of README.md that begins with `start`, its `\\` continuations joined."""
+    import re
+    m = re.search(re.escape(start) + r"(?:[^\n]*\\\n)*[^\n]*", README.read_text())
+    assert m, f"README.md no longer shows {start!r}"
+    return re.sub(r"\\\n\s*", " ", m.group(0))
+
+
+@pytest.fixture(scope="module")
+def standin_paths(tmp_path_factory):
+    """CPU stand-ins of the paper's inputs (cancellation.standins: the model untrained, which --check
+    does not need): a Qwen3-shaped model directory, DAPO-Math-17k- and MATH-500-shaped files."""
+    from cancellation import standins
+    out = tmp_path_factory.mktemp("standins")
+    tok = standins.build_tokenizer()
+    standins.build_model(tok, 0).save_pretrained(out / "model")
+    standins.save_tokenizer(tok, out / "model")
+    return {"model": str(out / "model"), **{k: str(v) for k, v in standins.write_data(out, 0).items()}}
+
+
+def test_readmes_paper_command_passes_check(standin_paths, capsys):
+    import shlex
+    cmd = _readme_command("python -m cancellation.run all --profile paper")
+    subs = {"/models/Qwen3-1.7B-Base": standin_paths["model"], "/data/dapo-math-17k.parquet": standin_paths["dapo"],
+            "/data/math500.jsonl": standin_paths["math500"]}
+    for path, standin in subs.items():  # only the paths change; the README must still name them
+        assert path in cmd, (path, cmd)
+        cmd = cmd.replace(path, standin)
+    argv = shlex.split(cmd)
+    assert argv[:3] == ["python", "-m", "cancellation.run"]
+    run.main(argv[3:] + ["--check"])  # exit 0: no SystemExit
+    out, dec, params = capsys.readouterr().out, json.JSONDecoder(), []
+    i = 0
+    while i < len(out):
+        obj, i = dec.raw_decode(out, i)
+        params.append(obj)
+        while i < len(out) and out[i].isspace():
+            i += 1
+    assert len(params) == len(run.all_notebooks()) and all(p["profile"] == "paper" for p in params)
+    assert all(p["model_path"] == standin_paths["model"] for p in params if "model_path" in p)
+    assert [p["eval_sets"] for p in params if "eval_sets" in p] == [[standin_paths["math500"]]]
+    assert all(p["models"] == [standin_paths["model"]] for p in params if "models" in p)

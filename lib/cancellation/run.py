@@ -522,6 +522,29 @@ def _keep_failed(tmp: Path, failed: Path, renames: dict) -> Path | None:
     return failed
 
 
+def _kernel_manager(stderr):
+    """jupyter_client's AsyncKernelManager, with the kernel process's own stderr (IPKernelApp's log:
+    its TCP warning, teardown tracebacks after Ctrl-C, a crash's last words) going to the open file
+    `stderr` instead of the terminal. Cell outputs come through the notebook as before."""
+    from jupyter_client import AsyncKernelManager
+
+    class KernelManager(AsyncKernelManager):
+        async def start_kernel(self, **kw):
+            kw.setdefault("stderr", stderr)
+            return await super().start_kernel(**kw)
+
+    return KernelManager
+
+
+def _kernel_log_tail(path: Path, n: int = 5) -> list[str]:
+    """The last lines of a kernel's stderr worth showing (not IPKernelApp's TCP warning)."""
+    try:
+        lines = [ln.rstrip() for ln in path.read_text(errors="replace").splitlines()]
+    except OSError:
+        return []
+    return [ln for ln in lines if ln.strip() and "without encryption" not in ln][-n:]
+
+
 def run_notebook(ref: str, profile: str = "tiny", overrides: dict | None = None, out_root: Path | None = None,
                  log_output: bool = True, *, replace: bool = False, cwd: str | Path | None = None) -> Path:
     """Execute one notebook; returns the executed .ipynb path.
@@ -559,18 +582,23 @@ def run_notebook(ref: str, profile: str = "tiny", overrides: dict | None = None,
         t0 = time.time()
         print(f"[run] {nb_path.name} profile={profile} -> {out.relative_to(root) if out.is_relative_to(root) else out}",
               flush=True)
+        klog = st.dir / "kernel.stderr"
         try:
-            pm.execute_notebook(str(src), str(tmp), parameters=run_params, kernel_name="python3", cwd=str(ROOT),
-                                progress_bar=False, log_output=log_output, stdout_file=None)
+            with open(klog, "ab") as kernel_stderr:
+                pm.execute_notebook(str(src), str(tmp), parameters=run_params, kernel_name="python3", cwd=str(ROOT),
+                                    progress_bar=False, log_output=log_output, stdout_file=None,
+                                    kernel_manager_class=_kernel_manager(kernel_stderr))
         except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (staging.Terminated)
             kept = _keep_failed(tmp, failed, renames)
             raise NotebookInterrupted(_interrupt_summary(nb_path.stem, e, kept),
                                       143 if isinstance(e, staging.Terminated) else 130) from None
         except Exception as e:  # noqa: BLE001 - papermill, kernel death
             msg = _failure_summary(nb_path.stem, e, _keep_failed(tmp, failed, renames))
-            if isinstance(e, PapermillExecutionError) or "Kernel" in type(e).__name__:
+            if isinstance(e, PapermillExecutionError):
                 raise NotebookFailed(msg) from None
-            raise NotebookFailed(msg) from e
+            tail = _kernel_log_tail(klog)  # a dead kernel's cause is in its own stderr
+            msg += "".join(f"\n  kernel: {ln}" for ln in tail)
+            raise NotebookFailed(msg) from (None if "Kernel" in type(e).__name__ else e)
         print(f"[run] {nb_path.name} done in {time.time() - t0:.0f} s", flush=True)
         _strip_volatile(tmp, renames)
         os.chmod(tmp, 0o666 & ~_UMASK)
