@@ -7,10 +7,11 @@ One test (or one parametrised row) per case of the issue's "Why" list:
 | problems file edited in place                    | new cache keys (notebooks, run_params, eval files, values)  |
 | empty file / null answer / no answer / bad JSON  | ProblemFileError naming file and row (line)                 |
 | run with overrides                               | own runs/<hash>/ directories; --replace for canonical ones  |
-| interrupted / failing run                        | executed notebook untouched; <name>.failed.ipynb; 1-line cause |
+| interrupted / failing run                        | no output changes (staged, promoted on success); <name>.failed.ipynb; 1-line cause; Ctrl-C: 2 lines, exit 130 |
+| killed run (SIGKILL)                             | its .run-staging/ folder is removed at the next start       |
 | two runs at once (cache entry, checkpoint)       | the second waits for the first and reads its result         |
 | bad parameters (null, 010, 0, -1, inf, lr∉lrs…)  | one line per error naming notebook/parameter/value, exit 2  |
-| `run all -p steps 1`                             | rejected before notebook 01 runs                            |
+| `run all -p stepz 1`                             | rejected before notebook 01 runs; `-p steps 1` goes to the notebooks declaring it |
 | relative paths                                   | resolved against the caller's directory; missing = error   |
 | weights differ from manifest / truncated files   | error naming the file                                       |
 | corrupt cache entry / checkpoint                 | moved aside (.corrupt), warning with its path, recomputed   |

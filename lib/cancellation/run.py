@@ -2,19 +2,26 @@
 
 Parameters are merged in this order, later wins: the notebook's `parameters` cell, the profile's
 `common:` section (only names the notebook declares), the profile's section for the notebook,
-then command-line overrides. Every selected notebook is validated before any runs: unknown
-names, types (YAML 1.2 numbers: `010` is 10), the ranges, choices and paths of
-notebooks/params/schema.yaml and its cross-parameter constraints; one line per error, exit 2.
+then command-line overrides (-p NAME VALUE, or --set 'NAME=VALUE; ...' as `make figNN P=...`
+passes them). With several notebooks, a -p value goes to every one that declares the name. Every
+selected notebook is validated before any runs: names (an override or `common` key that no
+notebook declares, a misspelled section or key of the profile, each with a suggestion), types
+(YAML 1.2 numbers: `010` is 10), the ranges, choices and paths of notebooks/params/schema.yaml,
+its cross-parameter constraints and the device; one line per error, exit 2.
 
 A run with -p overrides writes to its own directories, figures/<profile>/runs/<hash>/,
 data/results/<profile>/runs/<hash>/ and notebooks/executed/<profile>/runs/<hash>/ (hash of the
 overrides, recorded in the executed notebook's metadata), so the committed outputs change only
-with --replace. Executed notebooks are written to a temporary name and renamed; a failing
-notebook prints its failing cell and the one-line cause, keeps <name>.failed.ipynb, exit 1.
+with --replace. Outputs are all or nothing (cancellation.staging): the notebook writes into
+.run-staging/, whose figures, tables and executed notebook are moved into place only when it ran
+through. A failing notebook prints its failing cell and the one-line cause, keeps
+<name>.failed.ipynb, exit 1; Ctrl-C exits 130 (SIGTERM 143) with a two-line message.
+--root DIR names the checkout (notebooks/, params, outputs) when the package is installed elsewhere.
 
     python -m cancellation.run 01                      # notebooks/01_*.py on the tiny profile
     python -m cancellation.run 01 -p steps 5 -p seed 1 # -> figures/tiny/runs/<hash>/ ...
     python -m cancellation.run 01 -p steps 5 --replace # -> figures/tiny/ (the canonical outputs)
+    python -m cancellation.run 07 --set 'eval_sets=[easy, medium]; tau=0.25'
     python -m cancellation.run all --profile tiny
 """
 from __future__ import annotations
