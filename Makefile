@@ -1,10 +1,23 @@
-# make figures  : set up .venv if missing, train the tiny policies if missing, run every notebook
-# make fig01    : rerun one notebook; overrides (make fig01 P="steps=5 seed=1") write to figures/<profile>/runs/<hash>/,
-#                 data/results/<profile>/runs/<hash>/, notebooks/executed/<profile>/runs/<hash>/; add REPLACE=1 to
-#                 write the canonical (committed) outputs instead. Bad parameters stop before anything runs (exit 2).
-# make test     : the test suite (CPU, about 5 min)       make bench : speed-ups and memory vs naive code
-# make claims   : regenerate README's claims table from data/results/tiny/claims.parquet (+ tiny-table2's)
-# make table2   : the full Table 2 / Fig. 8 test (notebook 07, profile tiny-table2, 62 min on 2 cores)
+# Targets (make help prints this):
+#   make figures   set up .venv if missing, train the tiny policies if missing, run every notebook, then `make claims`
+#   make figNN     rerun one notebook (fig01 ... fig08)
+#   make table2    the full Table 2 / Fig. 8 test (notebook 07, profile tiny-table2, 62 min on 2 cores)
+#   make claims    regenerate README's claims table from data/results/tiny/claims.parquet (+ tiny-table2's)
+#   make test      the test suite (CPU, about 5 min)
+#   make bench     speed-ups and memory vs naive code (B=memory: one benchmark)
+#   make env       create .venv (torch TORCH_SPEC, then pip install -e ".[dev]")
+#   make policy    retrain the tiny policies (tiny-m, tiny-s, tiny-m-fixed)
+#   make standins  CPU stand-ins of the paper's model and data in data/standins/ (for PROFILE=paper-smoke)
+#   make clean     remove caches, smoke/paper-smoke outputs and leftovers of killed runs (.run-staging/)
+#   make help      this list
+# Variables:
+#   PROFILE=tiny   the parameter profile, a file in notebooks/params/ (tiny, tiny-table2, smoke, paper-smoke, paper)
+#   P='...'        parameter overrides for figures/figNN/table2: NAME=VALUE pairs separated by ';', each split on
+#                  its first '=' (values parsed as YAML): P='steps=5; eval_sets=[easy, medium]; problems_path=a=b.jsonl'.
+#                  They write to figures/<profile>/runs/<hash>/, data/results/<profile>/runs/<hash>/,
+#                  notebooks/executed/<profile>/runs/<hash>/. Bad parameters stop before anything runs (exit 2).
+#   REPLACE=1      with P, write the canonical (committed) outputs instead
+#   B=NAME         the benchmark of make bench;  TORCH_SPEC=torch==2.x  the torch of make env;  PYTHON=python3
 PROFILE ?= tiny
 B ?=
 P ?=
@@ -16,12 +29,13 @@ PY := $(VENV)/bin/python
 POLICIES := data/policies/tiny-m/model.safetensors data/policies/tiny-s/model.safetensors \
             data/policies/tiny-m-fixed/model.safetensors
 NOTEBOOKS := $(sort $(wildcard notebooks/[0-9][0-9]_*.py))
-OVERRIDES := $(foreach kv,$(P),-p $(subst =, ,$(kv))) $(if $(REPLACE),--replace)
+# P goes to the runner whole, single-quoted for the shell (a ' inside becomes '\''); it parses the pairs.
+OVERRIDES := $(if $(strip $(P)),--set '$(subst ','\'',$(P))') $(if $(REPLACE),--replace)
 export PYTHONUNBUFFERED := 1
 
 .PHONY: env policy standins figures table2 claims test bench clean help
 help:
-	@sed -n '1,7p' Makefile
+	@sed -n '/^# Targets/,/^[^#]/{/^#/s/^# \{0,1\}//p}' Makefile
 
 env: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
@@ -67,5 +81,6 @@ bench: env $(POLICIES)
 	$(PY) -m cancellation.bench $(B)
 
 clean:
-	rm -rf data/cache notebooks/executed/smoke figures/smoke data/results/smoke
+	rm -rf data/cache notebooks/executed/smoke figures/smoke data/results/smoke .run-staging
+	-find notebooks/executed -name '.*.tmp.ipynb' -delete
 	rm -rf notebooks/executed/paper-smoke figures/paper-smoke data/results/paper-smoke

@@ -7,10 +7,11 @@ One test (or one parametrised row) per case of the issue's "Why" list:
 | problems file edited in place                    | new cache keys (notebooks, run_params, eval files, values)  |
 | empty file / null answer / no answer / bad JSON  | ProblemFileError naming file and row (line)                 |
 | run with overrides                               | own runs/<hash>/ directories; --replace for canonical ones  |
-| interrupted / failing run                        | executed notebook untouched; <name>.failed.ipynb; 1-line cause |
+| interrupted / failing run                        | no output changes (staged, promoted on success); <name>.failed.ipynb; 1-line cause; Ctrl-C: 2 lines, exit 130 |
+| killed run (SIGKILL)                             | its .run-staging/ folder is removed at the next start       |
 | two runs at once (cache entry, checkpoint)       | the second waits for the first and reads its result         |
 | bad parameters (null, 010, 0, -1, inf, lr∉lrs…)  | one line per error naming notebook/parameter/value, exit 2  |
-| `run all -p steps 1`                             | rejected before notebook 01 runs                            |
+| `run all -p stepz 1`                             | rejected before notebook 01 runs; `-p steps 1` goes to the notebooks declaring it |
 | relative paths                                   | resolved against the caller's directory; missing = error   |
 | weights differ from manifest / truncated files   | error naming the file                                       |
 | corrupt cache entry / checkpoint                 | moved aside (.corrupt), warning with its path, recomputed   |
@@ -128,6 +129,10 @@ def test_non_finite_reward_is_an_error_naming_rollout_and_group(bad):
     ("07", {"strategies": "[random, QQ]"}, "element 'QQ': not allowed"),
     ("07", {"eval_sets": "[easy, nope.jsonl]"}, "element 'nope.jsonl': no such file"),
     ("07", {"fig_dir": "x"}, "parameter 'fig_dir' is set by the runner"),
+    ("01", {"device": "gpu"}, "parameter 'device' = 'gpu': not a device; allowed: cpu, cuda, cuda:N"),
+    ("05", {"device": "cuda:x"}, "05_value_gap: parameter 'device' = 'cuda:x': not a device"),
+    ("01", {"models": "[data/policies/tiny-m, data/policies/tiny-m]"},
+     "parameter 'models' = ['data/policies/tiny-m', 'data/policies/tiny-m']: must not repeat an element"),
 ])
 def test_bad_parameter_is_one_line_naming_notebook_parameter_value_and_allowed(nb, overrides, expected, capsys):
     argv = [nb, "--check"] + [a for k, v in overrides.items() for a in ("-p", k, v)]
@@ -149,10 +154,21 @@ def test_run_all_rejects_a_name_before_any_notebook_runs(monkeypatch, capsys):
     ran = []
     monkeypatch.setattr(run, "run_notebook", lambda *a, **k: ran.append(a))
     with pytest.raises(SystemExit) as e:
-        run.main(["all", "-p", "steps", "1"])
+        run.main(["all", "-p", "stepz", "1", "-p", "steps", "1"])
     assert e.value.code == 2 and ran == []
-    err = capsys.readouterr().err
-    assert "02_coupling_heatmaps: unknown parameter 'steps'" in err and "07_batching" in err
+    err = capsys.readouterr().err.splitlines()
+    assert err == ["error: unknown parameter 'stepz': no selected notebook declares it. Did you mean 'steps'?"]
+
+
+def test_run_all_gives_each_value_to_the_notebooks_that_declare_it(monkeypatch):
+    ran = {}
+    monkeypatch.setattr(run, "run_notebook", lambda ref, profile, ov, **k: ran.setdefault(Path(ref).stem, ov))
+    run.main(["all", "-p", "steps", "1", "-p", "n_pairs", "50"])
+    declares = {nb.stem: run.notebook_defaults(nb) for nb in run.all_notebooks()}
+    assert set(ran) == set(declares)
+    for stem, ov in ran.items():
+        assert ov == {k: v for k, v in {"steps": "1", "n_pairs": "50"}.items() if k in declares[stem]}, stem
+    assert ran["01_token_flipping"] == {"steps": "1"} and ran["02_coupling_heatmaps"] == {"n_pairs": "50"}
 
 
 def test_relative_paths_resolve_against_the_callers_directory(tmp_path, monkeypatch, capsys):
@@ -380,3 +396,151 @@ def test_figures_are_written_atomically(tmp_path):
 def test_tests_use_their_own_cache_directory():
     assert Path(os.environ["CANCELLATION_CACHE"]) == cache.DEFAULT_DIR
     assert not cache.DEFAULT_DIR.resolve().is_relative_to(ROOT)
+
+
+# ------------------------------------------------------------------ all-or-nothing outputs, Ctrl-C, killed runs
+STAGED_NB = '''# %% tags=["parameters"]
+profile = "tiny"
+fig_dir = "figures/tiny"
+results_dir = "data/results/tiny"
+value = 1
+fail_at = ""
+
+# %%
+from pathlib import Path
+import pandas as pd
+from cancellation import cache, claims as C
+Path(results_dir).mkdir(parents=True, exist_ok=True)
+cache.write_table(pd.DataFrame({"v": [value]}), Path(results_dir) / "t.parquet")
+C.record(results_dir, "97", [C.Claim("probe_value", "Fig. 0", "a probe", "1", measured=value)])
+print("tables in", results_dir)
+
+# %%
+if fail_at == "figures":
+    raise RuntimeError("failed between the tables and the figures")
+if fail_at == "sleep":
+    import time
+    Path(fig_dir).mkdir(parents=True, exist_ok=True)
+    (Path(fig_dir) / "sleeping").write_text("")
+    time.sleep(60)
+Path(fig_dir).mkdir(parents=True, exist_ok=True)
+(Path(fig_dir) / "f.txt").write_text(str(value))
+'''
+
+
+def _staged_root(tmp_path):
+    """A stand-in repository root: the probe notebook, the real params, a claims registry holding
+    another notebook's row (which every promotion must keep)."""
+    from cancellation import claims as C
+    root = tmp_path / "repo"
+    (root / "notebooks/params").mkdir(parents=True)
+    shutil.copy(run.SCHEMA, root / "notebooks/params")
+    (root / "notebooks/params/tiny.yaml").write_text("97_staged:\n  value: 1\n")
+    (root / "notebooks" / "97_staged.py").write_text(STAGED_NB)
+    C.record(root / "data/results/tiny", "01", [C.Claim("other_notebook", "Fig. 1", "kept", "1", measured=1.0)])
+    return root, root / "notebooks" / "97_staged.py", root / "data/results/tiny"
+
+
+def _snapshot(root):
+    """Every output file's bytes (not the staging area, lock files or a kept <name>.failed.ipynb)."""
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*"))
+            if p.is_file() and ".run-staging" not in p.parts and p.suffix != ".lock"
+            and not p.name.endswith(".failed.ipynb")}
+
+
+@pytest.mark.slow
+def test_a_run_failing_part_way_leaves_every_output_as_it_was(tmp_path):
+    root, nb, res = _staged_root(tmp_path)
+    good = run.run_notebook(str(nb), "tiny", out_root=root, log_output=False)
+    assert pd.read_parquet(res / "t.parquet").v.tolist() == [1] and (root / "figures/tiny/f.txt").read_text() == "1"
+    assert sorted(pd.read_parquet(res / "claims.parquet").notebook) == ["01", "97"]  # the other row survived
+    text = good.read_text()
+    assert ".run-staging" not in text and str(res) in text  # the record names the final directories
+    before = _snapshot(root)
+    with pytest.raises(run.NotebookFailed, match="failed between the tables and the figures"):
+        run.run_notebook(str(nb), "tiny", {"value": "2", "fail_at": "figures"}, out_root=root, log_output=False,
+                         replace=True)
+    assert _snapshot(root) == before  # tables written before the failure were never promoted
+    assert (good.parent / "97_staged.failed.ipynb").exists()
+    assert [p.name for p in (root / ".run-staging").iterdir() if p.is_dir()] == []
+    run.run_notebook(str(nb), "tiny", out_root=root, log_output=False)  # a rerun: byte-identical notebook
+    assert good.read_text() == text and not (good.parent / "97_staged.failed.ipynb").exists()
+
+
+def _interrupting(*a, **k):
+    """papermill.execute_notebook stand-in: writes into the staged directories, then Ctrl-C."""
+    params = k["parameters"]
+    Path(params["results_dir"]).mkdir(parents=True, exist_ok=True)
+    (run.ROOT / params["results_dir"] / "t.parquet").write_bytes(b"half")
+    Path(a[1]).write_text(Path(a[0]).read_text())
+    raise KeyboardInterrupt
+
+
+def test_ctrl_c_is_one_short_message_exit_130_and_no_temporaries(tmp_path, monkeypatch, capsys):
+    import papermill
+    root, nb, res = _staged_root(tmp_path)
+    monkeypatch.chdir(root)
+    before = _snapshot(root)
+    monkeypatch.setattr(papermill, "execute_notebook", _interrupting)
+    with pytest.raises(SystemExit) as e:
+        run.main([str(nb), "--root", str(root)])
+    assert e.value.code == 130
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[0] == "error: 97_staged interrupted (Ctrl-C); its figures, tables and executed notebook are unchanged"
+    assert len(err) == 2 and "Traceback" not in "".join(err) and "97_staged.failed.ipynb" in err[1]
+    assert _snapshot(root) == before
+    assert [p for p in (root / ".run-staging").iterdir() if p.is_dir()] == []
+
+
+def test_sigterm_raises_so_that_cleanup_runs():
+    from cancellation import staging
+    with pytest.raises(staging.Terminated), staging.sigterm_raises():
+        os.kill(os.getpid(), __import__("signal").SIGTERM)
+        time.sleep(5)
+
+
+def test_staging_left_by_killed_runs_is_cleared_at_the_next_start(tmp_path):
+    import socket
+    import subprocess
+    import sys
+    from cancellation import staging
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    for name, pid in (("01.dead", dead.pid), ("02.alive", os.getpid())):
+        d = tmp_path / staging.STAGING / name / "results"
+        d.mkdir(parents=True)
+        (d.parent / "owner.json").write_text(json.dumps({"host": socket.gethostname(), "pid": pid}))
+    old = tmp_path / "notebooks/executed/tiny/.01_token_flipping.x1y2.tmp.ipynb"  # an older runner's temporary
+    old.parent.mkdir(parents=True)
+    old.write_text("{}")
+    staging.clear_stale(tmp_path)
+    assert sorted(p.name for p in (tmp_path / staging.STAGING).iterdir()) == ["02.alive"] and not old.exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig, rc, how", [("SIGINT", 130, "interrupted (Ctrl-C)"), ("SIGTERM", 143, "terminated (SIGTERM)")])
+def test_ctrl_c_in_a_terminal_prints_two_lines_not_tracebacks(tmp_path, sig, rc, how):
+    """The real thing: the runner in its own process group (a terminal's foreground job) gets the signal
+    while its kernel runs a cell; no KeyboardInterrupt or ZMQ tracebacks, no temporaries."""
+    import signal
+    import subprocess
+    import sys
+    root, nb, res = _staged_root(tmp_path)
+    before = _snapshot(root)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "lib"), os.environ.get("PYTHONPATH", "")])}
+    p = subprocess.Popen([sys.executable, "-m", "cancellation.run", str(nb), "--root", str(root), "-p", "fail_at",
+                          "sleep", "--replace"], cwd=root, env=env, start_new_session=True,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        t = time.time()
+        while not list(root.glob(".run-staging/*/figures/sleeping")) and time.time() - t < 60 and p.poll() is None:
+            time.sleep(0.2)
+        os.killpg(p.pid, getattr(signal, sig))
+        out, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == rc, err
+    assert err.splitlines() == [f"error: 97_staged {how}; its figures, tables and executed notebook are unchanged",
+                                "  the notebook as far as it ran: notebooks/executed/tiny/97_staged.failed.ipynb"]
+    assert _snapshot(root) == before and not [d for d in (root / ".run-staging").iterdir() if d.is_dir()]

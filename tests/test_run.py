@@ -1,3 +1,5 @@
+import json
+
 import pytest
 
 from cancellation import run
@@ -67,3 +69,221 @@ def test_executed_notebooks_keep_results_not_progress_bars(tmp_path):
     run._strip_volatile(p)
     kept = json.loads(p.read_text())["cells"][0]["outputs"]
     assert [o["text"] for o in kept] == [["UserWarning: something real\n"], ["accuracy 0.50\n"]]
+
+
+def test_device_is_checked_before_anything_runs():
+    nb = run.find_notebook("01")
+    for ok in ("cpu", "cuda", "cuda:0", "cuda:12", "mps"):
+        assert run.resolve_params(nb, "tiny", {"device": ok})["device"] == ok  # syntax only: no GPU needed here
+    for bad in ("gpu", "CUDA", "cuda:", "cuda:-1", "cuda0", "cpu "):
+        with pytest.raises(run.ParameterError, match=rf"'device' = '{bad}': not a device; allowed: cpu, cuda"):
+            run.resolve_params(nb, "tiny", {"device": bad})
+
+
+@pytest.mark.parametrize("name", ["../params/tiny", "notebooks/params/tiny", "tiny.yaml", "/tmp/tiny", "schema",
+                                  "", "./tiny", "~/tiny"])
+def test_profile_is_the_plain_name_of_a_file_under_notebooks_params(name, capsys):
+    with pytest.raises(run.ParameterError, match="--profile takes the name of a profile in notebooks/params/"):
+        run.load_profile(name)
+    with pytest.raises(SystemExit) as e:
+        run.main(["01", "--profile", name, "--check"])
+    assert e.value.code == 2 and "known profiles: " in capsys.readouterr().err
+
+
+def _profile(tmp_path, monkeypatch, text):
+    """A profile named `mine` beside copies of the real ones (run.PARAMS points there)."""
+    import shutil
+    d = tmp_path / "params"
+    shutil.copytree(run.PARAMS, d)
+    (d / "mine.yaml").write_text(text)
+    monkeypatch.setattr(run, "PARAMS", d)
+    return d / "mine.yaml"
+
+
+def test_misspelled_profile_keys_and_sections_are_errors_with_a_suggestion(tmp_path, monkeypatch, capsys):
+    _profile(tmp_path, monkeypatch, "common:\n  seed: 1\n  sede: 3\n01_token_fliping:\n  steps: 2\n"
+                                    "02_coupling_heatmaps:\n  n_pair: 5\n")
+    with pytest.raises(SystemExit) as e:
+        run.main(["01", "--profile", "mine", "--check"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.splitlines()
+    assert any("mine.yaml, common: unknown parameter 'sede': no notebook declares it. Did you mean 'seed'?" in ln
+               for ln in err), err
+    assert any("mine.yaml: unknown section '01_token_fliping'. Did you mean '01_token_flipping'?" in ln
+               for ln in err), err
+    with pytest.raises(SystemExit):  # each error once, however many notebooks are selected
+        run.main(["all", "--profile", "mine", "--check"])
+    err = capsys.readouterr().err.splitlines()
+    assert sum("'sede'" in ln for ln in err) == 1 and any("unknown parameter 'n_pair'" in ln for ln in err), err
+
+
+def test_a_common_key_applies_to_the_notebooks_that_declare_it(tmp_path, monkeypatch):
+    _profile(tmp_path, monkeypatch, "common:\n  n_pairs: 7\n  seed: 2\n")  # n_pairs: notebook 02 only
+    assert "n_pairs" not in run.resolve_params(run.find_notebook("01"), "mine")
+    assert run.resolve_params(run.find_notebook("02"), "mine")["n_pairs"] == 7
+    _profile(tmp_path / "b", monkeypatch, "common:\n  fig_dir: x\n")
+    with pytest.raises(run.ParameterError, match="common: parameter 'fig_dir' is set by the runner"):
+        run.resolve_params(run.find_notebook("01"), "mine")
+
+
+# ------------------------------------------------------------------ README's paper command, verbatim
+README = run.ROOT / "README.md"
+
+
+def _readme_command(start: str) -> str:
+    """The shell command of README.md that begins with `start`, its `\\` continuations joined."""
+    import re
+    m = re.search(re.escape(start) + r"(?:[^\n]*\\\n)*[^\n]*", README.read_text())
+    assert m, f"README.md no longer shows {start!r}"
+    return re.sub(r"\\\n\s*", " ", m.group(0))
+
+
+@pytest.fixture(scope="module")
+def standin_paths(tmp_path_factory):
+    """CPU stand-ins of the paper's inputs (cancellation.standins: the model untrained, which --check
+    does not need): a Qwen3-shaped model directory, DAPO-Math-17k- and MATH-500-shaped files."""
+    from cancellation import standins
+    out = tmp_path_factory.mktemp("standins")
+    tok = standins.build_tokenizer()
+    standins.build_model(tok, 0).save_pretrained(out / "model")
+    standins.save_tokenizer(tok, out / "model")
+    return {"model": str(out / "model"), **{k: str(v) for k, v in standins.write_data(out, 0).items()}}
+
+
+def test_readmes_paper_command_passes_check(standin_paths, capsys):
+    import shlex
+    cmd = _readme_command("python -m cancellation.run all --profile paper")
+    subs = {"/models/Qwen3-1.7B-Base": standin_paths["model"], "/data/dapo-math-17k.parquet": standin_paths["dapo"],
+            "/data/math500.jsonl": standin_paths["math500"]}
+    for path, standin in subs.items():  # only the paths change; the README must still name them
+        assert path in cmd, (path, cmd)
+        cmd = cmd.replace(path, standin)
+    argv = shlex.split(cmd)
+    assert argv[:3] == ["python", "-m", "cancellation.run"]
+    run.main(argv[3:] + ["--check"])  # exit 0: no SystemExit
+    out, dec, params = capsys.readouterr().out, json.JSONDecoder(), []
+    i = 0
+    while i < len(out):
+        obj, i = dec.raw_decode(out, i)
+        params.append(obj)
+        while i < len(out) and out[i].isspace():
+            i += 1
+    assert len(params) == len(run.all_notebooks()) and all(p["profile"] == "paper" for p in params)
+    assert all(p["model_path"] == standin_paths["model"] for p in params if "model_path" in p)
+    assert [p["eval_sets"] for p in params if "eval_sets" in p] == [[standin_paths["math500"]]]
+    assert all(p["models"] == [standin_paths["model"]] for p in params if "models" in p)
+
+
+# ------------------------------------------------------------------ make P='...' / --set, make help
+@pytest.mark.parametrize("text, pairs", [
+    ("eval_sets=[easy, medium]; problems_path=a=b.jsonl", [("eval_sets", "[easy, medium]"), ("problems_path", "a=b.jsonl")]),
+    ("steps=5; lr=3e-4;", [("steps", "5"), ("lr", "3e-4")]),
+    ("steps=5 lr=3e-4", [("steps", "5"), ("lr", "3e-4")]),  # the old space-separated form still works
+    ("problems_path=my data/x=1 y.jsonl", [("problems_path", "my data/x=1 y.jsonl")]),
+    ("eval_sets=['a;b.jsonl', \"c d=e.jsonl\"]; seed=1", [("eval_sets", "['a;b.jsonl', \"c d=e.jsonl\"]"), ("seed", "1")]),
+    ("control_model_path=", [("control_model_path", "")]),
+    ("  ", []),
+])
+def test_set_splits_pairs_on_semicolons_and_each_pair_on_its_first_equals(text, pairs):
+    assert run.parse_set(text) == pairs
+
+
+@pytest.mark.parametrize("text", ["steps", "=5", "steps=5; lr"])
+def test_set_without_name_equals_value_is_an_error(text):
+    with pytest.raises(run.ParameterError, match="expected NAME=VALUE"):
+        run.parse_set(text)
+
+
+def _make(*args) -> str:
+    import subprocess
+    r = subprocess.run(["make", "--no-print-directory", "-C", str(run.ROOT), *args], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+def test_make_P_reaches_the_runner_whole(tmp_path, capsys):
+    import shlex
+    problems = tmp_path / "a=b c.jsonl"  # '=' and a space in a path
+    problems.write_text(json.dumps({"prompt": "What is 3+4?", "answer": "7"}) + "\n")
+    P = f"eval_sets=[easy, medium]; problems_path={problems}; eval_n=8; tau=0.25"
+    line = [ln for ln in _make("-n", "fig07", f"P={P}").splitlines() if "cancellation.run 07" in ln]
+    assert len(line) == 1, line
+    argv = shlex.split(line[0])
+    argv = argv[argv.index("cancellation.run") + 1:]
+    assert argv == ["07", "--profile", "tiny", "--set", P]
+    run.main(argv + ["--check"])
+    p = json.loads(capsys.readouterr().out)
+    assert p["eval_sets"] == ["easy", "medium"] and p["problems_path"] == str(problems) and p["tau"] == 0.25
+    q = "name='it''s'"  # a single quote survives the shell
+    assert shlex.split([ln for ln in _make("-n", "fig01", f"P={q}", "REPLACE=1").splitlines()
+                        if "cancellation.run 01" in ln][0])[-2:] == [q, "--replace"]
+
+
+def test_make_help_lists_every_target_and_variable():
+    import re
+    text = _make("help")
+    phony = re.search(r"^\.PHONY:(.*)$", (run.ROOT / "Makefile").read_text(), re.M).group(1).split()
+    for target in [t for t in phony] + ["figNN"]:
+        assert re.search(rf"^\s*make {re.escape(target)}\b", text, re.M), target
+    for var in ("PROFILE=", "P=", "REPLACE=", "B=", "TORCH_SPEC="):
+        assert var in text, var
+    for t in ("env", "standins", "clean", "table2", "bench", "claims"):
+        assert t in phony
+
+
+# ------------------------------------------------------------------ deterministic executed notebooks
+TINY_NB = '''# %% [markdown]
+# A probe.
+
+# %% tags=["parameters"]
+fig_dir = "figures/tiny"
+steps = 1
+
+# %%
+print(steps)
+'''
+
+
+def _converted_and_parameterized(tmp_path, name):
+    """What papermill writes before a kernel runs: the runner's conversion plus papermill's injected cell."""
+    import nbformat
+    from papermill.parameterize import parameterize_notebook
+    src = tmp_path / "97_tiny.py"
+    src.write_text(TINY_NB)
+    out = tmp_path / name
+    run._prepare(src, out, {"profile": "tiny"})
+    from papermill.iorw import load_notebook_node
+    nb = parameterize_notebook(load_notebook_node(str(out)), {"steps": 2, "fig_dir": "/tmp/.run-staging/x.1/f"})
+    nbformat.write(nb, out)
+    run._strip_volatile(out, {"/tmp/.run-staging/x.1/f": "figures/tiny"})
+    return out
+
+
+def test_cell_ids_are_deterministic_so_a_rerun_leaves_git_clean(tmp_path):
+    a, b = _converted_and_parameterized(tmp_path, "a.ipynb"), _converted_and_parameterized(tmp_path, "b.ipynb")
+    assert a.read_bytes() == b.read_bytes()  # papermill's injected cell gets a random id; the runner renumbers
+    cells = json.loads(a.read_text())["cells"]
+    assert [c["id"] for c in cells] == [f"cell-{i:03d}" for i in range(len(cells))] and len(cells) == 4
+    injected = [c for c in cells if "injected-parameters" in c["metadata"].get("tags", [])]
+    assert len(injected) == 1 and 'fig_dir = "figures/tiny"' in "".join(injected[0]["source"])  # not the staging path
+
+
+# ------------------------------------------------------------------ a runner installed outside a checkout
+def test_runner_outside_a_checkout_says_so_and_names_root(tmp_path, monkeypatch, capsys):
+    root = run.ROOT
+    site = tmp_path / "site-packages"
+    site.mkdir()
+    for name, value in (("ROOT", site.parent), ("NOTEBOOKS", site.parent / "notebooks"),
+                        ("PARAMS", site.parent / "notebooks/params"), ("SCHEMA", site.parent / "notebooks/params/x")):
+        monkeypatch.setattr(run, name, value)  # as if installed: no notebooks/ next to the package
+    with pytest.raises(SystemExit) as e:
+        run.main(["01", "--check"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1 and "no notebooks/ directory under" in err[0] and "--root DIR" in err[0]
+    run.main(["01", "--check", "--root", str(root)])
+    assert json.loads(capsys.readouterr().out)["model_path"] == "data/policies/tiny-m"
+    assert run.ROOT == site.parent  # --root applied to that call only
+    with pytest.raises(SystemExit):
+        run.main(["01", "--check", "--root", str(tmp_path / "nope")])
+    assert "no notebooks/ directory under --root" in capsys.readouterr().err

@@ -2,19 +2,26 @@
 
 Parameters are merged in this order, later wins: the notebook's `parameters` cell, the profile's
 `common:` section (only names the notebook declares), the profile's section for the notebook,
-then command-line overrides. Every selected notebook is validated before any runs: unknown
-names, types (YAML 1.2 numbers: `010` is 10), the ranges, choices and paths of
-notebooks/params/schema.yaml and its cross-parameter constraints; one line per error, exit 2.
+then command-line overrides (-p NAME VALUE, or --set 'NAME=VALUE; ...' as `make figNN P=...`
+passes them). With several notebooks, a -p value goes to every one that declares the name. Every
+selected notebook is validated before any runs: names (an override or `common` key that no
+notebook declares, a misspelled section or key of the profile, each with a suggestion), types
+(YAML 1.2 numbers: `010` is 10), the ranges, choices and paths of notebooks/params/schema.yaml,
+its cross-parameter constraints and the device; one line per error, exit 2.
 
 A run with -p overrides writes to its own directories, figures/<profile>/runs/<hash>/,
 data/results/<profile>/runs/<hash>/ and notebooks/executed/<profile>/runs/<hash>/ (hash of the
 overrides, recorded in the executed notebook's metadata), so the committed outputs change only
-with --replace. Executed notebooks are written to a temporary name and renamed; a failing
-notebook prints its failing cell and the one-line cause, keeps <name>.failed.ipynb, exit 1.
+with --replace. Outputs are all or nothing (cancellation.staging): the notebook writes into
+.run-staging/, whose figures, tables and executed notebook are moved into place only when it ran
+through. A failing notebook prints its failing cell and the one-line cause, keeps
+<name>.failed.ipynb, exit 1; Ctrl-C exits 130 (SIGTERM 143) with a two-line message.
+--root DIR names the checkout (notebooks/, params, outputs) when the package is installed elsewhere.
 
     python -m cancellation.run 01                      # notebooks/01_*.py on the tiny profile
     python -m cancellation.run 01 -p steps 5 -p seed 1 # -> figures/tiny/runs/<hash>/ ...
     python -m cancellation.run 01 -p steps 5 --replace # -> figures/tiny/ (the canonical outputs)
+    python -m cancellation.run 07 --set 'eval_sets=[easy, medium]; tau=0.25'
     python -m cancellation.run all --profile tiny
 """
 from __future__ import annotations
@@ -27,11 +34,12 @@ import math
 import os
 import re
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import yaml
+
+from cancellation import staging
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "notebooks"
@@ -60,16 +68,27 @@ def all_notebooks() -> list[Path]:
     return sorted(NOTEBOOKS.glob("[0-9][0-9]_*.py"))
 
 
+_DEFAULTS: dict = {}  # (path, mtime_ns, size) -> defaults: profile checks read every notebook
+
+
 def notebook_defaults(nb_path: Path) -> dict:
-    """Names and default values of the notebook's cell tagged `parameters`."""
+    """Names and default values of the notebook's cell tagged `parameters` (a fresh copy)."""
+    import copy
+
     import jupytext
-    nb = jupytext.read(nb_path)
-    for cell in nb.cells:
-        if "parameters" in cell.get("metadata", {}).get("tags", []):
-            ns: dict = {}
-            exec(cell.source, {}, ns)
-            return {k: v for k, v in ns.items() if not k.startswith("_")}
-    raise ParameterError(f"{nb_path.name} has no cell tagged 'parameters'")
+    st = Path(nb_path).stat()
+    key = (str(Path(nb_path).resolve()), st.st_mtime_ns, st.st_size)
+    if key not in _DEFAULTS:
+        nb = jupytext.read(nb_path)
+        for cell in nb.cells:
+            if "parameters" in cell.get("metadata", {}).get("tags", []):
+                ns: dict = {}
+                exec(cell.source, {}, ns)
+                _DEFAULTS[key] = {k: v for k, v in ns.items() if not k.startswith("_")}
+                break
+        else:
+            raise ParameterError(f"{nb_path.name} has no cell tagged 'parameters'")
+    return copy.deepcopy(_DEFAULTS[key])
 
 
 class _Yaml12Loader(yaml.SafeLoader):
@@ -106,12 +125,52 @@ def yaml_load(text: str):
     return yaml.load(text, Loader=_Yaml12Loader)
 
 
+_PROFILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+
+
+def known_profiles() -> list[str]:
+    return [p.stem for p in sorted(PARAMS.glob("*.yaml")) if p.stem != "schema"]
+
+
 def load_profile(profile: str) -> dict:
+    """The YAML of notebooks/params/<profile>.yaml; `profile` is a plain name of a file there, never a path."""
+    known = ", ".join(known_profiles())
+    if not _PROFILE_NAME.fullmatch(profile or "") or profile.endswith(".yaml") or profile == "schema":
+        raise ParameterError(f"--profile takes the name of a profile in {_show(PARAMS)}/ (e.g. tiny), not a path "
+                             f"or file name: got {profile!r}; known profiles: {known}")
     path = PARAMS / f"{profile}.yaml"
-    if not path.exists():
-        known = ", ".join(p.stem for p in sorted(PARAMS.glob("*.yaml")) if p.stem != "schema")
-        raise ParameterError(f"unknown profile {profile!r} (no {path}); known profiles: {known}")
-    return yaml_load(path.read_text()) or {}
+    if not path.is_file():
+        raise ParameterError(f"unknown profile {profile!r} (no {_show(path)}); known profiles: {known}")
+    prof = yaml_load(path.read_text()) or {}
+    if not isinstance(prof, dict) or not all(isinstance(v, dict) or v is None for v in prof.values()):
+        raise ParameterError(f"{_show(path)}: expected a mapping of sections (common, <notebook>) to "
+                             f"mappings of parameter: value")
+    return prof
+
+
+def profile_errors(profile: str, prof: dict | None = None) -> list[str]:
+    """What is wrong with the profile as a whole (one line each): a section that names no notebook, a
+    `common` key that no notebook declares (a common key applies to the notebooks that declare it),
+    a name the runner sets. Section keys are checked per notebook by resolve_params."""
+    prof = load_profile(profile) if prof is None else prof
+    where = _show(PARAMS / f"{profile}.yaml")
+    stems = {nb.stem: nb for nb in all_notebooks()}
+    errs = []
+    for sec in prof:
+        if sec != "common" and sec not in stems:
+            close = difflib.get_close_matches(str(sec), ["common", *stems], n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            errs.append(f"{where}: unknown section {sec!r}.{hint} Sections: common, {', '.join(sorted(stems))}")
+    declared = set().union(*(notebook_defaults(nb) for nb in stems.values())) if stems else set()
+    for k in prof.get("common") or {}:
+        if k in INJECTED:
+            errs.append(f"{where}, common: parameter {k!r} is set by the runner (from the profile's name and "
+                        f"the output directories)")
+        elif k not in declared:
+            close = difflib.get_close_matches(str(k), sorted(declared - set(INJECTED)), n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            errs.append(f"{where}, common: unknown parameter {k!r}: no notebook declares it.{hint}")
+    return errs
 
 
 def load_schema() -> dict:
@@ -174,6 +233,7 @@ def _show(path: Path) -> str:
     return path.relative_to(ROOT).as_posix() if path.is_relative_to(ROOT) else str(path)
 
 
+_DEVICE = re.compile(r"cpu|mps|cuda(:[0-9]+)?")
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
 
 
@@ -296,7 +356,7 @@ def resolve_params(nb_path: Path, profile: str = "tiny", overrides: dict | None 
     defaults = notebook_defaults(nb_path)
     prof = load_profile(profile)
     prof_file = _show(PARAMS / f"{profile}.yaml")
-    params, origin, errs = dict(defaults), {k: "default" for k in defaults}, []
+    params, origin, errs = dict(defaults), {k: "default" for k in defaults}, profile_errors(profile, prof)
 
     def put(k, v, where):
         try:
@@ -311,6 +371,8 @@ def resolve_params(nb_path: Path, profile: str = "tiny", overrides: dict | None 
     for k, v in (prof.get(stem) or {}).items():
         if k not in defaults:
             errs.append(f"{stem}: {prof_file}, section {stem}: {_unknown(k, defaults)}")
+        elif k in INJECTED:
+            errs.append(f"{stem}: {prof_file}, section {stem}: parameter {k!r} is set by the runner")
         else:
             put(k, v, f"{prof_file}, section {stem}")
     for k, v in (overrides or {}).items():
@@ -333,6 +395,10 @@ def resolve_params(nb_path: Path, profile: str = "tiny", overrides: dict | None 
                                   defaults[k])
         params[k] = v
         errs += [f"{stem}: parameter {k!r} = {params[k]!r}: {p} (from {origin[k]})" for p in problems]
+    for k, v in params.items():  # a device torch names, on any machine (available or not is the notebook's)
+        if k == "device" and isinstance(v, str) and v and not _DEVICE.fullmatch(v):
+            errs.append(f"{stem}: parameter {k!r} = {v!r}: not a device; allowed: cpu, cuda, cuda:N (N = 0, 1, ...), "
+                        f"mps (from {origin[k]})")
     for k, v in params.items():  # finiteness of every number, with or without a rule
         if k not in rules and isinstance(v, float) and not math.isfinite(v):
             errs.append(f"{stem}: parameter {k!r} = {v!r}: not finite; allowed: a finite number (from {origin[k]})")
@@ -366,21 +432,61 @@ def _is_progress(out: dict) -> bool:
         "from .autonotebook import tqdm" in text)
 
 
-def _strip_volatile(path: Path):
-    """Drop timing metadata papermill writes and progress-bar redraws, so reruns diff only where
-    results changed and a reader sees results, not hundreds of tqdm frames."""
+def _renamed(x, renames: dict):
+    """`x` (a notebook's JSON) with every string's staging paths replaced by the final ones."""
+    if isinstance(x, str):
+        for a, b in renames.items():
+            x = x.replace(a, b)
+        return x
+    if isinstance(x, list):
+        return [_renamed(v, renames) for v in x]
+    if isinstance(x, dict):
+        return {k: _renamed(v, renames) for k, v in x.items()}
+    return x
+
+
+def _strip_volatile(path: Path, renames: dict | None = None):
+    """Make an executed notebook depend on results only: drop the timing metadata papermill writes and
+    progress-bar redraws (a reader sees results, not hundreds of tqdm frames), number the cells
+    `cell-000`, `cell-001`, ... (papermill gives its injected-parameters cell a random id), and
+    replace staging paths by the final ones (`renames`), so a rerun leaves git clean."""
     nb = json.loads(Path(path).read_text())
     nb.get("metadata", {}).pop("papermill", None)
-    for c in nb.get("cells", []):
+    for i, c in enumerate(nb.get("cells", [])):
         c.get("metadata", {}).pop("papermill", None)
         c.get("metadata", {}).pop("execution", None)
         if "outputs" in c:
             c["outputs"] = [o for o in c["outputs"] if not _is_progress(o)]
+        if "id" in c or nb.get("nbformat", 4) > 4 or nb.get("nbformat_minor", 0) >= 5:
+            c["id"] = f"cell-{i:03d}"
+    if renames:
+        nb = _renamed(nb, dict(sorted(renames.items(), key=lambda kv: -len(kv[0]))))  # longest (absolute) first
     Path(path).write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
+
+
+def _prepare(nb_path: Path, dest: Path, meta: dict):
+    """The .ipynb papermill executes: jupytext's conversion of the .py notebook, a python3 kernelspec,
+    the run's metadata and cell ids numbered from the cell's index (deterministic, unlike jupytext's)."""
+    import jupytext
+    nb = jupytext.read(nb_path)
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.metadata["cancellation"] = meta
+    for i, cell in enumerate(nb.cells):
+        cell["id"] = f"cell-{i:03d}"
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    jupytext.write(nb, dest)
 
 
 class NotebookFailed(RuntimeError):
     """A notebook raised: the message names the notebook, the failing cell and the one-line cause."""
+
+
+class NotebookInterrupted(KeyboardInterrupt):
+    """Ctrl-C (or SIGTERM) during a notebook: the message says which and where its partial notebook is."""
+
+    def __init__(self, message: str, rc: int = 130):
+        super().__init__(message)
+        self.rc = rc
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
@@ -405,17 +511,59 @@ def _failure_summary(name: str, e, kept: Path | None) -> str:
     return "\n".join(lines)
 
 
+def _interrupt_summary(name: str, e: BaseException, kept: Path | None) -> str:
+    how = "terminated (SIGTERM)" if isinstance(e, staging.Terminated) else "interrupted (Ctrl-C)"
+    lines = [f"{name} {how}; its figures, tables and executed notebook are unchanged"]
+    if kept is not None:
+        lines.append(f"  the notebook as far as it ran: {_show(kept)}")
+    return "\n".join(lines)
+
+
+def _keep_failed(tmp: Path, failed: Path, renames: dict) -> Path | None:
+    """The partial executed notebook moved to `failed` (None when papermill wrote nothing)."""
+    if not (tmp.exists() and tmp.stat().st_size):
+        return None
+    _strip_volatile(tmp, renames)
+    os.chmod(tmp, 0o666 & ~_UMASK)
+    staging.replace_file(tmp, failed)
+    return failed
+
+
+def _kernel_manager(stderr):
+    """jupyter_client's AsyncKernelManager, with the kernel process's own stderr (IPKernelApp's log:
+    its TCP warning, teardown tracebacks after Ctrl-C, a crash's last words) going to the open file
+    `stderr` instead of the terminal. Cell outputs come through the notebook as before."""
+    from jupyter_client import AsyncKernelManager
+
+    class KernelManager(AsyncKernelManager):
+        async def start_kernel(self, **kw):
+            kw.setdefault("stderr", stderr)
+            return await super().start_kernel(**kw)
+
+    return KernelManager
+
+
+def _kernel_log_tail(path: Path, n: int = 5) -> list[str]:
+    """The last lines of a kernel's stderr worth showing (not IPKernelApp's TCP warning)."""
+    try:
+        lines = [ln.rstrip() for ln in path.read_text(errors="replace").splitlines()]
+    except OSError:
+        return []
+    return [ln for ln in lines if ln.strip() and "without encryption" not in ln][-n:]
+
+
 def run_notebook(ref: str, profile: str = "tiny", overrides: dict | None = None, out_root: Path | None = None,
                  log_output: bool = True, *, replace: bool = False, cwd: str | Path | None = None) -> Path:
     """Execute one notebook; returns the executed .ipynb path.
 
     Outputs go to the profile's directories (figures/<profile>, data/results/<profile>,
     notebooks/executed/<profile>, under out_root when given), or, for a run with overrides, to
-    `runs/<hash of the overrides>/` below each unless `replace`. The executed notebook is written
-    to a temporary name and renamed when it ran through; a failed run keeps the canonical one and
-    leaves `<name>.failed.ipynb` beside it, raising NotebookFailed with a short summary.
+    `runs/<hash of the overrides>/` below each unless `replace`. All or nothing: the notebook writes
+    into a staging folder (staging.Stage, passed as its fig_dir/results_dir), whose figures, tables
+    and executed notebook are moved into place only when it ran through. A failed run leaves the
+    outputs as they were plus `<name>.failed.ipynb` and raises NotebookFailed with a short summary;
+    Ctrl-C / SIGTERM raise NotebookInterrupted. The staging folder is removed on every exit.
     """
-    import jupytext
     import papermill as pm
     from papermill.exceptions import PapermillExecutionError
 
@@ -424,52 +572,47 @@ def run_notebook(ref: str, profile: str = "tiny", overrides: dict | None = None,
     params = resolve_params(nb_path, profile, overrides, out_root, cwd=cwd, check_paths=True, replace=replace,
                             resolved_overrides=ov)
     root = Path(out_root) if out_root else ROOT
-    out_dir = Path(output_dirs(profile, ov, out_root, replace)["executed_dir"])
-    out_dir = out_dir if out_dir.is_absolute() else ROOT / out_dir
-    out = out_dir / f"{nb_path.stem}.ipynb"
-    failed = out_dir / f"{nb_path.stem}.failed.ipynb"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=f".{nb_path.stem}.", suffix=".tmp.ipynb")
-    os.close(fd)
-    tmp = Path(tmp)
-    try:
-        with tempfile.TemporaryDirectory() as td:
-            src = Path(td) / f"{nb_path.stem}.ipynb"
-            nb = jupytext.read(nb_path)
-            nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-            nb.metadata["cancellation"] = {"profile": profile, "overrides": ov, "replace": bool(replace and ov),
-                                           "fig_dir": params.get("fig_dir"), "results_dir": params.get("results_dir")}
-            for i, cell in enumerate(nb.cells):  # stable cell ids: reruns diff only where outputs changed
-                cell["id"] = f"cell-{i:03d}"
-            jupytext.write(nb, src)
-            t0 = time.time()
-            print(f"[run] {nb_path.name} profile={profile} -> {out.relative_to(root) if out.is_relative_to(root) else out}",
-                  flush=True)
-            try:
-                pm.execute_notebook(str(src), str(tmp), parameters=params, kernel_name="python3", cwd=str(ROOT),
-                                    progress_bar=False, log_output=log_output, stdout_file=None)
-            except Exception as e:  # noqa: BLE001 - papermill, kernel death, Ctrl-C in the kernel
-                kept = None
-                if tmp.exists() and tmp.stat().st_size:
-                    _strip_volatile(tmp)
-                    os.chmod(tmp, 0o666 & ~_UMASK)
-                    os.replace(tmp, failed)
-                    kept = failed
-                msg = _failure_summary(nb_path.stem, e, kept)
-                if isinstance(e, PapermillExecutionError) or "Kernel" in type(e).__name__:
-                    raise NotebookFailed(msg) from None
-                raise NotebookFailed(msg) from e
-            print(f"[run] {nb_path.name} done in {time.time() - t0:.0f} s", flush=True)
-        _strip_volatile(tmp)
+    final = {k: Path(v) if Path(v).is_absolute() else ROOT / v
+             for k, v in output_dirs(profile, ov, out_root, replace).items()}
+    out = final["executed_dir"] / f"{nb_path.stem}.ipynb"
+    failed = final["executed_dir"] / f"{nb_path.stem}.failed.ipynb"
+    staging.clear_stale(root)
+    with staging.sigterm_raises(), staging.Stage(root, nb_path.stem, final) as st:
+        run_params, renames = dict(params), {}
+        for k in ("fig_dir", "results_dir"):
+            if k in params:  # the notebook writes into the staging folder; its record names the final one
+                run_params[k] = _show(st.dirs[k]) if out_root is None else str(st.dirs[k])
+                renames.update({run_params[k]: params[k], str(st.dirs[k]): str(final[k])})
+        src, tmp = st.dir / "source" / f"{nb_path.stem}.ipynb", st.dirs["executed_dir"] / f"{nb_path.stem}.ipynb"
+        _prepare(nb_path, src, {"profile": profile, "overrides": ov, "replace": bool(replace and ov),
+                                "fig_dir": params.get("fig_dir"), "results_dir": params.get("results_dir")})
+        t0 = time.time()
+        print(f"[run] {nb_path.name} profile={profile} -> {out.relative_to(root) if out.is_relative_to(root) else out}",
+              flush=True)
+        klog = st.dir / "kernel.stderr"
+        try:
+            with open(klog, "ab") as kernel_stderr:
+                pm.execute_notebook(str(src), str(tmp), parameters=run_params, kernel_name="python3", cwd=str(ROOT),
+                                    progress_bar=False, log_output=log_output, stdout_file=None,
+                                    kernel_manager_class=_kernel_manager(kernel_stderr))
+        except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (staging.Terminated)
+            kept = _keep_failed(tmp, failed, renames)
+            raise NotebookInterrupted(_interrupt_summary(nb_path.stem, e, kept),
+                                      143 if isinstance(e, staging.Terminated) else 130) from None
+        except Exception as e:  # noqa: BLE001 - papermill, kernel death
+            msg = _failure_summary(nb_path.stem, e, _keep_failed(tmp, failed, renames))
+            if isinstance(e, PapermillExecutionError):
+                raise NotebookFailed(msg) from None
+            tail = _kernel_log_tail(klog)  # a dead kernel's cause is in its own stderr
+            msg += "".join(f"\n  kernel: {ln}" for ln in tail)
+            raise NotebookFailed(msg) from (None if "Kernel" in type(e).__name__ else e)
+        print(f"[run] {nb_path.name} done in {time.time() - t0:.0f} s", flush=True)
+        _strip_volatile(tmp, renames)
         os.chmod(tmp, 0o666 & ~_UMASK)
-        os.replace(tmp, out)  # atomic: the executed notebook is the old one or the complete new one
-        if failed.exists():
-            failed.unlink()
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+        st.promote()  # figures, tables, then the executed notebook: the old outputs or all the new ones
+        failed.unlink(missing_ok=True)
     if ov and not replace:
-        print(f"[run] a run with overrides {ov}: outputs in {_show(out_dir)}, {params.get('fig_dir')}, "
+        print(f"[run] a run with overrides {ov}: outputs in {_show(final['executed_dir'])}, {params.get('fig_dir')}, "
               f"{params.get('results_dir')} (--replace writes the canonical outputs)", flush=True)
     return out
 
@@ -483,48 +626,155 @@ def _umask() -> int:
 _UMASK = _umask()
 
 
+def set_root(root: str | Path):
+    """Point the runner at a checkout: its notebooks/, notebooks/params/ and output directories."""
+    global ROOT, NOTEBOOKS, PARAMS, SCHEMA
+    ROOT = Path(root).expanduser().resolve()
+    NOTEBOOKS = ROOT / "notebooks"
+    PARAMS = NOTEBOOKS / "params"
+    SCHEMA = PARAMS / "schema.yaml"
+
+
+_NAME_EQ = re.compile(r"[A-Za-z_]\w*=")
+
+
+def parse_set(text: str) -> list[tuple[str, str]]:
+    """`--set 'eval_sets=[easy, medium]; problems_path=a=b.jsonl'` -> [(name, value), ...].
+
+    Pairs are separated by `;` (or by whitespace before the next `name=`, so `steps=5 lr=3e-4`
+    still works), except inside brackets or quotes; each pair splits on its FIRST `=`, so values
+    may contain `=`, spaces and commas. Values are parsed later, as -p values are."""
+    pairs, cur, depth, quote = [], "", 0, None
+    for i, ch in enumerate(text):
+        if quote:
+            quote = None if ch == quote else quote
+        elif ch in "'\"" and (cur.rstrip()[-1:] in ("=", "[", "{", ",", ":") or not cur.strip()):
+            quote = ch
+        elif ch in "[{":
+            depth += 1
+        elif ch in "]}":
+            depth = max(depth - 1, 0)
+        elif depth == 0 and (ch == ";" or (ch.isspace() and "=" in cur and _NAME_EQ.match(text, i + 1))):
+            pairs.append(cur)
+            cur = ""
+            continue
+        cur += ch
+    pairs.append(cur)
+    out = []
+    for item in (p.strip() for p in pairs):
+        if not item:
+            continue
+        name, eq, value = item.partition("=")
+        if not eq or not name.strip():
+            raise ParameterError(f"--set/P: expected NAME=VALUE, got {item!r} (separate pairs with ';', e.g. "
+                                 f"P='steps=5; eval_sets=[easy, medium]')")
+        out.append((name.strip(), value.strip()))
+    return out
+
+
+def _per_notebook(paths: list[Path], overrides: dict) -> tuple[dict, list[str]]:
+    """Each selected notebook's share of the overrides (the names it declares) and one error per name
+    that no selected notebook declares. With one notebook every name goes to it (resolve_params
+    names an unknown one)."""
+    if len(paths) == 1:
+        return {paths[0]: dict(overrides)}, []
+    declared = {nb: set(notebook_defaults(nb)) for nb in paths}
+    known = set().union(*declared.values()) - set(INJECTED)
+    errs = []
+    for k in overrides:
+        if not any(k in d for d in declared.values()):
+            close = difflib.get_close_matches(k, sorted(known), n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            errs.append(f"unknown parameter {k!r}: no selected notebook declares it.{hint}")
+    return {nb: {k: v for k, v in overrides.items() if k in declared[nb]} for nb in paths}, errs
+
+
+def _print_errors(e: Exception):
+    for line in dict.fromkeys(str(e).splitlines()):  # each line once: profile errors repeat per notebook
+        print(f"error: {line}", file=sys.stderr)
+
+
 def main(argv=None):
+    """The command line: validate every selected notebook, then run them in order (see the module doc).
+    Exit 0, 1 (a notebook failed), 2 (bad parameters or setup), 130/143 (Ctrl-C/SIGTERM)."""
     ap = argparse.ArgumentParser(description="Run figure notebooks with a parameter profile.")
     ap.add_argument("notebooks", nargs="+", help="'all', a number (01) or a notebook name")
-    ap.add_argument("--profile", default="tiny")
+    ap.add_argument("--profile", default="tiny", help="the name of a profile in notebooks/params/ (default tiny)")
     ap.add_argument("-p", nargs=2, action="append", metavar=("NAME", "VALUE"), default=[],
-                    help="override one parameter (value parsed as YAML 1.2; relative paths from your working directory)")
+                    help="override one parameter (value parsed as YAML 1.2; relative paths from your working "
+                         "directory); with several notebooks it goes to every one that declares NAME")
+    ap.add_argument("--set", action="append", default=[], metavar="'NAME=VALUE; ...'",
+                    help="overrides as one string, pairs separated by ';', each split on its first '=' "
+                         "(what `make figNN P=...` passes)")
     ap.add_argument("--check", action="store_true", help="only validate and print the parameters")
     ap.add_argument("--replace", action="store_true",
                     help="with -p overrides, write the canonical outputs (figures/<profile>/ ...) instead of "
                          "figures/<profile>/runs/<hash>/ ...")
+    ap.add_argument("--root", metavar="DIR",
+                    help=f"the repository checkout whose notebooks/, notebooks/params/, figures/ and data/results/ "
+                         f"are used (default: the checkout this module lives in, {ROOT})")
     a = ap.parse_args(argv)
-    overrides = dict(a.p)
-    cwd = Path.cwd()
-    try:  # every selected notebook is validated before any runs
-        refs = [p.stem for p in all_notebooks()] if a.notebooks == ["all"] else a.notebooks
-        paths = [find_notebook(r) for r in refs]
-        errors, resolved = [], []
-        for nb in paths:
-            try:
-                resolved.append((nb, resolve_params(nb, a.profile, overrides, cwd=cwd, check_paths=True,
-                                                    replace=a.replace)))
-            except ParameterError as e:
-                errors += str(e).splitlines()
-        if errors:
-            raise ParameterError("\n".join(errors))
-    except ParameterError as e:
-        for line in str(e).splitlines():
-            print(f"error: {line}", file=sys.stderr)
-        sys.exit(2)
+    saved = (ROOT, NOTEBOOKS, PARAMS, SCHEMA)
     try:
+        if a.root:
+            set_root(a.root)
+        with staging.sigterm_raises():
+            rc = _main(a)
+    finally:  # main() called from Python (tests) leaves the module as it found it
+        globals().update(zip(("ROOT", "NOTEBOOKS", "PARAMS", "SCHEMA"), saved))
+    if rc:
+        sys.exit(rc)
+
+
+def _main(a) -> int:
+    if not NOTEBOOKS.is_dir():
+        where = f"--root {a.root}" if a.root else f"{ROOT} (where this module lives)"
+        print(f"error: no notebooks/ directory under {where}: the runner needs a checkout of the repository; "
+              f"pass --root DIR, the checkout's directory", file=sys.stderr)
+        return 2
+    cwd = Path.cwd()
+    stem = None
+    try:
+        try:  # every selected notebook is validated before any runs
+            overrides = dict(a.p)
+            for text in a.set:
+                overrides.update(parse_set(text))
+            refs = [p.stem for p in all_notebooks()] if a.notebooks == ["all"] else a.notebooks
+            paths = [find_notebook(r) for r in refs]
+            share, errors = _per_notebook(paths, overrides)
+            resolved = []
+            for nb in paths:
+                try:
+                    resolved.append((nb, resolve_params(nb, a.profile, share[nb], cwd=cwd, check_paths=True,
+                                                        replace=a.replace)))
+                except ParameterError as e:
+                    errors += str(e).splitlines()
+            if errors:
+                raise ParameterError("\n".join(errors))
+        except ParameterError as e:
+            _print_errors(e)
+            return 2
         for nb, params in resolved:
+            stem = nb.stem
             if a.check:
                 print(json.dumps(params, indent=1))
             else:
-                run_notebook(str(nb), a.profile, overrides, replace=a.replace, cwd=cwd)
+                run_notebook(str(nb), a.profile, share[nb], replace=a.replace, cwd=cwd)
     except NotebookFailed as e:
         print(f"error: {e}", file=sys.stderr)
-        sys.exit(1)
+        return 1
     except ParameterError as e:  # a file that vanished between the check and the run
-        for line in str(e).splitlines():
-            print(f"error: {line}", file=sys.stderr)
-        sys.exit(2)
+        _print_errors(e)
+        return 2
+    except NotebookInterrupted as e:
+        print(f"error: {e}", file=sys.stderr)
+        return e.rc
+    except KeyboardInterrupt as e:  # between notebooks, or while validating
+        how = "terminated (SIGTERM)" if isinstance(e, staging.Terminated) else "interrupted (Ctrl-C)"
+        print(f"error: {how}" + (f" after {stem} started" if stem else " before any notebook ran")
+              + "; outputs of unfinished notebooks are unchanged", file=sys.stderr)
+        return 143 if isinstance(e, staging.Terminated) else 130
+    return 0
 
 
 if __name__ == "__main__":

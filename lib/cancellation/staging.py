@@ -1,0 +1,188 @@
+"""All-or-nothing outputs of one notebook run (used by `cancellation.run`).
+
+A run writes its figures, tables and executed notebook into a staging folder,
+`<root>/.run-staging/<notebook>.<token>/{figures,results,executed}/`, and `Stage.promote` moves
+them into the profile's directories only when the notebook ran through; a failure part way
+leaves the committed outputs as they were. The staged results folder starts with a copy of the
+existing `claims.parquet` (claims.record rewrites that registry read-modify-write), and promotion
+merges it with rows that another run promoted meanwhile.
+
+The staging folder is removed on every exit of the `with Stage(...)` block; `sigterm_raises`
+turns SIGTERM into an exception so that this cleanup runs when a run is killed politely.
+Folders left by runs killed outright (SIGKILL, power loss) are removed by `clear_stale` at the
+next run's start and by `make clean`.
+"""
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import threading
+import time
+from pathlib import Path
+
+STAGING = ".run-staging"  # under the repository root (gitignored)
+CLAIMS = "claims.parquet"
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread so that `finally` blocks (and the staging cleanup) run."""
+
+
+@contextlib.contextmanager
+def sigterm_raises():
+    """Within the block, SIGTERM raises Terminated (main thread only; elsewhere a no-op)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        raise Terminated("terminated (SIGTERM)")
+
+    old = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+@contextlib.contextmanager
+def signals_deferred():
+    """Ctrl-C and SIGTERM wait until the block is done (promotion is a handful of renames)."""
+    sigs = {signal.SIGINT, signal.SIGTERM}
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, sigs)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def clear_stale(root: str | Path, min_age_s: float = 60.0) -> list[Path]:
+    """Remove staging folders of runs on this host whose process is gone (and folders without an
+    owner record older than `min_age_s`), and executed-notebook temporaries `.*.tmp.ipynb` of older
+    runners. Returns what was removed."""
+    root = Path(root)
+    gone = []
+    for d in sorted((root / STAGING).glob("*")):
+        if not d.is_dir():
+            continue
+        try:
+            owner = json.loads((d / "owner.json").read_text())
+            stale = owner.get("host") == socket.gethostname() and not _alive(int(owner["pid"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            try:
+                stale = time.time() - d.stat().st_mtime > min_age_s
+            except OSError:
+                continue
+        if stale:
+            shutil.rmtree(d, ignore_errors=True)
+            gone.append(d)
+    for f in (root / "notebooks" / "executed").glob("**/.*.tmp.ipynb"):
+        with contextlib.suppress(OSError):
+            f.unlink()
+            gone.append(f)
+    return gone
+
+
+def replace_file(src: Path, dst: Path):
+    """Move `src` onto `dst` atomically (rename; a copy then rename across filesystems)."""
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.replace(src, dst)
+    except OSError as e:
+        if e.errno != errno.EXDEV:
+            raise
+        tmp = dst.with_name(f".{dst.name}.{secrets.token_hex(4)}.tmp")
+        try:
+            shutil.copy2(src, tmp)
+            os.replace(tmp, dst)
+        finally:
+            tmp.unlink(missing_ok=True)
+        src.unlink()
+
+
+class Stage:
+    """The staging folder of one run: `dirs[name]` (fig_dir, results_dir, executed_dir) stand in for
+    `final[name]` until `promote`; everything is removed when the `with` block exits."""
+
+    NAMES = {"fig_dir": "figures", "results_dir": "results", "executed_dir": "executed"}
+
+    def __init__(self, root: str | Path, name: str, final: dict):
+        self.root = Path(root)
+        self.final = {k: Path(final[k]) for k in self.NAMES}
+        self.dir = self.root / STAGING / f"{name}.{secrets.token_hex(4)}"
+        self.dirs = {k: self.dir / v for k, v in self.NAMES.items()}
+        self.dir.mkdir(parents=True)
+        (self.dir / "owner.json").write_text(json.dumps({"host": socket.gethostname(), "pid": os.getpid()}))
+        for d in self.dirs.values():
+            d.mkdir()
+        claims = self.final["results_dir"] / CLAIMS
+        self._seed = self.dir / f"seed.{CLAIMS}"
+        if claims.exists():  # the registry's other notebooks' rows survive promotion
+            shutil.copy2(claims, self._seed)
+            shutil.copy2(claims, self.dirs["results_dir"] / CLAIMS)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def close(self):
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def promote(self):
+        """Move every staged file onto its final path (figures, tables, claims, then the notebook)."""
+        with signals_deferred():
+            for k in ("fig_dir", "results_dir", "executed_dir"):
+                src, dst = self.dirs[k], self.final[k]
+                dst.mkdir(parents=True, exist_ok=True)
+                for f in sorted(p for p in src.rglob("*") if p.is_file() or p.is_symlink()):
+                    if f.suffix == ".lock":  # a registry's lock file (cache.lock) is no output
+                        continue
+                    if k == "results_dir" and f == src / CLAIMS:
+                        self._promote_claims(f, dst / CLAIMS)
+                    else:
+                        replace_file(f, dst / f.relative_to(src))
+
+    def _promote_claims(self, staged: Path, final: Path):
+        """The staged registry, with the rows of notebooks this run did not record taken from the
+        registry as it is now (another run may have promoted its rows since this one started)."""
+        seed = self._seed.read_bytes() if self._seed.exists() else None
+        if staged.read_bytes() == seed:
+            return  # this run recorded nothing new
+        from cancellation import cache
+        with cache.lock(self.root / STAGING / "claims"):
+            now = final.read_bytes() if final.exists() else None
+            if now == seed:
+                replace_file(staged, final)
+                return
+            import pandas as pd
+            new, old, cur = pd.read_parquet(staged), (pd.read_parquet(self._seed) if seed else None), \
+                pd.read_parquet(final)
+            mine = set(new.notebook)
+            if old is not None:  # notebooks whose rows this run changed (normally just its own)
+                mine = {nb for nb in set(new.notebook) | set(old.notebook)
+                        if not new[new.notebook == nb].reset_index(drop=True).equals(
+                            old[old.notebook == nb].reset_index(drop=True))}
+            out = pd.concat([cur[~cur.notebook.isin(mine)], new[new.notebook.isin(mine)]], ignore_index=True)
+            out = out.sort_values(["notebook"], kind="stable").reset_index(drop=True)
+            cache.write_table(out[list(new.columns)], final)
