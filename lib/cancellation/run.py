@@ -71,8 +71,21 @@ def all_notebooks() -> list[Path]:
 _DEFAULTS: dict = {}  # (path, mtime_ns, size) -> defaults: profile checks read every notebook
 
 
+def figure_params(nb_path: Path):
+    """The Params class of the notebook's figure module (`cancellation.figures.figNN` for
+    notebooks/NN_*.py), or None for a notebook whose parameters still live in its cell."""
+    import importlib
+    try:
+        mod = importlib.import_module(f"cancellation.figures.fig{Path(nb_path).stem[:2]}")
+    except ModuleNotFoundError:
+        return None
+    return getattr(mod, "Params", None)
+
+
 def notebook_defaults(nb_path: Path) -> dict:
-    """Names and default values of the notebook's cell tagged `parameters` (a fresh copy)."""
+    """Names and default values of the notebook's parameters (a fresh copy): its figure module's
+    Params when it has one (the cell then holds only the runner's names and `params = {}`), else
+    the cell tagged `parameters`."""
     import copy
 
     import jupytext
@@ -88,6 +101,10 @@ def notebook_defaults(nb_path: Path) -> dict:
                 break
         else:
             raise ParameterError(f"{nb_path.name} has no cell tagged 'parameters'")
+        P = figure_params(nb_path)
+        if P is not None:
+            _DEFAULTS[key].pop("params", None)
+            _DEFAULTS[key].update(P.defaults())
     return copy.deepcopy(_DEFAULTS[key])
 
 
@@ -179,6 +196,11 @@ def load_schema() -> dict:
 
 
 def _schema_for(schema: dict, stem: str) -> tuple[dict, list]:
+    """(rules, constraints) of a notebook: its figure module's Params when it has one, else
+    schema.yaml's `common` rules and the notebook's section."""
+    P = figure_params(NOTEBOOKS / f"{stem}.py")
+    if P is not None:
+        return P.rules(), list(P.CONSTRAINTS)
     rules = dict(schema.get("common") or {})
     sec = dict(schema.get(stem) or {})
     constraints = sec.pop("constraints", None) or []
@@ -579,6 +601,9 @@ def run_notebook(ref: str, profile: str = "tiny", overrides: dict | None = None,
     staging.clear_stale(root)
     with staging.sigterm_raises(), staging.Stage(root, nb_path.stem, final) as st:
         run_params, renames = dict(params), {}
+        if figure_params(nb_path) is not None:  # the notebook builds figNN.Params(**params)
+            run_params = {k: v for k, v in params.items() if k in INJECTED}
+            run_params["params"] = {k: v for k, v in params.items() if k not in INJECTED}
         for k in ("fig_dir", "results_dir"):
             if k in params:  # the notebook writes into the staging folder; its record names the final one
                 run_params[k] = _show(st.dirs[k]) if out_root is None else str(st.dirs[k])

@@ -84,6 +84,17 @@ def claim_numbers(df: pd.DataFrame) -> dict:
             for r in df.itertuples()}
 
 
+def claim_differences(got: list, want: list) -> list[str]:
+    """What differs between two claims' (measured, lo, hi, n, verdict), numbers to RTOL/ATOL."""
+    diffs = []
+    for name, a, b in zip(("measured", "lo", "hi"), got[:3], want[:3]):
+        if (a is None) != (b is None) or (a is not None and not math.isclose(a, b, rel_tol=RTOL, abs_tol=ATOL)):
+            diffs.append(f"{name}: {a!r} != {b!r}")
+    if got[3:] != want[3:]:
+        diffs.append(f"(n, verdict): {got[3:]} != {want[3:]}")
+    return diffs
+
+
 def pin_all(root: Path = ROOT) -> dict:
     pins = {}
     for profile in PROFILES:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 from dataclasses import dataclass, field, fields
+from typing import ClassVar
 
 from ..compute import Compute
 
@@ -63,6 +64,8 @@ def prompt_format():
 @dataclass
 class FigureParams:
     """Base of every figure's Params: the Compute config and the runner's view of the fields."""
+    # [python expression over the parameters, message]: checked by the runner after the rules
+    CONSTRAINTS: ClassVar[tuple] = ()
 
     def compute(self) -> Compute:
         """The Compute config of these parameters (the knobs the figure declares; defaults for the rest)."""

@@ -29,11 +29,12 @@ TABLES = ("fig02_pairs", "fig02_heatmap", "fig02_first_order")
 @dataclass
 class Params(base.FigureParams):
     """Notebook 02's parameters."""
+    CONSTRAINTS = (("lr in lrs", "lr must be one of lrs: panel (d) and the summary read the first-order table's row at lr"),)
     model_path: str = base.model_path()
     dtype: str = base.dtype()
     device: str = base.device()
     n_prompts: int = param(16, "prompts in the batch", min=1)
-    G: int = param(8, "rollouts per prompt", min=1)
+    G: int = param(8, "rollouts per prompt (≥ 2: one rollout gives no advantage)", min=2)
     temperature: float = param(1.0, "sampling temperature", gt=0)
     max_new_tokens: int = param(96, "response length cap", min=1)
     n_pairs: int = param(20000, "sampled token pairs per split (same-token / different-token) for (a), (b)", min=1)
