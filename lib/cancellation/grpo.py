@@ -297,13 +297,14 @@ def checkpointing(model, on: bool):
 
 
 def grpo_step(model, batch, cfg: UpdateConfig, optimizer=None, plan=None, token_weight=None, old_logp=None,
-              seed: int = 0, unchunked: bool = False) -> list[dict]:
+              seed: int = 0, unchunked: bool = False, grad_norm: bool = False) -> list[dict]:
     """One GRPO step on a rollout batch: one optimizer step per mini-batch of `plan`.
 
     `plan`: list of row-index tensors (default: `random_plan` with cfg.n_minibatches).
     `old_logp`: the iteration's log-probs under θ_old (computed here if None); ρ = 1 on the
     first mini-batch and ρ ≠ 1 after it. `token_weight`: optional (B, L) multiplier (masks).
     `unchunked`: the old full-logits way (reference for tests and `make bench` only).
+    `grad_norm`: also record each mini-batch's index, row count and gradient norm (training runs).
     Returns one info dict per mini-batch.
     """
     params = scope_params(model, cfg.scope)
@@ -319,6 +320,9 @@ def grpo_step(model, batch, cfg: UpdateConfig, optimizer=None, plan=None, token_
         for rows in plan:
             optimizer.zero_grad(set_to_none=True)
             info = acc(model, batch, rows, old_logp, weight, cfg, token_weight)
+            if grad_norm:
+                norm = torch.sqrt(sum((p.grad.double() ** 2).sum() for p in params if p.grad is not None))
+                info.update(minibatch=len(infos), rows=len(rows), grad_norm=float(norm))
             optimizer.step()
             infos.append(info)
     return infos

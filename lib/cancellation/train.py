@@ -270,24 +270,16 @@ def evaluate(model, tok, sets, n: int, samples: int = 1, temperature: float = 1.
 
 
 def minibatch_update(model, batch, plan, old_logp, optimizer, cfg: grpo.UpdateConfig) -> list[dict]:
-    """One optimizer step per mini-batch of `plan` (grpo.grpo_step, plus per-step statistics).
+    """One optimizer step per mini-batch of `plan` (`grpo.grpo_step`), with per-step statistics:
+    rows, positive/negative rollouts and gradient norm of each mini-batch.
 
     ρ is taken against `old_logp`, the iteration's log-probs before its first step, so ρ = 1
     on the first mini-batch and drifts after it.
     """
-    params = grpo.scope_params(model, cfg.scope)
-    weight = grpo.reweight_advantage(batch, cfg.reweight)
     s = batching.sign(batch.advantage)
-    infos = []
-    with grpo.only_grad_for(model, params):
-        for k, rows in enumerate(plan):
-            optimizer.zero_grad(set_to_none=True)
-            info = grpo.accumulate_grad(model, batch, rows, old_logp, weight, cfg)
-            grad_norm = torch.sqrt(sum((p.grad.double() ** 2).sum() for p in params if p.grad is not None))
-            optimizer.step()
-            infos.append(dict(info, minibatch=k, rows=len(rows), n_pos=int((s[rows] > 0).sum()),
-                              n_neg=int((s[rows] < 0).sum()), grad_norm=float(grad_norm)))
-    return infos
+    infos = grpo.grpo_step(model, batch, cfg, optimizer=optimizer, plan=plan, old_logp=old_logp, grad_norm=True)
+    return [{**{k: v for k, v in info.items() if k != "grad_norm"}, "n_pos": int((s[rows] > 0).sum()),
+             "n_neg": int((s[rows] < 0).sum()), "grad_norm": info["grad_norm"]} for info, rows in zip(infos, plan)]
 
 
 def _save(path, state):
