@@ -208,3 +208,24 @@ class RewardBalancedBuffer:
     def stats(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("rows", "born")} | \
             {"buffered": len(self)}
+
+
+def sample_until_release(sample, buffer: RewardBalancedBuffer | None, first_round: int, cap: int):
+    """One iteration's sampling rounds, shared by the small trainer and the TRL engine.
+
+    `sample(round_, k)` draws sampling round `round_` (the run's round counter; `k` counts this
+    iteration's rounds from 0). Without a buffer the first round is the batch. With RB every
+    round goes into the buffer and the loop stops at the first release or after `cap` rounds.
+    Returns (batch or None, the rounds drawn); the caller advances its round counter by len(drawn).
+    """
+    batch, drawn = None, []
+    while batch is None and len(drawn) < cap:
+        r = first_round + len(drawn)
+        b = sample(r, len(drawn))
+        drawn.append(b)
+        if buffer is None:
+            batch = b
+        else:
+            buffer.add(b, r)
+            batch = buffer.release(r)
+    return batch, drawn
