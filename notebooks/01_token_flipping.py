@@ -103,7 +103,7 @@ def run(path, cfg):
 model, tok = policy.load_policy(model_path, dtype=dtype, device=device)
 probe = rollout.sample(model, tok, replace(base_cfg.sample_config(model), backend="hf"), seed=seed + 99)  # one batch: HF
 zero_w = torch.zeros(probe.input_ids.shape, dtype=torch.float64)
-floor = measure.noise_floor(model, probe, chunk_rows, step_fn=lambda m, b: grpo.grpo_step(
+floor = measure.noise_floor(model, probe, chunk_rows, token_chunk=token_chunk, step_fn=lambda m, b: grpo.grpo_step(
     m, b, replace(base_cfg.update, n_minibatches=1), token_weight=zero_w))
 low, high = ("float32", model) if dtype == "float64" else (dtype, policy.cast(model, "float64"))
 lo_model = policy.cast(model, "float32") if dtype == "float64" else model

@@ -57,18 +57,20 @@ import pandas as pd
 import torch
 from scipy import stats
 
-from cancellation import cache, coupling, grpo, measure, plots, policy, rollout, tasks
+from cancellation import cache, coupling, grpo, plots, policy, rollout, tasks
+from cancellation.compute import Compute
 
 logging.basicConfig(level=logging.WARNING)
 torch.manual_seed(seed)
 Path(results_dir).mkdir(parents=True, exist_ok=True)
 source = tasks.ProblemSource(path=problems_path, prompt_format=prompt_format)
 source.load()  # a malformed problem file stops here, before any model loads
+compute = Compute(device=device, dtype=dtype, chunk_rows=chunk_rows, token_chunk=token_chunk)  # every model call below
 model, tok = policy.load_policy(model_path, dtype=dtype, device=device)
 scfg = rollout.SampleConfig(n_prompts=n_prompts, G=G, temperature=temperature, max_new_tokens=max_new_tokens,
                             device=device, source=source)
 batch = rollout.sample(model, tok, scfg, seed=seed + 202)
-before = measure.token_stats(model, batch, chunk_rows, hidden=True, token_chunk=token_chunk)
+before = compute.stats(model, batch, hidden=True)
 f = coupling.features(model, batch, before, chunk=chunk, vocab_chunk=vocab_chunk)
 print(f"{len(batch)} rollouts, {len(f)} response tokens, vocabulary {f.W.shape[0]}, hidden {f.h.shape[1]}; "
       f"accuracy {batch.reward.mean():.2f}, mixed groups {batch.mixed_groups()}/{n_prompts}, "
@@ -133,7 +135,7 @@ delta1 = coupling.first_order_delta(f, 1.0, chunk=chunk, vocab_chunk=vocab_chunk
 rows = []
 measured = {}
 for eta in lrs:
-    d = grpo.trial_delta(model, batch, grpo.UpdateConfig(optimizer="sgd", lr=eta, scope="lm_head"),
+    d = grpo.trial_delta(model, batch, compute.update(optimizer="sgd", lr=eta, scope="lm_head"),
                          before.logp)[f.rows, f.cols]
     pred = eta * delta1
     measured[eta] = d

@@ -66,18 +66,22 @@ import numpy as np
 import pandas as pd
 import torch
 
-from cancellation import cache, coupling, grpo, measure, plots, policy, rollout, tasks, train
+from cancellation import cache, coupling, grpo, plots, policy, rollout, tasks, train
+from cancellation.compute import Compute
+from cancellation.figures import fig03
 
 logging.basicConfig(level=logging.WARNING)
 torch.manual_seed(seed)
 Path(results_dir).mkdir(parents=True, exist_ok=True)
 source = tasks.ProblemSource(path=problems_path, prompt_format=prompt_format)
 source.load()  # a malformed problem file stops here, before any model loads
+compute = Compute(device=device, dtype=dtype, chunk_rows=chunk_rows, token_chunk=token_chunk,
+                  gradient_checkpointing=gradient_checkpointing)  # reaches every forward and update below
 model, tok = policy.load_policy(model_path, dtype=dtype, device=device)  # float64 norms too (policy.exact_norms)
 scfg = rollout.SampleConfig(n_prompts=n_prompts, G=G, temperature=temperature, max_new_tokens=max_new_tokens,
                             device=device, source=source)
 batch = rollout.sample(model, tok, scfg, seed=seed + 303)
-f = coupling.features(model, batch)
+f = coupling.features(model, batch, compute=compute)
 key = dict(model=policy.fingerprint(model_path), dtype=dtype, device=device, n_prompts=n_prompts, G=G,
            temperature=temperature, max_new_tokens=max_new_tokens, seed=seed, lr=lr, source=source.params())
 print(f"{len(batch)} rollouts, {len(f)} response tokens, accuracy {batch.reward.mean():.2f}, "
@@ -95,9 +99,8 @@ if source.reward_report():
 
 # %%
 def full_step_delta(m):
-    before = measure.token_stats(m, batch).logp
-    return grpo.trial_delta(m, batch, grpo.UpdateConfig(optimizer="sgd", lr=lr, scope="full"),
-                            before)[batch.response_mask]
+    return grpo.trial_delta(m, batch, compute.update(optimizer="sgd", lr=lr, scope="full"),
+                            compute.stats(m, batch).logp)[batch.response_mask]
 
 
 stock, _ = policy.load_policy(model_path, dtype=dtype, device=device, exact=False)  # transformers' float32 norms
@@ -120,29 +123,9 @@ precision
 # `n_cands_full` candidates of each kind (one backward over M's rows + one forward per candidate).
 
 # %%
-def masked(pool):
-    cands, sets = coupling.masking_sets(f, n_cands, mask_size, low_quantile, seed=seed, pool=pool)
-    rows = []
-    for kind, M in sets.items():
-        d = coupling.masked_effects_lm_head(f, cands, M, lr)
-        cos = coupling.proxy_cosine(f, cands, M)
-        rows.append(pd.DataFrame({"pool": pool, "kind": kind, "scope": "lm_head", "cand": cands.cpu().numpy(),
-                                  "delta": d.cpu().numpy(), "proxy_cos": cos.cpu().numpy(),
-                                  "cand_sign": np.sign(f.A[cands].cpu().numpy())}))
-    nf = min(n_cands_full, len(cands))
-    jobs = [(kind, i) for kind in coupling.SET_KINDS for i in range(nf)]
-    d_full = cache.cached("masked_full", dict(key, pool=pool, n_cands=n_cands, n_full=nf, mask_size=mask_size,
-                                              low_quantile=low_quantile),
-                          lambda: coupling.masked_effects_full(model, batch, f, torch.stack([cands[i] for _, i in jobs]),
-                                                               [sets[k][i] for k, i in jobs], lr, progress=True))
-    full = pd.DataFrame({"pool": pool, "kind": [k for k, _ in jobs], "scope": "full",
-                         "cand": [int(cands[i]) for _, i in jobs], "delta": np.asarray(d_full)})
-    lm = pd.concat(rows, ignore_index=True)
-    full = full.merge(lm[["kind", "cand", "proxy_cos", "cand_sign"]].drop_duplicates(["kind", "cand"]), on=["kind", "cand"])
-    return pd.concat([lm, full], ignore_index=True)
-
-
-effects = pd.concat([masked(p) for p in pools], ignore_index=True)
+effects = fig03.masking_effects(model, batch, f, pools=pools, n_cands=n_cands, n_cands_full=n_cands_full,
+                                mask_size=mask_size, low_quantile=low_quantile, lr=lr, seed=seed, inputs=key,
+                                compute=compute)
 cache.write_table(effects, Path(results_dir) / "fig03_masking_effects.parquet")
 table1 = pd.DataFrame([{"pool": p, "kind": k, "scope": s, **coupling.boost_stats(g.delta, n_boot, seed)}
                        for (p, k, s), g in effects.groupby(["pool", "kind", "scope"], sort=False)])
@@ -167,23 +150,9 @@ scope_agree
 # the kernel alone, not by A_k K_ck, so the sign of δ is not built in. Both pools.
 
 # %%
-rows = []
-for p in pools:
-    cands_c, _ = coupling.masking_sets(f, n_cands, 1, low_quantile, seed=seed + 1, pool=p)
-    fp = coupling.Features(**{**f.__dict__, "A": f.A * (f.A > 0) if p == "positive" else f.A})  # pool's weights
-    top = coupling.top_coupled_sets(fp, cands_c, max(topk_sizes))
-    for k in topk_sizes:
-        d = coupling.masked_effects_lm_head(f, cands_c, top[:, :k], lr)
-        rows.append({"pool": p, "k": k, "scope": "lm_head", **coupling.boost_stats(d, n_boot, seed)})
-    nf = min(n_cands_topk_full, len(cands_c))
-    jobs = [(k, i) for k in topk_full_sizes for i in range(nf)]
-    d_full = np.asarray(cache.cached("masked_topk_full", dict(key, pool=p, sizes=topk_full_sizes, n=nf, n_cands=n_cands),
-                                     lambda: coupling.masked_effects_full(model, batch, f, cands_c[[i for _, i in jobs]],
-                                                                          [top[i, :k] for k, i in jobs], lr, progress=True)))
-    for k in topk_full_sizes:
-        rows.append({"pool": p, "k": k, "scope": "full",
-                     **coupling.boost_stats(d_full[[kk == k for kk, _ in jobs]], n_boot, seed)})
-topk = pd.DataFrame(rows)
+topk = fig03.topk_table(model, batch, f, pools=pools, n_cands=n_cands, low_quantile=low_quantile,
+                        topk_sizes=topk_sizes, topk_full_sizes=topk_full_sizes, n_cands_topk_full=n_cands_topk_full,
+                        lr=lr, n_boot=n_boot, seed=seed, inputs=key, compute=compute)
 cache.write_table(topk, Path(results_dir) / "fig03_topk.parquet")
 topk[["pool", "k", "scope", "boost_rate", "mean_boost", "n"]]
 
@@ -238,9 +207,7 @@ plt.show()
 # %%
 run_cfg = train.RunConfig(steps=run_steps, n_prompts=run_n_prompts, G=run_G, temperature=temperature,
                           max_new_tokens=max_new_tokens, seed=seed, source=source,
-                          update=grpo.UpdateConfig(optimizer="adam", lr=adam_lr, chunk_rows=chunk_rows,
-                                                   token_chunk=token_chunk,
-                                                   gradient_checkpointing=gradient_checkpointing))
+                          update=compute.update(optimizer="adam", lr=adam_lr))
 
 
 def sign_run():
@@ -267,7 +234,7 @@ consistency.round(4)
 # parameter element the ratio (θ0 − θ1) / (lr · sign(g)); 1 is exact sign descent.
 
 # %%
-ratio = coupling.adam_first_step_ratio(model, batch, adam_lr)
+ratio = coupling.adam_first_step_ratio(model, batch, adam_lr, compute=compute)
 adam = pd.DataFrame([{"n_elements": len(ratio), "median_ratio": float(np.median(ratio)),
                       "share_above_0.99": float((ratio > 0.99).mean()), "share_above_0.5": float((ratio > 0.5).mean()),
                       "min_ratio": float(ratio.min())}])

@@ -436,7 +436,7 @@ C.record(results_dir, "07", rows);
 # %% [markdown]
 # ## The same strategies on an RL engine (TRL)
 # `engine.train_trl` runs a strategy inside TRL's `GRPOTrainer` (`BatchingGRPOTrainer`: the same
-# plans and RB buffer, the update configured to METHODS, see `cancellation/engine.py`), with the
+# plans and RB buffer, the update configured as docs/methods.md says, see `cancellation/engine.py`), with the
 # cancellation monitor attached. On the tiny profile this is a cross-check of the small trainer:
 # same policy, prompts source, batch shape, learning rate and evaluation; TRL draws its own
 # prompts and samples with HF `generate`, so the curves agree in kind, not draw for draw. On the

@@ -79,3 +79,79 @@ def test_committed_readme_table_matches_committed_registry():
     assert set(reg.verdict) <= set(C.VERDICTS)
     tiny = pd.read_parquet(ROOT / "data" / "results" / "tiny" / "claims.parquet")
     assert set(tiny.notebook) == {p.stem[:2] for p in run.all_notebooks()}  # every notebook records its claims
+
+
+# ------------------------------------------------------------------ robustness: concurrent writers, damaged registry
+def _record_many(results_dir, notebook, barrier, times):
+    import contextlib
+    import io
+    barrier.wait()
+    with contextlib.redirect_stdout(io.StringIO()):
+        for i in range(times):  # the last call leaves 3 rows whose measured value says which call wrote them
+            C.record(results_dir, notebook, [C.Claim(f"{notebook}_{k}", "Fig. X", "up", "yes", i + k / 10, n=1)
+                                             for k in range(3)])
+
+
+@pytest.mark.parametrize("attempt", range(3))
+def test_concurrent_records_of_different_notebooks_keep_every_row(tmp_path, attempt):
+    import multiprocessing as mp
+    ctx = mp.get_context("fork")
+    nbs, times = [f"{i:02d}" for i in range(1, 6)], 6
+    barrier = ctx.Barrier(len(nbs))
+    ps = [ctx.Process(target=_record_many, args=(tmp_path, nb, barrier, times)) for nb in nbs]
+    [p.start() for p in ps]
+    [p.join(120) for p in ps]
+    assert [p.exitcode for p in ps] == [0] * len(nbs)  # no writer crashed
+    reg = pd.read_parquet(tmp_path / "claims.parquet")
+    assert sorted(reg.claim) == sorted(f"{nb}_{k}" for nb in nbs for k in range(3))  # no writer's rows lost
+    assert sorted(reg.measured) == sorted(times - 1 + k / 10 for _ in nbs for k in range(3))  # each one's last call
+    assert not list(tmp_path.glob("*.tmp")) and not list(tmp_path.glob(".*.tmp"))
+
+
+def _write_registry(d):
+    C.record(d, "01", [C.Claim("x1", "Fig. X", "goes up", "yes", 0.2, 0.1, 0.3, n=5)])
+    return d / "claims.parquet"
+
+
+@pytest.mark.parametrize("damage", ["truncate", "garble", "empty", "not_a_registry"])
+def test_readme_on_a_damaged_registry_is_one_line_naming_the_file(tmp_path, damage, capsys):
+    reg = _write_registry(tmp_path / "data" / "results" / "tiny")
+    data = reg.read_bytes()
+    if damage == "truncate":
+        reg.write_bytes(data[:len(data) // 2])
+    elif damage == "garble":
+        reg.write_bytes(data[:100] + b"\0" * (len(data) - 200) + data[-100:])
+    elif damage == "empty":
+        reg.write_bytes(b"")
+    else:
+        pd.DataFrame({"a": [1]}).to_parquet(reg)
+    readme = tmp_path / "README.md"
+    readme.write_text(f"top\n{C.BEGIN}\nold\n{C.END}\n")
+    for argv in (["readme", "--readme", str(readme)], ["readme", "--readme", str(readme), "--registry", str(reg)],
+                 ["show", "--registry", str(reg)]):
+        with pytest.raises(SystemExit) as e:
+            C.main(argv)
+        msg = str(e.value.code)
+        assert e.value.code != 0 and str(reg) in msg and "\n" not in msg, msg
+        assert ("not a claims registry" if damage == "not_a_registry" else "unreadable claims registry") in msg
+    assert readme.read_text().endswith(f"{C.BEGIN}\nold\n{C.END}\n")  # left as it was
+    with pytest.raises(C.ClaimsError, match=str(reg)):  # and record() refuses to build on it
+        C.record(reg.parent, "02", [C.Claim("y1", "Fig. Y", "up", "yes", 0.2, n=1)])
+
+
+def test_readme_cli_on_a_truncated_registry_prints_no_traceback(tmp_path):
+    import os
+    import subprocess
+    import sys
+    reg = _write_registry(tmp_path / "r")
+    reg.write_bytes(reg.read_bytes()[:300])
+    readme = tmp_path / "README.md"
+    readme.write_text(f"{C.BEGIN}\n{C.END}\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "lib")}
+    p = subprocess.run([sys.executable, "-m", "cancellation.claims", "readme", "--readme", str(readme),
+                        "--registry", str(reg)], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
+    assert p.returncode != 0 and "Traceback" not in p.stderr and p.stdout == ""
+    assert p.stderr.strip().count("\n") == 0 and f"{reg}: unreadable claims registry" in p.stderr
+    missing = subprocess.run([sys.executable, "-m", "cancellation.claims", "show", "--registry", str(tmp_path / "no.parquet")],
+                             capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
+    assert missing.returncode != 0 and "Traceback" not in missing.stderr and "no.parquet: no such" in missing.stderr

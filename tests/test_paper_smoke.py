@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from cancellation import run, standins
+from cancellation import compute, run, standins
 
 PAPER, SMOKE = run.PARAMS / "paper.yaml", run.PARAMS / "paper-smoke.yaml"
 
@@ -37,7 +37,15 @@ def out_root(tmp_path_factory):
 
 
 def _run(ref, out_root):
-    out = run.run_notebook(ref, "paper-smoke", out_root=out_root, log_output=False)
+    """Run a notebook on paper-smoke under the Compute guard: its LM head raises on more than the
+    profile's `token_chunk` positions, and an UpdateConfig with other memory knobs than the
+    profile's raises (knob reach: every forward and update of the notebook obeys the profile)."""
+    params = run.resolve_params(run.find_notebook(ref), "paper-smoke", None, out_root)
+    knobs = {k: params[k] for k in compute.KNOBS if k in params}
+    assert "token_chunk" in knobs, f"notebook {ref} declares no token_chunk"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(compute.GUARD_ENV, json.dumps(knobs))   # the papermill kernel inherits it
+        out = run.run_notebook(ref, "paper-smoke", out_root=out_root, log_output=False)
     nb = json.loads(out.read_text())
     errors = [o for c in nb["cells"] for o in c.get("outputs", []) if o.get("output_type") == "error"]
     assert not errors, errors

@@ -42,9 +42,10 @@ def test_dapo_parquet_is_deduplicated_in_first_occurrence_order(tmp_path):
     assert [p.answer for p in problems] == ["7", "5", "42"]
     assert problems[0].prompt.startswith(DAPO_INSTR + "What is 3+4?")  # DAPO's instruction kept
     assert "Answer:" in problems[0].prompt and problems[0].kind == "dapo-math-17k"
-    # Same prompt with another answer is another problem.
+    # Same prompt with another answer is an error naming both rows (not a second problem).
     pd.DataFrame(rows + [dapo_row("What is 3+4?", "8")]).to_parquet(f)
-    assert len(tasks.ProblemSource(str(f)).load()) == 4
+    with pytest.raises(tasks.ProblemFileError, match=r"dapo-math-17k\.parquet: row 1 and row 17: one prompt with two answers \('7' and '8'\)"):
+        tasks.ProblemSource(str(f)).load()
 
 
 def test_dapo_messages_as_numpy_arrays_and_integer_ground_truth():
@@ -143,6 +144,63 @@ def test_malformed_parquet_json_and_empty_files(tmp_path):
     with pytest.raises(FileNotFoundError):
         tasks.ProblemSource(str(tmp_path / "missing.parquet")).load()
     assert issubclass(tasks.ProblemFileError, ValueError)
+
+
+@pytest.mark.parametrize("name, rows, places", [
+    ("plain.jsonl", [{"prompt": "2+2?", "answer": "4"}, {"prompt": "3+3?", "answer": "6"},
+                     {"prompt": "2+2?", "answer": "4"}, {"prompt": "2+2?", "answer": "5"}], "line 1 and line 4"),
+    ("list.json", [{"prompt": "2+2?", "answer": 4}, {"prompt": "2+2?", "answer": 4.5}], "row 1 and row 2"),
+    ("math500.jsonl", [{"problem": "q", "answer": "1"}, {"problem": "q", "solution": "\\boxed{2}"}], "line 1 and line 2"),
+    ("dapo.jsonl", [dapo_row("q", "1"), dapo_row("r", "1"), dapo_row("q", "1"), dapo_row("q", "-1")],
+     "line 1 and line 4"),
+])
+def test_one_prompt_with_two_answers_is_an_error_naming_both_rows(tmp_path, name, rows, places):
+    f = tmp_path / name
+    f.write_text(json.dumps(rows)) if name.endswith(".json") else write_jsonl(f, rows)
+    with pytest.raises(tasks.ProblemFileError) as e:
+        tasks.ProblemSource(str(f)).load()
+    msg = str(e.value)
+    assert msg.startswith(f"{f}: {places}: one prompt with two answers") and "\n" not in msg
+
+
+def test_exact_duplicates_are_one_problem(tmp_path):
+    f = write_jsonl(tmp_path / "dup.jsonl", [{"prompt": "2+2?", "answer": "4"}, {"prompt": "3+3?", "answer": 6},
+                                             {"prompt": "2+2?", "answer": 4}, {"prompt": "3+3?", "answer": "6"}])
+    assert tasks.ProblemSource(str(f)).load() == [tasks.Problem("2+2?", "4", "dup"), tasks.Problem("3+3?", "6", "dup")]
+
+
+@pytest.mark.parametrize("name, text, place, shown", [
+    ("big.jsonl", '{"prompt": "a", "answer": "1"}\n{"prompt": "b", "answer": 1e400}\n', "line 2", "inf"),
+    ("neg.jsonl", '{"prompt": "b", "answer": -Infinity}\n', "line 1", "-inf"),
+    ("nan.jsonl", '{"prompt": "a", "answer": "1"}\n{"prompt": "b", "answer": NaN}\n', "line 2", "nan"),
+    ("dapo.jsonl", '{"prompt": "b", "reward_model": {"ground_truth": 1e999}}\n', "line 1", "inf"),
+    ("math.json", '[{"problem": "p", "answer": 2}, {"problem": "q", "answer": 1e400, "solution": "\\\\boxed{1}"}]',
+     "row 2", "inf"),
+])
+def test_non_finite_answer_is_an_error_naming_file_and_row(tmp_path, name, text, place, shown):
+    f = tmp_path / name
+    f.write_text(text)
+    with pytest.raises(tasks.ProblemFileError) as e:
+        tasks.ProblemSource(str(f)).load()
+    msg = str(e.value)
+    assert msg.startswith(f"{f}: {place}: expected a finite ") and f"got {shown}" in msg
+
+
+def test_non_finite_answer_in_parquet(tmp_path):
+    f = tmp_path / "inf.parquet"
+    pd.DataFrame({"prompt": ["a", "b"], "answer": [1.0, float("inf")]}).to_parquet(f)
+    with pytest.raises(tasks.ProblemFileError, match=r"inf\.parquet: row 2: expected a finite 'answer'; got inf"):
+        tasks.ProblemSource(str(f)).load()
+
+
+@pytest.mark.parametrize("name", ["latin1.jsonl", "latin1.json", "list.json"])
+def test_non_utf8_file_is_an_error_naming_the_file(tmp_path, name):
+    f = tmp_path / name
+    body = '{"prompt": "Caf\u00e9: 2+2?", "answer": "4"}'
+    f.write_bytes((f"[{body}]" if name == "list.json" else body + "\n").encode("latin-1"))
+    with pytest.raises(tasks.ProblemFileError) as e:
+        tasks.ProblemSource(str(f)).load()
+    assert str(e.value).startswith(f"{f}: not UTF-8 text (byte ") and not isinstance(e.value, UnicodeDecodeError)
 
 
 # ------------------------------------------------------------------------------------ draw / params

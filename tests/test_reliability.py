@@ -16,6 +16,11 @@ One test (or one parametrised row) per case of the issue's "Why" list:
 | corrupt cache entry / checkpoint                 | moved aside (.corrupt), warning with its path, recomputed   |
 | cache and result file modes                      | 0644 (umask 022), not 0600                                  |
 | tests share the user's cache                     | CANCELLATION_CACHE is a temporary directory                 |
+| one prompt, two answers / answer 1e400 / latin-1 | ProblemFileError naming file and rows (line)                |
+| NaN or inf reward                                | ValueError naming the rollout (row) and its group           |
+| notebooks recording claims at once               | registry read-modify-write under a lock: no row lost (test_claims) |
+| truncated claims registry, `claims readme`       | one line naming the file, exit 1, no traceback (test_claims) |
+| relative CANCELLATION_CACHE / installed wheel    | caller's directory / user cache dir, never site-packages (test_packaging) |
 """
 import json
 import multiprocessing as mp
@@ -79,11 +84,26 @@ def test_value_cache_key_holds_answer_verifier_stop_ids_and_device():
     ("noanswer.jsonl", '{"prompt": "1+1?"}\n', r"noanswer.jsonl: line 1: expected"),
     ("bad.jsonl", '{"prompt": "1+1?", "answer": "2"}\n{"prompt": \n', r"bad.jsonl: line 2: expected one JSON object"),
     ("bad.json", '[{"prompt": "1+1?", "answer": "2"},\n {"prompt": }]', r"bad.json: line 2: expected a JSON list"),
+    ("two.jsonl", '{"prompt": "1+1?", "answer": "2"}\n{"prompt": "2+2?", "answer": "4"}\n{"prompt": "1+1?", "answer": 3}\n',
+     r"two.jsonl: line 1 and line 3: one prompt with two answers \('2' and '3'\)"),
+    ("huge.jsonl", '{"prompt": "1+1?", "answer": 1e400}\n', r"huge.jsonl: line 1: expected a finite 'answer'; got inf"),
+    ("latin1.jsonl", '{"prompt": "Caf\u00e9?", "answer": "2"}\n'.encode("latin-1"), r"latin1.jsonl: not UTF-8 text \(byte 15"),
 ])
 def test_bad_problem_file_names_file_and_row(tmp_path, name, content, expected):
-    (tmp_path / name).write_text(content)
+    (tmp_path / name).write_bytes(content if isinstance(content, bytes) else content.encode())
     with pytest.raises(tasks.ProblemFileError, match=expected):
         tasks.ProblemSource(str(tmp_path / name)).load()
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_non_finite_reward_is_an_error_naming_rollout_and_group(bad):
+    from cancellation import rollout
+    reward = torch.tensor([1.0, 0.0, 1.0, 0.0, 0.0, bad, 1.0, 1.0])
+    group = torch.tensor([0, 0, 0, 0, 7, 7, 7, 7])
+    with pytest.raises(ValueError, match=rf"reward of rollout 5 \(group 7\) is {bad}, not finite"):
+        rollout.group_advantages(reward, group)
+    reward[5] = 0.0  # finite again: the usual advantages
+    assert torch.isfinite(rollout.group_advantages(reward, group)).all()
 
 
 # ------------------------------------------------------------------ parameters: one line per error, exit 2

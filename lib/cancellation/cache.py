@@ -8,8 +8,12 @@ leaves a partial entry; a per-key file lock makes a second run of the same compu
 the first and then read its entry; an unreadable entry is moved aside (`.corrupt`), reported and
 recomputed. Files are created with the usual permissions (0644 under umask 022), not mkstemp's 0600.
 
-The cache lives in $CANCELLATION_CACHE when set (the tests set it to a temporary directory),
-else in data/cache/ of the repository.
+The cache lives in $CANCELLATION_CACHE when set (the tests set it to a temporary directory; a
+relative path is taken against the working directory of the process that first imports the
+package, which also writes the absolute path back to the environment so that notebook kernels
+and workers started from another directory share it), else in data/cache/ of the repository in a
+source checkout, else (an installed package) in the user's cache directory,
+$XDG_CACHE_HOME/cancellation or ~/.cache/cancellation -- never inside site-packages.
 """
 from __future__ import annotations
 
@@ -25,7 +29,29 @@ from pathlib import Path
 
 import pandas as pd
 
-DEFAULT_DIR = Path(os.environ.get("CANCELLATION_CACHE") or Path(__file__).resolve().parents[2] / "data" / "cache")
+
+
+def source_root(package_file: str | Path = __file__) -> Path | None:
+    """The repository root when the package runs from a source checkout (pyproject.toml and
+    notebooks/ two levels above the package directory), else None (an installed package)."""
+    root = Path(package_file).resolve().parents[2]
+    return root if (root / "pyproject.toml").is_file() and (root / "notebooks").is_dir() else None
+
+
+def default_dir(environ=os.environ, package_file: str | Path = __file__) -> Path:
+    """Where the cache lives: $CANCELLATION_CACHE (made absolute against the working directory),
+    else <checkout>/data/cache, else $XDG_CACHE_HOME/cancellation or ~/.cache/cancellation."""
+    if environ.get("CANCELLATION_CACHE"):
+        return Path(os.path.abspath(os.path.expanduser(environ["CANCELLATION_CACHE"])))
+    root = source_root(package_file)
+    if root is not None:
+        return root / "data" / "cache"
+    xdg = environ.get("XDG_CACHE_HOME", "")
+    base = Path(xdg) if os.path.isabs(xdg) else Path(os.path.expanduser("~")) / ".cache"  # XDG: relative is invalid
+    return base / "cancellation"
+
+
+DEFAULT_DIR = default_dir()
 CODE_VERSION = "4"  # 4: clipfrac counts only binding clips (verl pg_clipfrac); 3: rewards on responses without special tokens; 2: float64 RMSNorm in float64 models  # bump when a cached computation changes meaning
 
 

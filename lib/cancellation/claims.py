@@ -2,7 +2,8 @@
 
 A notebook builds `Claim` records from the values it computed (never typed numbers) and calls
 `record(results_dir, notebook, claims)`, which replaces that notebook's rows of
-`<results_dir>/claims.parquet` atomically. The verdict of a row is `RULES[rule](measured, lo, hi,
+`<results_dir>/claims.parquet` atomically, under a lock on the registry (`claims.parquet.lock`), so
+notebooks run at once never lose each other's rows. The verdict of a row is `RULES[rule](measured, lo, hi,
 **params)`; `verdict_of(row)` recomputes it from the stored numbers, and the tests check that it
 equals the stored verdict. `python -m cancellation.claims readme` writes the tiny profile's table
 (and the full Table 2 run's, `make table2`) into README.md between `<!-- claims:begin -->` and `<!-- claims:end -->`.
@@ -136,18 +137,42 @@ def verdict_of(row) -> str:
     return RULES[row["rule"]](row["measured"], row["lo"], row["hi"], **json.loads(row["params"]))
 
 
+class ClaimsError(ValueError):
+    """An unusable registry or README; the message is one line naming the file."""
+
+
+def read_registry(path) -> pd.DataFrame:
+    """A claims.parquet; ClaimsError naming the file when it is truncated or not a registry."""
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"{path}: no such claims registry")
+    try:
+        df = pd.read_parquet(path)
+    except Exception as e:  # pyarrow raises several types for a damaged file
+        why = f"{type(e).__name__}: {str(e).splitlines()[0]}" if str(e).strip() else type(e).__name__
+        raise ClaimsError(f"{path}: unreadable claims registry ({why})") from e
+    missing = [c for c in COLUMNS if c not in df.columns]
+    if missing:
+        raise ClaimsError(f"{path}: not a claims registry (missing columns {missing})")
+    return df
+
+
 def record(results_dir, notebook: str, claims: list[Claim]) -> pd.DataFrame:
-    """Replace `notebook`'s rows of <results_dir>/claims.parquet with `claims` (atomic write)."""
+    """Replace `notebook`'s rows of <results_dir>/claims.parquet with `claims`.
+
+    The read-modify-write runs under `cache.lock` on the registry (a second notebook recording at
+    the same time waits), and the write is atomic (readers see the old table or the new one).
+    """
     path = Path(results_dir) / "claims.parquet"
     new = pd.DataFrame([c.row(notebook) for c in claims], columns=COLUMNS)
     ids = new.claim.tolist()
     if len(set(ids)) != len(ids):
         raise ValueError(f"record({notebook}): duplicate claim ids {sorted({i for i in ids if ids.count(i) > 1})}")
-    old = pd.read_parquet(path) if path.exists() else pd.DataFrame(columns=COLUMNS)
-    old = old[old.notebook != notebook]
-    out = pd.concat([old, new], ignore_index=True) if len(old) else new
-    out = out.sort_values(["notebook"], kind="stable").reset_index(drop=True)
-    cache.write_table(out[COLUMNS], path)
+    with cache.lock(path):
+        old = read_registry(path) if path.exists() else pd.DataFrame(columns=COLUMNS)
+        old = old[old.notebook != notebook]
+        out = pd.concat([old, new], ignore_index=True) if len(old) else new
+        out = out.sort_values(["notebook"], kind="stable").reset_index(drop=True)
+        cache.write_table(out[COLUMNS], path)
     for c in claims:
         print(c.line())
     return out
@@ -183,7 +208,7 @@ README_REGISTRIES = (("data/results/tiny/claims.parquet", ""),
 def readme_registry(root=".", registries=README_REGISTRIES) -> pd.DataFrame:
     """The registries of the README table that exist under `root`, concatenated; a label is
     appended to the figure column of the rows of each later registry."""
-    frames = [pd.read_parquet(Path(root) / path).assign(figure=lambda d, t=tag: d.figure + t)
+    frames = [read_registry(Path(root) / path).assign(figure=lambda d, t=tag: d.figure + t)
               for path, tag in registries if (Path(root) / path).exists()]
     if not frames:
         raise FileNotFoundError(f"no claims registry under {root}: {[p for p, _ in registries]}")
@@ -196,8 +221,8 @@ def update_readme(readme="README.md", registry=None) -> bool:
     readme = Path(readme)
     text = readme.read_text()
     if BEGIN not in text or END not in text:
-        raise ValueError(f"{readme}: markers {BEGIN} / {END} not found")
-    reg = pd.read_parquet(registry) if registry else readme_registry(readme.resolve().parent)
+        raise ClaimsError(f"{readme}: markers {BEGIN} / {END} not found")
+    reg = read_registry(registry) if registry else readme_registry(readme.resolve().parent)
     table = table_markdown(reg)
     new = re.sub(re.escape(BEGIN) + r".*?" + re.escape(END), lambda _: f"{BEGIN}\n{table}\n{END}", text, flags=re.S)
     if new != text:
@@ -216,12 +241,15 @@ def main(argv=None):
     ap.add_argument("--registry", default=None, help="one claims.parquet (default: the README's registries)")
     ap.add_argument("--readme", default="README.md")
     a = ap.parse_args(argv)
-    if a.command == "readme":
-        changed = update_readme(a.readme, a.registry)
-        src = a.registry or ", ".join(p for p, _ in README_REGISTRIES if (Path(a.readme).resolve().parent / p).exists())
-        print(f"{a.readme}: claims table {'updated' if changed else 'unchanged'} from {src}")
-    else:
-        print(table_markdown(pd.read_parquet(a.registry) if a.registry else readme_registry()))
+    try:
+        if a.command == "readme":
+            changed = update_readme(a.readme, a.registry)
+            src = a.registry or ", ".join(p for p, _ in README_REGISTRIES if (Path(a.readme).resolve().parent / p).exists())
+            print(f"{a.readme}: claims table {'updated' if changed else 'unchanged'} from {src}")
+        else:
+            print(table_markdown(read_registry(a.registry) if a.registry else readme_registry()))
+    except (ClaimsError, FileNotFoundError) as e:  # one line naming the file, no traceback
+        raise SystemExit(f"python -m cancellation.claims {a.command}: {e}") from None
 
 
 if __name__ == "__main__":

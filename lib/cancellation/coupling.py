@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from . import grpo, measure
+from .compute import Compute
 from . import stats as _stats
 
 
@@ -49,13 +50,14 @@ class Features:
 
 
 def features(model, batch, stats: measure.TokenStats | None = None, weight: torch.Tensor | None = None,
-             chunk: int = 1024, vocab_chunk: int = 8192) -> Features:
-    """Features of every response token of `batch` (`stats` from token_stats(hidden=True) if given)."""
+             chunk: int = 1024, vocab_chunk: int = 8192, compute: Compute | None = None) -> Features:
+    """Features of every response token of `batch` (`stats` from token_stats(hidden=True) if given,
+    else computed with `compute`'s chunking)."""
     head = model.get_output_embeddings()
     if getattr(head, "bias", None) is not None:
         raise NotImplementedError("coupling assumes an LM head without bias (logits = W h)")
     stats = stats if stats is not None and stats.hidden is not None else \
-        measure.token_stats(model, batch, hidden=True)
+        (compute or Compute()).stats(model, batch, hidden=True)
     rows, cols = batch.response_mask.nonzero(as_tuple=True)
     W = head.weight.detach()
     h = stats.hidden[rows, cols].to(W.device, W.dtype)
@@ -250,9 +252,10 @@ def _token_weight(batch, f: Features, M, scale: float = 1.0) -> torch.Tensor:
 
 
 def masked_effects_full(model, batch, f: Features, cands: torch.Tensor, sets, lr: float,
-                        chunk_rows: int = 64, progress: bool = False) -> torch.Tensor:
+                        compute: Compute | None = None, progress: bool = False) -> torch.Tensor:
     """δ of an SGD full-parameter step for candidates c with sets M(c) (a (C, m) tensor or a list of
-    index tensors of any sizes: pass every kind at once, θ' is computed once); the model is left unchanged.
+    index tensors of any sizes: pass every kind at once, θ' is computed once); the model is left
+    unchanged, also when something raises (`grpo.trial`).
 
     θ' comes from one full step. Per candidate, M's gradient at θ comes from a backward over only
     the rows holding M (token weight 1[M] · n_rows/N keeps the batch's denominator N), then
@@ -260,16 +263,17 @@ def masked_effects_full(model, batch, f: Features, cands: torch.Tensor, sets, lr
     """
     from tqdm import tqdm
 
-    cfg = grpo.UpdateConfig(optimizer="sgd", lr=lr, scope="full", chunk_rows=chunk_rows)
-    params = list(model.parameters())
-    theta = [p.detach().clone() for p in params]
-    old = measure.token_stats(model, batch, chunk_rows).logp           # θ_old = θ: ρ = 1
-    grpo.grpo_step(model, batch, cfg, old_logp=old)
-    theta1 = [p.detach().clone() for p in params]
-    logp1 = measure.token_stats(model, batch, chunk_rows).logp
-    N = batch.n_tokens
+    compute = compute or Compute()
+    cfg = compute.update(optimizer="sgd", lr=lr, scope="full")
     out = torch.empty(len(cands), dtype=torch.float64)
-    try:
+    with grpo.trial(model, "full"):
+        params = list(model.parameters())
+        theta = [p.detach().clone() for p in params]
+        old = compute.stats(model, batch).logp           # θ_old = θ: ρ = 1
+        grpo.grpo_step(model, batch, cfg, old_logp=old)
+        theta1 = [p.detach().clone() for p in params]
+        logp1 = compute.stats(model, batch).logp
+        N = batch.n_tokens
         with grpo.only_grad_for(model, params):
             for i, (c, M) in enumerate(tqdm(list(zip(cands.tolist(), sets)), desc="masked full", disable=not progress)):
                 with torch.no_grad():
@@ -284,27 +288,23 @@ def masked_effects_full(model, batch, f: Features, cands: torch.Tensor, sets, lr
                     for p, t in zip(params, theta1):
                         p.copy_(t).add_(p.grad, alpha=lr) if p.grad is not None else p.copy_(t)
                     r, col = int(f.rows[c]), int(f.cols[c])
-                    lp = measure.token_stats(model, batch.select([r]), 1).logp   # chunked: no (L, V) logits
+                    lp = compute.stats(model, batch.select([r])).logp   # chunked: no (L, V) logits
                 out[i] = float(logp1[r, col]) - float(lp[0, col])
-    finally:
-        with torch.no_grad():
-            for p, t in zip(params, theta):
-                p.copy_(t)
-        model.zero_grad(set_to_none=True)
     return out
 
 
 def masked_effect_bruteforce(model, batch, c: int, M, f: Features, lr: float, scope: str = "full",
-                             chunk_rows: int = 64) -> float:
+                             compute: Compute | None = None) -> float:
     """Reference: re-run the whole SGD step with and without M's loss weights (two full steps)."""
-    cfg = grpo.UpdateConfig(optimizer="sgd", lr=lr, scope=scope, chunk_rows=chunk_rows)
-    old = measure.token_stats(model, batch, chunk_rows).logp
+    compute = compute or Compute()
+    cfg = compute.update(optimizer="sgd", lr=lr, scope=scope)
+    old = compute.stats(model, batch).logp
     r, col = int(f.rows[c]), int(f.cols[c])
     lp = []
     for weight in (None, 1.0 - _token_weight(batch, f, M)):
         with grpo.trial(model, "full"):
             grpo.grpo_step(model, batch, cfg, old_logp=old, token_weight=weight)
-            lp.append(float(measure.token_stats(model, batch.select([r]), chunk_rows).logp[0, col]))
+            lp.append(float(compute.stats(model, batch.select([r])).logp[0, col]))
     return lp[0] - lp[1]
 
 
@@ -390,13 +390,14 @@ def boost_stats(delta, n_boot: int = 1000, seed: int = 0, level: float = 0.95) -
 
 
 # ----------------------------------------------------------------------------- proxy fidelity (Fig. 10, App. D.3)
-def proxy_sign_consistency(model, batch, lr: float, eps: float = 0.0, chunk_rows: int = 64) -> dict:
+def proxy_sign_consistency(model, batch, lr: float, eps: float = 0.0, compute: Compute | None = None) -> dict:
     """Share of response tokens whose Δlog p has the same sign under an SGD lm_head step and an SGD
     full step from the same θ on the same batch (the model is restored after both)."""
-    before = measure.token_stats(model, batch, chunk_rows).logp
+    compute = compute or Compute()
+    before = compute.stats(model, batch).logp
     deltas = {}
     for scope in ("lm_head", "full"):
-        cfg = grpo.UpdateConfig(optimizer="sgd", lr=lr, scope=scope, chunk_rows=chunk_rows)
+        cfg = compute.update(optimizer="sgd", lr=lr, scope=scope)
         deltas[scope] = grpo.trial_delta(model, batch, cfg, before)[batch.response_mask]
     a, b = deltas["lm_head"], deltas["full"]
     moved = (a.abs() > eps) & (b.abs() > eps)
@@ -406,10 +407,10 @@ def proxy_sign_consistency(model, batch, lr: float, eps: float = 0.0, chunk_rows
             "n_moved": int(moved.sum())}
 
 
-def adam_first_step_ratio(model, batch, lr: float, chunk_rows: int = 64) -> np.ndarray:
+def adam_first_step_ratio(model, batch, lr: float, compute: Compute | None = None) -> np.ndarray:
     """App. D.3: (θ0 − θ1) / (lr · sign(g)) for every parameter element of Adam's first step
     (1 would be exact sign descent); the model is restored."""
-    cfg = grpo.UpdateConfig(optimizer="adam", lr=lr, scope="full", chunk_rows=chunk_rows)
+    cfg = (compute or Compute()).update(optimizer="adam", lr=lr, scope="full")
     with grpo.trial(model, "full"):
         params = list(model.parameters())
         theta0 = [p.detach().clone() for p in params]

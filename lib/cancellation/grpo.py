@@ -1,6 +1,6 @@
 """The token-level clipped policy loss and one GRPO step.
 
-Loss (METHODS "The update"; verl `compute_policy_loss_vanilla`, loss_agg_mode="token-mean"):
+Loss (docs/methods.md, "The update"; verl `compute_policy_loss_vanilla`, loss_agg_mode="token-mean"):
 per token  -min(ρA, clip(ρ, 1-ε_low, 1+ε_high)A), with the dual clip for A < 0 (loss capped at
 -A·c), summed over response tokens and divided by the number of response tokens of the
 (mini-)batch. Token weights (reweightings, masks) multiply a token's loss; the denominator
@@ -41,6 +41,8 @@ class UpdateConfig:
         for name, allowed in (("optimizer", OPTIMIZERS), ("scope", SCOPES), ("reweight", REWEIGHTS)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"UpdateConfig.{name}={getattr(self, name)!r}; allowed: {', '.join(allowed)}")
+        from .compute import check_update
+        check_update(self)  # with the Compute guard on (tests): the knobs must be the profile's
 
 
 def policy_loss(logp, old_logp, advantage, mask, weight=None, clip_low=0.2, clip_high=0.28, clip_ratio_c=3.0,
@@ -67,7 +69,7 @@ def clip_binds(ratio, advantage, clip_low=0.2, clip_high=0.28):
 
 
 def reweight_advantage(batch, how: str = "grpo") -> torch.Tensor:
-    """Per-rollout weight A_i under a reweighting of METHODS."""
+    """Per-rollout weight A_i under a reweighting of docs/methods.md ("The update")."""
     a = batch.advantage.to(torch.float64)
     if how == "grpo":
         return a
@@ -87,7 +89,7 @@ def is_tied(model) -> bool:
 
 
 def lm_head_param(model) -> torch.nn.Parameter:
-    """The unembedding matrix; with tied embeddings, a separate copy of it (METHODS "The update").
+    """The unembedding matrix; with tied embeddings, a separate copy of it (docs/methods.md, "The update").
 
     Untying keeps the original shared Parameter on the model (attribute `_cancellation_untied`),
     so `restore(model, snapshot(model, ...))` re-ties the model exactly as it was (same Parameter

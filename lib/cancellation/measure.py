@@ -239,20 +239,21 @@ def flip_fractions(df: pd.DataFrame, by=("sign",)) -> pd.DataFrame:
 
 
 @torch.no_grad()
-def noise_floor(model, batch, chunk_rows: int = 64, step_fn=None) -> dict:
+def noise_floor(model, batch, chunk_rows: int = 64, step_fn=None, token_chunk: int = 4096) -> dict:
     """Measured Δlog p when nothing should change.
 
     'repeat': two forward passes, no update. 'zero_update': before/after an update whose token
     weights are all zero (`step_fn(model, batch)` performs it; skipped if None). Reported as
-    the max |Δ| over response tokens; ε must sit above both.
+    the max |Δ| over response tokens; ε must sit above both. Pass the run's Compute knobs
+    (`chunk_rows`, `token_chunk`): the floor is that of the forwards the analysis really uses.
     """
     m = batch.response_mask
-    a = token_stats(model, batch, chunk_rows).logp
-    b = token_stats(model, batch, chunk_rows).logp
+    a = token_stats(model, batch, chunk_rows, token_chunk=token_chunk).logp
+    b = token_stats(model, batch, chunk_rows, token_chunk=token_chunk).logp
     out = {"repeat": float((a - b)[m].abs().max())}
     if step_fn is not None:
         with torch.enable_grad():
             step_fn(model, batch)
-        c = token_stats(model, batch, chunk_rows).logp
+        c = token_stats(model, batch, chunk_rows, token_chunk=token_chunk).logp
         out["zero_update"] = float((c - a)[m].abs().max())
     return out

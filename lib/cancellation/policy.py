@@ -137,6 +137,8 @@ def load_policy(path: str | Path, dtype: str | torch.dtype = "float32", device: 
     if exact:
         exact_norms(model)
     model.eval()
+    from .compute import apply_guard
+    apply_guard(model)  # only with $CANCELLATION_COMPUTE_GUARD set (tests): LM-head calls bounded by token_chunk
     return model, tok
 
 

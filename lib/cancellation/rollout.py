@@ -86,8 +86,16 @@ def group_advantages(reward: torch.Tensor, group: torch.Tensor, eps: float = 1e-
     """verl `compute_grpo_outcome_advantage`: (r - mean_g) / (std_g + eps), std unbiased.
 
     A group of one rollout gets mean 0 and std 1 (so A = r); all-equal groups get A = 0.
+    A NaN or infinite reward (which would turn its whole group's advantages into NaN) is a
+    ValueError naming the rollout (row) and its group.
     """
     reward = reward.to(torch.float64)
+    bad = (~torch.isfinite(reward)).nonzero().flatten().tolist()
+    if bad:
+        i = bad[0]
+        more = f"; {len(bad)} non-finite rewards in all, rows {bad[:10]}{' ...' if len(bad) > 10 else ''}" if len(bad) > 1 else ""
+        raise ValueError(f"group_advantages: reward of rollout {i} (group {int(group[i])}) is {reward[i].item()}, "
+                         f"not finite; it would make group {int(group[i])}'s advantages NaN{more}")
     adv = torch.zeros_like(reward)
     for g in group.unique():
         m = group == g

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import random
 import re
 import threading
@@ -342,6 +343,15 @@ def _answer_text(value) -> str | None:
     return None
 
 
+def _check_finite(value, name: str):
+    """Raise _RowError for a non-finite number (JSON 1e400 / Infinity / NaN) given as an answer:
+    it would otherwise become the text 'inf' (or be taken for a missing value)."""
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        raise _RowError(f"expected a finite {name}; got {value!r} (a number too large for a float, or NaN/Infinity)")
+
+
 def _prompt_text(value) -> str | None:
     """Prompt text from a string or a list of chat messages (the last user message's content)."""
     if isinstance(value, str):
@@ -363,6 +373,8 @@ def _row_problem(row, kind: str) -> Problem:
         if prompt is None:
             raise _RowError(f"expected 'prompt' to be text or chat messages with a user message; got {row['prompt']!r:.80}")
         rm = row["reward_model"]
+        if isinstance(rm, dict):
+            _check_finite(rm.get("ground_truth"), "reward_model.ground_truth")
         answer = _answer_text(rm.get("ground_truth")) if isinstance(rm, dict) else None
         if answer is None:
             raise _RowError(f"expected a non-empty answer in reward_model.ground_truth; got {rm!r:.80}")
@@ -370,6 +382,7 @@ def _row_problem(row, kind: str) -> Problem:
         prompt = _prompt_text(row["problem"])
         if prompt is None:
             raise _RowError(f"expected 'problem' to be non-empty text; got {row['problem']!r:.80}")
+        _check_finite(row.get("answer"), "'answer'")
         answer = _answer_text(row.get("answer"))
         if answer is None and isinstance(row.get("solution"), str):
             answer = last_boxed(row["solution"]) or None
@@ -380,12 +393,22 @@ def _row_problem(row, kind: str) -> Problem:
         prompt = _prompt_text(row["prompt"])
         if prompt is None:
             raise _RowError(f"expected 'prompt' to be text or chat messages with a user message; got {row['prompt']!r:.80}")
+        _check_finite(row["answer"], "'answer'")
         answer = _answer_text(row["answer"])
         if answer is None:
             raise _RowError(f"expected a non-empty 'answer'; got {row['answer']!r:.80}")
     else:
         raise _RowError(f"expected {_SHAPES_HINT}; found columns {sorted(map(str, cols))}")
     return Problem(prompt=prompt, answer=answer, kind=kind)
+
+
+def _text(path: Path) -> str:
+    """The file's text (UTF-8); ProblemFileError naming the file and the byte offset otherwise."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ProblemFileError(f"{path}: not UTF-8 text (byte {e.start}: {e.object[e.start:e.start + 4]!r}); "
+                               f"expected a UTF-8 .jsonl/.json file") from None
 
 
 def _iter_rows(path: Path):
@@ -403,8 +426,8 @@ def _iter_rows(path: Path):
             for row in batch.to_pylist():
                 i += 1
                 yield f"row {i}", row
-    elif path.suffix == ".jsonl" or (path.suffix == ".json" and not path.read_text().lstrip().startswith("[")):
-        for n, line in enumerate(path.read_text().splitlines(), 1):
+    elif path.suffix == ".jsonl" or (path.suffix == ".json" and not _text(path).lstrip().startswith("[")):
+        for n, line in enumerate(_text(path).splitlines(), 1):
             if not line.strip():
                 continue
             try:
@@ -414,7 +437,7 @@ def _iter_rows(path: Path):
             yield f"line {n}", row
     elif path.suffix == ".json":
         try:
-            rows = json.loads(path.read_text())
+            rows = json.loads(_text(path))
         except json.JSONDecodeError as e:
             raise ProblemFileError(f"{path}: line {e.lineno}: expected a JSON list of objects ({e.msg})") from e
         for i, row in enumerate(rows, 1):
@@ -424,8 +447,12 @@ def _iter_rows(path: Path):
 
 
 def _read_problem_file(path: Path) -> list[Problem]:
-    """Validated problems of a file, deduplicated by (prompt, answer) in first-occurrence order."""
-    seen: dict[tuple[str, str], Problem] = {}
+    """Validated problems of a file, deduplicated by (prompt, answer) in first-occurrence order.
+
+    A prompt repeated with the same answer is one problem (the DAPO file repeats each prompt);
+    a prompt given two different answers is a ProblemFileError naming both rows.
+    """
+    seen: dict[str, tuple[Problem, str]] = {}  # prompt -> (problem, place of its first row)
     n_rows = 0
     for place, row in _iter_rows(path):
         n_rows += 1
@@ -433,10 +460,13 @@ def _read_problem_file(path: Path) -> list[Problem]:
             p = _row_problem(row, kind=path.stem)
         except _RowError as e:
             raise ProblemFileError(f"{path}: {place}: {e}") from None
-        seen.setdefault((p.prompt, p.answer), p)
+        first = seen.setdefault(p.prompt, (p, place))
+        if first[0].answer != p.answer:
+            raise ProblemFileError(f"{path}: {first[1]} and {place}: one prompt with two answers "
+                                   f"({first[0].answer!r:.40} and {p.answer!r:.40}); prompt {p.prompt!r:.60}")
     if not n_rows:
         raise ProblemFileError(f"{path}: no rows (empty file); expected at least one problem with {_SHAPES_HINT}")
-    return list(seen.values())
+    return [p for p, _ in seen.values()]
 
 
 PROMPT_FORMATS = ("auto", "chat", "raw")

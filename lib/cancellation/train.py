@@ -18,6 +18,7 @@ import pandas as pd
 import torch
 
 from . import batching, grpo, measure, rollout, tasks
+from .compute import Compute
 
 log = logging.getLogger(__name__)
 
@@ -144,7 +145,7 @@ def sign_consistency_run(model, tokenizer, cfg: RunConfig, sgd_lr: float, progre
     for step in tqdm(range(cfg.steps), desc="sign consistency run", disable=not progress):
         pseed, sseed = rollout.round_seeds(cfg.seed, step)
         batch = sampler.sample(tokenizer, cfg.source.draw(cfg.n_prompts, pseed), sseed)
-        row = coupling.proxy_sign_consistency(model, batch, sgd_lr, cfg.eps, cfg.update.chunk_rows)
+        row = coupling.proxy_sign_consistency(model, batch, sgd_lr, cfg.eps, Compute.of_update(cfg.update))
         grpo.grpo_step(model, batch, cfg.update, optimizer=opt, seed=cfg.seed + step)
         sampler.sync(model)
         out.append({"step": step, "accuracy": float(batch.reward.mean()), **row})

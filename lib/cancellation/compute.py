@@ -1,0 +1,121 @@
+"""Compute: where and how every model call runs, passed whole to every library function that
+touches a model.
+
+A profile's device, precision and memory knobs live in one frozen dataclass. Library functions
+take it whole (`compute=`) instead of their own `chunk_rows=64`-style defaults, and build their
+update configs with `compute.update(...)`, so a knob set in a profile reaches every forward
+and every GRPO step (docs/methods.md, "Memory"). The memory rule it carries: no call computes
+logits for more than `token_chunk` positions.
+
+The guard makes that rule checkable. With `CANCELLATION_COMPUTE_GUARD` set to a JSON object of
+knobs (the tests set it, e.g. `{"token_chunk": 64, "chunk_rows": 4, "gradient_checkpointing": true}`),
+every model loaded by `policy.load_policy` raises `MemoryBoundError` when its LM head is called
+on more than `token_chunk` positions, and every `grpo.UpdateConfig` whose knobs differ from the
+guard's raises `KnobError`: a forward or an update that bypassed the profile's Compute fails
+loudly instead of allocating (positions, V) logits in one piece.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Mapping
+
+GUARD_ENV = "CANCELLATION_COMPUTE_GUARD"
+KNOBS = ("chunk_rows", "token_chunk", "gradient_checkpointing")  # what an UpdateConfig carries from Compute
+
+
+class MemoryBoundError(RuntimeError):
+    """A logits computation over more positions than the Compute config's `token_chunk`."""
+
+
+class KnobError(RuntimeError):
+    """An update config built with other memory knobs than the profile's Compute config."""
+
+
+@dataclass(frozen=True)
+class Compute:
+    """Device, precision and memory knobs of one run; the same object reaches every model call."""
+    device: str = field(default="cpu", metadata={"doc": "cpu, cuda or cuda:N"})
+    dtype: str = field(default="float64", metadata={"doc": "precision of analysis forwards and updates"})
+    sample_dtype: str = field(default="", metadata={"doc": "dtype of the sampler copy; empty: the training model itself"})
+    chunk_rows: int = field(default=64, metadata={"doc": "rows per body forward (gradient accumulation inside a mini-batch)"})
+    token_chunk: int = field(default=4096, metadata={"doc": "positions per LM-head call: bounds every (positions, V) logits tensor"})
+    gradient_checkpointing: bool = field(default=False, metadata={"doc": "recompute the body's activations in the backward"})
+    backend: str = field(default="hf", metadata={"doc": "sampler: 'hf' or 'vllm'"})
+    gpu_memory_utilization: float = field(default=0.3, metadata={"doc": "vLLM's share of GPU memory"})
+
+    def __post_init__(self):
+        for name in ("chunk_rows", "token_chunk"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"Compute.{name} must be ≥ 1, got {getattr(self, name)!r}")
+
+    @classmethod
+    def from_params(cls, params: Mapping) -> "Compute":
+        """The Compute of a notebook's parameters (names it does not declare keep their defaults)."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: params[k] for k in names if k in params})
+
+    @classmethod
+    def of_update(cls, cfg) -> "Compute":
+        """The memory knobs an existing UpdateConfig carries, as a Compute (training loops hold one)."""
+        return cls(**{k: getattr(cfg, k) for k in KNOBS})
+
+    def update(self, **kw):
+        """A `grpo.UpdateConfig` with this Compute's memory knobs (the only way the library builds one)."""
+        from . import grpo
+        return grpo.UpdateConfig(**{**{k: getattr(self, k) for k in KNOBS}, **kw})
+
+    def stats(self, model, batch, hidden: bool = False):
+        """`measure.token_stats` with this Compute's chunking."""
+        from . import measure
+        return measure.token_stats(model, batch, self.chunk_rows, hidden=hidden, token_chunk=self.token_chunk)
+
+    def key(self) -> dict:
+        """The knobs that can change a result, for cache keys."""
+        return dataclasses.asdict(self)
+
+
+# ----------------------------------------------------------------------------- the guard (tests, debugging)
+def guard_knobs() -> dict | None:
+    """The knobs of $CANCELLATION_COMPUTE_GUARD, or None when the guard is off."""
+    raw = os.environ.get(GUARD_ENV)
+    return json.loads(raw) if raw else None
+
+
+def guard_lm_head(model, token_chunk: int):
+    """Make `model`'s LM head raise MemoryBoundError on more than `token_chunk` positions (idempotent)."""
+    head = model.get_output_embeddings()
+    if getattr(head, "_cancellation_guard", None) == token_chunk:
+        return model
+
+    def check(module, args):
+        x = args[0]
+        n = x.numel() // x.shape[-1]
+        if n > token_chunk:
+            raise MemoryBoundError(f"LM head called on {n} positions at once; token_chunk is {token_chunk} "
+                                   f"(a logits tensor of {n} x {module.weight.shape[0]})")
+
+    head.register_forward_pre_hook(check)
+    head._cancellation_guard = token_chunk
+    return model
+
+
+def apply_guard(model):
+    """Install the LM-head guard on `model` when $CANCELLATION_COMPUTE_GUARD names a token_chunk."""
+    knobs = guard_knobs()
+    if knobs and "token_chunk" in knobs:
+        guard_lm_head(model, int(knobs["token_chunk"]))
+    return model
+
+
+def check_update(cfg) -> None:
+    """Raise KnobError when the guard is on and `cfg`'s memory knobs differ from the guard's."""
+    knobs = guard_knobs()
+    if not knobs:
+        return
+    bad = {k: (getattr(cfg, k), v) for k, v in knobs.items() if k in KNOBS and getattr(cfg, k) != v}
+    if bad:
+        raise KnobError("an UpdateConfig was built without the profile's Compute: "
+                        + ", ".join(f"{k}={got!r} (profile: {want!r})" for k, (got, want) in bad.items()))
