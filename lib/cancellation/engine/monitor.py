@@ -218,7 +218,7 @@ class CancellationMonitor(TrainerCallback):
         self._dropout = None                  # whether the model has dropout (looked up once)
         self.rows: list[pd.DataFrame] = []    # per-step shares (self.table())
         self.tokens: list[pd.DataFrame] = []
-        self._unwritten: list[pd.DataFrame] = []   # shares not yet in a parquet part
+        self._unwritten: list[tuple[int, pd.DataFrame]] = []   # (step, shares) not yet in a parquet part
         self.seconds = 0.0                    # the monitor's time over the run
         self._step_seconds = 0.0              # ... in the current step (logged)
 
@@ -297,7 +297,7 @@ class CancellationMonitor(TrainerCallback):
             logs[key] = r.fraction
         logs["cancellation/noise_floor"] = self._noise if self._noise is not None else float("nan")
         if self.parquet and state.is_world_process_zero:
-            self._unwritten.append(summ)
+            self._unwritten.append((step, summ))
             if len(self._unwritten) >= self.flush_every:
                 self._flush()
         dt = self._step_seconds + time.perf_counter() - t0
@@ -318,11 +318,12 @@ class CancellationMonitor(TrainerCallback):
         """Append the shares not yet written as one parquet part (no rewrite of earlier steps)."""
         if not self._unwritten:
             return
-        part = pd.concat(self._unwritten, ignore_index=True)
+        first = self._unwritten[0][0]   # (a step whose tokens all have A = 0 has no rows)
+        part = pd.concat([s for _, s in self._unwritten], ignore_index=True)
         self._unwritten = []
         out = Path(self.parquet)
         out.mkdir(parents=True, exist_ok=True)
-        part.to_parquet(out / f"part-{int(part.step.iloc[0]):09d}.parquet", index=False)
+        part.to_parquet(out / f"part-{first:09d}.parquet", index=False)
 
     def on_save(self, args, state, control, **kw):
         self._flush()   # a checkpoint's run can be read up to it
