@@ -402,3 +402,55 @@ def test_example_script_runs(tmp_path):
     rows = pd.read_parquet(tmp_path / "cancellation.parquet")
     assert sorted(rows.step.unique()) == [1, 2] and {"pos", "neg"} & set(rows.sign)
     assert "steps measured" in out.stdout
+
+
+DDP_WORKER = '''
+import os, sys
+from cancellation import engine, policy, tasks
+out, rank = sys.argv[1], int(os.environ["RANK"])
+model, tok = policy.load_policy("data/policies/tiny-s")
+src = tasks.ProblemSource(kinds=("add2", "sub2"))
+cfg = engine.grpo_config(out, n_prompts=4, G=4, n_minibatches=2, iterations=1, max_new_tokens=48)
+mon = engine.CancellationMonitor(parquet=f"{out}/cancellation{rank}", flush_every=1)
+tr = engine.BatchingGRPOTrainer(model=model, processing_class=tok, reward_funcs=[engine.reward_function(src)],
+                                args=cfg, train_dataset=engine.problem_dataset(src, tok, 32), strategy="QB+RB",
+                                tau=0.25, max_rounds=3, callbacks=[mon])
+tr.train()
+assert tr.accelerator.num_processes == 2
+tr.minibatch_table().to_json(f"{out}/minibatches{rank}.json")
+tr.iteration_table().to_json(f"{out}/iterations{rank}.json")
+'''
+
+
+def test_two_processes_qb_rb_with_monitor(tmp_path):
+    """Two CPU processes (gloo; torchrun, the launcher `accelerate launch` uses): each samples its own
+    shard, the RB release is agreed by both, groups stay intact, both ranks build the same plan,
+    and only the main process writes the monitor's parquet."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    import pandas as pd
+    torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable))
+    if torchrun is None:
+        pytest.skip("no torchrun next to the interpreter")
+    root = Path(__file__).resolve().parents[1]
+    (tmp_path / "worker.py").write_text(DDP_WORKER)
+    env = dict(os.environ, PYTHONPATH=str(root / "lib") + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               OMP_NUM_THREADS="1")
+    run = subprocess.run([torchrun, "--nproc_per_node", "2", str(tmp_path / "worker.py"), str(tmp_path)],
+                         capture_output=True, text=True, env=env, cwd=root, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    mb = [pd.read_json(tmp_path / f"minibatches{r}.json") for r in (0, 1)]
+    its = [pd.read_json(tmp_path / f"iterations{r}.json") for r in (0, 1)]
+    assert its[0].rounds.tolist() == its[1].rounds.tolist() and its[0].updated.tolist() == its[1].updated.tolist()
+    assert its[0].updated.all()
+    for d in mb:
+        assert (d.groupby(["iteration", "group"]).minibatch.nunique() == 1).all()   # QB: groups intact
+        assert min((d.sign > 0).sum(), (d.sign < 0).sum()) >= 4                     # RB: τ|B| of each sign
+    plan = [d.groupby(["iteration", "minibatch"]).group.apply(lambda g: sorted(set(g))).tolist() for d in mb]
+    assert plan[0] == plan[1]                       # the same plan (group ids are local) on both ranks
+    assert sorted(p.name for p in (tmp_path / "cancellation0").glob("*.parquet")) == \
+        ["part-000000001.parquet", "part-000000002.parquet"]
+    assert not (tmp_path / "cancellation1").exists()

@@ -113,6 +113,15 @@ class BatchingGRPOTrainer(GRPOTrainer):
         rb.__dict__["_trl"] = d  # the TRL dict (old log-probs included) of the same rows
         return rb
 
+    def _agree(self, ok: bool) -> bool:
+        """RB across processes: every process's buffer holds its own shard, so a release needs
+        all of them (else the processes would sample different numbers of rounds and hang in
+        TRL's gathers). One process: its own answer, no communication."""
+        if self.accelerator.num_processes == 1:
+            return ok
+        flags = self.accelerator.gather(torch.tensor([float(ok)], device=self.accelerator.device))
+        return bool(flags.min() > 0)
+
     def _extra_generation_batch(self):
         """Prompts of RB's additional sampling rounds, through the Trainer's data path.
 
@@ -161,7 +170,7 @@ class BatchingGRPOTrainer(GRPOTrainer):
         def sample(r, k):
             return self._generate_round(generation_batch if k == 0 else self._extra_generation_batch())
 
-        batch, drawn = batching.sample_until_release(sample, self.buffer, self._round, cap)
+        batch, drawn = batching.sample_until_release(sample, self.buffer, self._round, cap, self._agree)
         rounds = len(drawn)
         self._round += rounds
         row = dict(iteration=it, rounds=rounds, updated=batch is not None,
