@@ -268,3 +268,189 @@ def test_small_trainer_frames_maps_a_trl_run(runs):
         assert upd[["batch_acc", "entropy", "loss", "t_sample", "t_update", "resp_len"]].notna().all().all()
         assert (upd.entropy > 0).all() and ((upd.batch_acc >= 0) & (upd.batch_acc <= 1)).all()
         assert (upd.n_rollouts == RUN["n_prompts"] * RUN["G"]).all()
+
+
+# --------------------------------------------------------------------------- the monitor as a plain TRL callback
+def test_monitor_module_imports_without_trl_or_notebook_machinery():
+    import subprocess
+    import sys
+    heavy = ("matplotlib", "papermill", "jupytext", "nbformat", "nbclient", "IPython", "trl")
+    code = ("import sys, cancellation.engine; assert 'transformers' not in sys.modules; "
+            "import cancellation.engine.monitor; "
+            f"print([m for m in {heavy!r} if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def _plain_trainer(tmp, callbacks, steps=2, dtype="float32", **cfg):
+    """TRL's own GRPOTrainer (not the subclass) on the tiny policy, as a user would build it."""
+    from trl import GRPOTrainer
+
+    model, tok = policy.load_policy(MODEL, dtype=dtype)
+    tok.padding_side = "left"
+    src = tasks.ProblemSource(**SOURCE)
+    args = engine.grpo_config(tmp, n_prompts=4, G=4, n_minibatches=2, iterations=steps // 2, max_new_tokens=48,
+                              **cfg)
+    return GRPOTrainer(model=model, processing_class=tok, reward_funcs=[engine.reward_function(src)], args=args,
+                       train_dataset=engine.problem_dataset(src, tok, 16), callbacks=callbacks)
+
+
+def test_monitor_from_callbacks_list(tmp_path):
+    """callbacks=[CancellationMonitor()] measures every step; per-step seconds; parquet parts == table()."""
+    import pandas as pd
+    from transformers.integrations.integration_utils import rewrite_logs
+
+    pq = tmp_path / "cancellation.parquet"
+    mon = engine.CancellationMonitor(parquet=str(pq), flush_every=1)
+    tr = _plain_trainer(str(tmp_path), [mon], steps=4)
+    tr.train()
+    tab = mon.table()
+    assert mon.trainer is tr and sorted(tab.step.unique()) == [1, 2, 3, 4]
+    log = pd.DataFrame(tr.state.log_history)
+    assert {"cancellation/pos/boosted", "cancellation/neg/suppressed", "cancellation/noise_floor"} <= set(log)
+    assert log["cancellation/noise_floor"].max() < 1e-5
+    # cancellation/seconds is each step's own time (logging_steps=1): they add up to the run's total
+    secs = log["cancellation/seconds"].dropna()
+    assert len(secs) == 4 and abs(secs.sum() - mon.seconds) < 1e-9 and (secs > 0).all()
+    # the loggers (TensorBoard, W&B) prefix training metrics with train/: the names README shows
+    assert "train/cancellation/pos/boosted" in rewrite_logs(tr.state.log_history[0])
+    # appended, not rewritten: one part per step, read back as the in-memory table
+    assert len(list(pq.glob("part-*.parquet"))) == 4
+    pd.testing.assert_frame_equal(engine.read_parquet(pq), tab)
+    pd.testing.assert_frame_equal(pd.read_parquet(pq).sort_values(["step"], kind="stable").reset_index(drop=True), tab)
+
+
+def test_monitor_measures_in_eval_mode_and_restores_it(tmp_path):
+    """With dropout on, the before/after forwards run in eval mode: the noise floor stays at round-off
+    (the loss forward's dropout-noised log-probs are not used as "before"), and training mode is restored."""
+    seen = []
+    mon = engine.CancellationMonitor()
+    tr = _plain_trainer(str(tmp_path), [mon], steps=2)
+    tr.model.config.attention_dropout = 0.5
+    for layer in tr.model.model.layers:
+        layer.self_attn.attention_dropout = 0.5
+    mon.attach(tr)   # attach before train also works (and is idempotent with callbacks=[mon])
+    inner, inner_fwd, in_monitor = tr._get_per_token_logps_and_entropies, mon._forward, [False]
+
+    def spy(model, *a, **kw):   # every log-prob forward: (called by the monitor, training mode)
+        seen.append((in_monitor[0], model.training))
+        return inner(model, *a, **kw)
+
+    def monitor_forward(model, inputs):
+        was, in_monitor[0] = model.training, True
+        try:
+            return inner_fwd(model, inputs)
+        finally:
+            in_monitor[0] = False
+            assert model.training == was   # the mode is restored
+
+    tr._get_per_token_logps_and_entropies = spy
+    mon._forward = monitor_forward
+    tr.train()
+    # (dropout may spoil every answer here, leaving no A != 0 rows: the noise floor is measured anyway)
+    assert mon._noise is not None and mon._noise < 1e-5
+    measuring = [training for by_monitor, training in seen if by_monitor]
+    assert measuring and not any(measuring)      # the monitor's forwards: eval mode
+    assert any(training for by_monitor, training in seen if not by_monitor)   # the loss forwards: training
+    assert tr.model.training
+
+
+def test_monitor_without_reachable_trainer_names_attach():
+    from transformers import TrainerControl, TrainerState
+    mon = engine.CancellationMonitor()
+    with pytest.raises(RuntimeError, match=r"\.attach\(trainer\)"):
+        mon.on_train_begin(None, TrainerState(), TrainerControl())
+
+
+def test_rb_extra_rounds_go_through_the_trainer_dataloader(monkeypatch):
+    """RB's extra rounds come from a Trainer dataloader (accelerate-prepared: sharded per process),
+    with the seeded order the engine always used and the global RNG left untouched."""
+    model, tok = policy.load_policy(MODEL)
+    src = tasks.ProblemSource(**SOURCE)
+    cfg = engine.grpo_config(tempfile.mkdtemp(), n_prompts=4, G=4, n_minibatches=2)
+    ds = engine.problem_dataset(src, tok, 10)
+    tr = engine.BatchingGRPOTrainer(model=model, processing_class=tok, reward_funcs=[engine.reward_function(src)],
+                                    args=cfg, train_dataset=ds, strategy="RB", plan_seed=3)
+    calls = []
+    inner = tr._get_dataloader
+    monkeypatch.setattr(tr, "_get_dataloader", lambda *a, **kw: calls.append(kw) or inner(*a, **kw))
+    state = torch.get_rng_state()
+    got = [tr._extra_generation_batch() for _ in range(5)]   # 10 prompts, 4 a batch: passes of 2 batches
+    assert torch.equal(state, torch.get_rng_state())
+    assert len(calls) == 1 and calls[0]["is_training"]
+    g = torch.Generator().manual_seed(3 + 7_654_321)
+    want = []
+    while len(want) < 5:
+        want += [[ds[int(i)] for i in idx for _ in range(4)] for idx in torch.randperm(10, generator=g).split(4)
+                 if len(idx) == 4]
+    assert got == want[:5]
+
+
+def test_example_script_runs(tmp_path):
+    """examples/trl_monitor.py: plain TRL with callbacks=[CancellationMonitor(...)] writes its rows."""
+    import os
+    import subprocess
+    import sys
+
+    import pandas as pd
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, PYTHONPATH=str(root / "lib") + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    out = subprocess.run([sys.executable, str(root / "examples/trl_monitor.py"), "--model", str(root / MODEL),
+                          "--steps", "2", "--max-new-tokens", "48", "--output-dir", str(tmp_path)],
+                         capture_output=True, text=True, env=env, cwd=root, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = pd.read_parquet(tmp_path / "cancellation.parquet")
+    assert sorted(rows.step.unique()) == [1, 2] and {"pos", "neg"} & set(rows.sign)
+    assert "steps measured" in out.stdout
+
+
+DDP_WORKER = '''
+import os, sys
+from cancellation import engine, policy, tasks
+out, rank = sys.argv[1], int(os.environ["RANK"])
+model, tok = policy.load_policy("data/policies/tiny-s")
+src = tasks.ProblemSource(kinds=("add2", "sub2"))
+cfg = engine.grpo_config(out, n_prompts=4, G=4, n_minibatches=2, iterations=1, max_new_tokens=48)
+mon = engine.CancellationMonitor(parquet=f"{out}/cancellation{rank}", flush_every=1)
+tr = engine.BatchingGRPOTrainer(model=model, processing_class=tok, reward_funcs=[engine.reward_function(src)],
+                                args=cfg, train_dataset=engine.problem_dataset(src, tok, 32), strategy="QB+RB",
+                                tau=0.25, max_rounds=3, callbacks=[mon])
+tr.train()
+assert tr.accelerator.num_processes == 2
+tr.minibatch_table().to_json(f"{out}/minibatches{rank}.json")
+tr.iteration_table().to_json(f"{out}/iterations{rank}.json")
+'''
+
+
+def test_two_processes_qb_rb_with_monitor(tmp_path):
+    """Two CPU processes (gloo; torchrun, the launcher `accelerate launch` uses): each samples its own
+    shard, the RB release is agreed by both, groups stay intact, both ranks build the same plan,
+    and only the main process writes the monitor's parquet."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    import pandas as pd
+    torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable))
+    if torchrun is None:
+        pytest.skip("no torchrun next to the interpreter")
+    root = Path(__file__).resolve().parents[1]
+    (tmp_path / "worker.py").write_text(DDP_WORKER)
+    env = dict(os.environ, PYTHONPATH=str(root / "lib") + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               OMP_NUM_THREADS="1")
+    run = subprocess.run([torchrun, "--nproc_per_node", "2", str(tmp_path / "worker.py"), str(tmp_path)],
+                         capture_output=True, text=True, env=env, cwd=root, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    mb = [pd.read_json(tmp_path / f"minibatches{r}.json") for r in (0, 1)]
+    its = [pd.read_json(tmp_path / f"iterations{r}.json") for r in (0, 1)]
+    assert its[0].rounds.tolist() == its[1].rounds.tolist() and its[0].updated.tolist() == its[1].updated.tolist()
+    assert its[0].updated.all()
+    for d in mb:
+        assert (d.groupby(["iteration", "group"]).minibatch.nunique() == 1).all()   # QB: groups intact
+        assert min((d.sign > 0).sum(), (d.sign < 0).sum()) >= 4                     # RB: τ|B| of each sign
+    plan = [d.groupby(["iteration", "minibatch"]).group.apply(lambda g: sorted(set(g))).tolist() for d in mb]
+    assert plan[0] == plan[1]                       # the same plan (group ids are local) on both ranks
+    assert sorted(p.name for p in (tmp_path / "cancellation0").glob("*.parquet")) == \
+        ["part-000000001.parquet", "part-000000002.parquet"]
+    assert not (tmp_path / "cancellation1").exists()

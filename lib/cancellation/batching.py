@@ -186,8 +186,13 @@ class RewardBalancedBuffer:
     def _keep(self, keep: torch.Tensor):
         self.rows, self.born = self.rows.select(keep.nonzero().squeeze(1)), self.born[keep]
 
-    def release(self, round_: int) -> RolloutBatch | None:
+    def release(self, round_: int, agree=None) -> RolloutBatch | None:
+        """A τ-balanced batch of the buffered rollouts, or None. `agree(ok) -> bool` (several
+        processes, each with its own buffer): release only if every process can, so that all
+        take the same number of sampling rounds and optimizer steps."""
         if self.rows is None:
+            if agree is not None:
+                agree(False)   # the other processes wait for this answer
             return None
         old = round_ - self.born > self.max_age
         if old.any():
@@ -195,6 +200,8 @@ class RewardBalancedBuffer:
             self._keep(~old)
         rows = reward_balanced(self.rows.group, self.rows.advantage, self.batch_size, self.tau,
                                self.query_preserved, priority=self.born)
+        if agree is not None and not agree(rows is not None):
+            return None
         if rows is None:
             return None
         out = self.rows.select(rows)
@@ -208,3 +215,25 @@ class RewardBalancedBuffer:
     def stats(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("rows", "born")} | \
             {"buffered": len(self)}
+
+
+def sample_until_release(sample, buffer: RewardBalancedBuffer | None, first_round: int, cap: int, agree=None):
+    """One iteration's sampling rounds, shared by the small trainer and the TRL engine.
+
+    `sample(round_, k)` draws sampling round `round_` (the run's round counter; `k` counts this
+    iteration's rounds from 0). Without a buffer the first round is the batch. With RB every
+    round goes into the buffer and the loop stops at the first release or after `cap` rounds.
+    `agree`: see `RewardBalancedBuffer.release` (several processes). Returns (batch or None, the
+    rounds drawn); the caller advances its round counter by len(drawn).
+    """
+    batch, drawn = None, []
+    while batch is None and len(drawn) < cap:
+        r = first_round + len(drawn)
+        b = sample(r, len(drawn))
+        drawn.append(b)
+        if buffer is None:
+            batch = b
+        else:
+            buffer.add(b, r)
+            batch = buffer.release(r, agree)
+    return batch, drawn

@@ -2,10 +2,17 @@
 
     python -m cancellation.bench            # all benchmarks
     python -m cancellation.bench token_stats
+    python -m cancellation.bench monitor steps=2 repeats=3   # key=value: that benchmark's arguments
+
+Every benchmark that compares ways of doing one thing times them with `paired`: one warm-up
+call of each way (whichever ran first would otherwise pay for lazy imports, caches and the
+allocator), then the ways alternate for `repeats` rounds (load drift on a shared machine hits
+all ways alike); the printout gives the median and the spread (min–max) over the rounds.
 """
 from __future__ import annotations
 
 import copy
+import statistics
 import sys
 import time
 
@@ -21,14 +28,42 @@ def bench(fn):
     return fn
 
 
-def timed(fn, repeat: int = 3) -> float:
-    """Best wall time of `repeat` calls (seconds)."""
-    best = float("inf")
-    for _ in range(repeat):
-        t = time.perf_counter()
+def paired(ways: dict, repeats: int = 3, memory: bool = False) -> dict:
+    """Time the `ways` (name -> zero-argument callable) of one computation fairly.
+
+    One warm-up call of each, then `repeats` rounds calling every way once in turn. Returns per
+    way {'s': seconds per round, 'mb': peak RSS increase per round (with `memory`, via
+    `_peak_rss`), 'out': the last call's result}.
+    """
+    if repeats < 1:
+        raise ValueError("repeats must be >= 1")
+    for fn in ways.values():
         fn()
-        best = min(best, time.perf_counter() - t)
-    return best
+    res = {n: {"s": [], "mb": [], "out": None} for n in ways}
+    for _ in range(repeats):
+        for n, fn in ways.items():
+            if memory:
+                out, dt, mb = _peak_rss(fn)
+                res[n]["mb"].append(mb)
+            else:
+                t = time.perf_counter()
+                out = fn()
+                dt = time.perf_counter() - t
+            res[n]["s"].append(dt)
+            res[n]["out"] = out
+    return res
+
+
+def spread(xs, scale: float = 1.0, fmt: str = ".3f") -> str:
+    """'median (min–max)' of a list of measurements, each multiplied by `scale`."""
+    xs = sorted(x * scale for x in xs)
+    med = statistics.median(xs)
+    return f"{med:{fmt}} ({xs[0]:{fmt}}–{xs[-1]:{fmt}})"
+
+
+def ratios(a, b) -> list[float]:
+    """Per-round ratios a/b of two ways measured in the same rounds (their spread is the ratio's)."""
+    return [x / y for x, y in zip(a, b)]
 
 
 def _policy_batch(n_prompts=16, G=8, dtype="float64"):
@@ -38,20 +73,22 @@ def _policy_batch(n_prompts=16, G=8, dtype="float64"):
 
 
 @bench
-def token_stats():
+def token_stats(n_prompts: int = 16, G: int = 8, repeats: int = 3):
     """Token log-probs/entropies of a batch: batched forward (row chunks) vs one forward per sequence."""
-    model, _, batch = _policy_batch()
-    fast = timed(lambda: measure.token_stats(model, batch, chunk_rows=64))
-    slow = timed(lambda: measure.token_stats_per_sequence(model, batch), repeat=1)
+    model, _, batch = _policy_batch(n_prompts, G)
+    r = paired({"batched": lambda: measure.token_stats(model, batch, chunk_rows=64),
+                "per-seq": lambda: measure.token_stats_per_sequence(model, batch)}, repeats)
+    fast, slow = r["batched"], r["per-seq"]
     m = batch.response_mask
-    err = float((measure.token_stats(model, batch).logp - measure.token_stats_per_sequence(model, batch).logp)[m].abs().max())
-    print(f"token_stats: {len(batch)} rollouts, {batch.n_tokens} response tokens, float64, tiny-m\n"
-          f"  batched  {fast * 1e3:8.1f} ms\n  per-seq  {slow * 1e3:8.1f} ms\n"
-          f"  speed-up {slow / fast:8.1f}x   (max |Δ logp| between them {err:.1e})")
+    err = float((fast["out"].logp - slow["out"].logp)[m].abs().max())
+    print(f"token_stats: {len(batch)} rollouts, {batch.n_tokens} response tokens, float64, tiny-m; "
+          f"median (min–max) of {repeats} alternating rounds\n"
+          f"  batched  {spread(fast['s'], 1e3, '.1f')} ms\n  per-seq  {spread(slow['s'], 1e3, '.1f')} ms\n"
+          f"  speed-up {spread(ratios(slow['s'], fast['s']), fmt='.1f')}x   (max |Δ logp| between them {err:.1e})")
 
 
 @bench
-def categories_tagging():
+def categories_tagging(n_tokens: int = 100_000, repeats: int = 3):
     """Fig. 4 tagging of 100k response tokens: word-level (detokenise, tag each distinct word once,
     map back) vs naive per-token tagging (every token alone through the NLTK tagger). Budget 10 s."""
     import random
@@ -64,21 +101,25 @@ def categories_tagging():
         ids = tok(tasks.make_trace(p, rng, error_rate=0.35), add_special_tokens=False).input_ids
         seqs.append(ids)
         n += len(ids)
-        if n >= 100_000:
+        if n >= n_tokens:
             break
     vocab = tok.convert_ids_to_tokens(list(range(len(tok))))
     pieces = [[vocab[i] for i in s] for s in seqs]
     special = frozenset(tok.all_special_tokens)
-    fast = timed(lambda: C.Categorizer(tagger="shipped").tag_ids(seqs, tok), repeat=2)  # fresh caches each time
     cz = C.Categorizer(tagger="shipped")
-    slow = timed(lambda: [C.tag_naive(p, "wordpiece", cz, special) for p in pieces], repeat=1)
-    a = [c for cs, _ in cz.tag_ids(seqs, tok) for c in cs]
-    b = [c for p in pieces for c in C.tag_naive(p, "wordpiece", cz, special)]
+    r = paired({"word": lambda: C.Categorizer(tagger="shipped").tag_ids(seqs, tok),   # fresh caches each time
+                "token": lambda: [C.tag_naive(p, "wordpiece", cz, special) for p in pieces]}, repeats)
+    fast, slow = r["word"]["s"], r["token"]["s"]
+    a = [c for cs, _ in r["word"]["out"] for c in cs]
+    b = [c for p in r["token"]["out"] for c in p]
     agree = sum(x == y for x, y in zip(a, b)) / len(a)
-    print(f"categories_tagging: {len(seqs)} tiny responses, {n} tokens, tagger=shipped (NLTK)\n"
-          f"  word-level {fast:8.2f} s   (budget 10 s: {'ok' if fast <= 10 else 'OVER'})\n"
-          f"  per-token  {slow:8.2f} s\n  speed-up   {slow / fast:8.1f}x   (labels agree on {100 * agree:.1f}% "
-          f"of tokens; the rest need phrase/brace context the per-token way cannot see)")
+    med = statistics.median(fast)
+    print(f"categories_tagging: {len(seqs)} tiny responses, {n} tokens, tagger=shipped (NLTK); "
+          f"median (min–max) of {repeats} alternating rounds\n"
+          f"  word-level {spread(fast, fmt='.2f')} s   (budget 10 s: {'ok' if med <= 10 else 'OVER'})\n"
+          f"  per-token  {spread(slow, fmt='.2f')} s\n  speed-up   {spread(ratios(slow, fast), fmt='.1f')}x   "
+          f"(labels agree on {100 * agree:.1f}% of tokens; the rest need phrase/brace context the per-token way "
+          f"cannot see)")
 
 
 def _peak_rss(fn):
@@ -133,12 +174,11 @@ def _coupling_features(n_tokens, seed=7):
 
 
 @bench
-def coupling_kernel():
+def coupling_kernel(n_tokens: int = 8192, n_pairs: int = 2048, repeats: int = 3):
     """Proxy kernel K (N×N): factorised + chunked vs autograd per-token LM-head gradients and their Gram."""
     from . import coupling
-    _, _, f, idx = _coupling_features(8192)
-    J = idx[:2048]
-    K_fast, t_fast, m_fast = _peak_rss(lambda: coupling.kernel(f, J, J, chunk=512))
+    _, _, f, idx = _coupling_features(n_tokens)
+    J = idx[:n_pairs]
 
     def autograd_gram():
         W = f.W.clone().requires_grad_(True)
@@ -148,16 +188,22 @@ def coupling_kernel():
             grads[i] = torch.autograd.grad(logp, W)[0].flatten()
         return grads @ grads.T
 
-    K_slow, t_slow, m_slow = _peak_rss(autograd_gram)
-    err = float((K_fast - K_slow).abs().max() / K_slow.abs().max())
-    del K_fast, K_slow
+    r = paired({"fast": lambda: coupling.kernel(f, J, J, chunk=512), "slow": autograd_gram}, repeats, memory=True)
+    fast, slow = r["fast"], r["slow"]
+    err = float((fast["out"] - slow["out"]).abs().max() / slow["out"].abs().max())
+    del r, fast["out"], slow["out"]
     a = f.A
     _, t_big, m_big = _peak_rss(lambda: coupling.kernel_matvec(f, a, chunk=1024))
-    print(f"coupling_kernel: tiny-m float64, V={f.W.shape[0]}, d={f.h.shape[1]}\n"
-          f"  N=2048 factorised+chunked  {t_fast:8.3f} s  peak +{m_fast:7.1f} MB (output 2048² float64 = 32 MB)\n"
-          f"  N=2048 autograd per-token   {t_slow:8.3f} s  peak +{m_slow:7.1f} MB\n"
-          f"  speed-up {t_slow / t_fast:8.1f}x   memory ratio {m_slow / max(m_fast, 1e-3):6.1f}x   (max rel. diff {err:.1e})\n"
-          f"  N=8192 factorised Σ_k A_k K_jk (all N² pairs, nothing N×N stored)  {t_big:8.3f} s  peak +{m_big:7.1f} MB")
+    N, out_mb = len(J), len(J) ** 2 * 8 / 2**20
+    print(f"coupling_kernel: tiny-m float64, V={f.W.shape[0]}, d={f.h.shape[1]}; "
+          f"median (min–max) of {repeats} alternating rounds\n"
+          f"  N={N} factorised+chunked  {spread(fast['s'])} s  peak +{spread(fast['mb'], fmt='.1f')} MB "
+          f"(output {N}² float64 = {out_mb:.0f} MB)\n"
+          f"  N={N} autograd per-token   {spread(slow['s'])} s  peak +{spread(slow['mb'], fmt='.1f')} MB\n"
+          f"  speed-up {spread(ratios(slow['s'], fast['s']), fmt='.1f')}x   memory ratio "
+          f"{spread(ratios(slow['mb'], [max(m, 1e-3) for m in fast['mb']]), fmt='.1f')}x   (max rel. diff {err:.1e})\n"
+          f"  N={n_tokens} factorised Σ_k A_k K_jk (all N² pairs, nothing N×N stored)  {t_big:8.3f} s  "
+          f"peak +{m_big:7.1f} MB")
 
 
 def _vocab_standin(rows=8, resp=4096, prompt=16, vocab=151_936, seed=0):
@@ -174,12 +220,11 @@ def _vocab_standin(rows=8, resp=4096, prompt=16, vocab=151_936, seed=0):
 
 
 @bench
-def memory():
+def memory(rows: int = 8, resp: int = 4096, repeats: int = 3):
     """Peak extra memory of token_stats and of one grpo_step on a 151,936-token vocabulary at 4,096
     response tokens per row, 8 rows: token chunks from the final hidden states vs the unchunked way
     (full (rows, L, V) float32 logits), measured in the same run. Target ≥ 10x less, chunked ≤ 2 GB."""
     from . import grpo
-    rows, resp = 8, 4096
     model, batch = _vocab_standin(rows, resp)
     V = model.config.vocab_size
     tc_stats, tc_step = 1024, 512
@@ -189,84 +234,88 @@ def memory():
     scale = rows / n_old
     old_batch = batch.select(list(range(n_old)))
 
-    s_new, t_sn, m_sn = _peak_rss(lambda: measure.token_stats(model, batch, chunk_rows=64, token_chunk=tc_stats))
-    s_old, t_so, m_so = _peak_rss(lambda: measure.token_stats_unchunked(model, old_batch, chunk_rows=64))
+    r = paired({"new": lambda: measure.token_stats(model, batch, chunk_rows=64, token_chunk=tc_stats),
+                "old": lambda: measure.token_stats_unchunked(model, old_batch, chunk_rows=64)}, repeats, memory=True)
+    s_new, s_old = r["new"].pop("out"), r["old"].pop("out")
     m = old_batch.response_mask
     err_s = float((s_new.logp[:n_old][m] - s_old.logp[m]).abs().max())
     old_logp = s_new.logp
     del s_new, s_old
+    sn, so = r["new"], r["old"]
 
     cfg_new = grpo.UpdateConfig(optimizer="sgd", lr=0.1, chunk_rows=64, token_chunk=tc_step)
     cfg_old = grpo.UpdateConfig(optimizer="sgd", lr=0.1, chunk_rows=64)
 
     def step(b, cfg, unchunked):
-        mdl = copy.deepcopy(model)
-        # the step's own old_logp pass is left out: ρ = 1 from the given log-probs
-        out = _peak_rss(lambda: grpo.grpo_step(mdl, b, cfg, old_logp=old_logp[:len(b)], unchunked=unchunked))
-        return mdl, out
+        def run():   # a fresh copy each call (its step's optimizer state and grads are freed after)
+            mdl = copy.deepcopy(model)
+            # the step's own old_logp pass is left out: ρ = 1 from the given log-probs
+            grpo.grpo_step(mdl, b, cfg, old_logp=old_logp[:len(b)], unchunked=unchunked)
+        return run
 
-    new_model, (_, t_gn, m_gn) = step(batch, cfg_new, False)
-    del new_model
-    old_model, (_, t_go, m_go) = step(old_batch, cfg_old, True)
-    del old_model
+    r = paired({"new": step(batch, cfg_new, False), "old": step(old_batch, cfg_old, True)}, repeats, memory=True)
+    gn, go = r["new"], r["old"]
     note = (f"  (the unchunked way measured on {n_old} of {rows} rows and scaled x{scale:g} linearly: "
             f"8 rows would need ~{est_row * rows / 2**30:.0f} GB, more than this machine has)\n"
             if n_old < rows else "")
-    ms_o, mg_o = m_so * scale, m_go * scale
+    med = statistics.median
+    mem_s = ratios([x * scale for x in so["mb"]], [max(x, 1) for x in sn["mb"]])
+    mem_g = ratios([x * scale for x in go["mb"]], [max(x, 1) for x in gn["mb"]])
+    ok = min(med(mem_s), med(mem_g)) >= 10 and max(med(sn["mb"]), med(gn["mb"])) <= 2048
     print(f"memory: random Qwen3 stand-in (hidden 64, 1 layer, tied), V={V}, float32, {rows} rows x "
-          f"{resp} response tokens (+16 prompt), chunk_rows=64\n"
-          f"  token_stats chunked (token_chunk={tc_stats})  peak +{m_sn:8.0f} MB  {t_sn:6.1f} s\n"
-          f"  token_stats unchunked                  peak +{ms_o:8.0f} MB  {t_so * scale:6.1f} s"
-          f"   ratio {ms_o / max(m_sn, 1):5.1f}x   (max |Δ logp| {err_s:.1e})\n"
-          f"  grpo_step chunked (token_chunk={tc_step})     peak +{m_gn:8.0f} MB  {t_gn:6.1f} s\n"
-          f"  grpo_step unchunked                    peak +{mg_o:8.0f} MB  {t_go * scale:6.1f} s"
-          f"   ratio {mg_o / max(m_gn, 1):5.1f}x\n" + note +
-          f"  target: >= 10x less and chunked <= 2048 MB: "
-          f"{'ok' if min(ms_o / max(m_sn, 1), mg_o / max(m_gn, 1)) >= 10 and max(m_sn, m_gn) <= 2048 else 'MISSED'}")
+          f"{resp} response tokens (+16 prompt), chunk_rows=64; median (min–max) of {repeats} alternating rounds\n"
+          f"  token_stats chunked (token_chunk={tc_stats})  peak +{spread(sn['mb'], fmt='.0f')} MB  "
+          f"{spread(sn['s'], fmt='.1f')} s\n"
+          f"  token_stats unchunked                  peak +{spread(so['mb'], scale, '.0f')} MB  "
+          f"{spread(so['s'], scale, '.1f')} s   ratio {spread(mem_s, fmt='.1f')}x   (max |Δ logp| {err_s:.1e})\n"
+          f"  grpo_step chunked (token_chunk={tc_step})     peak +{spread(gn['mb'], fmt='.0f')} MB  "
+          f"{spread(gn['s'], fmt='.1f')} s\n"
+          f"  grpo_step unchunked                    peak +{spread(go['mb'], scale, '.0f')} MB  "
+          f"{spread(go['s'], scale, '.1f')} s   ratio {spread(mem_g, fmt='.1f')}x\n" + note +
+          f"  target (medians): >= 10x less and chunked <= 2048 MB: {'ok' if ok else 'MISSED'}")
 
 
 @bench
-def masked_updates():
+def masked_updates(n_tokens: int = 5000, repeats: int = 3):
     """Masking effect per candidate: shortcut (M's share of the gradient) vs re-running the masked step."""
     from . import coupling
-    model, batch, f, _ = _coupling_features(5000, seed=3)
+    model, batch, f, _ = _coupling_features(n_tokens, seed=3)
     cands, sets = coupling.masking_sets(f, 30, 8, 0.5, seed=0)
     M = sets["both"]
-    n = 100
-    c_many, M_many = cands.repeat(n // len(cands) + 1)[:n], M.repeat(n // len(cands) + 1, 1)[:n]
-    t_lm = timed(lambda: coupling.masked_effects_lm_head(f, c_many, M_many, 0.1), repeat=1) / n
-    coupling.masked_effects_full(model, batch, f, cands[:1], M[:1], 0.1)  # warm-up
-    # per-candidate cost = slope between 1 and k candidates (the θ' step is paid once in both)
-    t0 = time.perf_counter()
-    coupling.masked_effects_full(model, batch, f, cands[:1], M[:1], 0.1)
-    t_one = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    fast = coupling.masked_effects_full(model, batch, f, cands, M, 0.1)
-    t_k = time.perf_counter() - t0
-    t_full = max((t_k - t_one) / (len(cands) - 1), 1e-6)
-    t_setup = t_one - t_full
-    t0 = time.perf_counter()
-    slow = [coupling.masked_effect_bruteforce(model, batch, int(c), m, f, 0.1) for c, m in zip(cands[:2], M[:2])]
-    t_brute = (time.perf_counter() - t0) / 2
-    t0 = time.perf_counter()
-    slow_lm = coupling.masked_effect_bruteforce(model, batch, int(cands[0]), M[0], f, 0.1, scope="lm_head")
-    t_brute_lm = time.perf_counter() - t0
+    n, k = 100, len(cands)
+    c_many, M_many = cands.repeat(n // k + 1)[:n], M.repeat(n // k + 1, 1)[:n]
+    # full scope: the per-candidate cost is the slope between 1 and k candidates (the θ' step is
+    # paid once in both); the re-run is one candidate's masked step
+    full = paired({"one": lambda: coupling.masked_effects_full(model, batch, f, cands[:1], M[:1], 0.1),
+                   "all": lambda: coupling.masked_effects_full(model, batch, f, cands, M, 0.1),
+                   "rerun": lambda: coupling.masked_effect_bruteforce(model, batch, int(cands[0]), M[0], f, 0.1)},
+                  repeats)
+    t_full = [max((ta - t1) / (k - 1), 1e-6) for ta, t1 in zip(full["all"]["s"], full["one"]["s"])]
+    t_setup = [t1 - tf for t1, tf in zip(full["one"]["s"], t_full)]
+    fast = full["all"]["out"]
+    slow = [full["rerun"]["out"], coupling.masked_effect_bruteforce(model, batch, int(cands[1]), M[1], f, 0.1)]
     err = max(abs(float(fast[i]) - slow[i]) / abs(slow[i]) for i in range(2))
-    print(f"masked_updates: tiny-m float64, {len(batch)} rollouts, {batch.n_tokens} tokens, |M| = 8, SGD lr 0.1\n"
-          f"  full scope: shortcut {t_full:8.3f} s/candidate (+ {t_setup:.1f} s once for θ')   "
-          f"re-run {t_brute:8.2f} s/candidate   speed-up {t_brute / t_full:6.1f}x (rel. diff {err:.1e})\n"
-          f"  lm_head:    closed form {t_lm * 1e3:8.3f} ms/candidate   re-run {t_brute_lm:8.2f} s/candidate   "
-          f"speed-up {t_brute_lm / t_lm:8.0f}x")
+    lm = paired({"closed": lambda: coupling.masked_effects_lm_head(f, c_many, M_many, 0.1),
+                 "rerun": lambda: coupling.masked_effect_bruteforce(model, batch, int(cands[0]), M[0], f, 0.1,
+                                                                    scope="lm_head")}, repeats)
+    t_lm = [t / n for t in lm["closed"]["s"]]
+    print(f"masked_updates: tiny-m float64, {len(batch)} rollouts, {batch.n_tokens} tokens, |M| = 8, SGD lr 0.1; "
+          f"median (min–max) of {repeats} alternating rounds\n"
+          f"  full scope: shortcut {spread(t_full)} s/candidate (+ {statistics.median(t_setup):.1f} s once for θ')   "
+          f"re-run {spread(full['rerun']['s'], fmt='.2f')} s/candidate   speed-up "
+          f"{spread(ratios(full['rerun']['s'], t_full), fmt='.1f')}x (rel. diff {err:.1e})\n"
+          f"  lm_head:    closed form {spread(t_lm, 1e3)} ms/candidate   re-run {spread(lm['rerun']['s'], fmt='.2f')} "
+          f"s/candidate   speed-up {spread(ratios(lm['rerun']['s'], t_lm), fmt='.0f')}x")
 
 
 @bench
-def value_continuations():
+def value_continuations(n_prompts: int = 4, G: int = 4, M: int = 16, repeats: int = 3):
     """Monte Carlo continuations (value.py): shared-prefix batched sampling vs `generate` per continuation set."""
     from . import value
-    model, tok, batch = _policy_batch(n_prompts=4, G=4, dtype="float32")
+    model, tok, batch = _policy_batch(n_prompts=n_prompts, G=G, dtype="float32")
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny decode steps: one thread is fastest, and both paths get the same
-    M, prefixes, budgets = 16, [], []
+    prefixes, budgets = [], []
     for row in range(len(batch)):
         prompt, resp = value.split_rollout(batch, row)
         for t in (0, len(resp) // 3, 2 * len(resp) // 3):
@@ -286,27 +335,80 @@ def value_continuations():
             ids = torch.tensor([p] * M)
             rollout.generate(model, ids, torch.ones_like(ids), b, 1.0, eos, pad, generator=g)
 
-    fast, slow = timed(shared, repeat=1), timed(naive, repeat=1)
+    r = paired({"shared": shared, "naive": naive}, repeats)
     torch.set_num_threads(threads)
-    print(f"value_continuations: {len(prefixes)} prefixes x M={M} = {n} continuations, tiny-m float32, 1 thread\n"
-          f"  shared-prefix batched {n / fast:8.1f} continuations/s\n  generate per set      {n / slow:8.1f} "
-          f"continuations/s\n  speed-up {slow / fast:8.1f}x")
+    fast, slow = r["shared"]["s"], r["naive"]["s"]
+    print(f"value_continuations: {len(prefixes)} prefixes x M={M} = {n} continuations, tiny-m float32, 1 thread; "
+          f"median (min–max) of {repeats} alternating rounds\n"
+          f"  shared-prefix batched {spread([n / t for t in fast], fmt='.1f')} continuations/s\n"
+          f"  generate per set      {spread([n / t for t in slow], fmt='.1f')} continuations/s\n"
+          f"  speed-up {spread(ratios(slow, fast), fmt='.1f')}x")
+
+
+def bench_monitor(model_path="data/policies/tiny-s", steps: int = 4, n_prompts: int = 4, G: int = 4,
+                  n_minibatches: int = 2, max_new_tokens: int = 24, repeats: int = 3, quiet: bool = False) -> dict:
+    """Training time per optimizer step with the monitor on vs off (same run, same seed; a fresh
+    policy each run), timed with `paired`. Prints and returns per-round lists {'off_s', 'on_s',
+    'ratio', 'monitor_s'} (per step; `monitor_s` is the monitor's own time). Generation is
+    included in the step time, as it is in a real run."""
+    import tempfile
+
+    from . import engine
+
+    monitor_s = []
+
+    def run(on):
+        def go():
+            model, tok = policy.load_policy(model_path)
+            with tempfile.TemporaryDirectory() as d:
+                t = time.perf_counter()
+                out = engine.train_trl(model_path, tasks.ProblemSource(), "random", output_dir=d,
+                                       iterations=steps // n_minibatches, n_prompts=n_prompts, G=G,
+                                       n_minibatches=n_minibatches, max_new_tokens=max_new_tokens, monitor=on,
+                                       model=model, tokenizer=tok)
+                dt = time.perf_counter() - t
+            if on:
+                monitor_s.append(out["monitor_callback"].seconds / steps)
+            return dt / steps
+        return go
+
+    r = paired({"off": run(False), "on": run(True)}, repeats)
+    res = {"off_s": [x / steps for x in r["off"]["s"]], "on_s": [x / steps for x in r["on"]["s"]],
+           "monitor_s": monitor_s[1:]}   # [0]: the warm-up run
+    res["ratio"] = ratios(res["on_s"], res["off_s"])
+    if not quiet:
+        print(f"monitor: TRL GRPO step (tiny policy, {n_prompts}x{G} rollouts, {n_minibatches} mini-batches, "
+              f"{steps} steps); median (min–max) of {repeats} alternating rounds\n"
+              f"  monitor off {spread(res['off_s'])} s/step\n  monitor on  {spread(res['on_s'])} s/step\n"
+              f"  ratio on/off {spread(res['ratio'], fmt='.2f')}   (monitor's own time "
+              f"{spread(res['monitor_s'])} s/step)")
+    return res
 
 
 @bench
-def monitor():
+def monitor(**kw):
     """CancellationMonitor on a TRL run: time per optimizer step with the monitor on vs off."""
-    from . import engine
-    engine.bench_monitor()
+    bench_monitor(**kw)
+
+
+def _value(v: str):
+    for kind in (int, float):
+        try:
+            return kind(v)
+        except ValueError:
+            pass
+    return v
 
 
 def main(argv=None):
-    names = (argv if argv is not None else sys.argv[1:]) or list(BENCHES)
+    args = argv if argv is not None else sys.argv[1:]
+    names = [a for a in args if "=" not in a] or list(BENCHES)
+    kw = {k: _value(v) for k, v in (a.split("=", 1) for a in args if "=" in a)}
     torch.manual_seed(0)
     for n in names:
         if n not in BENCHES:
             sys.exit(f"unknown benchmark {n!r}; known: {', '.join(BENCHES)}")
-        BENCHES[n]()
+        BENCHES[n](**kw)
 
 
 if __name__ == "__main__":

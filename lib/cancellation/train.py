@@ -377,24 +377,20 @@ def _train_run(model, tok, cfg, opt, sampler, ckpt_path, ckpt_every, progress, o
     for it in tqdm(range(st["iteration"], cfg.iterations), desc=f"train {name} s{cfg.seed}", disable=not progress,
                    initial=st["iteration"], total=cfg.iterations):
         t0 = time.time()
-        batch, rounds, drawn = None, 0, []
         if not cfg.reward_balanced:
             cap = 1
         elif cfg.run_rounds:  # equal optimizer steps: keep sampling while the run's budget lasts
             cap = max(0, cfg.run_rounds - st["round"])
         else:
             cap = cfg.max_rounds
-        while batch is None and rounds < cap:
-            r = st["round"]
+
+        def sample(r, k):
             pseed, sseed = rollout.round_seeds(cfg.seed, r)
-            b = sampler.sample(tok, cfg.source.draw(cfg.n_prompts, pseed), sseed)
-            drawn.append(b)
-            st["round"], rounds = r + 1, rounds + 1
-            if st["buffer"] is None:
-                batch = b
-            else:
-                st["buffer"].add(b, r)
-                batch = st["buffer"].release(r)
+            return sampler.sample(tok, cfg.source.draw(cfg.n_prompts, pseed), sseed)
+
+        batch, drawn = batching.sample_until_release(sample, st["buffer"], st["round"], cap)
+        rounds = len(drawn)
+        st["round"] += rounds
         t_sample = time.time() - t0
         row = dict(iteration=it, rounds=rounds, sampled_acc=float(torch.cat([d.reward for d in drawn]).mean()) if drawn else float("nan"),
                    updated=batch is not None, t_sample=t_sample)

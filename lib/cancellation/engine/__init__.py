@@ -1,0 +1,53 @@
+"""The batching interventions and the cancellation monitor on a real RL engine: TRL's GRPOTrainer.
+
+Three pieces (issue 12), each usable on its own:
+
+- `BatchingGRPOTrainer(GRPOTrainer)` (engine/trainer.py): the mini-batch strategies of Table 2
+  (`STRATEGIES`: random, QB, RB, QB+RB, sign_partitioned) inside TRL, with the update matched to
+  METHODS (the "Matching METHODS" notes are in that module's docstring).
+- `grpo_config(...)` (engine/data.py): the GRPOConfig of METHODS "The update"; with it the
+  dataset and reward of a `tasks.ProblemSource` (`problem_dataset`, `reward_function`) and the
+  layout adapters between TRL's mini-batch dicts and `rollout.RolloutBatch` (`to_rollout`,
+  `from_rollout`).
+- `CancellationMonitor` (engine/monitor.py): a `transformers.TrainerCallback` measuring, after
+  every optimizer step, Δlog p of that step's own mini-batch, logged as boosted/suppressed
+  shares by advantage sign and confidence bin. The usual TRL idiom works:
+
+      GRPOTrainer(..., callbacks=[CancellationMonitor(parquet="cancellation.parquet")])
+
+  `measure_step` is the same measurement as a plain function for any trainer.
+
+engine/recorder.py keeps the per-step record (loss, clipfrac, grad norm, time) that
+engine/runner.py's `train_trl` returns next to the strategy's record; `small_trainer_frames`
+reads a TRL run as the small trainer's (`train.train_run`) frames. The monitor's overhead
+benchmark is `bench.bench_monitor` (`make bench B=monitor`).
+
+Every public name is resolved lazily (module `__getattr__`), so `import cancellation.engine`
+imports neither TRL nor transformers; `from cancellation.engine import X` imports X's module.
+"""
+from __future__ import annotations
+
+import importlib
+
+# public name -> the submodule that owns it
+_WHERE = {
+    "STRATEGIES": "data", "problem_dataset": "data", "reward_function": "data", "grpo_config": "data",
+    "to_rollout": "data", "from_rollout": "data",
+    "BatchingGRPOTrainer": "trainer",
+    "CancellationMonitor": "monitor", "CONF_BINS": "monitor", "measure_step": "monitor", "step_table": "monitor",
+    "summarize": "monitor", "read_parquet": "monitor", "_own_forward": "monitor",
+    "StepRecorder": "recorder",
+    "train_trl": "runner", "small_trainer_frames": "runner", "SMALL_FRAMES": "runner", "TRL_FRAME_NOTES": "runner",
+}
+
+__all__ = [n for n in _WHERE if not n.startswith("_")]
+
+
+def __getattr__(name):
+    if name not in _WHERE:
+        raise AttributeError(f"module 'cancellation.engine' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))
