@@ -1,7 +1,7 @@
 """Mini-batch plans for one GRPO iteration, and the reward-balanced (RB) buffer.
 
 A plan turns one rollout batch into a list of row-index tensors, one per optimizer step
-(paper §4, METHODS "Fig. 7(a), Fig. 8, Table 2"). Plans are pure functions of group ids,
+(paper §4; docs/methods.md, "Batching interventions"). Plans are pure functions of group ids,
 advantages and a seed, so they are easy to test and to port to another trainer:
 
 - `random`            shuffle rows, split: the common default, scatters a query's rollouts

@@ -2,7 +2,7 @@
 
 Owns: `STRATEGIES` (Table 2's rows, the small trainer's table), `problem_dataset` and
 `reward_function` (a `tasks.ProblemSource` as a TRL dataset and reward), `grpo_config` (the
-GRPOConfig of METHODS "The update"), and `to_rollout` / `from_rollout` (TRL's mini-batch dicts
+GRPOConfig of docs/methods.md "The update"), and `to_rollout` / `from_rollout` (TRL's mini-batch dicts
 <-> `rollout.RolloutBatch`, which the measurements and the RB buffer read).
 """
 from __future__ import annotations
@@ -60,7 +60,7 @@ def grpo_config(output_dir, *, n_prompts: int = 8, G: int = 8, n_minibatches: in
                 lr: float = 3e-4, max_new_tokens: int = 96, temperature: float = 1.0, seed: int = 0,
                 dtype: str = "float32", use_vllm: bool = False, gradient_checkpointing: bool = False,
                 **overrides):
-    """The GRPOConfig of METHODS "The update" for a run of `iterations` rollout batches of
+    """The GRPOConfig of docs/methods.md "The update" for a run of `iterations` rollout batches of
     n_prompts × G rollouts, each split into `n_minibatches` optimizer steps (one GPU or CPU).
 
     `dtype` 'bfloat16' turns on bf16 mixed precision; other TRL/Trainer fields via `overrides`.

@@ -10,13 +10,13 @@ strategy can be checked from the run itself. RB's extra sampling rounds take the
 through the Trainer's data path (a second training dataloader with its own seed, prepared by
 accelerate), so under `accelerate launch` every process samples its own shard, as in round 0.
 
-Matching METHODS (checked by tests/test_engine.py):
+Matching docs/methods.md (checked by tests/test_engine.py):
 - loss: `loss_type="dapo"` is verl's token-mean, `epsilon=0.2`, `epsilon_high=0.28`; TRL's
   two-sided clip `delta=3` equals verl's dual clip c = 3 exactly (value and gradient) because
   1 + ε_high < c: for A < 0 both give −A·min(c, max(ρ, clip(ρ))), for A > 0 the cap never binds
   below clip(ρ). `beta=0` (no KL, no reference model), entropy bonus off.
 - token-mean denominator: TRL's "dapo" divides by the generation batch's tokens / steps_per_
-  generation (the *average* mini-batch's token count); verl and METHODS divide by the tokens of
+  generation (the *average* mini-batch's token count); verl and docs/methods.md divide by the tokens of
   *this* mini-batch. The subclass sets each mini-batch's `num_items_in_batch` so that TRL's
   normaliser is exactly the mini-batch's token count (the two differ by the factor
   n_tok(mini-batch) · n_minibatches / n_tok(batch), ≠ 1 for unequal mini-batches: QB, sign
@@ -31,11 +31,11 @@ Matching METHODS (checked by tests/test_engine.py):
   this is at or below the model's own precision. The loss formula itself matches to 1e-12.
 - θ_old: with steps_per_generation > 1 TRL computes old log-probs by one forward at generation
   (RB: recomputed here on the released batch with the current policy), so ρ = 1 on an
-  iteration's first mini-batch, as in METHODS.
+  iteration's first mini-batch, as in docs/methods.md.
 - optimizer: TRL's default AdamW with weight_decay 0 is Adam; lr constant; `max_grad_norm=0`
   (the artifact's trainer does not clip; verl's default clips at 1.0 — set it if you want verl).
 - not matched / not used: TRL's vLLM truncated-importance-sampling correction is switched off
-  (`vllm_importance_sampling_correction=False`: METHODS has no such term); TRL's position ids
+  (`vllm_importance_sampling_correction=False`: docs/methods.md has no such term); TRL's position ids
   come from HF's default (arange over the padded row) where ours come from the attention mask:
   with RoPE the two give the same attention scores up to round-off (relative positions only).
 
@@ -76,7 +76,7 @@ class BatchingGRPOTrainer(GRPOTrainer):
             raise ValueError(f"unknown batching strategy {strategy!r}; allowed: {', '.join(STRATEGIES)}")
         super().__init__(*args, **kw)
         if self.num_iterations != 1:
-            raise ValueError("BatchingGRPOTrainer needs num_iterations=1 (one pass over each batch, METHODS)")
+            raise ValueError("BatchingGRPOTrainer needs num_iterations=1 (one pass over each batch, docs/methods.md)")
         self.strategy = strategy
         self.plan, self.reward_balanced = STRATEGIES[strategy]
         self.max_rounds = max_rounds
