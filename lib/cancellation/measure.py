@@ -14,6 +14,7 @@ import pandas as pd
 import torch
 
 STATUSES = ("boosted", "suppressed", "stable")
+CONFIDENT = 0.9  # the paper's confidence split: a token with p ≥ CONFIDENT is confident, p < CONFIDENT uncertain
 
 
 def _device(model) -> torch.device:

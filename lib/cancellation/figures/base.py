@@ -47,6 +47,27 @@ def token_chunk():
     return param(4096, "positions per LM-head call: bounds every (positions, vocabulary) logits tensor", min=1)
 
 
+def sample_dtype(default: str = "float32"):
+    return param(default, "dtype of the sampler copy (batches, Monte Carlo continuations); empty: the model itself",
+                 choices=["", "float64", "float32", "bfloat16", "float16"])
+
+
+def backend():
+    return param("hf", "sampler: 'hf' (shared-prefix KV cache) or 'vllm' (GPU)", choices=["hf", "vllm"])
+
+
+def gpu_memory_utilization():
+    return param(0.3, "vLLM's share of GPU memory, beside the training model", gt=0, max=1)
+
+
+def gradient_checkpointing():
+    return param(False, "recompute the body's activations in the backward (large models)")
+
+
+def threads():
+    return param(1, "torch CPU threads (tiny decode steps gain nothing from more; busy cores make them spin)", min=1)
+
+
 def seed():
     return param(0, "seeds prompts, sampling and every random draw of the figure", min=0)
 

@@ -1,0 +1,274 @@
+"""Fig. 6 and Fig. 7(b) (notebook 06): the value gap against the sampling budget and the reward composition.
+
+`compute(P)` samples the base batch (Fig. 6) and the composition batch (Fig. 7(b)), draws every
+seed's nested sub-batches and valued rollouts (`budget.budget_plan`, `budget.composition_plan`),
+values the seeds' tokens once (`value.token_values`, cached per prefix and shared with other runs),
+takes one plain-SGD GRPO step per setting and seed (`budget.sweep_deltas`, from per-rollout scores
+or a real grpo_step; cached under its own key), and reads the gap per setting (`budget.gap_table`)
+and its trends with their noise budget (`budget.trend_table`). The whole Result is cached under
+every parameter and the model's and problems' fingerprints. `claims(R, P)` gives the notebook's
+claim rows.
+
+The step of a sub-batch B at ρ = 1 is exactly θ + (lr/T_B) Σ_{i∈B} A_i h_i, h_i the score of
+rollout i: with `step_mode` 'scores' h is computed once per rollout (`budget.rollout_scores`) and
+every setting's step is taken from it and undone with `grpo.trial` (tests: equal to a real
+`grpo_step` and to a hand-written SGD step); 'grpo' (large models, whose h do not fit in memory)
+runs a real `grpo_step` per setting.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from .. import budget, cache, measure, policy, rollout, tasks, value
+from .. import claims as C
+from . import base
+from .base import param
+
+TABLES = ("fig06_valued_deltas", "fig06_value_gap", "fig07b_reward_composition", "fig06_trends")
+PANELS = {"prompts": ("Fig. 6(a)", "prompts per update"), "rollouts": ("Fig. 6(b)", "rollouts per prompt"),
+          "composition": ("Fig. 7(b)", "")}
+
+
+@dataclass
+class Params(base.FigureParams):
+    """Notebook 06's parameters."""
+    CONSTRAINTS = (
+        ("max(prompt_sizes) <= n_prompts", "every prompt_sizes entry must be <= n_prompts (the base batch's prompts)"),
+        ("prompts_fixed <= n_prompts", "prompts_fixed must be <= n_prompts"),
+        ("n_fixed <= G", "n_fixed must be <= G (rollouts per prompt of the base batch)"),
+        ("max(rollout_sizes) <= G", "every rollout_sizes entry must be <= G"),
+        ("2 * (G_comp - 1) <= comp_G", "comp_G must hold G_comp - 1 positive and G_comp - 1 negative rollouts "
+                                       "(comp_G at least 2 (G_comp - 1))"),
+        ("valued_per_prompt <= n_fixed", "valued_per_prompt must be <= n_fixed (the valued rollouts are in every "
+                                         "update of panel (a))"),
+    )
+    model_path: str = base.model_path()
+    dtype: str = base.dtype()
+    sample_dtype: str = base.sample_dtype()
+    device: str = base.device()
+    n_prompts: int = param(32, "prompts in the base batch of Fig. 6 (the largest prompt budget)", min=1)
+    G: int = param(16, "rollouts per prompt in the base batch (the largest rollout budget)", min=2)
+    temperature: float = param(1.0, "sampling temperature (batches and continuations)", gt=0)
+    max_new_tokens: int = param(96, "response cap", min=1)
+    lr: float = param(0.1, "SGD learning rate of the one GRPO step (App. D.2)", gt=0)
+    eps: float = param(1e-6, "boosted/suppressed threshold on Δlog p", gt=0)
+    p_max: float = param(0.999, "valued tokens have p_t at most p_max (as notebook 05)", gt=0, lt=1)
+    M: int = param(16, "continuations per branch and token (paper: 256)", min=2)
+    estimator: str = param("exclude", "Δ̂ estimator (notebook 05: 'exclude' has no 1/(1-p) noise blow-up)",
+                           choices=["exclude", "paper"])
+    prompt_sizes: list = param([4, 8, 16, 32], "(a) prompts per update (paper 16..96), at n_fixed rollouts each",
+                               min=1, nonempty=True)
+    n_fixed: int = param(8, "(a) rollouts per prompt", min=1)
+    valued_per_prompt: int = param(2, "(a) valued rollouts of each of the min(prompt_sizes) core prompts", min=1)
+    rollout_sizes: list = param([1, 2, 4, 8, 16], "(b) rollouts per prompt (paper 1..8), at prompts_fixed prompts",
+                                min=1, nonempty=True)
+    prompts_fixed: int = param(16, "(b) prompts per update", min=1)
+    tokens_per_rollout: int = param(1, "valued tokens drawn from each valued rollout (fixed per rollout)", min=1)
+    G_comp: int = param(32, "7(b): rollouts per query group; from 1 to G_comp - 1 of them positive", min=2)
+    comp_prompts: int = param(16, "7(b): prompts of the composition batch", min=1)
+    comp_G: int = param(96, "7(b): rollouts per prompt of the composition batch (holds G_comp - 1 of each sign)", min=2)
+    comp_groups: int = param(4, "7(b): query groups used (the first with G_comp - 1 of each sign)", min=1)
+    top_fracs: list = param([50, 25], "highest-|Δ̂| subsets of the valued tokens (percent), besides all tokens",
+                            gt=0, max=100)
+    n_seeds: int = param(32, "subsampling seeds (each draws the sub-batches and the valued rollouts)", min=1)
+    n_boot: int = param(1000, "bootstrap resamples of the seeds", min=1)
+    rows_per_chunk: int = param(1024, "continuation rows per sampler batch", min=1)
+    backend: str = base.backend()
+    gpu_memory_utilization: float = base.gpu_memory_utilization()
+    threads: int = base.threads()
+    problems_path: str = base.problems_path()
+    prompt_format: str = base.prompt_format()
+    chunk_rows: int = base.chunk_rows()
+    token_chunk: int = base.token_chunk()
+    gradient_checkpointing: bool = base.gradient_checkpointing()
+    step_mode: str = param("scores", "'scores': steps from per-rollout scores h (small models); 'grpo': a real "
+                           "grpo_step each", choices=["scores", "grpo"])
+    score_dtype: str = param("float32", "storage of the per-rollout scores h (float32 halves the memory)",
+                             choices=["float32", "float64"])
+    seed: int = base.seed()
+
+
+@dataclass
+class Result:
+    """What Fig. 6 and Fig. 7(b) plot and their claims read."""
+    summary: str              # the batches, the valued tokens and the sweep
+    valued: pd.DataFrame      # the valued tokens (Fig. 6's, then 7(b)'s): Δ̂, its SE, reward, p, entropy
+    sweep: pd.DataFrame       # one row per (panel, x, seed, valued token): Δlog p of the setting's step, status
+    gaps: pd.DataFrame        # per (panel, x, subset, scope): pooled gap with its seed-resampled interval
+    trends: pd.DataFrame      # per (panel, subset): d, slope per doubling, ends split, noise budget
+    subsets: list             # token subsets: 'all', then 'top<f>' for every f of top_fracs
+    n_comp_groups: int        # query groups of 7(b)
+    seconds: dict             # wall time: values, sweep, total (of the first run, when cached)
+
+    def write(self, results_dir) -> None:
+        d = Path(results_dir)
+        cols = ["batch", "rollout", "position", "token", "reward", "prob", "entropy", "delta_hat", "delta_se"]
+        tables = (self.sweep.merge(self.valued[cols].reset_index(names="tok"), on="tok"),
+                  self.gaps[self.gaps.panel != "composition"], self.gaps[self.gaps.panel == "composition"], self.trends)
+        for name, df in zip(TABLES, tables):
+            cache.write_table(df, d / f"{name}.parquet")
+
+    def at(self, panel, x, scope="valued", subset="all") -> pd.Series:
+        """The gap row of one setting."""
+        g = self.gaps
+        return g[(g.panel == panel) & (g.x == x) & (g.scope == scope) & (g.subset == subset)].iloc[0]
+
+    def trend(self, panel, subset="all") -> pd.Series:
+        """The trend row of one panel and subset ('within_sign' for the within-sign gap)."""
+        return self.trends[(self.trends.panel == panel) & (self.trends.subset == subset)].iloc[0]
+
+
+def resolved(t) -> str:
+    """Whether a trend's seeds suffice for |d| = 2 SE (its noise budget), in words."""
+    return ("resolved with this run's seeds" if t.need_seeds <= t.n_seeds else
+            f"{t.need_seeds / t.n_seeds:.1f}x this run's {t.n_seeds} (n_seeds, sized to the profile's time budget), so "
+            "the interval decides and the verdict stays inconclusive unless it already excludes 0")
+
+
+def compute(P: Params) -> Result:
+    source = tasks.ProblemSource(path=P.problems_path, prompt_format=P.prompt_format)
+    source.load()  # a malformed problem file stops here, before any model loads
+    key = dict(P.key(), model=policy.fingerprint(P.model_path), source=source.params())
+    return cache.cached("fig06", key, lambda: _compute(P, source))
+
+
+def _compute(P: Params, source) -> Result:
+    t_start = time.perf_counter()
+    cc = P.compute()
+    torch.manual_seed(P.seed)
+    if P.device == "cpu":
+        torch.set_num_threads(P.threads)
+    verifier = source.verifier()
+    model, tok = policy.load_policy(P.model_path, dtype=P.dtype, device=P.device)
+    # every batch and continuation comes from one sampler: a `sample_dtype` copy (hf) or vLLM
+    # over the same checkpoint (n = M per prefix, prefix caching); valuing happens before any update
+    sampler = rollout.make_sampler(model, P.model_path, P.backend, P.sample_dtype, P.seed, P.gpu_memory_utilization)
+    fp = policy.fingerprint(P.model_path)
+    sample = dict(temperature=P.temperature, max_new_tokens=P.max_new_tokens, backend=P.backend, device=P.device,
+                  dtype=P.sample_dtype, source=source, gpu_memory_utilization=P.gpu_memory_utilization,
+                  token_chunk=P.token_chunk)
+    scfg = rollout.SampleConfig(n_prompts=P.n_prompts, G=P.G, **sample)
+    batch = rollout.sample(sampler, tok, scfg, seed=P.seed + 606)
+    n_pos = pd.Series([int(batch.reward[batch.group == g].sum()) for g in range(P.n_prompts)])
+    lines = [f"Fig. 6 base batch: {len(batch)} rollouts, {batch.n_tokens} response tokens, accuracy "
+             f"{batch.reward.mean():.2f}, mixed groups {batch.mixed_groups()}/{P.n_prompts}",
+             "positives per group (of %d): %s" % (P.G, sorted(n_pos.tolist()))]
+    ccfg = rollout.SampleConfig(n_prompts=P.comp_prompts, G=P.comp_G, **sample)
+    cfull = rollout.sample(sampler, tok, ccfg, seed=P.seed + 607)
+    comp_gs, comp_rows = budget.composition_rows_capped(cfull, P.G_comp, P.comp_groups, seed=P.seed)
+    cbatch = cfull.select(comp_rows)
+    c_pos = [int(cfull.reward[cfull.group == g].sum()) for g in range(P.comp_prompts)]
+    lines.append(f"7(b) batch: {len(cfull)} rollouts, positives per group (of {P.comp_G}): {sorted(c_pos)}; "
+                 f"{len(comp_gs)} of the {len(budget.composition_groups(cfull, P.G_comp))} groups with at least "
+                 f"{P.G_comp - 1} positive and {P.G_comp - 1} negative rollouts used, {len(cbatch)} rows")
+    if source.reward_report():
+        lines.append(source.reward_report())
+
+    # the plans (nested sub-batches per seed) and the valued tokens of all seeds, valued in one call per batch
+    seeds = [P.seed * 1000 + s for s in range(P.n_seeds)]
+    plan = budget.budget_plan(batch, P.prompt_sizes, P.n_fixed, P.rollout_sizes, P.prompts_fixed,
+                              P.valued_per_prompt, seeds)
+    cplan = budget.composition_plan(cbatch, comp_gs, P.G_comp, seeds) if comp_gs else []
+    cfg = cc.update(optimizer="sgd", lr=P.lr, scope="full", n_minibatches=1)
+    vcfg = value.ValueConfig(M=P.M, seed=P.seed, temperature=P.temperature, max_new_tokens=P.max_new_tokens,
+                             estimator=P.estimator, p_max=P.p_max, rows_per_chunk=P.rows_per_chunk,
+                             backend=P.backend, token_chunk=P.token_chunk)
+    before = cc.stats(model, batch)
+    cbefore = cc.stats(model, cbatch)
+    runs = [(name, b, bf, pl) for name, b, bf, pl in (("fig6", batch, before, plan), ("fig7b", cbatch, cbefore, cplan))
+            if pl]
+    parts, stats, t0 = [], {}, time.perf_counter()
+    for name, b, bf, pl in runs:
+        vrows = np.unique(np.concatenate([e["valued"].numpy() for e in pl]))
+        vt = budget.valued_tokens(measure.token_table(b, bf, tokenizer=tok), vrows, P.tokens_per_rollout, P.p_max,
+                                  P.seed)
+        st = {}
+        vt = value.token_values(sampler, tok, b, vt, vcfg, mid=f"{fp}:{P.sample_dtype}", verifier=verifier, stats=st)
+        for k in ("cache_hits", "requests", "continuations"):
+            stats[k] = stats.get(k, 0) + st.get(k, 0)
+        parts.append(vt.assign(batch=name))
+    t_values = time.perf_counter() - t0
+    tokens = {p.batch.iloc[0]: p.reset_index(drop=True) for p in parts}
+    allv = pd.concat(parts, ignore_index=True)
+    lines.append("valued tokens: " + ", ".join(f"{k} {len(t)} from {t.rollout.nunique()} rollouts"
+                                               for k, t in tokens.items())
+                 + f"; {stats['cache_hits']}/{stats['requests']} prefixes cached, {stats['continuations']} "
+                 f"continuations sampled, {t_values:.0f} s; median SE of Δ̂ {allv.delta_se.median():.3f}")
+    for k, t in tokens.items():
+        v = t.delta_hat.to_numpy()
+        lines.append(f"{k}: Δ̂ mean {v.mean():+.3f}, positive rollouts {v[t.reward > 0.5].mean():+.3f}, "
+                     f"negative {v[t.reward <= 0.5].mean():+.3f}; |Δ̂| > 0.1 for {(np.abs(v) > 0.1).mean():.0%}")
+
+    # the sweep: scores h_i of every rollout a plan draws from, each setting's exact step from them
+    def sweep():
+        out = []
+        for name, b, bf, pl in runs:
+            hrows = np.unique(np.concatenate([e["rows"].numpy() for e in pl]))
+            H = (budget.rollout_scores(model, b, hrows, bf.logp, cfg, dtype=getattr(torch, P.score_dtype))
+                 if P.step_mode == "scores" else None)
+            out.append(budget.sweep_deltas(model, b, pl, tokens[name], cfg, bf.logp, H, hrows))
+            del H
+        return pd.concat(out, ignore_index=True)
+
+    params = dict(model=fp, dtype=P.dtype, sample=rollout.config_params(scfg), comp=rollout.config_params(ccfg),
+                  lr=P.lr, p_max=P.p_max, prompt_sizes=list(P.prompt_sizes), n_fixed=P.n_fixed,
+                  valued_per_prompt=P.valued_per_prompt, rollout_sizes=list(P.rollout_sizes),
+                  prompts_fixed=P.prompts_fixed, tokens_per_rollout=P.tokens_per_rollout, G_comp=P.G_comp,
+                  comp_groups=P.comp_groups, n_seeds=P.n_seeds, step_mode=P.step_mode, score_dtype=P.score_dtype,
+                  seed=P.seed)
+    t0 = time.perf_counter()
+    sw = cache.cached("budget_sweep_nested", params, sweep)
+    t_sweep = time.perf_counter() - t0
+    sw["status"] = measure.classify(sw.delta, P.eps)
+    # one token table for both batches: `tok` indexes `valued` (the 7(b) tokens after Fig. 6's)
+    off = {"fig6": 0, "fig7b": len(tokens.get("fig6", []))}
+    sw["tok"] = sw.tok + np.where(sw.panel == "composition", off["fig7b"], 0)
+    valued = pd.concat([tokens[k] for k in ("fig6", "fig7b") if k in tokens], ignore_index=True)
+    n_steps = sw.groupby(["panel", "x", "seed"]).ngroups
+    lines.append(f"{n_steps} settings x seeds, sweep {t_sweep:.0f} s (cached after the first run); valued tokens per "
+                 "update " + ", ".join(f"{p} {sw[sw.panel == p].groupby(['x', 'seed']).size().mean():.1f}"
+                                       for p in sw.panel.unique())
+                 + f"; median |Δlog p| {sw.delta.abs().median():.1e}, stable (|Δ| ≤ ε) "
+                 f"{np.mean(sw.status == 'stable'):.3f}")
+
+    # the gap per setting for all valued tokens and the top-f% by |Δ̂|, and its trends
+    v = valued.delta_hat.to_numpy()
+    subsets = {"all": np.ones(len(valued), bool)}
+    for f in P.top_fracs:
+        subsets[f"top{f}"] = np.abs(v) >= np.quantile(np.abs(v), 1 - f / 100)
+    gaps, reps = budget.gap_table(sw, valued, subsets, P.n_boot, P.seed)
+    trends = budget.trend_table(sw, valued, gaps, reps, subsets, P.M)
+    return Result("\n".join(lines), valued, sw, gaps, trends, list(subsets), len(comp_gs),
+                  dict(values=t_values, sweep=t_sweep, total=time.perf_counter() - t_start))
+
+
+def claims(R: Result, P: Params) -> list[C.Claim]:
+    trends, gaps = R.trends, R.gaps
+    rows = []
+    for panel, (fig, what) in PANELS.items():
+        for _, t in trends[(trends.panel == panel) & trends.subset.isin(["all", "top25"])].iterrows():
+            stmt = (f"the gap grows with {what}" if panel != "composition"
+                    else "the gap is smallest for sparse / saturated groups (middle − ends > 0)")
+            extra = f"; |d| = 2 SE needs {t.need_seeds:g} seeds" if np.isfinite(t.se) else ""
+            n_tok = int(gaps[(gaps.panel == panel) & (gaps.subset == t.subset) & (gaps.scope == "valued")].n_tokens.max())
+            rows.append(C.Claim(f"{'fig07b' if panel == 'composition' else 'fig06_' + panel}_{t.subset}",
+                                f"{fig}, {t.subset}", stmt, "yes", t.d, t.d_lo, t.d_hi, n=n_tok,
+                                unit=f"gap({t.to}) − gap({t.frm}), tokens inside every update", rule="direction",
+                                params=dict(sign=1), detail=f"{t.n_seeds} seeds{extra}"))
+        if panel == "composition":  # the paper's statement names both ends: each end against the middle on its own
+            for _, t in trends[(trends.panel == panel) & trends.subset.isin(["all", "top25"])].iterrows():
+                n_tok = int(gaps[(gaps.panel == panel) & (gaps.subset == t.subset)
+                                 & (gaps.scope == "valued")].n_tokens.max())
+                for end, k in (("sparse", 1), ("saturated", P.G_comp - 1)):
+                    rows.append(C.Claim(f"fig07b_{end}_{t.subset}", f"{fig}, {t.subset}",
+                                        f"the gap is smaller when reward is {end} (middle − k = {k})", "yes",
+                                        t[f"d_{end}"], t[f"d_{end}_lo"], t[f"d_{end}_hi"], n=n_tok,
+                                        unit=f"gap(middle) − gap(k = {k}), tokens inside every update",
+                                        rule="direction", params=dict(sign=1), detail=f"{t.n_seeds} seeds"))
+    return rows
