@@ -108,7 +108,7 @@ def load_policy(path: str | Path, dtype: str | torch.dtype = "float32", device: 
     `exact` (default) makes a float64 model float64 throughout (`exact_norms`); False keeps
     transformers' stock float32 norms, for the precision check of notebook 03.
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
@@ -123,13 +123,7 @@ def load_policy(path: str | Path, dtype: str | torch.dtype = "float32", device: 
             _check_safetensors(f)
         verify_manifest(p)
     dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
-    try:
-        tok = AutoTokenizer.from_pretrained(str(path))
-    except Exception as e:
-        raise PolicyLoadError(f"{path}: cannot load the tokenizer ({type(e).__name__}: {_first_line(e)})") from e
-    tok.padding_side = "left"
-    if tok.pad_token is None:
-        tok.pad_token = tok.eos_token
+    tok = load_tokenizer(path)
     try:
         model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype).to(device)
     except Exception as e:
@@ -140,6 +134,20 @@ def load_policy(path: str | Path, dtype: str | torch.dtype = "float32", device: 
     from .compute import apply_guard
     apply_guard(model)  # only with $CANCELLATION_COMPUTE_GUARD set (tests): LM-head calls bounded by token_chunk
     return model, tok
+
+
+def load_tokenizer(path: str | Path):
+    """The tokenizer of the policy at `path` as `load_policy` gives it (left padding, a pad token),
+    without loading the model (tagging a cached run's tokens needs no weights)."""
+    from transformers import AutoTokenizer
+    try:
+        tok = AutoTokenizer.from_pretrained(str(path))
+    except Exception as e:
+        raise PolicyLoadError(f"{path}: cannot load the tokenizer ({type(e).__name__}: {_first_line(e)})") from e
+    tok.padding_side = "left"
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    return tok
 
 
 def _first_line(e: BaseException) -> str:

@@ -131,6 +131,22 @@ def delta_run(model, tokenizer, cfg: RunConfig, progress: bool = True, on_step=N
     return pd.concat(tables, ignore_index=True)
 
 
+def cached_delta_run(model_path, cfg: RunConfig, dtype: str = "float64", device: str = "cpu") -> pd.DataFrame:
+    """One cached `delta_run` from the saved policy at `model_path`: its per-token table.
+
+    The key is the policy's content hash, dtype, device and the run's config (`run_params`), so
+    every notebook asking for the same run (01's GRPO run, 08's frequency-matched control) reads
+    one cache entry.
+    """
+    from . import cache, policy
+
+    def compute():
+        model, tok = policy.load_policy(model_path, dtype=dtype, device=device)
+        return delta_run(model, tok, cfg, model_path=model_path)
+    params = dict(model=policy.fingerprint(model_path), dtype=dtype, device=device, **run_params(cfg))
+    return cache.cached("delta_run", params, compute)
+
+
 def sign_consistency_run(model, tokenizer, cfg: RunConfig, sgd_lr: float, progress: bool = True,
                          model_path=None) -> pd.DataFrame:
     """A GRPO training run (persistent optimizer) that, before every step, compares an SGD lm_head

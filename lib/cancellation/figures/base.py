@@ -39,6 +39,23 @@ def device():
     return param("cpu", "cpu, cuda or cuda:N", nonempty=True)
 
 
+def sample_dtype():
+    return param("", "dtype of the sampler copy; empty: the training model itself (paper: bfloat16)",
+                 choices=["", "float64", "float32", "bfloat16", "float16"])
+
+
+def backend():
+    return param("hf", "sampler: 'hf' or 'vllm' (weights pushed after every update)", choices=["hf", "vllm"])
+
+
+def gpu_memory_utilization():
+    return param(0.3, "vLLM's share of GPU memory, beside the training model", gt=0, max=1)
+
+
+def gradient_checkpointing():
+    return param(False, "recompute the body's activations in the backward (large models)")
+
+
 def chunk_rows():
     return param(64, "rows per body forward (gradient accumulation inside a mini-batch)", min=1)
 

@@ -1,0 +1,303 @@
+"""Fig. 1 and Fig. 9 (notebook 01): token flipping during GRPO training runs.
+
+`compute(P)` measures the noise floor of Δlog p on one probe batch (cached under every parameter
+and the policy's and problems' fingerprints), then runs a GRPO run and a positive-only run from
+the same policy (`train.cached_delta_run`: one cache entry per run, shared with notebook 08),
+the fixed-scaffold control's two runs and one shorter GRPO run per model of Fig. 9, and derives
+the tables: shares of boosted / suppressed / stable tokens per (run, step, sign), their ε
+sensitivity and the categories of the suppressed tokens of positive rollouts. `claims(R, P)`
+gives the notebook's claim rows.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from .. import cache, categories, grpo, measure, policy, rollout, tasks, train
+from .. import claims as C
+from .. import stats as S
+from . import base
+from .base import param
+
+EPS_GRID = (1e-7, 1e-6, 1e-5, 1e-4)  # ε of the sensitivity table
+
+
+@dataclass
+class Params(base.FigureParams):
+    """Notebook 01's parameters."""
+    model_path: str = base.model_path()
+    models: list = param(["data/policies/tiny-m", "data/policies/tiny-s"], "policies of Fig. 9 (one row each)",
+                         path="model", nonempty=True, distinct=True)
+    dtype: str = base.dtype()
+    sample_dtype: str = base.sample_dtype()
+    backend: str = base.backend()
+    gpu_memory_utilization: float = base.gpu_memory_utilization()
+    device: str = base.device()
+    steps: int = param(16, "GRPO steps of the main run and of the positive-only run", min=1)
+    fig9_steps: int = param(8, "GRPO steps per model for Fig. 9", min=1)
+    n_prompts: int = param(16, "prompts per batch", min=1)
+    G: int = param(8, "rollouts per prompt (≥ 2: a group needs two rollouts for a nonzero advantage)", min=2)
+    lr: float = param(1e-4, "Adam learning rate", gt=0)
+    n_minibatches: int = param(2, "optimizer steps per batch (random mini-batches)", min=1)
+    temperature: float = param(1.0, "sampling temperature", gt=0)
+    max_new_tokens: int = param(96, "response length cap", min=1)
+    eps: float = param(1e-6, "boosted/suppressed threshold on Δlog p", gt=0)
+    problems_path: str = base.problems_path()
+    prompt_format: str = base.prompt_format()
+    chunk_rows: int = base.chunk_rows()
+    token_chunk: int = base.token_chunk()
+    gradient_checkpointing: bool = base.gradient_checkpointing()
+    seed: int = base.seed()
+    control_model_path: str = param("data/policies/tiny-m-fixed",
+                                    "fixed-scaffold control policy for Fig. 1(d); empty: none",
+                                    path="model", optional=True)
+    tagger: str = param("shipped", "POS tagger of the token categories", choices=["shipped", "auto", "perceptron"])
+
+
+def run_config(P, source: tasks.ProblemSource) -> train.RunConfig:
+    """The GRPO run of Fig. 1 (Adam, verl's clipped token-mean loss) from the parameters `P` holds;
+    notebook 08 builds its run with this too, so equal values read the same cached run."""
+    update = P.compute().update(optimizer="adam", lr=P.lr, n_minibatches=P.n_minibatches)
+    return train.RunConfig(steps=P.steps, n_prompts=P.n_prompts, G=P.G, temperature=P.temperature,
+                           max_new_tokens=P.max_new_tokens, seed=P.seed, eps=P.eps, source=source, backend=P.backend,
+                           sample_dtype=P.sample_dtype, gpu_memory_utilization=P.gpu_memory_utilization, update=update)
+
+
+def positive_only(cfg: train.RunConfig) -> train.RunConfig:
+    """The same run with the negative rollouts' loss weights set to 0 (A·1[r = 1])."""
+    return replace(cfg, update=replace(cfg.update, reweight="positive_only"))
+
+
+@dataclass
+class Result:
+    """What Fig. 1 and Fig. 9 plot and the claims read."""
+    probe: str                     # the probe batch of the noise floor, one line (and the verifier's report)
+    noise: pd.DataFrame            # fig01_noise_floor: measurement, max_abs_delta, eps
+    signed: pd.DataFrame           # tokens with A ≠ 0 of both runs: run, step, rollout, ..., delta, status
+    accuracy: pd.Series            # mean reward per (run, step)
+    frac: pd.DataFrame             # fig01_flip_fractions: share per (run, step, sign, status)
+    sens: pd.DataFrame             # fig01_eps_sensitivity: boosted gap and stable share per (ε, stratum)
+    categories: pd.DataFrame       # fig01_suppressed_categories: category shares, index (policy, run)
+    control: pd.DataFrame | None   # the control's flip fractions per (run, step, sign, status); None: no control
+    control_accuracy: pd.DataFrame | None  # the control's mean reward per step (columns: runs)
+    fig9: pd.DataFrame             # fig09_flip_fractions: share per (model, step, sign incl. 'all', status)
+    eps: float
+
+    @property
+    def floor(self) -> pd.Series:
+        return self.noise.set_index("measurement").max_abs_delta
+
+    @property
+    def token_deltas(self) -> pd.DataFrame:
+        """fig01_token_deltas: the GRPO run's signed tokens."""
+        return self.signed[self.signed.run == "grpo"][["step", "sign", "delta", "status", "entropy", "prob",
+                                                        "token_id"]]
+
+    def share(self, run, sign, status) -> str:
+        """Mean ± s.d. over steps of the share of `status` tokens among `sign` rollouts of `run`."""
+        s = self.frac[(self.frac.run == run) & (self.frac.sign == sign) & (self.frac.status == status)].fraction
+        return f"{100 * s.mean():.1f}% ± {100 * s.std():.1f}"
+
+    def magnitude(self) -> pd.DataFrame:
+        """Mean and median |Δlog p| per sign, GRPO run."""
+        g = self.signed[self.signed.run == "grpo"]
+        return g.assign(a=lambda x: x.delta.abs()).groupby("sign").a.agg(["mean", "median"])
+
+    def uncertain(self) -> pd.DataFrame:
+        """Status shares per (run, sign) among the tokens with p < 0.9."""
+        return measure.flip_fractions(self.signed[self.signed.prob < 0.9], by=("run", "sign"))
+
+    def boosted_gap(self, run) -> pd.DataFrame:
+        """Boosted share per step (rows) and sign (columns) of `run`."""
+        f = self.frac
+        return f[(f.run == run) & (f.status == "boosted")].pivot(index="step", columns="sign", values="fraction")
+
+    def per_step(self, run, status, strata=None, e=None) -> pd.Series:
+        return per_step(self.signed, self.eps, run, status, strata, e)
+
+    def write(self, results_dir) -> None:
+        d = Path(results_dir)
+        cache.write_table(self.noise, d / "fig01_noise_floor.parquet")
+        cache.write_table(self.frac, d / "fig01_flip_fractions.parquet")
+        cache.write_table(self.token_deltas, d / "fig01_token_deltas.parquet")
+        cache.write_table(self.sens, d / "fig01_eps_sensitivity.parquet")
+        cache.write_table(self.categories.reset_index(), d / "fig01_suppressed_categories.parquet")
+        cache.write_table(self.fig9, d / "fig09_flip_fractions.parquet")
+
+
+def per_step(signed: pd.DataFrame, eps: float, run, status, strata=None, e=None) -> pd.Series:
+    """Per-step share of `status` tokens among positive minus negative rollouts of `run` (points),
+    among the tokens of `strata` (a mask over `signed`), at threshold `e` (default: the run's ε)."""
+    e = eps if e is None else e
+    d = signed[signed.run == run] if strata is None else signed[(signed.run == run) & strata]
+    st = measure.classify(d.delta, e) if e != eps else d.status
+    f = pd.crosstab([d.step, d.sign], st, normalize="index").reindex(columns=list(measure.STATUSES), fill_value=0)
+    f = f[status].unstack("sign")
+    return 100 * (f["pos"] - f["neg"])
+
+
+def eps_sensitivity(signed: pd.DataFrame, eps: float) -> pd.DataFrame:
+    """GRPO run: the boosted share of positive minus negative rollouts (mean over steps, points) and
+    the stable share at every ε of EPS_GRID, for all tokens and by confidence (p < 0.9 / ≥ 0.9)."""
+    conf = signed.prob >= 0.9
+    return pd.DataFrame([{"eps": e, "stratum": name,
+                          "boosted_pos_minus_neg": per_step(signed, eps, "grpo", "boosted", m, e).mean(),
+                          "stable_share": float((measure.classify(signed[(signed.run == "grpo") & m].delta, e)
+                                                 == "stable").mean())}
+                         for e in EPS_GRID
+                         for name, m in (("all", signed.prob >= 0), ("p<0.9", ~conf), ("p>=0.9", conf))])
+
+
+def compute(P: Params) -> Result:
+    torch.manual_seed(P.seed)
+    source = tasks.ProblemSource(path=P.problems_path, prompt_format=P.prompt_format)
+    source.load()  # a malformed problem file stops here, before any model loads
+    cfg = run_config(P, source)
+    key = dict(P.key(), model=policy.fingerprint(P.model_path), source=source.params())
+    probe, noise = cache.cached("fig01_noise_floor", key, lambda: _noise_floor(P, cfg))
+    floor = noise.set_index("measurement").max_abs_delta
+    if not (floor["repeat"] < P.eps and floor["zero_update"] < P.eps):
+        raise RuntimeError(f"noise floor above ε = {P.eps:g}: raise eps or the precision\n{noise.to_string(index=False)}")
+
+    runs = {"grpo": train.cached_delta_run(P.model_path, cfg, P.dtype, P.device),
+            "positive_only": train.cached_delta_run(P.model_path, positive_only(cfg), P.dtype, P.device)}
+    tokens = pd.concat([df.assign(run=name) for name, df in runs.items()], ignore_index=True)
+    signed = tokens[tokens.sign != "zero"]
+    frac = measure.flip_fractions(signed, by=("run", "step", "sign"))
+    acc = tokens.groupby(["run", "step", "rollout"]).reward.first().groupby(["run", "step"]).mean().rename("accuracy")
+    sens = eps_sensitivity(signed, P.eps)
+
+    tok = policy.load_tokenizer(P.model_path)
+    cz = categories.Categorizer(tagger=P.tagger)
+
+    def suppressed_categories(df):
+        """Share of each category among the suppressed tokens of A > 0 rollouts (one run)."""
+        d = df[df.sign == "pos"].copy()
+        d["category"] = cz.tag_table(d, tok, seq_cols=("step", "rollout"))["category"]
+        return d[d.status == "suppressed"].category.value_counts(normalize=True)
+
+    comp = {(Path(P.model_path).name, r): suppressed_categories(df) for r, df in runs.items()}
+    if P.control_model_path:
+        control_runs = {"grpo": train.cached_delta_run(P.control_model_path, cfg, P.dtype, P.device),
+                        "positive_only": train.cached_delta_run(P.control_model_path, positive_only(cfg), P.dtype,
+                                                                P.device)}
+        comp.update({(Path(P.control_model_path).name + " (control)", r): suppressed_categories(df)
+                     for r, df in control_runs.items()})
+        control = pd.concat({r: measure.flip_fractions(df[df.sign != "zero"], by=("step", "sign"))
+                             for r, df in control_runs.items()}, names=["run"]).reset_index(level=0)
+        control_acc = pd.concat({r: df.groupby(["step", "rollout"]).reward.first().groupby("step").mean()
+                                 for r, df in control_runs.items()}, axis=1)
+    else:
+        control = control_acc = None
+    comp = pd.DataFrame(comp).T.fillna(0.0).rename_axis(["policy", "run"])
+
+    rows = []
+    for path in P.models:
+        df = runs["grpo"] if (path == P.model_path and P.fig9_steps <= P.steps) else train.cached_delta_run(
+            path, replace(cfg, steps=P.fig9_steps), P.dtype, P.device)
+        df = df[(df.step < P.fig9_steps) & (df.sign != "zero")]
+        f = pd.concat([measure.flip_fractions(df, by=("step", "sign")),
+                       measure.flip_fractions(df.assign(sign="all"), by=("step", "sign"))])
+        rows.append(f.assign(model=Path(path).name))
+    fig9 = pd.concat(rows, ignore_index=True)
+    return Result(probe, noise, signed, acc, frac, sens, comp, control, control_acc, fig9, P.eps)
+
+
+def _noise_floor(P: Params, cfg: train.RunConfig):
+    """Δlog p (i) between two forwards with no update, (ii) across an Adam step whose token weights
+    are all zero, on a probe batch; (iii) the median |log p| round-off between a lower and a higher
+    precision copy (float32 against the float64 analysis; the analysis dtype against float64)."""
+    cc = P.compute()
+    model, tok = policy.load_policy(P.model_path, dtype=P.dtype, device=P.device)
+    probe = rollout.sample(model, tok, replace(cfg.sample_config(model), backend="hf"), seed=P.seed + 99)  # HF
+    zero_w = torch.zeros(probe.input_ids.shape, dtype=torch.float64)
+    floor = measure.noise_floor(model, probe, P.chunk_rows, token_chunk=P.token_chunk,
+                                step_fn=lambda m, b: grpo.grpo_step(m, b, replace(cfg.update, n_minibatches=1),
+                                                                    token_weight=zero_w))
+    low, high = ("float32", model) if P.dtype == "float64" else (P.dtype, policy.cast(model, "float64"))
+    lo_model = policy.cast(model, "float32") if P.dtype == "float64" else model
+    lp_lo = cc.stats(lo_model, probe).logp.double()
+    lp_hi = cc.stats(high, probe).logp.double()
+    floor[f"{low}_roundoff"] = float((lp_lo - lp_hi)[probe.response_mask].abs().median())
+    del lo_model, high
+    noise = pd.DataFrame([{"measurement": k, "max_abs_delta": v} for k, v in floor.items()])
+    noise["eps"] = P.eps
+    line = (f"probe batch: {len(probe)} rollouts, {probe.n_tokens} response tokens, "
+            f"accuracy {probe.reward.float().mean():.2f}, mixed groups {probe.mixed_groups()}/{P.n_prompts}")
+    if cfg.source.reward_report():
+        line += "\n" + cfg.source.reward_report()
+    return line, noise
+
+
+def _drop_claim(fractions: pd.DataFrame, cid: str, label: str, what: str = "") -> C.Claim:
+    sp = fractions[(fractions.sign == "pos") & (fractions.status == "suppressed")].pivot(
+        index="step", columns="run", values="fraction")
+    return C.Claim(cid, label, f"flipping largely disappears under positive-only training{what}", "large drop",
+                   *S.t_interval(1 - sp["positive_only"] / sp["grpo"]), n=len(sp),
+                   unit="relative drop of suppressed share in A>0 rollouts", rule="direction",
+                   params=dict(sign=1, ref=0.5), detail=f"suppressed share in A>0 rollouts "
+                   f"{100 * sp['grpo'].mean():.1f}% → {100 * sp['positive_only'].mean():.1f}% (mean over steps)")
+
+
+def control_drop(R: Result) -> C.Claim | None:
+    """Fig. 1(d)'s claim on the fixed-scaffold control's runs (None without a control)."""
+    if R.control is None:
+        return None
+    return _drop_claim(R.control, "fig01_d_drop_fixed_scaffold", "Fig. 1(d), fixed-scaffold control",
+                       " (fixed scaffold)")
+
+
+def claims(R: Result, P: Params) -> list[C.Claim]:
+    """Intervals over training steps are Student-t intervals of the per-step quantity (steps share
+    the policy's trajectory, so they are a rough guide, not independent draws)."""
+    signed, frac, share, per_step = R.signed, R.frac, R.share, R.per_step
+    n_steps = len(R.boosted_gap("grpo"))
+    mag = R.magnitude()
+    g = signed[signed.run == "grpo"].assign(a=lambda x: x.delta.abs())
+    step_mag = g.groupby(["step", "sign"]).a.agg(["median", "mean"]).unstack("sign")
+    supp = frac[(frac.sign == "pos") & (frac.status == "suppressed")].pivot(index="step", columns="run",
+                                                                            values="fraction")
+    conf = signed.prob >= 0.9
+    rows = [
+        C.Claim("fig01_ab_boosted", "Fig. 1(a,b)", "positive and negative rollouts have similar boosted shares",
+                "similar", *S.t_interval(per_step("grpo", "boosted")), n=n_steps, unit="pts (pos − neg)",
+                rule="similar", params=dict(tol=10), detail=f"boosted {share('grpo', 'pos', 'boosted')} vs "
+                f"{share('grpo', 'neg', 'boosted')} (mean ± s.d. over steps)"),
+        C.Claim("fig01_ab_suppressed", "Fig. 1(a,b)", "positive and negative rollouts have similar suppressed shares",
+                "similar", *S.t_interval(per_step("grpo", "suppressed")), n=n_steps, unit="pts (pos − neg)",
+                rule="similar", params=dict(tol=10), detail=f"suppressed {share('grpo', 'pos', 'suppressed')} vs "
+                f"{share('grpo', 'neg', 'suppressed')}"),
+        C.Claim("fig01_ab_boosted_uncertain", "Fig. 1(a,b), p < 0.9", "similar boosted shares among uncertain tokens",
+                "similar", *S.t_interval(per_step("grpo", "boosted", ~conf)), n=n_steps, unit="pts (pos − neg)",
+                rule="similar", params=dict(tol=10), detail=f"{100 * (~conf).mean():.1f}% of tokens have p < 0.9"),
+        C.Claim("fig01_ab_boosted_confident", "Fig. 1(a,b), p ≥ 0.9", "similar boosted shares among confident tokens",
+                "similar", *S.t_interval(per_step("grpo", "boosted", conf)), n=n_steps, unit="pts (pos − neg)",
+                rule="similar", params=dict(tol=10),
+                detail=f"median |Δ| of confident tokens {g[g.prob >= 0.9].a.median():.1e} (ε = {P.eps:g})"),
+        C.Claim("fig01_c_median", "Fig. 1(c)", "similar |Δlog p| for both signs (median)", "similar",
+                *S.t_interval(np.log10(step_mag["median"]["neg"] / step_mag["median"]["pos"])), n=len(step_mag),
+                unit="log10(neg/pos)", rule="similar", params=dict(tol=0.3),
+                detail=f"median {mag['median'].get('pos', np.nan):.1e} vs {mag['median'].get('neg', np.nan):.1e}"),
+        C.Claim("fig01_c_mean", "Fig. 1(c)", "similar |Δlog p| for both signs (mean)", "similar",
+                *S.t_interval(np.log10(step_mag["mean"]["neg"] / step_mag["mean"]["pos"])), n=len(step_mag),
+                unit="log10(neg/pos)", rule="similar", params=dict(tol=0.3),
+                detail=f"mean {mag['mean'].get('pos', np.nan):.1e} vs {mag['mean'].get('neg', np.nan):.1e}"),
+        C.Claim("fig01_d_drop", "Fig. 1(d)", "flipping largely disappears under positive-only training",
+                "large drop", *S.t_interval(1 - supp["positive_only"] / supp["grpo"]), n=len(supp),
+                unit="relative drop of suppressed share in A>0 rollouts", rule="direction", params=dict(sign=1, ref=0.5),
+                detail=f"suppressed in A>0 rollouts {share('grpo', 'pos', 'suppressed')} → "
+                f"{share('positive_only', 'pos', 'suppressed')}; A<0 rollouts boosted under positive-only "
+                f"{share('positive_only', 'neg', 'boosted')}"),
+    ]
+    if R.control is not None:
+        rows.append(control_drop(R))
+    for name, d in R.fig9[R.fig9.status == "boosted"].groupby("model", sort=False):
+        p = d.pivot(index="step", columns="sign", values="fraction")
+        rows.append(C.Claim(f"fig09_{name}", "Fig. 9", f"{name}: similar boosted shares for both signs", "all models",
+                            *S.t_interval(100 * (p["pos"] - p["neg"])), n=len(p), unit="pts (pos − neg)",
+                            rule="similar", params=dict(tol=10)))
+    return rows

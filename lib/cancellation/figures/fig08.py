@@ -1,0 +1,212 @@
+"""Fig. 12 (notebook 08): the referees' controls (not in the paper).
+
+`compute(P)` (a) reads the GRPO run of notebook 01 (`fig01.run_config`: equal values hit the
+same cached run), matches token-id counts per step across signs and computes the share gaps and
+the token-id fixed-effects gap; (b) on the batch of notebook 02 (same seed offset) computes the
+exact LM-head kernel K_jk = ⟨h_j,h_k⟩φ_jk for every cross-sign pair by confidence bins, and the
+full-parameter inner products ⟨∇log p_j, ∇log p_k⟩ for a sample of tokens. Cached whole under
+every parameter and the policy's and problems' fingerprints. `claims(R, P)` gives the claim rows.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from .. import cache, controls, coupling, measure, policy, rollout, tasks, train
+from .. import claims as C
+from .. import stats as S
+from . import base, fig01
+from .base import param
+
+
+@dataclass
+class Params(base.FigureParams):
+    """Notebook 08's parameters; (a)'s run parameters equal notebook 01's read its cached run."""
+    model_path: str = base.model_path()
+    dtype: str = base.dtype()
+    sample_dtype: str = base.sample_dtype()
+    backend: str = base.backend()
+    gpu_memory_utilization: float = base.gpu_memory_utilization()
+    device: str = base.device()
+    steps: int = param(16, "(a) GRPO steps of the run (notebook 01's run: same values hit its cache)", min=1)
+    n_prompts: int = param(16, "prompts per batch", min=1)
+    G: int = param(8, "rollouts per prompt (≥ 2: one rollout gives no advantage)", min=2)
+    lr: float = param(1e-4, "(a) Adam learning rate", gt=0)
+    n_minibatches: int = param(2, "(a) optimizer steps per batch", min=1)
+    temperature: float = param(1.0, "sampling temperature", gt=0)
+    max_new_tokens: int = param(96, "response length cap", min=1)
+    eps: float = param(1e-6, "(a) boosted/suppressed threshold", gt=0)
+    conf_threshold: float = param(0.9, "confidence bins split at this p", gt=0, lt=1)
+    n_full_tokens: int = param(240, "(b) tokens with full-parameter gradients (half positive, half negative)", min=2)
+    grad_chunk: int = param(128, "(b) flattened per-token gradients held at once (per side)", min=1)
+    chunk: int = param(1024, "(b) tokens per kernel block", min=1)
+    vocab_chunk: int = param(8192, "(b) vocabulary entries per block", min=1)
+    n_boot: int = param(1000, "bootstrap resamples", min=1)
+    problems_path: str = base.problems_path()
+    prompt_format: str = base.prompt_format()
+    chunk_rows: int = base.chunk_rows()
+    token_chunk: int = base.token_chunk()
+    gradient_checkpointing: bool = base.gradient_checkpointing()
+    seed: int = base.seed()
+
+
+TABLES = ("fig12_frequency_matched", "fig12_matched_per_step", "fig12_lm_head_kernel", "fig12_full_pairs",
+          "fig12_full_summary")
+
+
+@dataclass
+class Result:
+    """What Fig. 12 plots and its claims read."""
+    run_summary: str             # (a) the run's tokens and the matched subset, one line
+    freq: pd.DataFrame           # (a) per (tokens, stratum, status, measure): shares, gap and t interval
+    per_step: pd.DataFrame       # (a) boosted gap pos − neg per step (index): all tokens, matched, within-id
+    batch_summary: str           # (b) the batch, one line (and the verifier's report)
+    mixed_groups: int            # (b) groups with both signs in the batch
+    lm: pd.DataFrame             # (b) LM-head K_jk per (bin_j, bin_k, same/different token), every pair
+    pooled: dict                 # (b) pair kind -> (mean K, lo, hi, n) over every same/different-token pair
+    pairs: pd.DataFrame          # (b) sampled (j, k) pairs: full-parameter inner product and LM-head K
+    full: pd.DataFrame           # (b) full-parameter inner products per (bin_j, bin_k, pair)
+    corr: float                  # (b) corr(full, LM-head K) over the sampled pairs
+    sign_agree: float            # (b) share of sampled pairs where they have the same sign
+    seconds: float               # (b) time of the full-parameter gradients when computed
+
+    def write(self, results_dir) -> None:
+        tables = (self.freq, self.per_step.reset_index(), self.lm, self.pairs, self.full)
+        for name, df in zip(TABLES, tables):
+            cache.write_table(df, Path(results_dir) / f"{name}.parquet")
+
+    def row(self, tokens, stratum, status, measure_name):
+        f = self.freq
+        return f[(f.tokens == tokens) & (f.stratum == stratum) & (f.status == status)
+                 & (f.measure == measure_name)].iloc[0]
+
+
+def compute(P: Params) -> Result:
+    source = tasks.ProblemSource(path=P.problems_path, prompt_format=P.prompt_format)
+    source.load()  # a malformed problem file stops here, before any model loads
+    key = dict(P.key(), model=policy.fingerprint(P.model_path), source=source.params())
+    return cache.cached("fig12", key, lambda: _compute(P, source))
+
+
+def _compute(P: Params, source) -> Result:
+    torch.manual_seed(P.seed)
+    tokens = train.cached_delta_run(P.model_path, fig01.run_config(P, source), P.dtype, P.device)
+    run_summary, freq, per_step = _frequency_matched(tokens, P)
+
+    cc = P.compute()
+    model, tok = policy.load_policy(P.model_path, dtype=P.dtype, device=P.device)
+    scfg = rollout.SampleConfig(n_prompts=P.n_prompts, G=P.G, temperature=P.temperature,
+                                max_new_tokens=P.max_new_tokens, device=P.device, source=source,
+                                token_chunk=P.token_chunk)
+    batch = rollout.sample(model, tok, scfg, seed=P.seed + 202)
+    before = cc.stats(model, batch, hidden=True)
+    f = coupling.features(model, batch, before, chunk=P.chunk, vocab_chunk=P.vocab_chunk)
+    n_pos, n_neg = int((f.A > 0).sum()), int((f.A < 0).sum())
+    batch_summary = (f"{len(batch)} rollouts, {len(f)} response tokens ({n_pos} in A>0, {n_neg} in A<0 rollouts), "
+                     f"share p ≥ {P.conf_threshold}: {float((f.p >= P.conf_threshold).double().mean()):.1%}; "
+                     f"mixed groups {batch.mixed_groups()}/{P.n_prompts}")
+    if source.reward_report():
+        batch_summary += "\n" + source.reward_report()
+    lm = controls.cross_kernel_summary(f, P.conf_threshold, P.chunk, P.vocab_chunk, P.n_boot, P.seed)
+    pooled = {p: controls.pooled_same_token(f, P.conf_threshold, P.chunk, P.vocab_chunk, P.n_boot, P.seed, pair=p)
+              for p in controls.SAME}
+
+    t1 = time.time()
+    J, K = controls.sample_tokens(f, P.n_full_tokens, P.conf_threshold, P.seed)
+    ip = controls.full_grad_inner(model, batch, f, J, K, P.grad_chunk)
+    pairs = controls.pair_table(f, J, K, ip, P.conf_threshold, P.vocab_chunk)
+    full = controls.summarise_pairs(pairs, "full_inner")
+    corr = float(np.corrcoef(pairs.full_inner, pairs.lm_head_K)[0, 1])
+    sign_agree = float((np.sign(pairs.full_inner) == np.sign(pairs.lm_head_K)).mean())
+    return Result(run_summary, freq, per_step, batch_summary, batch.mixed_groups(), lm, pooled, pairs, full, corr,
+                  sign_agree, time.time() - t1)
+
+
+def _frequency_matched(tokens: pd.DataFrame, P: Params):
+    """(a): share gaps (pos − neg, per step) and within-id gaps, for all tokens and for tokens matched
+    per (step, token id) across signs, overall and per confidence bin."""
+    signed = tokens[tokens.sign != "zero"].copy()
+    signed["conf"] = controls.conf_bin(signed.prob, P.conf_threshold)
+    matched = controls.frequency_match(signed, by=("step",), seed=P.seed)
+    rows = []
+    for name, d in (("all tokens", signed), ("frequency-matched", matched)):
+        for stratum, m in (("all", d.prob >= 0), (controls.CONF_BINS[0], d.conf == controls.CONF_BINS[0]),
+                           (controls.CONF_BINS[1], d.conf == controls.CONF_BINS[1])):
+            for status in ("boosted", "suppressed"):
+                x = d[m]
+                gap = controls.status_gap(x, status) if len(x) else pd.Series(dtype=float)
+                fe = controls.within_id_gap_per_step(x, status) if len(x) else pd.Series(dtype=float)
+                sh = measure.flip_fractions(x, by=("step", "sign")) if len(x) else pd.DataFrame(
+                    columns=["step", "sign", "status", "fraction"])
+                sh = sh[sh.status == status].groupby("sign").fraction.mean()
+                for measure_name, series in (("share gap", gap), ("within-id gap", fe)):
+                    mean, lo, hi = S.t_interval(series)
+                    rows.append({"tokens": name, "stratum": stratum, "status": status, "measure": measure_name,
+                                 "pos_share": float(sh.get("pos", np.nan)), "neg_share": float(sh.get("neg", np.nan)),
+                                 "gap": mean, "lo": lo, "hi": hi, "n_steps": int(series.notna().sum()),
+                                 "n_tokens": len(x)})
+    freq = pd.DataFrame(rows)
+    per_step = pd.concat([controls.status_gap(d, "boosted").rename(name) for name, d in
+                          (("all tokens", signed), ("frequency-matched", matched))], axis=1)
+    per_step["within-id"] = controls.within_id_gap_per_step(signed, "boosted")
+    summary = (f"GRPO run: {signed.step.nunique()} steps, {len(signed)} signed tokens; frequency-matched: "
+               f"{len(matched)} tokens ({100 * len(matched) / len(signed):.0f}%), {matched.token_id.nunique()} token ids")
+    return summary, freq, per_step
+
+
+def claims(R: Result, P: Params) -> list[C.Claim]:
+    """Intervals over training steps are Student-t intervals of the per-step gaps (as in notebook
+    01), the kernel intervals a bootstrap over positive rollouts."""
+    fr = R.row
+    rows = []
+    for status in ("boosted", "suppressed"):
+        r, r0 = fr("frequency-matched", "all", status, "share gap"), fr("all tokens", "all", status, "share gap")
+        rows.append(C.Claim(
+            f"fig12_matched_{status}", "Fig. 12(a), frequency-matched", f"similar {status} shares for both signs "
+            "after matching token-id counts per step", "similar (control)", r.gap, r.lo, r.hi, n=r.n_steps,
+            unit="pts (pos − neg)", rule="similar", params=dict(tol=10),
+            detail=f"{status} {100 * r.pos_share:.1f}% vs {100 * r.neg_share:.1f}% on {r.n_tokens} matched tokens; "
+                   f"unmatched gap {r0.gap:+.1f} pts"))
+        r = fr("all tokens", "all", status, "within-id gap")
+        rows.append(C.Claim(
+            f"fig12_within_id_{status}", "Fig. 12(a), token-id fixed effects", f"similar {status} shares for both "
+            "signs within a token id", "similar (control)", r.gap, r.lo, r.hi, n=r.n_steps,
+            unit="pts (pos − neg), mean over ids", rule="similar", params=dict(tol=10),
+            detail="per (step, id) with both signs present; unweighted mean over ids"))
+    for stratum in controls.CONF_BINS:
+        r = fr("frequency-matched", stratum, "boosted", "share gap")
+        rows.append(C.Claim(
+            f"fig12_matched_boosted_{'uncertain' if stratum == controls.CONF_BINS[0] else 'confident'}",
+            f"Fig. 12(a), matched, {stratum}", f"similar boosted shares after matching, {stratum}", "similar (control)",
+            r.gap, r.lo, r.hi, n=r.n_steps, unit="pts (pos − neg)", rule="similar", params=dict(tol=10),
+            detail=f"{r.n_tokens} matched tokens"))
+    m, lo, hi, n = R.pooled["same"]
+    md = R.pooled["different"]
+    rows.append(C.Claim(
+        "fig12_same_token_K", "Fig. 12(b), LM-head", "same-token cross-sign LM-head inner products are positive",
+        "> 0 (hypothesis)", m, lo, hi, n=n, unit="mean K_jk over all same-token (A>0, A<0) pairs", rule="direction",
+        params=dict(sign=1), detail=f"different-token pairs: mean K {md[0]:.3g} [{md[1]:.3g}, {md[2]:.3g}] over "
+        f"{md[3]} pairs; bootstrap over {R.mixed_groups} mixed groups' positive rollouts"))
+    tag = {"p<0.9": "u", "p>=0.9": "c"}
+    for bj in controls.CONF_BINS:
+        for bk in controls.CONF_BINS:
+            r = R.lm[(R.lm.bin_j == bj) & (R.lm.bin_k == bk) & (R.lm.pair == "same")].iloc[0]
+            rows.append(C.Claim(
+                f"fig12_same_token_K_{tag[bj]}{tag[bk]}", f"Fig. 12(b), {bj} × {bk}",
+                f"same-token cross-sign K_jk > 0 (j {bj}, k {bk})", "> 0 (hypothesis)", r.mean_K, r.mean_K_lo,
+                r.mean_K_hi, n=r.n_pairs, unit="mean K_jk", rule="direction", params=dict(sign=1),
+                detail=f"share K > 0 {100 * r.share_positive:.1f}%, mean |K| {r.mean_abs_K:.3g}"))
+    fs = R.pairs[R.pairs.pair == "same"].full_inner
+    fm = S.bootstrap_mean(fs, P.n_boot, P.seed) if len(fs) else (np.nan, np.nan, np.nan)
+    rows.append(C.Claim(
+        "fig12_same_token_full", "Fig. 12(c), full parameters", "same-token cross-sign full-parameter inner products "
+        "are positive", "> 0 (hypothesis)", *fm, n=len(fs), unit="mean ⟨∇log p_j, ∇log p_k⟩ (sampled pairs)",
+        rule="direction", params=dict(sign=1),
+        detail=f"share > 0 {100 * (fs > 0).mean():.1f}%; corr with LM-head K {R.corr:.2f} over {len(R.pairs)} pairs "
+               f"(pairs share tokens: the interval is optimistic)"))
+    return rows
