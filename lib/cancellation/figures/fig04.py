@@ -1,0 +1,265 @@
+"""Fig. 4 (notebook 04): where the boosted mass goes, positive-only vs GRPO (App. E.1, Algorithm 2).
+
+`compute(P)` runs Algorithm 2 on `n_batches` independent batches of the policy θ₀: the token
+table of each batch with Δlog p under a positive-only and a GRPO update, each from θ₀ (cached per
+batch under every parameter, the policy's and problems' fingerprints and the batch index: the
+expensive part, two full-parameter steps per batch). The tables are tagged afterwards, never
+cached tagged, so an edited category table re-tags the cached Δlog p on the next run. Then the
+boosted / suppressed mass per category and batch and its paired shift, the tokens whose Δlog p
+differs most, and the same shift under the comparison table (`compare_map`) and on the
+fixed-scaffold control policy (`control_model_path`, same batch seeds). `claims(R, P)` gives the
+notebook's claim rows.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+from tqdm import tqdm
+
+from .. import cache, categories, grpo, measure, policy, rollout, tasks
+from .. import claims as C
+from . import base
+from .base import param
+
+UPDATES = ("positive_only", "grpo")
+LABELS = {"positive_only": "positive-only", "grpo": "GRPO"}
+TABLES = {"mass": "fig04_category_mass_per_batch.parquet", "table": "fig04_category_shift.parquet",
+          "top": "fig04_top_tokens.parquet", "compare": "fig04_settings.parquet"}
+
+
+@dataclass
+class Params(base.FigureParams):
+    """Notebook 04's parameters."""
+    model_path: str = param("data/policies/tiny-m", "the saved checkpoint θ₀: a local Hugging Face model directory "
+                            "or a hub repo id", path="model")
+    dtype: str = base.dtype()
+    device: str = base.device()
+    n_batches: int = param(40, "independent rollout batches (one per seed)", min=1)
+    n_prompts: int = param(8, "prompts per batch", min=1)
+    G: int = param(8, "rollouts per prompt (≥ 2: one rollout gives no advantage)", min=2)
+    lr: float = param(0.1, "SGD learning rate (the paper's causal analyses use 0.1)", gt=0)
+    scope: str = param("full", "'full' (all parameters) or 'lm_head'", choices=["full", "lm_head"])
+    chunk_rows: int = base.chunk_rows()
+    temperature: float = param(1.0, "sampling temperature", gt=0)
+    max_new_tokens: int = param(96, "response length cap", min=1)
+    eps: float = param(1e-6, "boosted/suppressed threshold for the token counts", gt=0)
+    tagger: str = param("shipped", "'shipped' (NLTK lexicon+RegexpTagger; same tables everywhere), 'auto', "
+                        "'perceptron'", choices=["shipped", "auto", "perceptron"])
+    category_map: str = param("data/categories/arithmetic_roles.csv", "category table; empty: "
+                              "data/categories/category_map.csv", path="file")
+    compare_map: str = param("data/categories/category_map.csv", "a second table whose verdicts are shown beside; "
+                             "empty: none", path="file", optional=True)
+    control_model_path: str = param("data/policies/tiny-m-fixed", "fixed-scaffold control policy (same batch "
+                                    "seeds); empty: none", path="model", optional=True)
+    top_k: int = param(14, "tokens in the panel of largest Δlog p differences", min=1)
+    min_count: int = param(20, "a token type needs this many occurrences to enter that panel", min=1)
+    problems_path: str = base.problems_path()
+    prompt_format: str = base.prompt_format()
+    token_chunk: int = base.token_chunk()
+    gradient_checkpointing: bool = param(False, "recompute activations in the backward (large models)")
+    seed: int = param(0, "first batch seed (batch i uses seed + 1000 + i)", min=0)
+
+
+@dataclass
+class Result:
+    """What Fig. 4 plots, its reading prints and its claims read."""
+    summary: str                 # per policy: batches, tokens, accuracy, mixed groups; the category table
+    tokens: pd.DataFrame         # every response token of the kept batches, tagged, with delta_<update>
+    audit: pd.DataFrame          # per (category, token type): occurrences, most frequent first
+    mass: pd.DataFrame           # per (update, batch, category): boosted / suppressed mass, counts, shares
+    summary_table: pd.DataFrame  # per (update, category, measure): mean over batches with a t interval
+    per: pd.DataFrame            # per batch (rows) and category: paired boosted-share shift GRPO − positive-only
+    shift: pd.DataFrame          # per category: mean paired shift with its t interval
+    table: pd.DataFrame          # summary_table and shift in one (the committed table)
+    top: pd.DataFrame            # token types whose mean Δlog p differs most between the updates
+    top_labels: list             # those tokens as text (byte-level 'Ġx' -> 'x')
+    occurrences: pd.DataFrame    # single occurrences with the largest difference, with their context
+    cats: list                   # categories with at least 0.1% of the tokens (the ones plotted)
+    totals: pd.DataFrame         # per update: total boosted / suppressed mass per batch
+    template_confidence: pd.DataFrame  # Template mass per batch by confidence (p > 0.9 or not) and update
+    settings: list               # names of the settings compared (main first; the control last when there is one)
+    setting_shifts: dict         # setting -> its per-batch paired shifts
+    compare: pd.DataFrame        # per (setting, category): shift with interval, token share, boosted shares
+
+    def write(self, results_dir) -> None:
+        for field, name in TABLES.items():
+            cache.write_table(getattr(self, field), Path(results_dir) / name)
+
+
+def batch_deltas(P: Params, source, i: int, path: str, load) -> pd.DataFrame:
+    """Algorithm 2 on batch i of the policy at `path`: the token table with Δlog p under both updates
+    (cached under every parameter, the policy's fingerprint and i)."""
+    bseed = P.seed + 1000 + i
+    cc = P.compute()
+    scfg = rollout.SampleConfig(n_prompts=P.n_prompts, G=P.G, temperature=P.temperature,
+                                max_new_tokens=P.max_new_tokens, device=P.device, source=source,
+                                token_chunk=P.token_chunk)
+
+    def run():
+        model, tok = load(path)
+        batch = rollout.sample(model, tok, scfg, seed=bseed)
+        before = cc.stats(model, batch)
+        df = measure.token_table(batch, before, tokenizer=tok).assign(batch=i)
+        m = batch.response_mask
+        for rw in UPDATES:
+            cfg = cc.update(optimizer="sgd", lr=P.lr, scope=P.scope, reweight=rw)
+            df[f"delta_{rw}"] = grpo.trial_delta(model, batch, cfg, before.logp)[m].double().cpu().numpy()
+        # θ₀ must come back exactly for the second update (Algorithm 2, line 10): same forward, Δ = 0
+        again = cc.stats(model, batch)
+        df["restore_error"] = float((again.logp - before.logp)[m].abs().max())
+        df["mixed_groups"] = batch.mixed_groups()
+        return df
+
+    key = dict(P.key(), model=policy.fingerprint(path), i=i, source=source.params())
+    return cache.cached("category_shift", key, run)
+
+
+def compute(P: Params) -> Result:
+    torch.manual_seed(P.seed)
+    source = tasks.ProblemSource(path=P.problems_path, prompt_format=P.prompt_format)
+    source.load()  # a malformed problem file stops here, before any model loads
+    loaded, lines = {}, []
+
+    def load(path):
+        if path not in loaded:
+            loaded.clear()  # one model in memory at a time
+            loaded[path] = policy.load_policy(path, dtype=P.dtype, device=P.device)
+        return loaded[path]
+
+    def batches(path, what):
+        """All batches of one policy, tagged; batches without a mixed-reward group are left out."""
+        t0 = time.time()
+        df = pd.concat([batch_deltas(P, source, i, path, load)
+                        for i in tqdm(range(P.n_batches), desc=what, leave=False)], ignore_index=True)
+        df[["category", "word"]] = cz.tag_table(df, tok, seq_cols=("batch", "rollout"))
+        per = df.groupby("batch").agg(accuracy=("reward", "mean"), mixed_groups=("mixed_groups", "first"),
+                                      restore_error=("restore_error", "first"), n_tokens=("token_id", "size"))
+        assert per.restore_error.max() == 0.0, "θ₀ was not restored exactly between the two updates"
+        # a batch without a mixed-reward group has A = 0 everywhere: neither update moves anything
+        empty = per.index[per.mixed_groups == 0].tolist()
+        lines.append(f"{what}: {P.n_batches} batches x {P.n_prompts * P.G} rollouts, {len(df)} response tokens, "
+                     f"accuracy {per.accuracy.mean():.2f}, mixed groups per batch {per.mixed_groups.mean():.1f}/"
+                     f"{P.n_prompts}, {time.time() - t0:.0f} s (cached batches are instant)"
+                     + (f"; batches {empty} have no mixed-reward group (no update signal) and are left out"
+                        if empty else ""))
+        df = df[~df.batch.isin(empty)].reset_index(drop=True)
+        if df.empty:
+            raise ValueError("no batch has a mixed-reward group: raise n_prompts or G")
+        return df
+
+    cz = categories.Categorizer(P.category_map or None, tagger=P.tagger)
+    tok = load(P.model_path)[1]
+    tokens = batches(P.model_path, Path(P.model_path).name)
+    lines.append(f"category table: {P.category_map or categories.DEFAULT_MAP}, tagger={cz.tagger}")
+    if source.reward_report():
+        lines.append(source.reward_report())
+    audit = (tokens.groupby(["category", "token"]).size().rename("n").reset_index()
+             .sort_values(["category", "n"], ascending=[True, False]))
+    mass, summary, per = categories.share_shift(tokens, UPDATES, eps=P.eps)
+    shift = categories.shift_summary(per).assign(measure="boosted_share_shift")
+    table = pd.concat([summary, shift.drop(columns="n").assign(update="grpo - positive_only")], ignore_index=True)
+    top, occurrences = _top_tokens(tokens, P)
+    top_labels = [tok.convert_tokens_to_string([t]).strip() or repr(t) for t in top.token]
+    share_of = tokens.category.value_counts(normalize=True)
+    cats = [c for c in categories.CATEGORIES if share_of.get(c, 0) >= 0.001]  # a few stray tokens say nothing
+    totals = mass.groupby(["update", "batch"])[["boosted_mass", "suppressed_mass"]].sum().groupby("update").mean()
+    # where the Template mass sits: confident scaffold (p > 0.9) vs uncertain wording choices
+    long = pd.concat([tokens.assign(update=u, delta=tokens[f"delta_{u}"]) for u in UPDATES], ignore_index=True)
+    conf = long.assign(confident=np.where(long.prob > 0.9, "p>0.9", "p<=0.9"))
+    conf = categories.category_mass(conf, "delta", by=("update", "batch", "confident"), eps=P.eps)
+    conf = conf[conf.category == "Template"].groupby(["confident", "update"])[["n_tokens", "boosted_mass",
+                                                                                 "suppressed_mass"]].mean()
+    # the same Δlog p under the comparison table, and the same batch seeds on the control policy
+    settings = {f"{Path(P.model_path).name}, {Path(P.category_map or categories.DEFAULT_MAP).stem}": (tokens, per)}
+    if P.compare_map:
+        cz_words = categories.Categorizer(P.compare_map, tagger=P.tagger)
+        words = tokens.drop(columns=["category", "word"])
+        words[["category", "word"]] = cz_words.tag_table(words, tok, seq_cols=("batch", "rollout"))
+        settings[f"{Path(P.model_path).name}, {Path(P.compare_map).stem}"] = (
+            words, categories.share_shift(words, UPDATES, eps=P.eps)[2])
+    if P.control_model_path:
+        control = batches(P.control_model_path, Path(P.control_model_path).name)
+        settings[f"{Path(P.control_model_path).name} (control), "
+                 f"{Path(P.category_map or categories.DEFAULT_MAP).stem}"] = (
+            control, categories.share_shift(control, UPDATES, eps=P.eps)[2])
+    return Result("\n".join(lines), tokens, audit, mass, summary, per, shift, table, top, top_labels, occurrences,
+                  cats, totals, conf, list(settings), {k: v[1] for k, v in settings.items()},
+                  _compare(settings, P))
+
+
+def _top_tokens(tokens: pd.DataFrame, P: Params):
+    """Per token type with at least `min_count` occurrences: mean Δlog p under each update, the
+    `top_k` largest |mean Δ_GRPO − mean Δ_positive-only|; and the 8 single occurrences with the
+    largest difference, each with the 6 tokens before it."""
+    per_type = (tokens.groupby(["token", "category"])
+                .agg(n=("token_id", "size"), mean_delta_positive_only=("delta_positive_only", "mean"),
+                     mean_delta_grpo=("delta_grpo", "mean"), prob=("prob", "mean")).reset_index())
+    per_type["difference"] = per_type.mean_delta_grpo - per_type.mean_delta_positive_only
+    top = (per_type[per_type.n >= P.min_count].assign(a=lambda d: d.difference.abs())
+           .nlargest(P.top_k, "a").drop(columns="a").reset_index(drop=True))
+    occ = tokens.assign(difference=tokens.delta_grpo - tokens.delta_positive_only)
+    occ = occ.loc[occ.difference.abs().nlargest(8).index, ["batch", "rollout", "position", "token", "category",
+                                                            "reward", "prob", "delta_positive_only", "delta_grpo"]]
+    occ["context"] = [" ".join(tokens[(tokens.batch == r.batch) & (tokens.rollout == r.rollout)
+                                      & (tokens.position < r.position) & (tokens.position >= r.position - 6)]
+                               .sort_values("position").token) for r in occ.itertuples()]
+    return top, occ
+
+
+def _compare(settings: dict, P: Params) -> pd.DataFrame:
+    """Per setting and category: the paired shift of the boosted share with its t interval, the
+    category's share of tokens and its mean boosted share under each update."""
+    rows = []
+    for name, (df, p) in settings.items():
+        share_of_tokens = df.category.value_counts(normalize=True)
+        _, summ, _ = categories.share_shift(df, UPDATES, eps=P.eps)
+        share = summ[summ.measure == "boosted_share"].pivot(index="category", columns="update", values="mean")
+        for r in categories.shift_summary(p).itertuples():
+            rows.append(dict(setting=name, category=r.category, shift=r.mean, lo=r.lo, hi=r.hi, n=r.n,
+                             token_share=share_of_tokens.get(r.category, 0.0),
+                             **{f"boosted_share_{u}": share.loc[r.category, u] for u in UPDATES}))
+    compare = pd.DataFrame(rows)
+    return compare[compare.token_share >= 0.001]  # categories with a handful of stray tokens say nothing
+
+
+def fmt(table: pd.DataFrame, c: str, meas: str = "boosted_share", u: str | None = None) -> str:
+    """One category's mean (with its interval for a shift) from the committed table."""
+    d = table[(table.category == c) & (table.measure == meas) & ((table["update"] == u) if u else True)].iloc[0]
+    return f"{d['mean']:+.4f} [{d.lo:+.4f}, {d.hi:+.4f}]" if meas.endswith("shift") else f"{d['mean']:.4f}"
+
+
+def moved(p: pd.DataFrame, c: str, want: int) -> str:
+    """How many batches move category c's boosted share in the paper's direction."""
+    return f"{int((np.sign(p[c]) == want).sum())} of {int(p[c].notna().sum())} batches"
+
+
+def claims(R: Result, P: Params) -> list[C.Claim]:
+    """Template's share of boosted mass falls and Reasoning's rises under GRPO (paired shift, 95% t
+    interval over batches); the same on the fixed-scaffold control, labelled as a control."""
+
+    def claim_rows(p, suffix="", label="Fig. 4", what="", shares=False):
+        out = []
+        s_ = categories.shift_summary(p).set_index("category")
+        for c, sign in (("Template", -1), ("Reasoning", 1)):
+            if c not in s_.index:
+                continue
+            r = s_.loc[c]
+            detail = f"{moved(p, c, sign)} in the paper's direction"
+            if shares:  # mean boosted shares of the main setting
+                detail = f"{fmt(R.table, c, u='positive_only')} → {fmt(R.table, c, u='grpo')}; " + detail
+            out.append(C.Claim(f"fig04_{c.lower()}{suffix}", label, f"GRPO {'lowers' if sign < 0 else 'raises'} "
+                               f"{c}'s share of boosted mass vs positive-only{what}", "yes", r["mean"], r.lo, r.hi,
+                               n=int(r.n), unit="boosted-share shift", rule="direction", params=dict(sign=sign),
+                               detail=detail))
+        return out
+
+    rows = claim_rows(R.per, shares=True)
+    if P.control_model_path:
+        rows += claim_rows(R.setting_shifts[R.settings[-1]], "_fixed_scaffold", "Fig. 4, fixed-scaffold control",
+                           " (fixed scaffold)")
+    return rows
