@@ -39,13 +39,14 @@ def device():
     return param("cpu", "cpu, cuda or cuda:N", nonempty=True)
 
 
-def sample_dtype():
-    return param("", "dtype of the sampler copy; empty: the training model itself (paper: bfloat16)",
-                 choices=["", "float64", "float32", "bfloat16", "float16"])
+def sample_dtype(default: str = ""):
+    return param(default, "dtype of the sampler copy (batches, Monte Carlo continuations); empty: the training "
+                 "model itself (paper: bfloat16)", choices=["", "float64", "float32", "bfloat16", "float16"])
 
 
 def backend():
-    return param("hf", "sampler: 'hf' or 'vllm' (weights pushed after every update)", choices=["hf", "vllm"])
+    return param("hf", "sampler: 'hf' (our KV-cache sampler) or 'vllm' (GPU; weights pushed after every update)",
+                 choices=["hf", "vllm"])
 
 
 def gpu_memory_utilization():
@@ -62,23 +63,6 @@ def chunk_rows():
 
 def token_chunk():
     return param(4096, "positions per LM-head call: bounds every (positions, vocabulary) logits tensor", min=1)
-
-
-def sample_dtype(default: str = "float32"):
-    return param(default, "dtype of the sampler copy (batches, Monte Carlo continuations); empty: the model itself",
-                 choices=["", "float64", "float32", "bfloat16", "float16"])
-
-
-def backend():
-    return param("hf", "sampler: 'hf' (shared-prefix KV cache) or 'vllm' (GPU)", choices=["hf", "vllm"])
-
-
-def gpu_memory_utilization():
-    return param(0.3, "vLLM's share of GPU memory, beside the training model", gt=0, max=1)
-
-
-def gradient_checkpointing():
-    return param(False, "recompute the body's activations in the backward (large models)")
 
 
 def threads():

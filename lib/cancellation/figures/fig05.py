@@ -41,7 +41,7 @@ class Params(base.FigureParams):
     """Notebook 05's parameters."""
     model_path: str = base.model_path()
     dtype: str = base.dtype()
-    sample_dtype: str = base.sample_dtype()
+    sample_dtype: str = base.sample_dtype("float32")
     device: str = base.device()
     n_prompts: int = param(16, "prompts in the batch", min=1)
     G: int = param(8, "rollouts per prompt (≥ 2: one rollout gives no advantage)", min=2)

@@ -50,7 +50,7 @@ class Params(base.FigureParams):
     )
     model_path: str = base.model_path()
     dtype: str = base.dtype()
-    sample_dtype: str = base.sample_dtype()
+    sample_dtype: str = base.sample_dtype("float32")
     device: str = base.device()
     n_prompts: int = param(32, "prompts in the base batch of Fig. 6 (the largest prompt budget)", min=1)
     G: int = param(16, "rollouts per prompt in the base batch (the largest rollout budget)", min=2)
