@@ -161,9 +161,9 @@ def _trl_out(P: Params, source, name, seed, lr):
     cfg = _config(P, source, name, seed, lr)
     params = dict(model=policy.fingerprint(P.model_path), dtype=P.dtype, device=P.device, engine="trl",
                   strategy=name, **{k: v for k, v in train.run_params(cfg).items() if k != "plan"})
-    micro = rl_engine.micro_batch(P.n_prompts, P.G, P.n_minibatches, P.max_new_tokens, P.token_chunk)
-    if micro < P.n_prompts * P.G // P.n_minibatches:  # only where token_chunk binds: other runs keep their keys
-        params["trl_micro_batch"] = micro
+    if rl_engine.micro_batch(P.n_prompts, P.G, P.n_minibatches, P.max_new_tokens, P.token_chunk) \
+            < P.n_prompts * P.G // P.n_minibatches:  # token_chunk binds (accumulated micro-batches); else the key is as before
+        params["trl_micro_rows"] = rl_engine.micro_rows(P.max_new_tokens, P.token_chunk)
     ckpt_dir = cache.DEFAULT_DIR / "ckpt"
     ckpt_dir.mkdir(parents=True, exist_ok=True)
 
