@@ -83,6 +83,61 @@ def test_config_is_methods_update():
         engine.grpo_config(tempfile.mkdtemp(), n_prompts=3, G=3, n_minibatches=2)
 
 
+def test_micro_batch_sizing_binds_only_past_token_chunk():
+    """rows × max_new_tokens ≤ token_chunk: TRL's micro-batch is the mini-batch (no accumulation) while it
+    fits; past it, one nominal row per micro-step and mini-batch-many accumulation steps (optimizer steps unchanged)."""
+    cfg = engine.grpo_config(tempfile.mkdtemp(), n_prompts=8, G=8, n_minibatches=4, max_new_tokens=96,
+                             token_chunk=4096)   # the tiny profile: 16 x 96 = 1536 <= 4096
+    assert (cfg.per_device_train_batch_size, cfg.gradient_accumulation_steps, cfg.steps_per_generation) == (16, 1, 4)
+    cfg = engine.grpo_config(tempfile.mkdtemp(), n_prompts=2, G=4, n_minibatches=2, max_new_tokens=24,
+                             token_chunk=64, iterations=3)   # paper-smoke: 4 x 24 = 96 > 64
+    assert (cfg.per_device_train_batch_size, cfg.gradient_accumulation_steps, cfg.steps_per_generation) == (1, 4, 8)
+    assert cfg.max_steps == 3 * 2 and engine.micro_rows(24, 64) == 2 and engine.micro_rows(2048, 2048) == 1
+
+
+def test_guard_sees_trls_fused_head():
+    """TRL's loss forward reads lm_head.weight in its fused head without calling the head module: the
+    Compute guard counts it on the model object, so a run whose mini-batch exceeds token_chunk raises."""
+    from cancellation import compute
+    model, tok = policy.load_policy(MODEL, dtype="float32")
+    compute.guard_lm_head(model, 2 * RUN["max_new_tokens"])
+    with tempfile.TemporaryDirectory() as d, pytest.raises(compute.MemoryBoundError, match="fused LM head"):
+        engine.train_trl(MODEL, tasks.ProblemSource(**SOURCE), "random", output_dir=d, model=model, tokenizer=tok,
+                         monitor=False, **{**RUN, "iterations": 1})
+
+
+@pytest.mark.parametrize("strategy", ["random", "sign_partitioned", "QB+RB"])
+def test_micro_batches_take_the_same_steps(strategy):
+    """A run whose mini-batches are accumulated from micro-batches (token_chunk binding) takes the same
+    optimizer steps as one without (float64: same batches, same plans, same parameters to round-off), and
+    no loss forward scores more than token_chunk positions (the Compute guard on the model)."""
+    from cancellation import compute
+    out = {}
+    model0 = [p.detach().clone() for p in policy.load_policy(MODEL, dtype="float64")[0].parameters()]
+    for tc in (None, 2 * RUN["max_new_tokens"]):
+        torch.manual_seed(0)
+        model, tok = policy.load_policy(MODEL, dtype="float64")
+        if tc:
+            compute.guard_lm_head(model, tc)
+        with tempfile.TemporaryDirectory() as d:
+            r = engine.train_trl(MODEL, tasks.ProblemSource(**SOURCE), strategy, output_dir=d, model=model,
+                                 tokenizer=tok, dtype="float64", monitor=False, iterations=1,
+                                 compute=compute.Compute(token_chunk=tc) if tc else None,
+                                 **{k: v for k, v in RUN.items() if k != "iterations"})
+        assert r["trainer"].args.gradient_accumulation_steps == (1 if tc is None else 8)
+        out[tc] = (r, [p.detach().clone() for p in model.parameters()])
+    (a, pa), (b, pb) = out.values()
+    assert a["minibatches"].equals(b["minibatches"]) and len(a["steps"]) == len(b["steps"]) > 0
+    # TRL's fused head gives float32 log-probs even in float64: splitting a mini-batch moves them by
+    # float32 round-off, so the steps agree to that, far below what a step moves (Adam at lr 3e-4)
+    moved = max(float((x - y).abs().max()) for x, y in zip(pa, model0))
+    assert max(float((x - y).abs().max()) for x, y in zip(pa, pb)) < 1e-4 * moved and moved > 1e-5
+    sa, sb = a["steps"], b["steps"]
+    for c in ("loss", "clipfrac", "ratio_dev", "entropy_sum", "grad_norm"):
+        assert abs(sa[c] - sb[c]).max() <= 1e-5 * max(1.0, abs(sa[c]).max()), c
+    assert (sa.n_tokens == sb.n_tokens).all()
+
+
 def _loss_case():
     """A float64 trainer and one mini-batch with ratios far from 1 (clip and dual clip bind)."""
     model, tok = policy.load_policy(MODEL, dtype="float64")

@@ -10,7 +10,8 @@ logits for more than `token_chunk` positions.
 The guard makes that rule checkable. With `CANCELLATION_COMPUTE_GUARD` set to a JSON object of
 knobs (the tests set it, e.g. `{"token_chunk": 64, "chunk_rows": 4, "gradient_checkpointing": true}`),
 every model loaded by `policy.load_policy` raises `MemoryBoundError` when its LM head is called
-on more than `token_chunk` positions, and every `grpo.UpdateConfig` whose knobs differ from the
+on more than `token_chunk` positions (TRL's fused LM head, which reads the head's weight without
+calling it, included: counted as the completion positions it scores), and every `grpo.UpdateConfig` whose knobs differ from the
 guard's raises `KnobError`: a forward or an update that bypassed the profile's Compute fails
 loudly instead of allocating (positions, V) logits in one piece.
 """
@@ -97,7 +98,20 @@ def guard_lm_head(model, token_chunk: int):
             raise MemoryBoundError(f"LM head called on {n} positions at once; token_chunk is {token_chunk} "
                                    f"(a logits tensor of {n} x {module.weight.shape[0]})")
 
+    def check_fused(module, args, kwargs):
+        # TRL's fused LM head (`model(..., labels=..., fused_lm_head=True)`, its loss and log-prob
+        # forwards) projects hidden states through lm_head.weight itself, never calling the head
+        # module: count the positions it scores, rows × the completion columns that carry a label
+        labels = kwargs.get("labels")
+        if kwargs.get("fused_lm_head") and labels is not None:
+            lab = labels[:, 1:] if kwargs.get("shift_labels") is None else kwargs["shift_labels"]
+            n = int((lab != -100).any(0).sum()) * lab.shape[0]
+            if n > token_chunk:
+                raise MemoryBoundError(f"fused LM head (TRL) called on {n} positions at once; token_chunk is "
+                                       f"{token_chunk} ({lab.shape[0]} rows x {n // max(lab.shape[0], 1)} positions)")
+
     head.register_forward_pre_hook(check)
+    model.register_forward_pre_hook(check_fused, with_kwargs=True)
     head._cancellation_guard = token_chunk
     return model
 

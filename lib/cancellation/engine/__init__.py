@@ -31,7 +31,7 @@ import importlib
 
 # public name -> the submodule that owns it
 _WHERE = {
-    "STRATEGIES": "data", "problem_dataset": "data", "reward_function": "data", "grpo_config": "data",
+    "STRATEGIES": "data", "problem_dataset": "data", "reward_function": "data", "grpo_config": "data", "micro_batch": "data", "micro_rows": "data",
     "to_rollout": "data", "from_rollout": "data",
     "BatchingGRPOTrainer": "trainer",
     "CancellationMonitor": "monitor", "CONF_BINS": "monitor", "measure_step": "monitor", "step_table": "monitor",

@@ -2,7 +2,8 @@
 
 Owns: `STRATEGIES` (Table 2's rows, the small trainer's table), `problem_dataset` and
 `reward_function` (a `tasks.ProblemSource` as a TRL dataset and reward), `grpo_config` (the
-GRPOConfig of docs/methods.md "The update"), and `to_rollout` / `from_rollout` (TRL's mini-batch dicts
+GRPOConfig of docs/methods.md "The update", its micro-batch sized by `micro_batch` from the
+Compute config's token_chunk), and `to_rollout` / `from_rollout` (TRL's mini-batch dicts
 <-> `rollout.RolloutBatch`, which the measurements and the RB buffer read).
 """
 from __future__ import annotations
@@ -56,23 +57,50 @@ def reward_function(source: tasks.ProblemSource):
 
 
 # --------------------------------------------------------------------------- config
+def micro_rows(max_new_tokens: int, token_chunk: int) -> int:
+    """Rows of one TRL loss forward within the Compute bound: rows × max completion length ≤
+    token_chunk (TRL's fused LM head scores every completion position of its micro-batch at once);
+    at least 1 (a single longer completion cannot be split)."""
+    return max(1, token_chunk // max_new_tokens)
+
+
+def micro_batch(n_prompts: int, G: int, n_minibatches: int, max_new_tokens: int, token_chunk: int | None) -> int:
+    """TRL's per-device micro-batch (rows) for mini-batches of n_prompts·G / n_minibatches rows.
+
+    The mini-batch itself while it is within the bound (mini × max_new_tokens ≤ token_chunk: no
+    accumulation, the TRL run as without a bound); past it, 1: the trainer then accumulates
+    `mini` micro-steps per optimizer step and packs each mini-batch into micro-batches of at most
+    `micro_rows` rows, padding with empty steps, so that any mini-batch of up to mini × micro_rows
+    rows (QB's and sign partitioning's uneven ones included) stays within the bound.
+    """
+    mini = n_prompts * G // n_minibatches
+    if token_chunk is None or mini * max_new_tokens <= token_chunk:
+        return mini
+    return 1
+
+
 def grpo_config(output_dir, *, n_prompts: int = 8, G: int = 8, n_minibatches: int = 4, iterations: int = 16,
                 lr: float = 3e-4, max_new_tokens: int = 96, temperature: float = 1.0, seed: int = 0,
                 dtype: str = "float32", use_vllm: bool = False, gradient_checkpointing: bool = False,
-                **overrides):
+                token_chunk: int | None = None, **overrides):
     """The GRPOConfig of docs/methods.md "The update" for a run of `iterations` rollout batches of
     n_prompts × G rollouts, each split into `n_minibatches` optimizer steps (one GPU or CPU).
 
-    `dtype` 'bfloat16' turns on bf16 mixed precision; other TRL/Trainer fields via `overrides`.
+    `token_chunk` (the Compute config's) sizes the per-device micro-batch (`micro_batch`): where
+    a mini-batch's rows × max_new_tokens exceed it, gradient accumulation makes up the mini-batch
+    (the optimizer steps see the same batches; `BatchingGRPOTrainer` splits them). `dtype`
+    'bfloat16' turns on bf16 mixed precision; other TRL/Trainer fields via `overrides`.
     """
     trl = _import_trl()
     B = n_prompts * G
     if B % n_minibatches:
         raise ValueError(f"n_prompts*G={B} must be divisible by n_minibatches={n_minibatches} (TRL's batch sizes)")
+    micro = micro_batch(n_prompts, G, n_minibatches, max_new_tokens, token_chunk)
+    ga = B // n_minibatches // micro
     kw = dict(
         output_dir=str(output_dir), seed=seed, data_seed=seed,
-        per_device_train_batch_size=B // n_minibatches, steps_per_generation=n_minibatches,
-        gradient_accumulation_steps=1, num_generations=G, num_iterations=1,
+        per_device_train_batch_size=micro, steps_per_generation=n_minibatches * ga,
+        gradient_accumulation_steps=ga, num_generations=G, num_iterations=1,
         max_steps=iterations * n_minibatches, max_completion_length=max_new_tokens, temperature=temperature,
         top_p=1.0, top_k=0,
         loss_type="dapo", epsilon=0.2, epsilon_high=0.28, delta=3.0, beta=0.0, scale_rewards="group",

@@ -24,6 +24,9 @@ class StepRecorder(TrainerCallback):
     gradient norm before the optimizer step, and the step's wall time (`seconds`, from
     step begin to step end, before later callbacks such as the monitor and evaluation).
     Steps that take no update (skip steps of a short plan, RB without a release) have no row.
+    With gradient accumulation (micro-batches of one mini-batch, `grpo_config`'s token_chunk
+    sizing) a step's row adds up its micro-batches: loss (each micro loss is already normalised
+    by the mini-batch's tokens), clipped tokens, tokens, Σ|ρ − 1| and the entropy sum.
     """
 
     def __init__(self, clip_low: float = 0.2, clip_high: float = 0.28):
@@ -39,8 +42,19 @@ class StepRecorder(TrainerCallback):
         return self
 
     def _after_loss(self, model, inputs, loss, logp, ent):
-        if logp is not None:
-            self._row = self._stats(inputs, logp, ent, loss, self.trainer.state.global_step)
+        if logp is None:
+            return
+        row = self._stats(inputs, logp, ent, loss, self.trainer.state.global_step)
+        if self._row is None or self._row["step"] != row["step"]:
+            self._row = row
+            return
+        a, b = self._row, row   # another micro-batch of the same optimizer step
+        n = a["n_tokens"] + b["n_tokens"]
+        a["clipfrac"] = (a["clipfrac"] * max(a["n_tokens"], 1) + b["clipfrac"] * max(b["n_tokens"], 1)) / max(n, 1)
+        a["ratio_dev"] = (a["ratio_dev"] * max(a["n_tokens"], 1) + b["ratio_dev"] * max(b["n_tokens"], 1)) / max(n, 1)
+        a["loss"] += b["loss"]
+        a["entropy_sum"] += b["entropy_sum"]
+        a["n_tokens"] = n
 
     def _stats(self, inputs, logp, ent, loss, step):
         m = inputs["completion_mask"].bool()

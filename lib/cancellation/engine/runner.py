@@ -58,7 +58,7 @@ def small_trainer_frames(out: dict, n_minibatches: int | None = None) -> dict:
         steps = pd.DataFrame(columns=["step", "loss", "clipfrac", "n_tokens", "ratio_dev", "entropy_sum",
                                       "grad_norm", "seconds"])
     if n_minibatches is None:
-        n_minibatches = int(out["trainer"].args.steps_per_generation) if "trainer" in out else \
+        n_minibatches = int(out["trainer"].n_minibatches) if "trainer" in out else \
             int(mb.minibatch.max()) + 1 if len(mb) else 1
     # mini-batches: the trainer's row record grouped by step, joined with the step record
     if len(mb):
@@ -121,7 +121,7 @@ def train_trl(model_path, source: tasks.ProblemSource, strategy: str = "random",
               max_age: int = 2, seed: int = 0, dtype: str = "float32", device: str | None = None,
               use_vllm: bool = False, gradient_checkpointing: bool = False, monitor: bool = True,
               eval_fn=None, eval_every: int = 0, model=None, tokenizer=None, quiet: bool = True,
-              **config_overrides) -> dict:
+              compute=None, **config_overrides) -> dict:
     """One Table 2 run on TRL: `strategy` (STRATEGIES) from `model_path` on `source`'s problems.
 
     Returns {'log' (trainer log history), 'minibatches', 'iterations', 'monitor' (per-step
@@ -130,6 +130,8 @@ def train_trl(model_path, source: tasks.ProblemSource, strategy: str = "random",
     `eval_every` (iterations) are given), 'trainer'}. The policy trains in place when `model`
     is given. On GPU with `use_vllm` generation runs in a colocated vLLM engine; across GPUs
     launch the script with `accelerate launch --config_file configs/accelerate_zero2.yaml`.
+    `compute` (a `Compute`): its token_chunk bounds TRL's loss forwards (rows × max_new_tokens per
+    micro-batch, gradient accumulation making up the mini-batch: `grpo_config`).
     """
     from transformers import TrainerCallback
 
@@ -140,6 +142,7 @@ def train_trl(model_path, source: tasks.ProblemSource, strategy: str = "random",
         model, tokenizer = policy.load_policy(model_path, dtype=dtype if dtype != "bfloat16" else "float32",
                                               device=dev, exact=dtype == "float64")
     tokenizer.padding_side = "left"
+    token_chunk = compute.token_chunk if compute is not None else None
     source.load()
     ds = problem_dataset(source, tokenizer, max(n_prompts * iterations * 2, 64), seed=seed)
     import warnings
@@ -148,10 +151,11 @@ def train_trl(model_path, source: tasks.ProblemSource, strategy: str = "random",
             warnings.filterwarnings("ignore", category=FutureWarning)
         cfg = grpo_config(output_dir, n_prompts=n_prompts, G=G, n_minibatches=n_minibatches, iterations=iterations,
                           lr=lr, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, dtype=dtype,
-                          use_vllm=use_vllm, gradient_checkpointing=gradient_checkpointing, **config_overrides)
+                          use_vllm=use_vllm, gradient_checkpointing=gradient_checkpointing,
+                          token_chunk=token_chunk, **config_overrides)
     trainer = BatchingGRPOTrainer(model=model, processing_class=tokenizer, reward_funcs=[reward_function(source)],
                       args=cfg, train_dataset=ds, strategy=strategy, tau=tau, max_rounds=max_rounds,
-                      max_age=max_age, plan_seed=seed)
+                      max_age=max_age, plan_seed=seed, token_chunk=token_chunk)
     recorder = StepRecorder().attach(trainer)   # before the monitor: its step time excludes the monitor's
     mon = CancellationMonitor().attach(trainer) if monitor else None
     evals, eval_times = [], []

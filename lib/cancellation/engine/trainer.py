@@ -54,7 +54,7 @@ import pandas as pd
 import torch
 
 from .. import batching, rollout
-from .data import STRATEGIES, _import_trl, from_rollout, to_rollout
+from .data import STRATEGIES, _import_trl, from_rollout, micro_rows, to_rollout
 
 GRPOTrainer = _import_trl().GRPOTrainer
 
@@ -63,15 +63,18 @@ class BatchingGRPOTrainer(GRPOTrainer):
     """GRPOTrainer whose generation batches are split by a Table 2 strategy (`STRATEGIES`).
 
     Extra arguments: `strategy` (a key of STRATEGIES), `tau`, `max_rounds`, `max_age` (RB,
-    as in train.TrainConfig), `plan_seed` (seeds the plans as train_run does). Everything
-    else is GRPOTrainer's. After training: `minibatch_table()` (one row per rollout per
+    as in train.TrainConfig), `plan_seed` (seeds the plans as train_run does), `token_chunk`
+    (the Compute bound: with `gradient_accumulation_steps` > 1, see `grpo_config`, each
+    mini-batch is packed into micro-batches of at most token_chunk // max_completion_length
+    rows, one per accumulation step, empty steps padding the rest). Everything else is
+    GRPOTrainer's. After training: `minibatch_table()` (one row per rollout per
     mini-batch: iteration, minibatch, step, row, group, reward, advantage, sign, n_tokens),
     `iteration_table()` (rounds, updated, RB buffer counters); the RB counters are also
     logged (`rb/discarded`, `rb/delayed`, `rb/buffered`, `rb/rounds`, `rb/updated`).
     """
 
     def __init__(self, *args, strategy: str = "random", tau: float = 0.4, max_rounds: int = 4,
-                 max_age: int = 2, plan_seed: int | None = None, **kw):
+                 max_age: int = 2, plan_seed: int | None = None, token_chunk: int | None = None, **kw):
         if strategy not in STRATEGIES:
             raise ValueError(f"unknown batching strategy {strategy!r}; allowed: {', '.join(STRATEGIES)}")
         super().__init__(*args, **kw)
@@ -81,7 +84,14 @@ class BatchingGRPOTrainer(GRPOTrainer):
         self.plan, self.reward_balanced = STRATEGIES[strategy]
         self.max_rounds = max_rounds
         self.plan_seed = self.args.seed if plan_seed is None else plan_seed
+        self.accumulation = self.args.gradient_accumulation_steps
+        if self.args.steps_per_generation % self.accumulation:
+            raise ValueError("steps_per_generation must be a multiple of gradient_accumulation_steps "
+                             "(one mini-batch per optimizer step)")
+        self.n_minibatches = self.args.steps_per_generation // self.accumulation
         B = self.args.per_device_train_batch_size * self.args.steps_per_generation
+        self.micro_rows = micro_rows(self.args.max_completion_length, token_chunk) if token_chunk else \
+            B // self.n_minibatches
         self.buffer = batching.RewardBalancedBuffer(B, tau, self.plan == "query_preserved", max_age) \
             if self.reward_balanced else None
         self._iteration = 0
@@ -186,6 +196,7 @@ class BatchingGRPOTrainer(GRPOTrainer):
         self.iteration_rows.append(row)
         if batch is None:
             return [{"_skip": True}] * spg
+        ga = self.accumulation
         d = self._trl_inputs(batch)
         parts = self._plan(batch, d, it)
         s = batching.sign(batch.advantage)
@@ -197,14 +208,31 @@ class BatchingGRPOTrainer(GRPOTrainer):
             ntok = sub["completion_mask"].sum()
             # TRL's dapo normaliser = num_items / n_proc * GA / spg: make it this mini-batch's tokens
             tot = self.accelerator.gather(ntok.reshape(1).float()).sum()
-            sub["num_items_in_batch"] = tot * spg / self.args.gradient_accumulation_steps
-            out.append(sub)
+            sub["num_items_in_batch"] = tot * spg / ga
+            out += [sub] if ga == 1 else self._micro_split(sub, ga)
             ntoks = batch.response_mask[rows].sum(1)
             self.minibatch_rows += [dict(iteration=it, minibatch=k, step=step0 + k, row=int(r),
                                          group=int(batch.group[r]), reward=float(batch.reward[r]),
                                          advantage=float(batch.advantage[r]), sign=int(s[r]),
                                          n_tokens=int(t)) for r, t in zip(rows.tolist(), ntoks.tolist())]
         return out + [{"_skip": True}] * (spg - len(out))
+
+    def _micro_split(self, sub: dict, ga: int) -> list[dict]:
+        """One mini-batch as `ga` accumulation steps: micro-batches of at most `micro_rows` rows
+        (near-equal), then empty steps. Each keeps the mini-batch's `num_items_in_batch`, so the
+        micro losses add up to the mini-batch's token mean. A mini-batch longer than ga × micro_rows
+        rows (possible only for uneven plans past that size) is split into ga near-equal parts."""
+        n = len(sub["completion_mask"])
+        k = min(ga, max(1, -(-n // self.micro_rows)))
+        if -(-n // k) > self.micro_rows:
+            import warnings
+            warnings.warn(f"a mini-batch of {n} rows exceeds {ga} micro-batches of {self.micro_rows} rows "
+                          f"(token_chunk): micro-batches of up to {-(-n // k)} rows")
+        parts = []
+        for rows in torch.tensor_split(torch.arange(n), k):
+            parts.append({key: (v[rows.to(v.device)] if isinstance(v, torch.Tensor) and v.dim() >= 1 else v)
+                          for key, v in sub.items()})
+        return parts + [{"_skip": True}] * (ga - k)
 
     def _trl_inputs(self, batch: rollout.RolloutBatch) -> dict:
         d = batch.__dict__.get("_trl")
@@ -222,7 +250,7 @@ class BatchingGRPOTrainer(GRPOTrainer):
         return d
 
     def _plan(self, batch: rollout.RolloutBatch, d: dict, it: int) -> list[torch.Tensor]:
-        n_mb = self.args.steps_per_generation
+        n_mb = self.n_minibatches
         if self.plan == "random":   # TRL's own shuffle + split, rows tracked through it
             from trl.trainer.utils import shuffle_sequence_dict, split_tensor_dict
             sh = shuffle_sequence_dict({"_row": torch.arange(len(batch))})

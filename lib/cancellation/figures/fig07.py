@@ -1,0 +1,388 @@
+"""Fig. 7(a), Fig. 8 and Table 2 (notebook 07): batching strategies in training.
+
+`compute(P)` trains every strategy over `seeds` at `lr`, the stability sweep's runs at each of
+`probe_lrs` and (engine 'small') the TRL cross-check runs, then builds the tables the notebook
+shows and writes. Each training run is cached on its own, under the key of the run it is (the
+policy's content hash, dtype, device, threads and the run's config: `train.cached_train`, or
+`train_trl` for a TRL run) and checkpointed every iteration, so runs are shared between the
+strategies' table and the sweep, an interrupted notebook resumes, and changing any parameter
+of a run recomputes it; the aggregation on top is cheap and recomputed every time (the wall
+time it reports is this session's). `claims(R, P)` gives the notebook's claim rows.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+from scipy import stats
+
+from .. import cache, policy, tasks, train
+from .. import claims as C
+from .. import stats as ST
+from . import base
+from .base import param
+
+STRATEGY_NAMES = ["random", "QB", "RB", "QB+RB", "sign_partitioned"]   # train.STRATEGIES
+DTYPES = ["float64", "float32", "bfloat16", "float16"]
+
+
+@dataclass
+class Params(base.FigureParams):
+    """Notebook 07's parameters."""
+    CONSTRAINTS = (
+        ("workers == 1 or (engine == 'small' and device == 'cpu')",
+         "workers > 1 parallelises the small trainer on the CPU only (set workers: 1 for engine trl or a GPU)"),
+        ("run_rounds == 0 or run_rounds >= iterations",
+         "run_rounds (a whole run's RB sampling budget) must be 0 or at least iterations"),
+    )
+    model_path: str = param("data/policies/tiny-m", "the policy every run starts from", path="model")
+    dtype: str = param("float32", "training precision (Adam steps are large; float32 suffices)", choices=DTYPES)
+    device: str = base.device()
+    engine: str = param("small", "small: the exact trainer of this artifact (tiny reference); "
+                        "trl: TRL GRPOTrainer (paper scale)", choices=["small", "trl"])
+    threads: int = param(1, "torch CPU threads per run (fixed: float32 sums depend on it; 1 is robust on a "
+                         "shared CPU)", min=1)
+    workers: int = param(1, "small engine: training runs computed in parallel processes (each with threads), "
+                         "same numbers", min=1)
+    strategies: list = param(list(STRATEGY_NAMES), "Table 2 rows (train.STRATEGIES)",
+                             choices=STRATEGY_NAMES, nonempty=True, distinct=True)
+    seeds: list = param([0, 1, 2], "training seeds per strategy (prompts, sampling, plans)",
+                        min=0, nonempty=True, distinct=True)
+    iterations: int = param(16, "update phases per run", min=1)
+    n_prompts: int = param(8, "prompts per sampling round", min=1)
+    G: int = param(8, "rollouts per prompt (≥ 2: one rollout gives no advantage)", min=2)
+    n_minibatches: int = param(4, "optimizer steps per update phase", min=1)
+    lr: float = param(3e-4, "Adam learning rate", gt=0)
+    probe_lrs: list = param([1e-3], "larger learning rates of the stability sweep, each a separate set of runs",
+                            gt=0, distinct=True)
+    probe_strategies: list = param(["random", "QB+RB"], "strategies rerun at each of probe_lrs ([] skips the sweep)",
+                                   choices=STRATEGY_NAMES, distinct=True)
+    probe_seeds: list = param([0], "seeds of the stability sweep", min=0, distinct=True)
+    tau: float = param(0.4, "RB: min(N+, N-) at least tau times the batch size", min=0, max=0.5)
+    max_rounds: int = param(4, "RB: sampling rounds per iteration before it skips the update", min=1)
+    max_age: int = param(2, "RB: rounds a buffered rollout may wait before it is discarded", min=0)
+    run_rounds: int = param(0, "RB: sampling rounds for a whole run; above 0 an iteration samples until a batch "
+                            "is released (equal optimizer steps)", min=0)
+    temperature: float = param(1.0, "training sampling temperature", gt=0)
+    max_new_tokens: int = param(96, "response length cap", min=1)
+    eval_every: int = param(4, "iterations between held-out evaluations", min=1)
+    eval_sets: list = param(["easy", "medium", "hard"], "held-out sets: difficulty levels (tasks.eval_set) or "
+                            "problem files", path="file-or-choice", choices=["easy", "medium", "hard"],
+                            nonempty=True, distinct=True)
+    eval_n: int = param(64, "problems per evaluation set", min=1)
+    eval_samples: int = param(1, "samples per problem (avg@k)", min=1)
+    eval_temperature: float = param(1.0, "evaluation temperature (1: the temperature the policy trains at)", gt=0)
+    sample_dtype: str = param("", "dtype of the sampler copy; empty: the training model itself (paper: bfloat16)",
+                              choices=["", *DTYPES])
+    backend: str = param("hf", "sampler: 'hf' or 'vllm' (weights pushed after every update)", choices=["hf", "vllm"])
+    gpu_memory_utilization: float = param(0.3, "vLLM's share of GPU memory, beside the training model", gt=0, max=1)
+    problems_path: str = param("", "training problems (DAPO-Math-17k / MATH-500 / prompt+answer file); empty: "
+                               "generated arithmetic", path="file")
+    prompt_format: str = base.prompt_format()
+    chunk_rows: int = base.chunk_rows()
+    token_chunk: int = base.token_chunk()
+    gradient_checkpointing: bool = param(False, "recompute activations in the backward (large models)")
+    trl_strategies: list = param(["random", "QB+RB"], "strategies also trained on TRL (engine.train_trl) as a "
+                                 "cross-check ([] skips)", choices=STRATEGY_NAMES, distinct=True)
+    trl_seeds: list = param([0], "seeds of the TRL runs", min=0, distinct=True)
+
+
+@dataclass
+class Result:
+    """What Fig. 7(a), Fig. 8 and Table 2 plot and read."""
+    summary: str                 # the runs: how many, this session's seconds, threads (engine 'trl': the frames' notes)
+    table2_summary: str          # the starting accuracy, run size, evaluation noise and optimizer steps per run
+    set_names: list              # held-out sets as displayed (a file by its stem)
+    cols: list                   # set_names + ['average']
+    evals: pd.DataFrame          # per (strategy, seed, iteration, set): accuracy, seconds
+    iters: pd.DataFrame          # per (strategy, seed, iteration): rounds, updated, batch stats, timing
+    minibatches: pd.DataFrame    # per mini-batch step; `composition` (mixed / one sign) added, not written
+    curves: pd.DataFrame         # held-out accuracy per (strategy, seed, iteration, set), 'average' included
+    timing: pd.DataFrame         # per strategy: sampling / update / evaluation seconds
+    agg: pd.DataFrame            # final accuracy per (strategy, set): mean, ci (95% t half-width)
+    table2: pd.DataFrame         # Table 2 (unrounded; written rounded to 3 decimals)
+    table2_shown: pd.DataFrame   # Table 2 as displayed
+    start: float                 # average held-out accuracy at iteration 0 (%)
+    final_avg: pd.DataFrame      # final average accuracy, seed x strategy
+    probe_evals: pd.DataFrame | None   # the sweep's evaluations (None without a sweep)
+    sweep: pd.DataFrame          # per (strategy, lr, seed): final average, optimizer steps, collapsed
+    sweep_shown: pd.DataFrame | None   # the sweep as displayed
+    grad_norm: pd.DataFrame      # median mini-batch gradient norm, strategy x composition
+    drift: pd.Series             # mean |ρ − 1| at the last mini-batch step, per strategy
+    trl_monitor: pd.DataFrame | None   # the TRL runs' cancellation monitor (engine 'trl' or the cross-check)
+    trl_evals: pd.DataFrame | None     # the cross-check's TRL evaluations (engine 'small')
+    trl_vs_small: pd.DataFrame | None  # average held-out accuracy, small trainer vs TRL
+    trl_monitor_shares: pd.DataFrame | None  # mean monitor share per (strategy, sign) x status
+
+    def write(self, results_dir) -> None:
+        d = Path(results_dir)
+        d.mkdir(parents=True, exist_ok=True)
+        cache.write_table(self.curves, d / "fig08_training_curves.parquet")
+        cache.write_table(self.iters, d / "fig08_iterations.parquet")
+        cache.write_table(self.minibatches.drop(columns=["composition"]), d / "fig07a_minibatches.parquet")
+        cache.write_table(self.timing.reset_index(), d / "table2_timing.csv")
+        cache.write_table(self.table2.round(3), d / "table2_batching.csv")
+        if self.probe_evals is not None:
+            cache.write_table(self.probe_evals, d / "fig08_probe_evals.parquet")
+            cache.write_table(self.sweep, d / "table2_lr_sweep.csv")
+        if self.trl_evals is not None:
+            cache.write_table(self.trl_evals, d / "fig08_trl_curves.parquet")
+        if self.trl_monitor is not None:
+            cache.write_table(self.trl_monitor, d / "fig08_trl_monitor.parquet")
+
+
+# ----------------------------------------------------------------------------- the runs
+def _config(P: Params, source, name, seed, lr):
+    return train.strategy_config(
+        name, iterations=P.iterations, n_prompts=P.n_prompts, G=P.G, temperature=P.temperature,
+        max_new_tokens=P.max_new_tokens, tau=P.tau, max_rounds=P.max_rounds, max_age=P.max_age,
+        run_rounds=P.run_rounds, eval_every=P.eval_every,
+        eval_sets=list(P.eval_sets), eval_n=P.eval_n, eval_samples=P.eval_samples, eval_temperature=P.eval_temperature,
+        seed=seed, source=source, backend=P.backend, sample_dtype=P.sample_dtype,
+        gpu_memory_utilization=P.gpu_memory_utilization,
+        update=P.compute().update(optimizer="adam", lr=lr, n_minibatches=P.n_minibatches))
+
+
+def _small_runs(P: Params, source, jobs):
+    """Cached runs of the small trainer (train.cached_train_many: checkpointed every iteration, so
+    an interruption resumes; `workers` processes compute the missing ones), one per (name, seed, lr)."""
+    outs = train.cached_train_many(P.model_path, [_config(P, source, n, s, r) for n, s, r in jobs],
+                                   workers=P.workers, dtype=P.dtype, device=P.device, threads=P.threads)
+    return [{k: df.assign(strategy=n, seed=s) for k, df in out.items()} for (n, s, r), out in zip(jobs, outs)]
+
+
+def _trl_out(P: Params, source, name, seed, lr):
+    """One cached TRL run (engine.train_trl): the raw frames plus the per-step record."""
+    from .. import engine as rl_engine
+    cfg = _config(P, source, name, seed, lr)
+    params = dict(model=policy.fingerprint(P.model_path), dtype=P.dtype, device=P.device, engine="trl",
+                  strategy=name, **{k: v for k, v in train.run_params(cfg).items() if k != "plan"})
+    if rl_engine.micro_batch(P.n_prompts, P.G, P.n_minibatches, P.max_new_tokens, P.token_chunk) \
+            < P.n_prompts * P.G // P.n_minibatches:  # token_chunk binds (accumulated micro-batches); else the key is as before
+        params["trl_micro_rows"] = rl_engine.micro_rows(P.max_new_tokens, P.token_chunk)
+    ckpt_dir = cache.DEFAULT_DIR / "ckpt"
+    ckpt_dir.mkdir(parents=True, exist_ok=True)
+
+    def compute():
+        m, tk = policy.load_policy(P.model_path, dtype=P.dtype, device=P.device)
+        out = rl_engine.train_trl(
+            P.model_path, source, name, output_dir=str(ckpt_dir / "trl"), model=m, tokenizer=tk,
+            iterations=P.iterations, n_prompts=P.n_prompts, G=P.G, n_minibatches=P.n_minibatches, lr=lr,
+            max_new_tokens=P.max_new_tokens, temperature=P.temperature, tau=P.tau, max_rounds=P.max_rounds,
+            max_age=P.max_age, seed=seed, dtype=P.dtype, use_vllm=P.backend == "vllm",
+            gradient_checkpointing=P.gradient_checkpointing, eval_every=P.eval_every, compute=P.compute(),
+            eval_fn=lambda mm, tt: train.evaluate(mm, tt, P.eval_sets, P.eval_n, P.eval_samples, P.eval_temperature,
+                                                  P.max_new_tokens, like=source, token_chunk=P.token_chunk))
+        return {k: out[k] for k in ("evals", "iterations", "minibatches", "monitor", "steps", "eval_times")}
+
+    return cache.cached("train_trl", dict(params, record="steps"), compute)
+
+
+def _trl_run(P: Params, source, name, seed, lr):
+    """A TRL run as the small trainer's three frames (engine.small_trainer_frames)."""
+    from .. import engine as rl_engine
+    out = _trl_out(P, source, name, seed, lr)
+    frames = rl_engine.small_trainer_frames(out, P.n_minibatches)
+    frames["monitor"] = out["monitor"]
+    return {k: df.assign(strategy=name, seed=seed) for k, df in frames.items()}
+
+
+def compute(P: Params) -> Result:
+    torch.set_num_threads(P.threads)
+    source = tasks.ProblemSource(path=P.problems_path, prompt_format=P.prompt_format)
+    source.load()  # a malformed problem file stops here, before any model loads
+    t0 = time.time()
+    jobs = [(name, s, P.lr) for name in P.strategies for s in P.seeds]
+    probe_jobs = [(name, s, r) for r in P.probe_lrs for name in P.probe_strategies for s in P.probe_seeds]
+    if P.engine == "trl":
+        runs = [_trl_run(P, source, *j) for j in jobs]
+        probe = [_trl_run(P, source, *j) for j in probe_jobs]
+    else:  # one pool for both, so the workers stay busy
+        both = _small_runs(P, source, jobs + probe_jobs)
+        runs, probe = both[:len(jobs)], both[len(jobs):]
+    probe = [{k: df.assign(lr=r) for k, df in out.items()} for out, (_, _, r) in zip(probe, probe_jobs)]
+    wall = time.time() - t0
+    R = _tables(P, runs, probe)
+    R.summary = (f"{len(runs)} runs ({len(P.strategies)} strategies x seeds {P.seeds}), {wall:.0f} s in this session "
+                 f"(0 s means every run came from the cache), torch threads {torch.get_num_threads()}")
+    if P.engine == "trl":
+        from .. import engine as rl_engine
+        R.summary += ("\nengine = 'trl': every run below (Fig. 8, Table 2, Fig. 7(a), the lr sweep) is TRL's "
+                      "GRPOTrainer (engine.train_trl), read back through engine.small_trainer_frames into the small "
+                      "trainer's frames. Differences from the small trainer's columns:\n- "
+                      + "\n- ".join(rl_engine.TRL_FRAME_NOTES))
+    if P.engine == "small" and P.trl_strategies:
+        _cross_check(P, source, R)
+    return R
+
+
+def ci(x):
+    x = np.asarray(x, float)
+    return float(stats.t.ppf(0.975, len(x) - 1) * x.std(ddof=1) / np.sqrt(len(x))) if len(x) > 1 else float("nan")
+
+
+def _tables(P: Params, runs, probe) -> Result:
+    set_names = [train.set_name(d) for d in P.eval_sets]
+    evals = pd.concat([r["evals"] for r in runs], ignore_index=True)
+    iters = pd.concat([r["iterations"] for r in runs], ignore_index=True)
+    mbs = pd.concat([r["minibatches"] for r in runs], ignore_index=True)
+    avg = evals.groupby(["strategy", "seed", "iteration"], as_index=False).accuracy.mean().assign(set="average")
+    curves = pd.concat([evals[["strategy", "seed", "iteration", "set", "accuracy"]], avg], ignore_index=True)
+    tmon = pd.concat([r["monitor"] for r in runs], ignore_index=True) if P.engine == "trl" else None
+    # where the time goes
+    ev_time = evals.groupby(["strategy", "seed", "iteration"]).seconds.first().groupby("strategy").sum()
+    timing = iters.groupby("strategy").agg(iterations=("iteration", "size"), rounds=("rounds", "sum"),
+                                           sample_s=("t_sample", "sum"), update_s=("t_update", "sum"))
+    timing["eval_s"] = ev_time
+    timing["sample_per_iter_s"] = timing.sample_s / timing.iterations
+    timing["update_per_iter_s"] = timing.update_s / timing.iterations
+    timing["sample_share"] = timing.sample_s / (timing.sample_s + timing.update_s)
+    timing = timing.reindex(P.strategies)
+    # Table 2
+    final = curves[curves.iteration == P.iterations]
+    cols = set_names + ["average"]
+    agg = final.groupby(["strategy", "set"]).accuracy.agg(["mean", ci]).reset_index()
+    last = iters.sort_values("iteration").groupby(["strategy", "seed"]).last()
+    counts = iters.groupby(["strategy", "seed"]).rounds.sum().mul(P.n_prompts * P.G).groupby("strategy").mean()
+    table2 = pd.DataFrame(index=pd.Index(P.strategies, name="strategy"))
+    table2["QB"] = [train.STRATEGIES[s][0] == "query_preserved" for s in P.strategies]
+    table2["RB"] = [train.STRATEGIES[s][1] for s in P.strategies]
+    for c in cols:
+        a = agg[agg.set == c].set_index("strategy")
+        table2[f"{c}_mean"], table2[f"{c}_ci95"] = 100 * a["mean"], 100 * a["ci"]
+    table2["rollouts_sampled"] = counts
+    table2["optimizer_steps"] = iters.groupby(["strategy", "seed"]).updated.sum().mul(P.n_minibatches) \
+        .groupby("strategy").mean()
+    for k in ("discarded", "delayed"):
+        col = f"buffer_{k}"
+        table2[f"rollouts_{k}"] = last[col].groupby("strategy").mean() if col in last else np.nan
+    table2["n_seeds"] = len(P.seeds)
+    start = 100 * curves[(curves.iteration == 0) & (curves.set == "average")].accuracy.mean()
+    table2 = table2.reset_index()
+    shown = table2[["strategy", "QB", "RB"]].copy()
+    for c in cols:
+        shown[c] = [f"{m:.1f} ± {h:.1f}" for m, h in zip(table2[f"{c}_mean"], table2[f"{c}_ci95"])]
+    shown["rollouts (sampled / discarded / delayed)"] = [
+        f"{s:.0f} / {d:.0f} / {y:.0f}" if r else f"{s:.0f}" for s, d, y, r in
+        zip(table2.rollouts_sampled, table2.rollouts_discarded.fillna(0), table2.rollouts_delayed.fillna(0),
+            table2.RB)]
+    shown["optimizer steps"] = table2.optimizer_steps.round(1)
+    fa = final[final.set == "average"].pivot(index="seed", columns="strategy", values="accuracy")
+    # the stability sweep
+    sweep, pe, show_sweep = pd.DataFrame(), None, None
+    if probe:
+        pe = pd.concat([r["evals"] for r in probe], ignore_index=True)
+        pit = pd.concat([r["iterations"] for r in probe], ignore_index=True)
+        at_lr = lambda df: df[df.strategy.isin(P.probe_strategies) & df.seed.isin(P.probe_seeds)].assign(lr=P.lr)  # noqa: E731
+        se = pd.concat([at_lr(evals), pe], ignore_index=True)
+        fin = (se[se.iteration == P.iterations].groupby(["strategy", "lr", "seed"]).accuracy.mean().rename("final")
+               .reset_index())
+        steps_ = (pd.concat([at_lr(iters), pit]).groupby(["strategy", "lr", "seed"]).updated.sum()
+                  .mul(P.n_minibatches).rename("optimizer_steps").reset_index())
+        sweep = fin.merge(steps_, on=["strategy", "lr", "seed"])
+        sweep["collapsed"] = sweep.final < 0.5 * start / 100
+        show_sweep = sweep.groupby(["strategy", "lr"]).agg(
+            final_avg=("final", lambda x: f"{100 * x.mean():.1f} ± {100 * ST.t_interval(x)[2] - 100 * x.mean():.1f}"
+                       if len(x) > 1 else f"{100 * x.mean():.1f}"),
+            collapsed=("collapsed", lambda x: f"{int(x.sum())}/{len(x)}"),
+            optimizer_steps=("optimizer_steps", "mean")).unstack("strategy")
+    # Fig. 7(a)'s numbers
+    mbs["composition"] = np.where((mbs.n_pos > 0) & (mbs.n_neg > 0), "mixed", "one sign")
+    gn = mbs.groupby(["strategy", "composition"]).grad_norm.median().unstack()
+    drift = mbs[mbs.minibatch == mbs.minibatch.max()].groupby("strategy").ratio_dev.mean()
+    why = ("RB's whole-run sampling budget (run_rounds) ran out before every iteration had released a batch, so the "
+           "RB strategies took fewer steps than the others; a larger run_rounds equalises them" if P.run_rounds else
+           "RB skipped updates when its buffer released no batch within max_rounds; run_rounds > 0 keeps it sampling")
+    note = (f"start (every run's iteration 0): average accuracy {start:.1f}%; {len(P.seeds)} seeds {P.seeds}, "
+            f"{P.iterations} iterations x {P.n_minibatches} Adam steps, lr {P.lr:g}; evaluation avg@{P.eval_samples} "
+            f"on {P.eval_n} problems per set (binomial SE of one run's score on one set up to "
+            f"{100 * 0.5 / np.sqrt(P.eval_n * P.eval_samples):.1f} pts)\n"
+            "optimizer steps per run " + ("equal across strategies" if table2.optimizer_steps.nunique() == 1 else
+                                          f"differ across strategies ({why})")
+            + ": " + ", ".join(f"{s} {v:g}" for s, v in zip(table2.strategy, table2.optimizer_steps)))
+    return Result("", note, set_names, cols, evals, iters, mbs, curves, timing, agg, table2, shown, start, fa, pe,
+                  sweep, show_sweep, gn, drift, tmon, None, None, None)
+
+
+def _cross_check(P: Params, source, R: Result) -> None:
+    """Engine 'small': the same strategies on TRL (the same cached runs the engine='trl' path uses)."""
+    trl_runs = []
+    for name in P.trl_strategies:
+        for s in P.trl_seeds:
+            out = _trl_out(P, source, name, s, P.lr)
+            trl_runs.append({k: out[k].assign(strategy=name, seed=s) for k in ("evals", "monitor")})
+    te = pd.concat([r["evals"] for r in trl_runs], ignore_index=True)
+    tm = pd.concat([r["monitor"] for r in trl_runs], ignore_index=True)
+    avg = R.evals.groupby(["strategy", "seed", "iteration"], as_index=False).accuracy.mean().assign(set="average")
+    tavg = te.groupby(["strategy", "seed", "iteration"]).accuracy.mean().rename("trl").reset_index()
+    small = avg[avg.strategy.isin(P.trl_strategies) & avg.seed.isin(P.trl_seeds)].rename(columns={"accuracy": "small"})
+    both = small.merge(tavg, on=["strategy", "seed", "iteration"], how="outer").sort_values(["strategy", "iteration"])
+    R.trl_evals, R.trl_monitor = te, tm
+    R.trl_vs_small = both.set_index(["strategy", "seed", "iteration"])[["small", "trl"]]
+    R.trl_monitor_shares = tm[tm.conf_bin == "all"].groupby(["strategy", "sign", "status"]).fraction.mean() \
+        .unstack("status")
+
+
+def versus_random(R: Result, P: Params) -> str:
+    """Each strategy's final average against the baseline, seed by seed, and its collapsed runs."""
+    fa, lines = R.final_avg, []
+    for name in P.strategies:
+        d = 100 * (fa[name] - fa["random"]) if "random" in fa else pd.Series(dtype=float)
+        collapsed = int((fa[name] < 0.5 * R.start / 100).sum())
+        lines.append(f"{name:>16}: final average {100 * fa[name].mean():5.1f}% (per seed "
+                     + ", ".join(f"{100 * v:.1f}" for v in fa[name]) + f"), vs random {d.mean():+5.1f} pts "
+                     f"(per seed " + ", ".join(f"{v:+.1f}" for v in d) + f"), collapsed runs {collapsed}/{len(P.seeds)}")
+    return "\n".join(lines)
+
+
+def cross_check(R: Result, P: Params) -> str:
+    """The small trainer against TRL on the same strategies (engine 'small'), as text."""
+    if P.engine == "trl":
+        return ("engine = 'trl': the runs above are already TRL's; the small trainer is not run, so there is no "
+                "small-vs-TRL cross-check on this profile (run the tiny profile for it).")
+    if R.trl_vs_small is None:
+        return "no TRL cross-check (trl_strategies is empty)"
+    return ("average held-out accuracy, small trainer vs TRL (same strategy, seed, batch shape, lr):\n"
+            + (R.trl_vs_small * 100).round(1).to_string()
+            + "\ncancellation monitor on the TRL runs (mean share per optimizer step):\n"
+            + R.trl_monitor_shares.round(3).to_string())
+
+
+# ----------------------------------------------------------------------------- claims
+def claims(R: Result, P: Params) -> list[C.Claim]:
+    rows, fa, start, sweep = [], R.final_avg, R.start, R.sweep
+    T2 = f"Table 2 ({len(P.seeds)} seeds x {P.iterations} iterations)"  # the run size, in the claim's figure column
+    T2_SWEEP = f"Table 2, lr sweep ({len(P.probe_seeds)} seeds x {P.iterations} iterations)"
+    for name, sign, stmt in (("QB+RB", 1, "QB+RB beats the baseline"), ("QB", 1, "QB beats the baseline"),
+                             ("RB", 1, "RB beats the baseline"), ("sign_partitioned", -1, "sign partitioning hurts")):
+        if name in fa and "random" in fa:
+            d = 100 * (fa[name] - fa["random"])
+            rows.append(C.Claim(f"table2_{name}", T2, stmt, "yes", *ST.t_interval(d), n=len(d),
+                                unit="pts vs random (paired)", rule="direction", params=dict(sign=sign),
+                                detail=f"final average {100 * fa[name].mean():.1f}% vs random "
+                                f"{100 * fa['random'].mean():.1f}%"))
+    if "random" in fa:
+        k = int((fa["random"] < 0.5 * start / 100).sum())
+        r, lo, hi, n = ST.proportion(fa["random"] < 0.5 * start / 100)
+        rows.append(C.Claim("table2_baseline_collapse", T2, "the baseline is unstable (collapses)", "yes",
+                            r, lo, hi, n=n, unit="share of baseline runs collapsed", rule="direction",
+                            params=dict(sign=1), detail=f"{k}/{n} collapsed at lr {P.lr:g} (Clopper–Pearson)"))
+    for r_ in (P.probe_lrs if len(sweep) else []):
+        at = sweep[sweep.lr == r_].pivot(index="seed", columns="strategy", values="final")
+        if "random" in at:
+            k = int(sweep[(sweep.lr == r_) & (sweep.strategy == "random")].collapsed.sum())
+            pr, lo, hi, n = ST.proportion(sweep[(sweep.lr == r_) & (sweep.strategy == "random")].collapsed)
+            rows.append(C.Claim(f"table2_baseline_collapse_lr{r_:g}", T2_SWEEP, f"the baseline collapses at lr {r_:g}",
+                                "yes", pr, lo, hi, n=n, unit="share of baseline runs collapsed", rule="direction",
+                                params=dict(sign=1), detail=f"{k}/{n} collapsed (Clopper–Pearson)"))
+        if "random" in at and "QB+RB" in at:
+            d = 100 * (at["QB+RB"] - at["random"])
+            rows.append(C.Claim(f"table2_QB+RB_lr{r_:g}", T2_SWEEP, f"QB+RB beats the baseline at lr {r_:g}", "yes",
+                                *ST.t_interval(d), n=len(d), unit="pts vs random (paired)", rule="direction",
+                                params=dict(sign=1), detail=f"final average {100 * at['QB+RB'].mean():.1f}% vs random "
+                                f"{100 * at['random'].mean():.1f}%"))
+    return rows
