@@ -474,6 +474,12 @@ tr.train()
 assert tr.accelerator.num_processes == 2
 tr.minibatch_table().to_json(f"{out}/minibatches{rank}.json")
 tr.iteration_table().to_json(f"{out}/iterations{rank}.json")
+# Leave the process group cleanly: exiting with gloo's threads alive can abort one rank at teardown
+# ("terminate called without an active exception", SIGABRT) after all the work is done.
+import torch.distributed as dist
+if dist.is_initialized():
+    dist.barrier()
+    dist.destroy_process_group()
 '''
 
 
