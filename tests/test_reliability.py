@@ -434,7 +434,6 @@ def _staged_root(tmp_path):
     from cancellation import claims as C
     root = tmp_path / "repo"
     (root / "notebooks/params").mkdir(parents=True)
-    shutil.copy(run.SCHEMA, root / "notebooks/params")
     (root / "notebooks/params/tiny.yaml").write_text("97_staged:\n  value: 1\n")
     (root / "notebooks" / "97_staged.py").write_text(STAGED_NB)
     C.record(root / "data/results/tiny", "01", [C.Claim("other_notebook", "Fig. 1", "kept", "1", measured=1.0)])

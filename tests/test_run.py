@@ -49,12 +49,17 @@ def test_every_profile_section_passes_the_schema():
             run.resolve_params(nb, profile)  # types, ranges, choices, constraints (paths not required to exist)
 
 
-def test_schema_names_are_notebook_parameters():
-    declared = {k for nb in run.all_notebooks() for k in run.notebook_defaults(nb)}
-    schema = run.load_schema()
-    names = set(schema["common"]) | {k for s, sec in schema.items() if s != "common" for k in sec if k != "constraints"}
-    assert names <= declared, names - declared
-    assert {k for k in declared if k not in run.INJECTED} - {"gradient_checkpointing"} <= set(schema["common"])
+def test_every_parameter_has_a_doc_and_a_rule_where_one_applies():
+    """Params is the single source: every declared parameter of every notebook has a one-line doc,
+    and the knobs every notebook shares are validated (a rule each)."""
+    for nb in run.all_notebooks():
+        P = run.figure_params(nb)
+        assert P is not None, f"{nb.name} has no figure module"
+        docs, rules = P.docs(), P.rules()
+        assert all(docs.get(k) for k in P.defaults()), [k for k in P.defaults() if not docs.get(k)]
+        for k in ("model_path", "dtype", "device", "seed", "chunk_rows", "token_chunk"):
+            if k in P.defaults():
+                assert k in rules or k == "seed", (nb.name, k)
 
 
 def test_executed_notebooks_keep_results_not_progress_bars(tmp_path):
@@ -275,7 +280,7 @@ def test_runner_outside_a_checkout_says_so_and_names_root(tmp_path, monkeypatch,
     site = tmp_path / "site-packages"
     site.mkdir()
     for name, value in (("ROOT", site.parent), ("NOTEBOOKS", site.parent / "notebooks"),
-                        ("PARAMS", site.parent / "notebooks/params"), ("SCHEMA", site.parent / "notebooks/params/x")):
+                        ("PARAMS", site.parent / "notebooks/params")):
         monkeypatch.setattr(run, name, value)  # as if installed: no notebooks/ next to the package
     with pytest.raises(SystemExit) as e:
         run.main(["01", "--check"])

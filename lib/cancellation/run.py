@@ -6,7 +6,7 @@ then command-line overrides (-p NAME VALUE, or --set 'NAME=VALUE; ...' as `make 
 passes them). With several notebooks, a -p value goes to every one that declares the name. Every
 selected notebook is validated before any runs: names (an override or `common` key that no
 notebook declares, a misspelled section or key of the profile, each with a suggestion), types
-(YAML 1.2 numbers: `010` is 10), the ranges, choices and paths of notebooks/params/schema.yaml,
+(YAML 1.2 numbers: `010` is 10), the ranges, choices and paths of its figure module's Params,
 its cross-parameter constraints and the device; one line per error, exit 2.
 
 A run with -p overrides writes to its own directories, figures/<profile>/runs/<hash>/,
@@ -44,7 +44,6 @@ from cancellation import staging
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "notebooks"
 PARAMS = NOTEBOOKS / "params"
-SCHEMA = PARAMS / "schema.yaml"
 INJECTED = ("profile", "fig_dir", "results_dir")  # set by the runner from the profile
 
 
@@ -190,22 +189,11 @@ def profile_errors(profile: str, prof: dict | None = None) -> list[str]:
     return errs
 
 
-def load_schema() -> dict:
-    """notebooks/params/schema.yaml: name -> rule, with per-notebook sections (see the file)."""
-    return (yaml_load(SCHEMA.read_text()) or {}) if SCHEMA.exists() else {}
-
-
-def _schema_for(schema: dict, stem: str) -> tuple[dict, list]:
-    """(rules, constraints) of a notebook: its figure module's Params when it has one, else
-    schema.yaml's `common` rules and the notebook's section."""
+def _schema_for(stem: str) -> tuple[dict, list]:
+    """(rules, constraints) of a notebook: its figure module's Params (field metadata and
+    CONSTRAINTS); a notebook without a figure module gets type checks only."""
     P = figure_params(NOTEBOOKS / f"{stem}.py")
-    if P is not None:
-        return P.rules(), list(P.CONSTRAINTS)
-    rules = dict(schema.get("common") or {})
-    sec = dict(schema.get(stem) or {})
-    constraints = sec.pop("constraints", None) or []
-    rules.update(sec)
-    return rules, constraints
+    return (P.rules(), list(P.CONSTRAINTS)) if P is not None else ({}, [])
 
 
 def _type_error(name, value, default) -> str:
@@ -367,7 +355,7 @@ def resolve_params(nb_path: Path, profile: str = "tiny", overrides: dict | None 
     """The validated parameter dict a notebook runs with.
 
     Checks every parameter: its type against the notebook's default (no null unless the default
-    is None; YAML 1.2 numbers), its rule in notebooks/params/schema.yaml (ranges, finiteness,
+    is None; YAML 1.2 numbers), its rule in the figure module's Params (ranges, finiteness,
     choices, paths) and the notebook's cross-parameter constraints. Relative paths from
     `overrides` resolve against `cwd` (default: the working directory), those of profiles and
     defaults against the repository; `check_paths` makes a missing file an error. Raises
@@ -408,7 +396,7 @@ def resolve_params(nb_path: Path, profile: str = "tiny", overrides: dict | None 
                 put(k, _override_value(v, defaults[k]), "-p")
             except ParameterError as e:
                 errs.append(f"{stem}: parameter {k!r}: {e} (from -p)")
-    rules, constraints = _schema_for(load_schema(), stem)
+    rules, constraints = _schema_for(stem)
     base_cwd = Path(cwd) if cwd else Path.cwd()
     for k, rule in rules.items():
         if k not in defaults or k in INJECTED or any(e.startswith(f"{stem}: parameter {k!r}") for e in errs):
@@ -653,11 +641,10 @@ _UMASK = _umask()
 
 def set_root(root: str | Path):
     """Point the runner at a checkout: its notebooks/, notebooks/params/ and output directories."""
-    global ROOT, NOTEBOOKS, PARAMS, SCHEMA
+    global ROOT, NOTEBOOKS, PARAMS
     ROOT = Path(root).expanduser().resolve()
     NOTEBOOKS = ROOT / "notebooks"
     PARAMS = NOTEBOOKS / "params"
-    SCHEMA = PARAMS / "schema.yaml"
 
 
 _NAME_EQ = re.compile(r"[A-Za-z_]\w*=")
@@ -739,14 +726,14 @@ def main(argv=None):
                     help=f"the repository checkout whose notebooks/, notebooks/params/, figures/ and data/results/ "
                          f"are used (default: the checkout this module lives in, {ROOT})")
     a = ap.parse_args(argv)
-    saved = (ROOT, NOTEBOOKS, PARAMS, SCHEMA)
+    saved = (ROOT, NOTEBOOKS, PARAMS)
     try:
         if a.root:
             set_root(a.root)
         with staging.sigterm_raises():
             rc = _main(a)
     finally:  # main() called from Python (tests) leaves the module as it found it
-        globals().update(zip(("ROOT", "NOTEBOOKS", "PARAMS", "SCHEMA"), saved))
+        globals().update(zip(("ROOT", "NOTEBOOKS", "PARAMS"), saved))
     if rc:
         sys.exit(rc)
 

@@ -2,10 +2,23 @@
 field helpers for the parameters most notebooks take, and the cache key of a stage.
 
 A figure's `Params` is a dataclass of `param(default, doc, **rules)` fields. The runner reads
-its defaults, types, docs and rules (`min`, `max`, `gt`, `lt`, `choices`, `nonempty`, `distinct`,
-`path`, `optional`: the vocabulary of notebooks/params/schema.yaml) to validate a profile and
-`-p` overrides before anything runs; profiles only override values. The notebook gets the
-resolved values as one dict and builds `P = figNN.Params(**params)`.
+its defaults, types, docs and rules to validate a profile and `-p` overrides before anything
+runs; profiles only override values. The notebook gets the resolved values as one dict and builds
+`P = figNN.Params(**params)`. The rules:
+
+    min / max      inclusive bounds (numbers; for a list, every element)
+    gt / lt        exclusive bounds
+    choices        the allowed values (for a list, of every element)
+    nonempty       a list or string must not be empty
+    distinct       a list must not repeat an element
+    path="file"    an existing file; "" (none) allowed when the default is "" or with optional=True
+    path="model"   an existing local directory or a hub repo id ("org/name"); a relative path that
+                   does not exist is an error, never sent to the hub
+    path="file-or-choice"   an element of `choices` or an existing file (eval_sets)
+
+Numbers are always finite. Relative paths given on the command line resolve against the working
+directory; those in profiles and defaults against the repository. `CONSTRAINTS` holds
+[python expression over the parameters, message] pairs checked after the rules.
 """
 from __future__ import annotations
 
