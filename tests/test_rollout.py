@@ -204,8 +204,10 @@ def _old_sample_batch(model, tok, problems, G, max_new_tokens, seed):
     ids, am = enc["input_ids"], enc["attention_mask"]
     gen = torch.Generator(device="cpu").manual_seed(seed)
     pos = (am.cumsum(-1) - 1).clamp(min=0)
+    import inspect
+    kv = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
     with torch.no_grad():
-        out = model(input_ids=ids, attention_mask=am, position_ids=pos, past_key_values=DynamicCache(), use_cache=True)
+        out = model(input_ids=ids, attention_mask=am, position_ids=pos, use_cache=True, **{kv: DynamicCache()})
         logits, next_pos = out.logits[:, -1], pos[:, -1] + 1
         done, new = torch.zeros(len(ids), dtype=torch.bool), []
         for _ in range(max_new_tokens):
@@ -216,8 +218,8 @@ def _old_sample_batch(model, tok, problems, G, max_new_tokens, seed):
             if bool(done.all()):
                 break
             am = torch.cat([am, torch.ones_like(am[:, :1])], 1)
-            out = model(input_ids=t[:, None], attention_mask=am, position_ids=next_pos[:, None],
-                        past_key_values=out.past_key_values, use_cache=True)
+            out = model(input_ids=t[:, None], attention_mask=am, position_ids=next_pos[:, None], use_cache=True,
+                        **{kv: getattr(out, kv)})
             logits, next_pos = out.logits[:, -1], next_pos + 1
     return enc["input_ids"], torch.stack(new, 1)
 

@@ -21,6 +21,7 @@ prefill computes logits for the last position only and the KV cache stays in the
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import os
 from dataclasses import dataclass, field, fields
@@ -163,10 +164,23 @@ def _device(model) -> torch.device:
     return next(model.parameters()).device
 
 
-def last_hidden(model, **inputs):
-    """One body forward with the KV cache: the LM-head input at the last position (B, d) and the cache."""
-    out = model.get_decoder()(**inputs, use_cache=True)
-    return out.last_hidden_state[:, -1], out.past_key_values
+def cache_kw(module) -> str:
+    """The name `module.forward` takes its KV cache under: `cache` in recent transformers 5.x (which
+    warns on the old name), `past_key_values` before."""
+    return "cache" if "cache" in inspect.signature(module.forward).parameters else "past_key_values"
+
+
+def out_cache(out):
+    """The KV cache of a model output, under either name."""
+    kv = getattr(out, "cache", None)
+    return kv if kv is not None else out.past_key_values
+
+
+def last_hidden(model, kv, **inputs):
+    """One body forward with the KV cache `kv`: the LM-head input at the last position (B, d) and the cache."""
+    body = model.get_decoder()
+    out = body(**inputs, **{cache_kw(body): kv}, use_cache=True)
+    return out.last_hidden_state[:, -1], out_cache(out)
 
 
 def draw_chunked(model, h: torch.Tensor, token_chunk: int, draw) -> torch.Tensor:
@@ -201,8 +215,7 @@ def generate(model, input_ids, attention_mask, max_new_tokens: int, temperature:
         return torch.multinomial(probs, 1, generator=generator).squeeze(1)
 
     pos = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-    h, kv = last_hidden(model, input_ids=input_ids, attention_mask=attention_mask, position_ids=pos,
-                        past_key_values=DynamicCache())
+    h, kv = last_hidden(model, DynamicCache(), input_ids=input_ids, attention_mask=attention_mask, position_ids=pos)
     next_pos = pos[:, -1] + 1
     done = torch.zeros(B, dtype=torch.bool, device=dev)
     new_tokens = []
@@ -214,8 +227,8 @@ def generate(model, input_ids, attention_mask, max_new_tokens: int, temperature:
         if bool(done.all()):
             break
         attention_mask = torch.cat([attention_mask, torch.ones_like(attention_mask[:, :1])], dim=1)
-        h, kv = last_hidden(model, input_ids=tok[:, None], attention_mask=attention_mask,
-                            position_ids=next_pos[:, None], past_key_values=kv)
+        h, kv = last_hidden(model, kv, input_ids=tok[:, None], attention_mask=attention_mask,
+                            position_ids=next_pos[:, None])
         next_pos = next_pos + 1
     return torch.stack(new_tokens, dim=1)
 

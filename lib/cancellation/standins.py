@@ -203,6 +203,8 @@ def sample(model, tok, prompts: list[str], n: int, seed: int, max_new_tokens: in
 
     A minimal multinomial loop (left padding, HF's KV cache) kept independent of
     rollout.py so the builder's accuracy check does not depend on the code it helps test."""
+    import inspect
+    kv_name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"  # transformers 5.2x renamed it
     stops = set(model.generation_config.eos_token_id)
     texts = [tok.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
              for p in prompts for _ in range(n)]
@@ -216,9 +218,9 @@ def sample(model, tok, prompts: list[str], n: int, seed: int, max_new_tokens: in
     pos = (attn.cumsum(-1) - 1).clamp(min=0)
     step_ids, cache = ids, None
     for _ in range(max_new_tokens):
-        o = model(input_ids=step_ids, attention_mask=attn, position_ids=pos, past_key_values=cache, use_cache=True,
-                  logits_to_keep=1)
-        cache, logits = o.past_key_values, o.logits[:, -1].float()
+        o = model(input_ids=step_ids, attention_mask=attn, position_ids=pos, use_cache=True, logits_to_keep=1,
+                  **{kv_name: cache})
+        cache, logits = getattr(o, kv_name), o.logits[:, -1].float()
         logits[:, len(tok):] = float("-inf")  # padded ids are never real tokens
         nxt = torch.multinomial(torch.softmax(logits, -1), 1, generator=gen).squeeze(1)
         nxt = torch.where(done, tok.pad_token_id, nxt)

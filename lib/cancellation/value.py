@@ -144,7 +144,7 @@ def sample_continuations(model, prefixes, M: int, budgets, eos_id, pad_id: int, 
     ids, am = ids.repeat_interleave(n_rep, 0).to(dev), am.repeat_interleave(n_rep, 0).to(dev)
     pos = (am.cumsum(-1) - 1).clamp(min=0)
     from transformers import DynamicCache
-    h, kv = last_hidden(model, input_ids=ids, attention_mask=am, position_ids=pos, past_key_values=DynamicCache())
+    h, kv = last_hidden(model, DynamicCache(), input_ids=ids, attention_mask=am, position_ids=pos)
     T = max(budgets)
     grow = _grow_layer_class()
     # one prefill per prefix, its KV cache replicated M times (as DynamicCache.batch_repeat_interleave)
@@ -194,8 +194,7 @@ def sample_continuations(model, prefixes, M: int, budgets, eos_id, pad_id: int, 
                 x[keep] for x in (tok, am, next_pos, row_prefix, row_rep, budget, row_out, alive))
             live_at_compaction = n_alive
         am = torch.cat([am, torch.ones_like(am[:, :1])], dim=1)
-        h, kv = last_hidden(model, input_ids=tok[:, None], attention_mask=am, position_ids=next_pos[:, None],
-                            past_key_values=kv)
+        h, kv = last_hidden(model, kv, input_ids=tok[:, None], attention_mask=am, position_ids=next_pos[:, None])
         next_pos = next_pos + 1
     result = result.cpu()
     return [result[i * M:(i + 1) * M] for i in range(P)]

@@ -27,6 +27,9 @@ import dataclasses
 from dataclasses import dataclass, field, fields
 from typing import ClassVar
 
+import torch
+
+from .. import cache, policy, rollout, tasks
 from ..compute import Compute
 
 
@@ -121,3 +124,46 @@ class FigureParams:
     @classmethod
     def docs(cls) -> dict:
         return {f.name: f.metadata.get("doc", "") for f in fields(cls)}
+
+
+# ------------------------------------------------------------------ what every compute() starts with
+def problem_source(P) -> tasks.ProblemSource:
+    """The figure's problems, loaded now: a malformed problem file stops here, before any model loads."""
+    source = tasks.ProblemSource(path=P.problems_path, prompt_format=P.prompt_format)
+    source.load()
+    return source
+
+
+def stage_key(P, source: tasks.ProblemSource, model_path: str | None = None, **extra) -> dict:
+    """The cache key of a figure stage: every parameter (the Compute knobs among them), the content
+    fingerprints of the policy and of the problems, and `extra` (more inputs the stage reads)."""
+    return dict(P.key(), model=policy.fingerprint(model_path or P.model_path), source=source.params(), **extra)
+
+
+def cached(stage: str, P, source: tasks.ProblemSource, fn, **extra):
+    """fn() cached under `stage_key(P, source, **extra)`: the one place a figure's key is built."""
+    return cache.cached(stage, stage_key(P, source, **extra), fn)
+
+
+def sample_config(P, source: tasks.ProblemSource, sampler: bool = False, **over) -> rollout.SampleConfig:
+    """The figure's SampleConfig: its sizes, temperature, device and token_chunk; with `sampler`, also
+    the knobs of the sampler `load_sampler` builds (backend, sample_dtype, gpu_memory_utilization).
+    Without it, rows are drawn from the float policy itself (the SampleConfig's defaults)."""
+    kw = dict(n_prompts=P.n_prompts, G=P.G, temperature=P.temperature, max_new_tokens=P.max_new_tokens,
+              device=P.device, source=source, token_chunk=P.token_chunk)
+    if sampler:
+        kw.update(backend=P.backend, dtype=P.sample_dtype, gpu_memory_utilization=P.gpu_memory_utilization)
+    kw.update(over)
+    return rollout.SampleConfig(**kw)
+
+
+def load_sampler(P):
+    """(model, tokenizer, sampler) for a figure that samples with `backend`/`sample_dtype`: the
+    float policy it measures, and a `sample_dtype` copy (hf) or vLLM over the same checkpoint.
+    Seeds torch with P.seed first (and sets P.threads CPU threads), so what follows is reproducible."""
+    torch.manual_seed(P.seed)
+    if P.device == "cpu":
+        torch.set_num_threads(P.threads)
+    model, tok = policy.load_policy(P.model_path, dtype=P.dtype, device=P.device)
+    sampler = rollout.make_sampler(model, P.model_path, P.backend, P.sample_dtype, P.seed, P.gpu_memory_utilization)
+    return model, tok, sampler

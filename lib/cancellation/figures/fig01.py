@@ -154,11 +154,9 @@ def eps_sensitivity(signed: pd.DataFrame, eps: float) -> pd.DataFrame:
 
 def compute(P: Params) -> Result:
     torch.manual_seed(P.seed)
-    source = tasks.ProblemSource(path=P.problems_path, prompt_format=P.prompt_format)
-    source.load()  # a malformed problem file stops here, before any model loads
+    source = base.problem_source(P)
     cfg = run_config(P, source)
-    key = dict(P.key(), model=policy.fingerprint(P.model_path), source=source.params())
-    probe, noise = cache.cached("fig01_noise_floor", key, lambda: _noise_floor(P, cfg))
+    probe, noise = base.cached("fig01_noise_floor", P, source, lambda: _noise_floor(P, cfg))
     floor = noise.set_index("measurement").max_abs_delta
     if not (floor["repeat"] < P.eps and floor["zero_update"] < P.eps):
         raise RuntimeError(f"noise floor above ε = {P.eps:g}: raise eps or the precision\n{noise.to_string(index=False)}")

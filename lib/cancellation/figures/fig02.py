@@ -17,7 +17,7 @@ import pandas as pd
 import torch
 from scipy import stats
 
-from .. import cache, coupling, grpo, policy, rollout, tasks
+from .. import cache, coupling, grpo, policy, rollout
 from .. import claims as C
 from .. import stats as S
 from . import base
@@ -69,20 +69,15 @@ class Result:
 
 
 def compute(P: Params) -> Result:
-    source = tasks.ProblemSource(path=P.problems_path, prompt_format=P.prompt_format)
-    source.load()  # a malformed problem file stops here, before any model loads
-    key = dict(P.key(), model=policy.fingerprint(P.model_path), source=source.params())
-    return cache.cached("fig02", key, lambda: _compute(P, source))
+    source = base.problem_source(P)
+    return base.cached("fig02", P, source, lambda: _compute(P, source))
 
 
 def _compute(P: Params, source) -> Result:
     cc = P.compute()
     torch.manual_seed(P.seed)
     model, tok = policy.load_policy(P.model_path, dtype=P.dtype, device=P.device)
-    scfg = rollout.SampleConfig(n_prompts=P.n_prompts, G=P.G, temperature=P.temperature,
-                                max_new_tokens=P.max_new_tokens, device=P.device, source=source,
-                                token_chunk=P.token_chunk)
-    batch = rollout.sample(model, tok, scfg, seed=P.seed + 202)
+    batch = rollout.sample(model, tok, base.sample_config(P, source), seed=P.seed + 202)
     before = cc.stats(model, batch, hidden=True)
     f = coupling.features(model, batch, before, chunk=P.chunk, vocab_chunk=P.vocab_chunk)
     summary = (f"{len(batch)} rollouts, {len(f)} response tokens, vocabulary {f.W.shape[0]}, hidden {f.h.shape[1]}; "

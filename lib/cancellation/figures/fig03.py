@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from .. import cache, coupling, grpo, policy, rollout, tasks, train
+from .. import cache, coupling, grpo, policy, rollout, train
 from .. import claims as C
 from .. import stats as S
 from ..compute import Compute
@@ -91,9 +91,8 @@ class Result:
 
 
 def compute(P: Params) -> Result:
-    source = tasks.ProblemSource(path=P.problems_path, prompt_format=P.prompt_format)
-    source.load()  # a malformed problem file stops here, before any model loads
-    key = dict(P.key(), model=policy.fingerprint(P.model_path), source=source.params())
+    source = base.problem_source(P)
+    key = base.stage_key(P, source)
     return cache.cached("fig03", key, lambda: _compute(P, source, key))
 
 
@@ -101,10 +100,7 @@ def _compute(P: Params, source, key: dict) -> Result:
     cc = P.compute()  # reaches every forward and update below
     torch.manual_seed(P.seed)
     model, tok = policy.load_policy(P.model_path, dtype=P.dtype, device=P.device)  # float64 norms too (exact_norms)
-    scfg = rollout.SampleConfig(n_prompts=P.n_prompts, G=P.G, temperature=P.temperature,
-                                max_new_tokens=P.max_new_tokens, device=P.device, source=source,
-                                token_chunk=P.token_chunk)
-    batch = rollout.sample(model, tok, scfg, seed=P.seed + 303)
+    batch = rollout.sample(model, tok, base.sample_config(P, source), seed=P.seed + 303)
     f = coupling.features(model, batch, compute=cc)
     summary = (f"{len(batch)} rollouts, {len(f)} response tokens, accuracy {batch.reward.mean():.2f}, "
                f"mixed groups {batch.mixed_groups()}/{P.n_prompts}, tokens with A ≠ 0: {int((f.A != 0).sum())}")

@@ -21,7 +21,7 @@ import pandas as pd
 import torch
 from tqdm import tqdm
 
-from .. import cache, categories, grpo, measure, policy, rollout, tasks
+from .. import cache, categories, grpo, measure, policy, rollout
 from .. import claims as C
 from . import base
 from .base import param
@@ -96,9 +96,7 @@ def batch_deltas(P: Params, source, i: int, path: str, load) -> pd.DataFrame:
     (cached under every parameter, the policy's fingerprint and i)."""
     bseed = P.seed + 1000 + i
     cc = P.compute()
-    scfg = rollout.SampleConfig(n_prompts=P.n_prompts, G=P.G, temperature=P.temperature,
-                                max_new_tokens=P.max_new_tokens, device=P.device, source=source,
-                                token_chunk=P.token_chunk)
+    scfg = base.sample_config(P, source)
 
     def run():
         model, tok = load(path)
@@ -115,14 +113,12 @@ def batch_deltas(P: Params, source, i: int, path: str, load) -> pd.DataFrame:
         df["mixed_groups"] = batch.mixed_groups()
         return df
 
-    key = dict(P.key(), model=policy.fingerprint(path), i=i, source=source.params())
-    return cache.cached("category_shift", key, run)
+    return cache.cached("category_shift", base.stage_key(P, source, path, i=i), run)
 
 
 def compute(P: Params) -> Result:
     torch.manual_seed(P.seed)
-    source = tasks.ProblemSource(path=P.problems_path, prompt_format=P.prompt_format)
-    source.load()  # a malformed problem file stops here, before any model loads
+    source = base.problem_source(P)
     loaded, lines = {}, []
 
     def load(path):

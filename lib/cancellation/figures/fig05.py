@@ -21,9 +21,8 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import torch
 
-from .. import cache, categories, measure, policy, rollout, tasks, value
+from .. import cache, categories, measure, policy, rollout, value
 from .. import claims as C
 from .. import stats as S
 from . import base
@@ -125,30 +124,21 @@ def category_fingerprint(path: str = "") -> str:
 
 
 def compute(P: Params) -> Result:
-    source = tasks.ProblemSource(path=P.problems_path, prompt_format=P.prompt_format)
-    source.load()  # a malformed problem file stops here, before any model loads
+    source = base.problem_source(P)
     tagger = categories.Categorizer(P.category_map or None, tagger=P.tagger).tagger  # 'auto' resolved
-    key = dict(P.key(), model=policy.fingerprint(P.model_path), source=source.params(),
-               categories=category_fingerprint(P.category_map), tagger_used=tagger)
-    return cache.cached("fig05", key, lambda: _compute(P, source))
+    return base.cached("fig05", P, source, lambda: _compute(P, source),
+                       categories=category_fingerprint(P.category_map), tagger_used=tagger)
 
 
 def _compute(P: Params, source) -> Result:
     t_start = time.perf_counter()
     cc = P.compute()
-    torch.manual_seed(P.seed)
-    if P.device == "cpu":
-        torch.set_num_threads(P.threads)
+    # the batch and every continuation come from one sampler (n = M per prefix); the policy is not
+    # updated before valuing
+    model, tok, sampler = base.load_sampler(P)  # seeds torch first
     verifier = source.verifier()
-    model, tok = policy.load_policy(P.model_path, dtype=P.dtype, device=P.device)
-    # the batch and every continuation come from one sampler: a `sample_dtype` copy (hf) or vLLM over
-    # the same checkpoint (n = M per prefix, prefix caching); the policy is not updated before valuing
-    sampler = rollout.make_sampler(model, P.model_path, P.backend, P.sample_dtype, P.seed, P.gpu_memory_utilization)
     fp = policy.fingerprint(P.model_path)
-    scfg = rollout.SampleConfig(n_prompts=P.n_prompts, G=P.G, temperature=P.temperature,
-                                max_new_tokens=P.max_new_tokens, backend=P.backend, device=P.device,
-                                dtype=P.sample_dtype, source=source, gpu_memory_utilization=P.gpu_memory_utilization,
-                                token_chunk=P.token_chunk)
+    scfg = base.sample_config(P, source, sampler=True)
     batch = rollout.sample(sampler, tok, scfg, seed=P.seed + 505)
     lines = [f"batch: {len(batch)} rollouts, {batch.n_tokens} response tokens, accuracy {batch.reward.mean():.2f}, "
              f"mixed groups {batch.mixed_groups()}/{P.n_prompts}"]

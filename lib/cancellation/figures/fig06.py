@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from .. import budget, cache, measure, policy, rollout, tasks, value
+from .. import budget, cache, measure, policy, rollout, value
 from .. import claims as C
 from . import base
 from .base import param
@@ -132,34 +132,24 @@ def resolved(t) -> str:
 
 
 def compute(P: Params) -> Result:
-    source = tasks.ProblemSource(path=P.problems_path, prompt_format=P.prompt_format)
-    source.load()  # a malformed problem file stops here, before any model loads
-    key = dict(P.key(), model=policy.fingerprint(P.model_path), source=source.params())
-    return cache.cached("fig06", key, lambda: _compute(P, source))
+    source = base.problem_source(P)
+    return base.cached("fig06", P, source, lambda: _compute(P, source))
 
 
 def _compute(P: Params, source) -> Result:
     t_start = time.perf_counter()
     cc = P.compute()
-    torch.manual_seed(P.seed)
-    if P.device == "cpu":
-        torch.set_num_threads(P.threads)
+    # every batch and continuation comes from one sampler (n = M per prefix); valuing happens before any update
+    model, tok, sampler = base.load_sampler(P)  # seeds torch first
     verifier = source.verifier()
-    model, tok = policy.load_policy(P.model_path, dtype=P.dtype, device=P.device)
-    # every batch and continuation comes from one sampler: a `sample_dtype` copy (hf) or vLLM
-    # over the same checkpoint (n = M per prefix, prefix caching); valuing happens before any update
-    sampler = rollout.make_sampler(model, P.model_path, P.backend, P.sample_dtype, P.seed, P.gpu_memory_utilization)
     fp = policy.fingerprint(P.model_path)
-    sample = dict(temperature=P.temperature, max_new_tokens=P.max_new_tokens, backend=P.backend, device=P.device,
-                  dtype=P.sample_dtype, source=source, gpu_memory_utilization=P.gpu_memory_utilization,
-                  token_chunk=P.token_chunk)
-    scfg = rollout.SampleConfig(n_prompts=P.n_prompts, G=P.G, **sample)
+    scfg = base.sample_config(P, source, sampler=True)
     batch = rollout.sample(sampler, tok, scfg, seed=P.seed + 606)
     n_pos = pd.Series([int(batch.reward[batch.group == g].sum()) for g in range(P.n_prompts)])
     lines = [f"Fig. 6 base batch: {len(batch)} rollouts, {batch.n_tokens} response tokens, accuracy "
              f"{batch.reward.mean():.2f}, mixed groups {batch.mixed_groups()}/{P.n_prompts}",
              "positives per group (of %d): %s" % (P.G, sorted(n_pos.tolist()))]
-    ccfg = rollout.SampleConfig(n_prompts=P.comp_prompts, G=P.comp_G, **sample)
+    ccfg = base.sample_config(P, source, sampler=True, n_prompts=P.comp_prompts, G=P.comp_G)
     cfull = rollout.sample(sampler, tok, ccfg, seed=P.seed + 607)
     comp_gs, comp_rows = budget.composition_rows_capped(cfull, P.G_comp, P.comp_groups, seed=P.seed)
     cbatch = cfull.select(comp_rows)

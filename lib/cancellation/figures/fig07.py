@@ -20,7 +20,7 @@ import pandas as pd
 import torch
 from scipy import stats
 
-from .. import cache, policy, tasks, train
+from .. import cache, policy, train
 from .. import claims as C
 from .. import stats as ST
 from . import base
@@ -193,8 +193,7 @@ def _trl_run(P: Params, source, name, seed, lr):
 
 def compute(P: Params) -> Result:
     torch.set_num_threads(P.threads)
-    source = tasks.ProblemSource(path=P.problems_path, prompt_format=P.prompt_format)
-    source.load()  # a malformed problem file stops here, before any model loads
+    source = base.problem_source(P)
     t0 = time.time()
     jobs = [(name, s, P.lr) for name in P.strategies for s in P.seeds]
     probe_jobs = [(name, s, r) for r in P.probe_lrs for name in P.probe_strategies for s in P.probe_seeds]
