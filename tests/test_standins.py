@@ -16,7 +16,7 @@ from cancellation import standins
 def built(tmp_path_factory):
     out = tmp_path_factory.mktemp("standins")
     t0 = time.time()
-    paths = standins.build(out, seed=0)
+    paths = standins.build(out, seed=0, paper_vocab=False)  # the wide model: test_paper_vocab_model
     return paths, time.time() - t0, out
 
 
@@ -127,9 +127,37 @@ def test_build_is_deterministic_and_idempotent(built, tmp_path):
     paths, _, out = built
     man = json.loads((out / "manifest.json").read_text())
     t0 = time.time()
-    standins.build(out, seed=0)  # manifest matches: nothing rebuilt
+    standins.build(out, seed=0, paper_vocab=False)  # manifest matches: nothing rebuilt
     assert time.time() - t0 < 5 and json.loads((out / "manifest.json").read_text()) == man
-    standins.build(tmp_path, seed=0)
+    standins.build(tmp_path, seed=0, paper_vocab=False)
     again = json.loads((tmp_path / "manifest.json").read_text())
     assert again["sha256"]["model/model.safetensors"] == man["sha256"]["model/model.safetensors"]
     assert again["sha256"] == man["sha256"]
+
+
+@pytest.mark.slow
+def test_paper_vocab_model_is_qwen_wide_and_never_samples_padding():
+    """The paper-vocab stand-in (data/standins/model-vocab, built as the paper-smoke tests build
+    it): Qwen3's 151,936-row tied head, the small model's tokenizer, and padded ids whose total
+    probability is negligible where the model samples (a plain forward and softmax, not the
+    builder's code), so sampled groups still have mixed rewards."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from cancellation import run
+    paths = standins.build(run.ROOT / "data" / "standins")
+    assert "model_vocab" in paths
+    model = AutoModelForCausalLM.from_pretrained(paths["model_vocab"], dtype=torch.float32).eval()
+    tok = AutoTokenizer.from_pretrained(paths["model_vocab"])
+    assert model.config.vocab_size == 151_936 and model.lm_head.weight is model.model.embed_tokens.weight
+    assert len(tok) == len(AutoTokenizer.from_pretrained(paths["model"]))
+    prompts = [standins.DAPO_TEMPLATE.format(problem=q) for q, *_ in standins.PROBLEMS[:6]]
+    texts = [tok.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
+             + "Working it out, the answer is" for p in prompts]
+    enc = tok(texts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
+    with torch.no_grad():
+        probs = torch.softmax(model(**enc).logits[:, -8:].double(), -1)   # the last 8 positions of every row
+    mass = probs[..., len(tok):].sum(-1)
+    assert float(mass.max()) < 0.05, float(mass.max())
+    man = json.loads((Path(paths["model"]).parent / "manifest.json").read_text())["paper_vocab"]
+    assert man["model_vocab"] == 151_936 and man["padded_mass_max"] < 0.05
+    assert int(man["mixed_prompts"].split("/")[0]) >= 20

@@ -13,7 +13,8 @@ every model loaded by `policy.load_policy` raises `MemoryBoundError` when its LM
 on more than `token_chunk` positions (TRL's fused LM head, which reads the head's weight without
 calling it, included: counted as the completion positions it scores), and every `grpo.UpdateConfig` whose knobs differ from the
 guard's raises `KnobError`: a forward or an update that bypassed the profile's Compute fails
-loudly instead of allocating (positions, V) logits in one piece.
+loudly instead of allocating (positions, V) logits in one piece. A `"log": path` key makes the
+guard tally the positions it sees into that JSON file (`_tally`).
 """
 from __future__ import annotations
 
@@ -85,15 +86,45 @@ def guard_knobs() -> dict | None:
     return json.loads(raw) if raw else None
 
 
-def guard_lm_head(model, token_chunk: int):
-    """Make `model`'s LM head raise MemoryBoundError on more than `token_chunk` positions (idempotent)."""
+_TALLY = {"head_positions": 0, "head_calls": 0, "head_max": 0, "body_max": 0, "vocab": 0}
+
+
+def _tally(log: str | None, **new) -> None:
+    """Add one call to the guard's tally and rewrite it to `log` (JSON): what the paper-vocab test
+    reads back from the notebook's kernel: positions through the LM head (total, largest call), and
+    the largest body forward in positions, whose logits would have been built whole without chunking."""
+    if not log:
+        return
+    _TALLY["head_positions"] += new.get("head", 0)
+    _TALLY["head_calls"] += 1 if "head" in new else 0
+    _TALLY["head_max"] = max(_TALLY["head_max"], new.get("head", 0))
+    _TALLY["body_max"] = max(_TALLY["body_max"], new.get("body", 0))
+    _TALLY["vocab"] = max(_TALLY["vocab"], new.get("vocab", 0))
+    tmp = f"{log}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(_TALLY, f)
+    os.replace(tmp, log)
+
+
+def guard_lm_head(model, token_chunk: int, log: str | None = None):
+    """Make `model`'s LM head raise MemoryBoundError on more than `token_chunk` positions (idempotent);
+    with `log`, tally every head call and body forward there (`_tally`)."""
     head = model.get_output_embeddings()
     if getattr(head, "_cancellation_guard", None) == token_chunk:
         return model
+    vocab = head.weight.shape[0]
+
+    def count_body(module, args, kwargs):
+        x = kwargs.get("input_ids")
+        x = x if x is not None else kwargs.get("inputs_embeds")
+        x = x if x is not None else (args[0] if args else None)
+        if x is not None:
+            _tally(log, body=int(x.shape[0] * x.shape[1]))
 
     def check(module, args):
         x = args[0]
         n = x.numel() // x.shape[-1]
+        _tally(log, head=n, vocab=vocab)
         if n > token_chunk:
             raise MemoryBoundError(f"LM head called on {n} positions at once; token_chunk is {token_chunk} "
                                    f"(a logits tensor of {n} x {module.weight.shape[0]})")
@@ -106,12 +137,15 @@ def guard_lm_head(model, token_chunk: int):
         if kwargs.get("fused_lm_head") and labels is not None:
             lab = labels[:, 1:] if kwargs.get("shift_labels") is None else kwargs["shift_labels"]
             n = int((lab != -100).any(0).sum()) * lab.shape[0]
+            _tally(log, head=n, vocab=vocab)
             if n > token_chunk:
                 raise MemoryBoundError(f"fused LM head (TRL) called on {n} positions at once; token_chunk is "
                                        f"{token_chunk} ({lab.shape[0]} rows x {n // max(lab.shape[0], 1)} positions)")
 
     head.register_forward_pre_hook(check)
     model.register_forward_pre_hook(check_fused, with_kwargs=True)
+    if log:
+        model.get_decoder().register_forward_pre_hook(count_body, with_kwargs=True)
     head._cancellation_guard = token_chunk
     return model
 
@@ -120,7 +154,7 @@ def apply_guard(model):
     """Install the LM-head guard on `model` when $CANCELLATION_COMPUTE_GUARD names a token_chunk."""
     knobs = guard_knobs()
     if knobs and "token_chunk" in knobs:
-        guard_lm_head(model, int(knobs["token_chunk"]))
+        guard_lm_head(model, int(knobs["token_chunk"]), knobs.get("log"))
     return model
 
 

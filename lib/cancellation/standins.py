@@ -1,10 +1,12 @@
 """Seeded CPU stand-ins of the paper's inputs, for the `paper-smoke` profile and its tests.
 
-`build(out_dir, seed)` writes, in well under a minute on one core:
+`build(out_dir, seed)` writes, in about a minute on one core:
 - `model/`: a byte-level BPE tokenizer (trained here with `tokenizers`, Qwen's ChatML template,
   two stop ids) and a small random-initialised `Qwen3ForCausalLM` shaped like Qwen3-1.7B-Base in
   miniature (tied embeddings, GQA, q/k norm, model vocabulary padded past the tokenizer, bf16
   checkpoint), briefly trained so that sampled groups at T = 1 have mixed rewards;
+- `model-vocab/`: the same model with Qwen's 151,936-wide (tied) LM head, padded rows pushed below
+  the real tokens by a few more training steps (`widen_vocab`), for the `paper-vocab` profile;
 - `dapo-math-17k.parquet`: DAPO-Math-17k's schema, each problem repeated as in the real file;
 - `math500.jsonl`: MATH-500's fields (problem, solution with \\boxed{}, answer, subject, level, unique_id);
 - `plain.jsonl`: plain prompt/answer rows;
@@ -17,12 +19,13 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+import shutil
 import time
 from pathlib import Path
 
 import torch
 
-VERSION = 1  # bump when anything below changes what is written (the manifest check rebuilds then)
+VERSION = 2  # bump when anything below changes what is written (the manifest check rebuilds then)
 
 EOT, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
 
@@ -155,6 +158,44 @@ def build_model(tok, seed: int):
     return model
 
 
+QWEN_VOCAB = 151_936  # Qwen3's model vocabulary: 151,669 tokenizer ids padded to a multiple of 128
+WIDEN_STEPS = 15       # fine-tuning steps after widening (measured: padded mass 40% -> ~5e-4 mean)
+
+
+def widen_vocab(model, tok, vocab: int = QWEN_VOCAB, steps: int = WIDEN_STEPS):
+    """A copy of `model` with its (tied) embedding widened to `vocab` rows, as Qwen pads its LM head
+    far past the tokenizer: the `paper-vocab` stand-in, whose every logits tensor is 151,936 wide.
+
+    Real rows and the body are copied; padded rows start at zero (logit 0, which still holds ~40%
+    of the mass when 150k of them face the small model's modest real logits), then `steps` of the
+    same full-batch training: padded ids are never targets, so their softmax gradient pushes them
+    below the real tokens, as pre-training does to Qwen's. `padded_mass` measures what is left."""
+    from transformers import Qwen3ForCausalLM
+
+    cfg = model.config.to_dict()
+    cfg["vocab_size"] = vocab
+    wide = Qwen3ForCausalLM(type(model.config).from_dict(cfg)).to(model.dtype)
+    state = {k: v for k, v in model.state_dict().items() if "embed_tokens" not in k and "lm_head" not in k}
+    wide.load_state_dict(state, strict=False)
+    wide.generation_config = model.generation_config
+    with torch.no_grad():
+        E = model.get_input_embeddings().weight
+        W = wide.get_input_embeddings().weight
+        W.zero_()
+        W[:E.shape[0]] = E
+    wide.tie_weights()
+    train(wide, tok, steps=steps)
+    return wide
+
+
+def padded_mass(model, tok) -> float:
+    """The largest total probability of the padded ids over the training positions."""
+    ids, mask = _training_rows(tok)
+    with torch.no_grad():
+        lg = model(input_ids=ids).logits.float()[mask.bool()]
+    return float(torch.softmax(lg, -1)[:, len(tok):].sum(-1).max())
+
+
 def _training_rows(tok):
     """Token ids and loss masks: each chat-rendered prompt followed by its right and its wrong response."""
     im_end = tok.convert_tokens_to_ids(IM_END)
@@ -284,20 +325,22 @@ def write_data(out: Path, seed: int) -> dict:
     return paths
 
 
-def build(out_dir: str | Path, seed: int = 0, steps: int = 100, force: bool = False) -> dict:
-    """Build the stand-ins into `out_dir` (skipped when its manifest has this VERSION, seed and steps).
+def build(out_dir: str | Path, seed: int = 0, steps: int = 100, force: bool = False, paper_vocab: bool = True) -> dict:
+    """Build the stand-ins into `out_dir` (skipped when its manifest has this VERSION, seed and steps,
+    and the paper-vocab model when asked for). `paper_vocab=False` leaves out `model-vocab/` (the
+    slow part: every logits row is 151,936 wide).
 
     Returns {"model", "dapo", "math500", "plain"} paths (str). Runs single-threaded, so the weights
     are the same bytes on any machine with the same torch build."""
     out = Path(out_dir)
-    paths = {"model": out / "model", "dapo": out / "dapo-math-17k.parquet", "math500": out / "math500.jsonl",
-             "plain": out / "plain.jsonl"}
+    paths = {"model": out / "model", "model_vocab": out / "model-vocab", "dapo": out / "dapo-math-17k.parquet",
+             "math500": out / "math500.jsonl", "plain": out / "plain.jsonl"}
     man_path = out / "manifest.json"
     if man_path.exists() and not force:
         man = json.loads(man_path.read_text())
         if (man.get("version"), man.get("seed"), man.get("steps")) == (VERSION, seed, steps) and all(
-                (out / f).exists() for f in man["sha256"]):
-            return {k: str(v) for k, v in paths.items()}
+                (out / f).exists() for f in man["sha256"]) and ("paper_vocab" in man or not paper_vocab):
+            return {k: str(v) for k, v in paths.items() if k != "model_vocab" or "paper_vocab" in man}
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
@@ -315,6 +358,21 @@ def build(out_dir: str | Path, seed: int = 0, steps: int = 100, force: bool = Fa
         model = model.to(torch.bfloat16)
         model.save_pretrained(paths["model"])
         save_tokenizer(tok, paths["model"])
+        if paper_vocab:  # the same model with Qwen's 151,936-wide head
+            t1 = time.time()
+            wide = widen_vocab(model.float(), tok).to(torch.bfloat16)
+            wide_acc = accuracy(wide.float(), tok, seed=seed)
+            wide_mass = padded_mass(wide, tok)
+            wide = wide.to(torch.bfloat16)
+            wide.save_pretrained(paths["model_vocab"])
+            save_tokenizer(tok, paths["model_vocab"])
+            vocab_info = dict(model_vocab=wide.config.vocab_size, steps=WIDEN_STEPS,
+                              seconds=round(time.time() - t1, 2), padded_mass_max=float(f"{wide_mass:.3g}"),
+                              accuracy=round(sum(wide_acc.values()) / len(wide_acc), 4),
+                              mixed_prompts=f"{sum(0 < a < 1 for a in wide_acc.values())}/{len(wide_acc)}")
+        else:
+            del paths["model_vocab"]
+            shutil.rmtree(out / "model-vocab", ignore_errors=True)  # a stale one must not enter the manifest
         write_data(out, seed)
     finally:
         torch.set_num_threads(threads)
@@ -331,6 +389,8 @@ def build(out_dir: str | Path, seed: int = 0, steps: int = 100, force: bool = Fa
                bytes={str(p.relative_to(out)): p.stat().st_size for p in files},
                sha256={str(p.relative_to(out)): _sha(p) for p in files},
                torch=torch.__version__)
+    if paper_vocab:
+        man["paper_vocab"] = vocab_info
     man_path.write_text(json.dumps(man, indent=2) + "\n")
     return {k: str(v) for k, v in paths.items()}
 
