@@ -312,6 +312,18 @@ class MathVerifier:
 #   MATH-500: problem + answer, or problem + solution with a \boxed{} answer
 #   plain: prompt (text or chat messages) + answer
 
+class CoinFlip:
+    """The dry run's reward: a seeded coin flip per (problem, response), not a grade."""
+    REPORT = "DRY RUN: random weights; every reward is a seeded coin flip, not a grade (timings and memory only)"
+
+    def __init__(self, seed: int = 0):
+        self.seed = seed
+
+    def __call__(self, problem: Problem, response: str) -> float:
+        h = hashlib.sha256(f"{self.seed}\0{problem.prompt}\0{response}".encode()).digest()
+        return float(h[0] & 1)
+
+
 class ProblemFileError(ValueError):
     """A problem file that cannot be used; the message names the file, the row and what was expected."""
 
@@ -530,6 +542,9 @@ class ProblemSource:
 
         The file verifier is one object per source, so its `stats` add up over a run.
         """
+        from .policy import dry_run
+        if dry_run() is not None:  # random weights never solve anything: a labelled coin flip instead
+            return CoinFlip(dry_run()["seed"])
         if not self.path:
             return verify
         if getattr(self, "_verifier", None) is None:
@@ -538,6 +553,9 @@ class ProblemSource:
 
     def reward_report(self) -> str:
         """One line on how the rewards so far were graded ('' for the exact arithmetic check)."""
+        from .policy import dry_run
+        if dry_run() is not None:
+            return CoinFlip.REPORT
         if not self.path:
             return ""
         st = self.verifier().stats
