@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 
 import torch
@@ -159,15 +160,6 @@ def _best(fn, device, reps: int = 3) -> float:
     return min(_timed(fn, device)[0] for _ in range(reps))
 
 
-def _line(t1, w1, t2, w2, calls) -> dict:
-    """Per-work and per-call cost from two points of equal calls; a negative intercept (noise) -> 0."""
-    a = (t2 - t1) / (w2 - w1)
-    b = (t1 - a * w1) / calls
-    if a <= 0 or b < 0:
-        a, b = t2 / w2, 0.0
-    return a, b
-
-
 def time_start(device: str) -> float:
     """Seconds a notebook takes before and after its work: kernel start, the imports every notebook
     makes (the figure modules, a model class, the math grader), one 2 x 2 figure saved as PDF and PNG
@@ -189,32 +181,39 @@ def time_start(device: str) -> float:
         return time.perf_counter() - t
 
 
-def measure_units(config: str, device: str = "cpu", dtype: str = "float32", seed: int = 0) -> dict:
-    """Unit costs of the planner's blocks (`cancellation.plan`) on this device, measured on a random
-    model with `config`'s architecture (a directory holding config.json, or a SHAPES name):
-    seconds per parameter-token and per call of an analysis forward, a full-parameter step
-    (gradient checkpointing on, SGD: Adam's update is timed apart, per parameter), an lm_head
-    step and HF sampling; seconds per pair-vocabulary entry of the coupling kernel; and the
-    notebook start."""
+# A larger random shape whose per-token costs are compute-bound on a CPU (the stand-in's are
+# per-call overhead): the slopes come from it, the per-call costs from the stand-in.
+CPU_SLOPE_SHAPE = dict(model_type="qwen3", vocab_size=8192, hidden_size=256, intermediate_size=768,
+                       num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+                       tie_word_embeddings=True, max_position_embeddings=512)
+
+
+def _model(config, dtype, device, seed):
+    """A random model: a SHAPES name, a config.json directory, or a dict of config values."""
+    if isinstance(config, dict):
+        from transformers import AutoConfig, AutoModelForCausalLM
+        kw = dict(config)
+        cfg = AutoConfig.for_model(kw.pop("model_type"), **kw)
+        torch.manual_seed(seed)
+        with torch.device(device):
+            return AutoModelForCausalLM.from_config(cfg, dtype=getattr(torch, dtype)).eval()
+    if config in SHAPES:
+        return build(config, dtype=getattr(torch, dtype), device=device, seed=seed)
+    return policy.random_model(config, dtype, device, seed)
+
+
+def _time_blocks(model, z: dict, device: str, dtype: str, seed: int) -> dict:
+    """Two timing points per block on `model`: block -> [(seconds, parameter-tokens or pair-vocab, calls)]
+    (equal calls, different lengths; sampling: equal decode steps, different rows), plus Adam's update."""
     from . import coupling
     from .compute import Compute
-    from .plan import Shape, device_kind
+    from .plan import Shape
 
-    dev = device.split(":")[0]
-    z = UNIT_SIZES[dev]
-    if config in SHAPES:
-        model = build(config, dtype=getattr(torch, dtype), device=device, seed=seed)
-    else:
-        model = policy.random_model(config, dtype, device, seed)
     shape = Shape.from_config(model.config.to_dict())
     assert shape.params == policy.n_params(model), "plan.Shape's closed form disagrees with the model"
     V, cr, tc = shape.vocab, z["chunk_rows"], z["token_chunk"]
     cc = Compute(device=device, dtype=dtype, chunk_rows=cr, token_chunk=tc, gradient_checkpointing=True)
-    units, points = {}, []
-
-    def work(rows, L, resp):
-        return rows * L * shape.body + rows * resp * shape.head
-
+    out = {}
     batches = [synthetic_batch(z["rows"] // 2, 2, z["prompt"], r, V, seed) for r in z["responses"]]
     calls = -(-z["rows"] // cr)
     blocks = {"analysis": lambda b: cc.stats(model, b),
@@ -224,51 +223,72 @@ def measure_units(config: str, device: str = "cpu", dtype: str = "float32", seed
         for b in batches:
             fn(b)
     for name, fn in blocks.items():
-        ts = [_best(lambda: fn(b), device) for b in batches]
-        ws = [work(z["rows"], z["prompt"] + r, r) for r in z["responses"]]
-        a, b = _line(ts[0], ws[0], ts[1], ws[1], calls)
-        units[name] = dict(s_per_param_token=a, s_per_call=b)
-        points += [dict(block=name, seconds=t, param_tokens=w, calls=calls) for t, w in zip(ts, ws)]
-    # Adam's update: touches every parameter and its two moments once per optimizer step
-    opt = torch.optim.Adam(model.parameters(), lr=0.0)
+        out[name] = [(_best(lambda: fn(b), device), z["rows"] * (z["prompt"] + r) * shape.body
+                      + z["rows"] * r * shape.head, calls) for b, r in zip(batches, z["responses"])]
+    opt = torch.optim.Adam(model.parameters(), lr=0.0)  # touches every parameter and both moments per step
     for p in model.parameters():
         p.grad = torch.zeros_like(p)
-    t = _best(opt.step, device, reps=3)
-    units["adam_update"] = dict(s_per_param=t / shape.params)
-    points.append(dict(block="adam_update", seconds=t, params=shape.params))
+    out["adam_update"] = _best(opt.step, device, reps=3) / shape.params
     del opt
     model.zero_grad(set_to_none=True)
-    # sampling: equal decode steps, different rows (per step cost vs per row-token cost)
-    new, ts, ws = z["sample_new"], [], []
-    gen = torch.Generator(device=device).manual_seed(seed)
+    new, gen, pts = z["sample_new"], torch.Generator(device=device).manual_seed(seed), []
     for rows in z["sample_rows"]:
         ids = batches[0].input_ids[:1, :z["prompt"]].repeat(rows, 1).to(device)
         with torch.no_grad():
-            ts.append(_best(lambda: rollout.generate(model, ids, torch.ones_like(ids), new, 1.0, [-1], 0,
-                                                     generator=gen, token_chunk=tc), device))
-        ws.append(rows * (z["prompt"] + new) * shape.body + rows * new * shape.head)
-    a, b = _line(ts[0], ws[0], ts[1], ws[1], new)
-    units["sample"] = dict(s_per_param_token=a, s_per_call=b)
-    points += [dict(block="sample", seconds=t, param_tokens=w, calls=new) for t, w in zip(ts, ws)]
-    # the coupling kernel: every pair of N tokens (kernel_matvec), blocks of min(N, 1024)
-    ts, ws, cs = [], [], []
-    for n in z["kernel_tokens"]:
-        b = synthetic_batch(1, n // 64 or 1, 1, 64, V, seed) if n >= 64 else None
-        st = cc.stats(model, b, hidden=True)
-        f = coupling.features(model, b, st, vocab_chunk=z["vocab_chunk"])
+            t = _best(lambda: rollout.generate(model, ids, torch.ones_like(ids), new, 1.0, [-1], 0,
+                                               generator=gen, token_chunk=tc), device)
+        pts.append((t, rows * (z["prompt"] + new) * shape.body + rows * new * shape.head, new))
+    out["sample"] = pts
+    pts = []
+    for n in z["kernel_tokens"]:  # every pair of n tokens (kernel_matvec), blocks of min(n, 1024)
+        b = synthetic_batch(1, max(n // 64, 1), 1, 64, V, seed)
+        f = coupling.features(model, b, cc.stats(model, b, hidden=True), vocab_chunk=z["vocab_chunk"])
         c = min(1024, len(f))
-        ts.append(_best(lambda: coupling.kernel_matvec(f, f.A, chunk=c, vocab_chunk=z["vocab_chunk"]), device))
-        ws.append(len(f) ** 2 * V * (1 + 2 * shape.hidden / c))
-        cs.append((-(-len(f) // c)) ** 2)
-    ka = ts[1] / ws[1]  # per pair-vocab entry at the larger size (block overheads are negligible there)
-    units["kernel"] = dict(s_per_pair_vocab=ka, s_per_call=0.0)
-    points += [dict(block="kernel", seconds=t, pair_vocab=w, calls=c) for t, w, c in zip(ts, ws, cs)]
+        t = _best(lambda: coupling.kernel_matvec(f, f.A, chunk=c, vocab_chunk=z["vocab_chunk"]), device)
+        pts.append((t, len(f) ** 2 * V * (1 + 2 * shape.hidden / c), (-(-len(f) // c)) ** 2))
+    out["kernel"] = pts
+    return out
+
+
+def measure_units(config, device: str = "cpu", dtype: str = "float32", seed: int = 0, slope_config=None) -> dict:
+    """Unit costs of the planner's blocks (`cancellation.plan`) on this device, measured on random
+    models: seconds per parameter-token and per call of an analysis forward, a full-parameter
+    step (gradient checkpointing on, SGD: Adam's update is timed apart, per parameter), an lm_head
+    step and HF sampling; seconds per pair-vocabulary entry of the coupling kernel; the notebook
+    start. Per-call costs come from `config` (a SHAPES name or a config.json directory); per-token
+    costs from `slope_config` when given (on a CPU a small shape is overhead-bound, so its slope
+    would not transfer to a large model), else from `config` too."""
+    from .plan import Shape, device_kind
+
+    z = UNIT_SIZES[device.split(":")[0]]
+    model = _model(config, dtype, device, seed)
+    shape = Shape.from_config(model.config.to_dict())
+    small = _time_blocks(model, z, device, dtype, seed)
+    del model
+    big, big_shape = small, shape
+    if slope_config is not None:
+        m = _model(slope_config, dtype, device, seed)
+        big_shape = Shape.from_config(m.config.to_dict())
+        big = _time_blocks(m, z, device, dtype, seed)
+        del m
+    units = {}
+    for name in ("analysis", "full_step", "sgd_lm_head", "sample"):
+        (t1, w1, c), (t2, w2, _) = big[name]
+        a = (t2 - t1) / (w2 - w1) if t2 > t1 else t2 / w2
+        (s1, v1, c1), _ = small[name]
+        units[name] = dict(s_per_param_token=a, s_per_call=max(s1 - a * v1, 0.0) / c1)
+    units["adam_update"] = dict(s_per_param=big["adam_update"])
+    (t, w, _) = big["kernel"][-1]
+    units["kernel"] = dict(s_per_pair_vocab=t / w, s_per_call=0.0)
     units["start"] = dict(seconds=time_start(device))
+    points = [dict(shape=which, block=k, seconds=p[0], work=p[1], calls=p[2])
+              for which, res in (("config", small), ("slope", big if big is not small else {}))
+              for k, pts in res.items() if k != "adam_update" for p in pts]
     return dict(device_kind=device_kind(device), device=device,
-                name=torch.cuda.get_device_name() if dev == "cuda" else _cpu_name(),
-                threads=torch.get_num_threads(), torch=torch.__version__, dtype=dtype,
-                shape=dict(vars(shape)), params=shape.params, measured=time.strftime("%Y-%m-%d"),
-                units=units, points=points)
+                name=torch.cuda.get_device_name() if device.startswith("cuda") else _cpu_name(),
+                threads=torch.get_num_threads(), load_average=os.getloadavg()[0], torch=torch.__version__,
+                dtype=dtype, shape=dict(vars(shape)), slope_shape=dict(vars(big_shape)), params=shape.params,
+                measured=time.strftime("%Y-%m-%d"), units=units, points=points)
 
 
 def _cpu_name() -> str:
@@ -307,7 +327,7 @@ def main(argv=None):
         from pathlib import Path
         root = Path(__file__).resolve().parents[2]
         config = a.config or (str(root / "data" / "standins" / "model") if a.device == "cpu" else "qwen3-1.7b")
-        out = measure_units(config, a.device, a.dtype)
+        out = measure_units(config, a.device, a.dtype, slope_config=CPU_SLOPE_SHAPE if a.device == "cpu" else None)
         print(json.dumps(out["units"], indent=1))
     if a.out:
         with open(a.out, "w") as f:

@@ -317,11 +317,12 @@ class CoinFlip:
     REPORT = "DRY RUN: random weights; every reward is a seeded coin flip, not a grade (timings and memory only)"
 
     def __init__(self, seed: int = 0):
-        self.seed = seed
+        # one seeded stream per source, drawn in call order: random weights often decode to the same
+        # (empty) text for every rollout, so a flip keyed on the text would never mix a group
+        self.rng = random.Random(seed)
 
     def __call__(self, problem: Problem, response: str) -> float:
-        h = hashlib.sha256(f"{self.seed}\0{problem.prompt}\0{response}".encode()).digest()
-        return float(h[0] & 1)
+        return float(self.rng.random() < 0.5)
 
 
 class ProblemFileError(ValueError):
@@ -544,7 +545,9 @@ class ProblemSource:
         """
         from .policy import dry_run
         if dry_run() is not None:  # random weights never solve anything: a labelled coin flip instead
-            return CoinFlip(dry_run()["seed"])
+            if getattr(self, "_coin", None) is None:
+                self._coin = CoinFlip(dry_run()["seed"])
+            return self._coin
         if not self.path:
             return verify
         if getattr(self, "_verifier", None) is None:
