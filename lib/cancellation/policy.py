@@ -114,7 +114,7 @@ def load_policy(path: str | Path, dtype: str | torch.dtype = "float32", device: 
     hf_logging.disable_progress_bar()
     p = Path(path)
     local = not is_hub_name(path)
-    if local:
+    if local and dry_run() is None:
         if not (p / "config.json").exists():
             hint = " Run `make policy` to train the tiny policies." if "policies" in str(path) else ""
             where = "" if p.is_absolute() else f" (relative to {Path.cwd()})"
@@ -124,10 +124,16 @@ def load_policy(path: str | Path, dtype: str | torch.dtype = "float32", device: 
         verify_manifest(p)
     dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
     tok = load_tokenizer(path)
-    try:
-        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype).to(device)
-    except Exception as e:
-        raise PolicyLoadError(f"{path}: cannot load the model ({type(e).__name__}: {_first_line(e)})") from e
+    if dry_run() is not None:  # the runner's --dry-run: the architecture of config.json, random weights
+        model = random_model(path, dtype, device, dry_run()["seed"])
+        if len(tok) > model.config.vocab_size:
+            raise PolicyLoadError(f"{path}: the tokenizer has {len(tok)} tokens, more than the config's "
+                                  f"vocab_size {model.config.vocab_size}")
+    else:
+        try:
+            model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype).to(device)
+        except Exception as e:
+            raise PolicyLoadError(f"{path}: cannot load the model ({type(e).__name__}: {_first_line(e)})") from e
     if exact:
         exact_norms(model)
     model.eval()
@@ -136,18 +142,55 @@ def load_policy(path: str | Path, dtype: str | torch.dtype = "float32", device: 
     return model, tok
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
+
+
 def load_tokenizer(path: str | Path):
     """The tokenizer of the policy at `path` as `load_policy` gives it (left padding, a pad token),
-    without loading the model (tagging a cached run's tokens needs no weights)."""
+    without loading the model (tagging a cached run's tokens needs no weights). Under a dry run a
+    directory without tokenizer files gets the stand-in tokenizer (`standins.build_tokenizer`)."""
     from transformers import AutoTokenizer
-    try:
-        tok = AutoTokenizer.from_pretrained(str(path))
-    except Exception as e:
-        raise PolicyLoadError(f"{path}: cannot load the tokenizer ({type(e).__name__}: {_first_line(e)})") from e
+    if dry_run() is not None and Path(path).is_dir() and not any((Path(path) / f).exists() for f in TOKENIZER_FILES):
+        from .standins import build_tokenizer
+        tok = build_tokenizer()
+    else:
+        try:
+            tok = AutoTokenizer.from_pretrained(str(path))
+        except Exception as e:
+            raise PolicyLoadError(f"{path}: cannot load the tokenizer ({type(e).__name__}: {_first_line(e)})") from e
     tok.padding_side = "left"
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     return tok
+
+
+DRY_RUN_ENV = "CANCELLATION_DRY_RUN"  # set by `run --dry-run` for the notebook's kernel: {"seed": n}
+
+
+def dry_run() -> dict | None:
+    """{"seed": n} while the runner's --dry-run is on ($CANCELLATION_DRY_RUN), else None."""
+    import json
+    import os
+    raw = os.environ.get(DRY_RUN_ENV)
+    if not raw:
+        return None
+    return {"seed": 0, **json.loads(raw)} if raw.strip().startswith("{") else {"seed": 0}
+
+
+def random_model(path: str | Path, dtype="float32", device: str = "cpu", seed: int = 0):
+    """A causal LM with the exact architecture of `path`'s config.json and seeded random weights
+    (nothing downloaded: a local directory, or a hub name whose config is in the local cache)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+    dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+    try:
+        cfg = AutoConfig.from_pretrained(str(path), local_files_only=True)
+    except Exception as e:
+        raise PolicyLoadError(f"{path}: no readable config.json for a random model ({type(e).__name__}: "
+                              f"{_first_line(e)}); pass a directory holding the model's config.json") from e
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
+    return model.eval()
 
 
 def _first_line(e: BaseException) -> str:
@@ -214,6 +257,8 @@ def fingerprint(path: str | Path) -> str:
     Memoised per (file, mtime, size), so notebooks may call it freely; an edited file rehashes.
     """
     p = Path(path)
+    if dry_run() is not None:  # random weights: never the key of a real checkpoint's results
+        return f"dry-run:{dry_run()['seed']}:{path}"
     files = sorted(p.glob("*.safetensors")) if p.is_dir() else []
     if not files:
         return str(path)

@@ -474,11 +474,23 @@ def _strip_volatile(path: Path, renames: dict | None = None):
     Path(path).write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
 
 
-def _prepare(nb_path: Path, dest: Path, meta: dict):
+# The dry run's last cell: the kernel's own peak memory, for the runner's record (dry runs only).
+_PEAK_CELL = """# dry run: this process's peak memory, for the runner's record
+import json as _json, resource as _resource, torch as _torch
+_json.dump({"peak_rss_gib": _resource.getrusage(_resource.RUSAGE_SELF).ru_maxrss / 2**20,
+            "peak_cuda_gib": _torch.cuda.max_memory_allocated() / 2**30 if _torch.cuda.is_available() else None},
+           open(%r, "w"))"""
+
+
+def _prepare(nb_path: Path, dest: Path, meta: dict, peak_file: Path | None = None):
     """The .ipynb papermill executes: jupytext's conversion of the .py notebook, a python3 kernelspec,
-    the run's metadata and cell ids numbered from the cell's index (deterministic, unlike jupytext's)."""
+    the run's metadata and cell ids numbered from the cell's index (deterministic, unlike jupytext's);
+    with `peak_file` (a dry run) a last cell that writes the kernel's peak memory there."""
     import jupytext
+    import nbformat
     nb = jupytext.read(nb_path)
+    if peak_file is not None:
+        nb.cells.append(nbformat.v4.new_code_cell(_PEAK_CELL % str(peak_file)))
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nb.metadata["cancellation"] = meta
     for i, cell in enumerate(nb.cells):
@@ -563,7 +575,8 @@ def _kernel_log_tail(path: Path, n: int = 5) -> list[str]:
 
 
 def run_notebook(ref: str, profile: str = "tiny", overrides: dict | None = None, out_root: Path | None = None,
-                 log_output: bool = True, *, replace: bool = False, cwd: str | Path | None = None) -> Path:
+                 log_output: bool = True, *, replace: bool = False, cwd: str | Path | None = None,
+                 peak_file: Path | None = None) -> Path:
     """Execute one notebook; returns the executed .ipynb path.
 
     Outputs go to the profile's directories (figures/<profile>, data/results/<profile>,
@@ -598,7 +611,8 @@ def run_notebook(ref: str, profile: str = "tiny", overrides: dict | None = None,
                 renames.update({run_params[k]: params[k], str(st.dirs[k]): str(final[k])})
         src, tmp = st.dir / "source" / f"{nb_path.stem}.ipynb", st.dirs["executed_dir"] / f"{nb_path.stem}.ipynb"
         _prepare(nb_path, src, {"profile": profile, "overrides": ov, "replace": bool(replace and ov),
-                                "fig_dir": params.get("fig_dir"), "results_dir": params.get("results_dir")})
+                                "fig_dir": params.get("fig_dir"), "results_dir": params.get("results_dir")},
+                 peak_file)
         t0 = time.time()
         print(f"[run] {nb_path.name} profile={profile} -> {out.relative_to(root) if out.is_relative_to(root) else out}",
               flush=True)
@@ -722,6 +736,13 @@ def main(argv=None):
     ap.add_argument("--replace", action="store_true",
                     help="with -p overrides, write the canonical outputs (figures/<profile>/ ...) instead of "
                          "figures/<profile>/runs/<hash>/ ...")
+    ap.add_argument("--plan", action="store_true",
+                    help="print each notebook's planned peak memory and wall time (cancellation.plan), run nothing")
+    ap.add_argument("--no-plan-check", action="store_true",
+                    help="start even when the plan's peak memory exceeds the device's")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="model_path's architecture from its config.json with seeded random weights, a coin-flip "
+                         "reward; outputs only under dry-run/; records wall time and peak memory beside the plan")
     ap.add_argument("--root", metavar="DIR",
                     help=f"the repository checkout whose notebooks/, notebooks/params/, figures/ and data/results/ "
                          f"are used (default: the checkout this module lives in, {ROOT})")
@@ -766,10 +787,17 @@ def _main(a) -> int:
         except ParameterError as e:
             _print_errors(e)
             return 2
+        plans = _plans(resolved, a)
+        if plans is None:
+            return 2
+        if a.plan:
+            return 0
         for nb, params in resolved:
             stem = nb.stem
             if a.check:
                 print(json.dumps(params, indent=1))
+            elif a.dry_run:
+                _dry_run(nb, a, share[nb], cwd, plans.get(nb.stem))
             else:
                 run_notebook(str(nb), a.profile, share[nb], replace=a.replace, cwd=cwd)
     except NotebookFailed as e:
@@ -787,6 +815,70 @@ def _main(a) -> int:
               + "; outputs of unfinished notebooks are unchanged", file=sys.stderr)
         return 143 if isinstance(e, staging.Terminated) else 130
     return 0
+
+
+def _plans(resolved, a) -> dict | None:
+    """Each notebook's plan (cancellation.plan), printed with --plan, --dry-run and before a paper-profile
+    run; None (after one error line per notebook) when a plan exceeds the device's memory."""
+    from cancellation import plan
+    plans, errors = {}, []
+    for nb, params in resolved:
+        try:
+            p = plan.make(nb.stem, params, root=ROOT)
+        except Exception as e:  # noqa: BLE001 - a plan that cannot be made must not stop a run
+            print(f"[plan] {nb.stem}: no plan ({type(e).__name__}: {e})", file=sys.stderr)
+            continue
+        plans[nb.stem] = p
+        if a.plan or a.dry_run or (a.profile.startswith("paper") and not a.check):
+            print("\n".join(p.lines()), flush=True)
+        err = plan.check(p)
+        if err:
+            errors.append(err)
+    if errors and not a.no_plan_check:
+        for e in errors:
+            print(f"error: {e}", file=sys.stderr)
+        return None
+    return plans
+
+
+DRY_ROOT = "dry-run"  # under the checkout; git-ignored
+
+
+def _dry_run(nb: Path, a, overrides: dict, cwd: Path, planned):
+    """One notebook under --dry-run: random weights and a coin-flip reward in the kernel (environment
+    read by policy.load_policy and tasks.ProblemSource), its own cache, every output under dry-run/;
+    wall time and peak memory recorded in dry-run/<profile>/measured.json beside the plan."""
+    from cancellation.policy import DRY_RUN_ENV
+    out_root = ROOT / DRY_ROOT
+    record = out_root / a.profile / "measured.json"
+    peak = out_root / a.profile / f".{nb.stem}.peak.json"
+    peak.parent.mkdir(parents=True, exist_ok=True)
+    saved = {k: os.environ.get(k) for k in (DRY_RUN_ENV, "CANCELLATION_CACHE")}
+    os.environ[DRY_RUN_ENV] = json.dumps({"seed": 0})
+    os.environ["CANCELLATION_CACHE"] = str(out_root / "cache")  # never the key of a real checkpoint's results
+    try:
+        t0 = time.time()
+        run_notebook(str(nb), a.profile, overrides, out_root=out_root, replace=a.replace, cwd=cwd, peak_file=peak)
+        wall = time.time() - t0
+    finally:
+        for k, v in saved.items():
+            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+    got = json.loads(peak.read_text()) if peak.exists() else {}
+    peak.unlink(missing_ok=True)
+    row = dict(notebook=nb.stem, overrides=overrides, measured_seconds=round(wall, 2), **got,
+               planned=planned.as_dict() if planned is not None else None)
+    rows = json.loads(record.read_text()) if record.exists() else {}
+    rows[nb.stem] = row
+    record.write_text(json.dumps(rows, indent=1, default=str) + "\n")
+    mem = got.get("peak_cuda_gib") or got.get("peak_rss_gib") or float("nan")
+    what = "GPU" if got.get("peak_cuda_gib") else "process RSS"
+    pl = planned.as_dict() if planned is not None else {}
+    print(f"[dry-run] {nb.stem}: measured {wall:.0f} s, peak {mem:.2f} GiB ({what}); planned "
+          f"{_fmt(pl.get('predicted_seconds'), 's')}, {_fmt(pl.get('peak_gib'), 'GiB')} -> {_show(record)}", flush=True)
+
+
+def _fmt(x, unit):
+    return "?" if x is None else f"{x:.0f} {unit}" if unit == "s" else f"{x:.2f} {unit}"
 
 
 if __name__ == "__main__":

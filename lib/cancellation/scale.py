@@ -10,12 +10,18 @@ id, so every row runs to `response` tokens). Cost per token does not depend on t
 values, so these numbers hold for the real checkpoints; what they cannot say is how long real
 responses are (the paper's run lengths set that).
 
-    python -m cancellation.scale --shape qwen3-1.7b --device cuda --out scale.json
+    python -m cancellation.scale --shape qwen3-1.7b --device cuda --out scale.json   # rows per block
+    python -m cancellation.scale --device cuda --out data/scale/<kind>.json          # the planner's units
+    python -m cancellation.scale --device cpu --out data/scale/cpu.json              # (stand-in shape)
+
+The planner (`cancellation.plan`) reads the second form: seconds per parameter-token and per call
+of each block, so a measurement at one shape predicts another.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 
 import torch
@@ -122,24 +128,211 @@ def probe(shape: str, device: str = "cuda", n_prompts: int = 4, G: int = 8, prom
     return rows
 
 
+# ----------------------------------------------------------------------------- unit costs for the planner
+# Sizes of the two timing points per block (they differ in length at equal calls, so a line through
+# them separates the per-token cost from the per-call cost). CPU: the stand-in's scale, under a minute.
+UNIT_SIZES = {"cpu": dict(rows=8, chunk_rows=4, prompt=16, responses=(16, 112), sample_rows=(2, 16), sample_new=24,
+                          kernel_tokens=(64, 256), token_chunk=64, vocab_chunk=256),
+              "cuda": dict(rows=8, chunk_rows=4, prompt=128, responses=(256, 1024), sample_rows=(8, 64),
+                           sample_new=256, kernel_tokens=(1024, 4096), token_chunk=2048, vocab_chunk=16384)}
+
+START_NOTEBOOK = """import matplotlib
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+import torch
+import transformers
+from cancellation import claims, plots, policy, tasks
+from cancellation.figures import fig01, fig02, fig03, fig04, fig05, fig06, fig07, fig08
+from transformers.models.qwen2 import modeling_qwen2   # what loading a policy imports
+from transformers.models.qwen3 import modeling_qwen3
+tasks.MathVerifier()(tasks.Problem("1 + 1", "2"), "The answer is $\\boxed{2}$.")   # a file source's grader
+fig, ax = plots.figure(ncols=2, nrows=2, width=plots.WIDTH_2COL, height=4.6)
+for a in ax.ravel():
+    a.hist(np.random.default_rng(0).normal(size=10000), bins=60)
+plots.save(fig, "start", out)
+"""
+
+
+def _best(fn, device, reps: int = 3) -> float:
+    """The fastest of `reps` timed calls after one warm-up (the machine is shared: the minimum is the cost)."""
+    fn()
+    return min(_timed(fn, device)[0] for _ in range(reps))
+
+
+def time_start(device: str) -> float:
+    """Seconds a notebook takes before and after its work: kernel start, the imports every notebook
+    makes (the figure modules, a model class, the math grader), one 2 x 2 figure saved as PDF and PNG
+    (papermill, as the runner runs it)."""
+    import tempfile
+    from pathlib import Path
+
+    import nbformat
+    import papermill as pm
+    with tempfile.TemporaryDirectory() as d:
+        nb = nbformat.v4.new_notebook()
+        nb.cells = [nbformat.v4.new_code_cell(f"out = {d!r}"), nbformat.v4.new_code_cell(START_NOTEBOOK)]
+        nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+        src = Path(d) / "start.ipynb"
+        nbformat.write(nb, src)
+        t = time.perf_counter()
+        pm.execute_notebook(str(src), str(Path(d) / "out.ipynb"), kernel_name="python3", progress_bar=False,
+                            cwd=str(Path(__file__).resolve().parents[2]))
+        return time.perf_counter() - t
+
+
+# A larger random shape whose per-token costs are compute-bound on a CPU (the stand-in's are
+# per-call overhead): the slopes come from it, the per-call costs from the stand-in.
+CPU_SLOPE_SHAPE = dict(model_type="qwen3", vocab_size=8192, hidden_size=256, intermediate_size=768,
+                       num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+                       tie_word_embeddings=True, max_position_embeddings=512)
+
+
+def _model(config, dtype, device, seed):
+    """A random model: a SHAPES name, a config.json directory, or a dict of config values."""
+    if isinstance(config, dict):
+        from transformers import AutoConfig, AutoModelForCausalLM
+        kw = dict(config)
+        cfg = AutoConfig.for_model(kw.pop("model_type"), **kw)
+        torch.manual_seed(seed)
+        with torch.device(device):
+            return AutoModelForCausalLM.from_config(cfg, dtype=getattr(torch, dtype)).eval()
+    if config in SHAPES:
+        return build(config, dtype=getattr(torch, dtype), device=device, seed=seed)
+    return policy.random_model(config, dtype, device, seed)
+
+
+def _time_blocks(model, z: dict, device: str, dtype: str, seed: int) -> dict:
+    """Two timing points per block on `model`: block -> [(seconds, parameter-tokens or pair-vocab, calls)]
+    (equal calls, different lengths; sampling: equal decode steps, different rows), plus Adam's update."""
+    from . import coupling
+    from .compute import Compute
+    from .plan import Shape
+
+    shape = Shape.from_config(model.config.to_dict())
+    assert shape.params == policy.n_params(model), "plan.Shape's closed form disagrees with the model"
+    V, cr, tc = shape.vocab, z["chunk_rows"], z["token_chunk"]
+    cc = Compute(device=device, dtype=dtype, chunk_rows=cr, token_chunk=tc, gradient_checkpointing=True)
+    out = {}
+    batches = [synthetic_batch(z["rows"] // 2, 2, z["prompt"], r, V, seed) for r in z["responses"]]
+    calls = -(-z["rows"] // cr)
+    blocks = {"analysis": lambda b: cc.stats(model, b),
+              "full_step": lambda b: grpo.grpo_step(model, b, cc.update(optimizer="sgd", lr=0.0, scope="full")),
+              "sgd_lm_head": lambda b: grpo.grpo_step(model, b, cc.update(optimizer="sgd", lr=0.0, scope="lm_head"))}
+    for fn in blocks.values():  # warm every block and size first: first calls pay one-time costs
+        for b in batches:
+            fn(b)
+    for name, fn in blocks.items():
+        out[name] = [(_best(lambda: fn(b), device), z["rows"] * (z["prompt"] + r) * shape.body
+                      + z["rows"] * r * shape.head, calls) for b, r in zip(batches, z["responses"])]
+    opt = torch.optim.Adam(model.parameters(), lr=0.0)  # touches every parameter and both moments per step
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    out["adam_update"] = _best(opt.step, device, reps=3) / shape.params
+    del opt
+    model.zero_grad(set_to_none=True)
+    new, gen, pts = z["sample_new"], torch.Generator(device=device).manual_seed(seed), []
+    for rows in z["sample_rows"]:
+        ids = batches[0].input_ids[:1, :z["prompt"]].repeat(rows, 1).to(device)
+        with torch.no_grad():
+            t = _best(lambda: rollout.generate(model, ids, torch.ones_like(ids), new, 1.0, [-1], 0,
+                                               generator=gen, token_chunk=tc), device)
+        pts.append((t, rows * (z["prompt"] + new) * shape.body + rows * new * shape.head, new))
+    out["sample"] = pts
+    pts = []
+    for n in z["kernel_tokens"]:  # every pair of n tokens (kernel_matvec), blocks of min(n, 1024)
+        b = synthetic_batch(1, max(n // 64, 1), 1, 64, V, seed)
+        f = coupling.features(model, b, cc.stats(model, b, hidden=True), vocab_chunk=z["vocab_chunk"])
+        c = min(1024, len(f))
+        t = _best(lambda: coupling.kernel_matvec(f, f.A, chunk=c, vocab_chunk=z["vocab_chunk"]), device)
+        pts.append((t, len(f) ** 2 * V * (1 + 2 * shape.hidden / c), (-(-len(f) // c)) ** 2))
+    out["kernel"] = pts
+    return out
+
+
+def measure_units(config, device: str = "cpu", dtype: str = "float32", seed: int = 0, slope_config=None) -> dict:
+    """Unit costs of the planner's blocks (`cancellation.plan`) on this device, measured on random
+    models: seconds per parameter-token and per call of an analysis forward, a full-parameter
+    step (gradient checkpointing on, SGD: Adam's update is timed apart, per parameter), an lm_head
+    step and HF sampling; seconds per pair-vocabulary entry of the coupling kernel; the notebook
+    start. Per-call costs come from `config` (a SHAPES name or a config.json directory); per-token
+    costs from `slope_config` when given (on a CPU a small shape is overhead-bound, so its slope
+    would not transfer to a large model), else from `config` too."""
+    from .plan import Shape, device_kind
+
+    z = UNIT_SIZES[device.split(":")[0]]
+    model = _model(config, dtype, device, seed)
+    shape = Shape.from_config(model.config.to_dict())
+    small = _time_blocks(model, z, device, dtype, seed)
+    del model
+    big, big_shape = small, shape
+    if slope_config is not None:
+        m = _model(slope_config, dtype, device, seed)
+        big_shape = Shape.from_config(m.config.to_dict())
+        big = _time_blocks(m, z, device, dtype, seed)
+        del m
+    units = {}
+    for name in ("analysis", "full_step", "sgd_lm_head", "sample"):
+        (t1, w1, c), (t2, w2, _) = big[name]
+        a = (t2 - t1) / (w2 - w1) if t2 > t1 else t2 / w2
+        (s1, v1, c1), _ = small[name]
+        units[name] = dict(s_per_param_token=a, s_per_call=max(s1 - a * v1, 0.0) / c1)
+    units["adam_update"] = dict(s_per_param=big["adam_update"])
+    (t, w, _) = big["kernel"][-1]
+    units["kernel"] = dict(s_per_pair_vocab=t / w, s_per_call=0.0)
+    units["start"] = dict(seconds=time_start(device))
+    points = [dict(shape=which, block=k, seconds=p[0], work=p[1], calls=p[2])
+              for which, res in (("config", small), ("slope", big if big is not small else {}))
+              for k, pts in res.items() if k != "adam_update" for p in pts]
+    return dict(device_kind=device_kind(device), device=device,
+                name=torch.cuda.get_device_name() if device.startswith("cuda") else _cpu_name(),
+                threads=torch.get_num_threads(), load_average=os.getloadavg()[0], torch=torch.__version__,
+                dtype=dtype, shape=dict(vars(shape)), slope_shape=dict(vars(big_shape)), params=shape.params,
+                measured=time.strftime("%Y-%m-%d"), units=units, points=points)
+
+
+def _cpu_name() -> str:
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "cpu"
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--shape", nargs="+", default=["qwen3-1.7b"], choices=sorted(SHAPES))
+    ap.add_argument("--shape", nargs="+", default=None, choices=sorted(SHAPES),
+                    help="probe these paper shapes (rows per block; default for --device cuda: qwen3-1.7b)")
+    ap.add_argument("--config", default=None,
+                    help="measure the planner's unit costs on a random model of this config.json directory "
+                         "(default: data/standins/model on cpu, qwen3-1.7b's shape on cuda) -> --out")
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--dtype", default="float32")
     ap.add_argument("--response", type=int, default=1024)
     ap.add_argument("--sample-tokens", type=int, default=512)
     ap.add_argument("--sample-rows", type=int, default=64)
     ap.add_argument("--steps", nargs="+", default=["analysis", "adam_full", "sgd_lm_head", "sample"])
-    ap.add_argument("--out", default=None, help="write the rows as JSON here")
+    ap.add_argument("--out", default=None, help="write the JSON here (unit costs: data/scale/<device kind>.json)")
     a = ap.parse_args(argv)
-    rows = []
-    for s in a.shape:
-        rows += probe(s, a.device, response=a.response, sample_tokens=a.sample_tokens,
-                      sample_rows=a.sample_rows, steps=tuple(a.steps))
-        torch.cuda.empty_cache() if a.device == "cuda" else None
+    if a.shape:  # the rows of the paper shapes' blocks (as before)
+        rows = []
+        for s in a.shape:
+            rows += probe(s, a.device, response=a.response, sample_tokens=a.sample_tokens,
+                          sample_rows=a.sample_rows, steps=tuple(a.steps))
+            torch.cuda.empty_cache() if a.device == "cuda" else None
+        out = rows
+    else:
+        from pathlib import Path
+        root = Path(__file__).resolve().parents[2]
+        config = a.config or (str(root / "data" / "standins" / "model") if a.device == "cpu" else "qwen3-1.7b")
+        out = measure_units(config, a.device, a.dtype, slope_config=CPU_SLOPE_SHAPE if a.device == "cpu" else None)
+        print(json.dumps(out["units"], indent=1))
     if a.out:
         with open(a.out, "w") as f:
-            json.dump(rows, f, indent=1)
+            json.dump(out, f, indent=1)
+            f.write("\n")
 
 
 if __name__ == "__main__":

@@ -312,6 +312,19 @@ class MathVerifier:
 #   MATH-500: problem + answer, or problem + solution with a \boxed{} answer
 #   plain: prompt (text or chat messages) + answer
 
+class CoinFlip:
+    """The dry run's reward: a seeded coin flip per (problem, response), not a grade."""
+    REPORT = "DRY RUN: random weights; every reward is a seeded coin flip, not a grade (timings and memory only)"
+
+    def __init__(self, seed: int = 0):
+        # one seeded stream per source, drawn in call order: random weights often decode to the same
+        # (empty) text for every rollout, so a flip keyed on the text would never mix a group
+        self.rng = random.Random(seed)
+
+    def __call__(self, problem: Problem, response: str) -> float:
+        return float(self.rng.random() < 0.5)
+
+
 class ProblemFileError(ValueError):
     """A problem file that cannot be used; the message names the file, the row and what was expected."""
 
@@ -530,6 +543,11 @@ class ProblemSource:
 
         The file verifier is one object per source, so its `stats` add up over a run.
         """
+        from .policy import dry_run
+        if dry_run() is not None:  # random weights never solve anything: a labelled coin flip instead
+            if getattr(self, "_coin", None) is None:
+                self._coin = CoinFlip(dry_run()["seed"])
+            return self._coin
         if not self.path:
             return verify
         if getattr(self, "_verifier", None) is None:
@@ -538,6 +556,9 @@ class ProblemSource:
 
     def reward_report(self) -> str:
         """One line on how the rewards so far were graded ('' for the exact arithmetic check)."""
+        from .policy import dry_run
+        if dry_run() is not None:
+            return CoinFlip.REPORT
         if not self.path:
             return ""
         st = self.verifier().stats

@@ -1,0 +1,160 @@
+"""cancellation.plan and the runner's --plan / --no-plan-check / --dry-run (issue 21; issue 24's size bound)."""
+import json
+import shlex
+import subprocess
+import time
+
+import pytest
+import torch
+
+from cancellation import plan, policy, run
+from test_run import _readme_command, standin_paths  # noqa: F401 - the fixture
+
+# Qwen3-0.6B's hub config.json (the values that shape the model)
+QWEN3_06B = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "attention_bias": False,
+             "hidden_size": 1024, "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 8,
+             "head_dim": 128, "intermediate_size": 3072, "vocab_size": 151936, "tie_word_embeddings": True,
+             "rope_theta": 1000000.0, "max_position_embeddings": 40960, "rms_norm_eps": 1e-6,
+             "bos_token_id": 151643, "eos_token_id": 151645, "hidden_act": "silu"}
+
+
+@pytest.fixture(scope="module")
+def qwen3_06b(tmp_path_factory):
+    d = tmp_path_factory.mktemp("qwen3-0.6b")
+    (d / "config.json").write_text(json.dumps(QWEN3_06B))
+    return d
+
+
+def _meta_model(path):
+    """The architecture of `path`'s config.json on the meta device: parameter shapes, no memory."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(str(path)))
+
+
+@pytest.mark.parametrize("which", ["data/standins/model", "data/policies/tiny-m", "qwen3-0.6b"])
+def test_shape_counts_the_parameters_of_the_built_model(which, qwen3_06b):
+    path = qwen3_06b if which == "qwen3-0.6b" else run.ROOT / which
+    if not (path / "config.json").exists():
+        pytest.skip(f"{which} not built (make standins)")
+    shape = plan.shape_of(str(path))
+    m = _meta_model(path)
+    assert shape.params == policy.n_params(m)
+    assert shape.head == m.get_output_embeddings().weight.numel()
+    assert shape.layers == m.config.num_hidden_layers and shape.vocab == m.config.vocab_size
+
+
+def test_memory_closed_forms(qwen3_06b):
+    """Weights, gradients and Adam state by dtype; the KV cache and logits chunk from the shape."""
+    p = run.resolve_params(run.find_notebook("01"), "paper-smoke", {"model_path": str(qwen3_06b)})
+    pl = plan.make("01_token_flipping", p, total_memory=10 ** 15)
+    n = policy.n_params(_meta_model(qwen3_06b))
+    assert pl.mem["weights"] == 4 * n and pl.mem["grads"] == 4 * n and pl.mem["adam"] == 8 * n
+    assert pl.mem["logits"] == 3 * p["token_chunk"] * 151936 * 4
+    rows, length = pl.work.kv_rows, pl.work.kv_len
+    assert pl.mem["kv_cache"] == rows * length * 28 * 2 * 8 * 128 * 2  # bfloat16 sampler
+    assert rows == p["n_prompts"] * p["G"] and length >= p["max_new_tokens"]
+
+
+def test_plan_paper_smoke_prints_memory_and_time(capsys):
+    assert run.main(["all", "--profile", "paper-smoke", "--plan"]) is None
+    out = capsys.readouterr().out
+    for nb in run.all_notebooks():
+        line = next(ln for ln in out.splitlines() if ln.startswith(f"[plan] {nb.stem}:"))
+        assert "peak memory" in line and "(cpu)" in line and " s" in line.split("time")[1], line
+
+
+def test_plan_paper_runs_nothing_and_names_the_missing_measurement(standin_paths, qwen3_06b, capsys, tmp_path,
+                                                                    monkeypatch):
+    """README's paper command with --plan: every notebook planned at the model's real shape; without a
+    measurement for the GPU kind the plan says which command makes one (no invented numbers)."""
+    cmd = _readme_command("python -m cancellation.run all --profile paper")
+    for path, standin in {"/models/Qwen3-1.7B-Base": str(qwen3_06b), "/data/dapo-math-17k.parquet":
+                          standin_paths["dapo"], "/data/math500.jsonl": standin_paths["math500"]}.items():
+        cmd = cmd.replace(path, standin)
+    monkeypatch.setattr(plan, "SCALE_DIR", tmp_path)   # no GPU measurement recorded, whatever this machine is
+    before = {p: p.stat().st_mtime_ns for p in (run.ROOT / "data" / "results").rglob("*") if p.is_file()}
+    assert run.main(shlex.split(cmd)[3:] + ["--plan"]) is None
+    out = capsys.readouterr().out
+    assert out.count("[plan] ") == len(run.all_notebooks())
+    assert "no measurement for this device kind" in out and "python -m cancellation.scale --device cuda" in out
+    assert "params 0.596 B" in out  # Qwen3-0.6B: 596M parameters (tied)
+    assert {p: p.stat().st_mtime_ns for p in (run.ROOT / "data" / "results").rglob("*") if p.is_file()} == before
+
+
+@pytest.mark.skipif(not (run.PARAMS / "paper-vocab.yaml").exists(), reason="no paper-vocab profile")
+def test_plan_paper_vocab(capsys):
+    assert run.main(["all", "--profile", "paper-vocab", "--plan"]) is None
+    assert capsys.readouterr().out.count("[plan] ") == len(run.all_notebooks())
+
+
+def test_absurd_sizes_refuse_at_check_naming_the_knob(capsys):
+    """Issue 24: -p n_prompts 1000000000 on the tiny profile refuses before anything runs."""
+    with pytest.raises(SystemExit) as e:
+        run.main(["02", "-p", "n_prompts", "1000000000", "--check"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2
+    assert "exceeds the device's" in err and "n_prompts / G" in err and "--no-plan-check" in err
+
+
+def test_plan_over_device_memory_refuses_unless_overridden(monkeypatch, capsys):
+    monkeypatch.setattr(plan, "device_memory", lambda device: 2 ** 20)   # a 1 MiB device
+    with pytest.raises(SystemExit) as e:
+        run.main(["08", "--profile", "paper-smoke", "--check"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("error: ") == 1
+    assert "08_referee_controls: planned peak memory" in err and "of the device's 0.0 GiB" not in err
+    assert "turn " in err and "(or pass --no-plan-check)" in err
+    assert run.main(["08", "--profile", "paper-smoke", "--check", "--no-plan-check"]) is None
+
+
+# ------------------------------------------------------------------ plan vs a measured CPU run
+def _git_status(*paths):
+    return subprocess.run(["git", "status", "--porcelain", "--", *paths], cwd=run.ROOT, capture_output=True,
+                          text=True, check=True).stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("nb", ["02", "08"])
+def test_plan_within_2x_of_a_measured_cpu_run(nb, tmp_path, monkeypatch):
+    """The committed CPU measurement (data/scale/cpu.json) predicts a paper-smoke run on the stand-ins."""
+    if not (run.ROOT / "data" / "standins" / "model" / "config.json").exists():
+        pytest.skip("stand-ins not built (make standins)")
+    path = run.find_notebook(nb)
+    pl = plan.make(path.stem, run.resolve_params(path, "paper-smoke"))
+    assert pl.kind == "cpu" and pl.seconds is not None
+    measured = []
+    for attempt in range(2):  # a shared machine's load can double one run's time: one retry, fresh cache
+        monkeypatch.setenv("CANCELLATION_CACHE", str(tmp_path / f"cache{attempt}"))
+        t = time.time()
+        run.run_notebook(nb, "paper-smoke", out_root=tmp_path / str(attempt), log_output=False)
+        measured.append(time.time() - t)
+        if pl.seconds / 2 <= measured[-1] <= 2 * pl.seconds:
+            break
+    assert pl.seconds / 2 <= measured[-1] <= 2 * pl.seconds, (measured, pl.seconds, pl.by_block)
+
+
+@pytest.mark.slow
+def test_dry_run_at_qwen3_06b_shape_writes_nothing_canonical(qwen3_06b, tmp_path, monkeypatch, capsys):
+    """Qwen3-0.6B's exact architecture, random weights, no tokenizer (the stand-in's), a coin-flip
+    reward; notebook 04 at a few rows: tables, executed notebook and the measured record under the
+    dry-run folder, git-tracked outputs untouched."""
+    monkeypatch.setattr(run, "DRY_ROOT", str(tmp_path / "dry"))   # absolute: ROOT / it is it
+    problems = tmp_path / "short.jsonl"   # a few-token prompt: a 0.6B forward on a CPU is seconds per row
+    problems.write_text("".join(json.dumps({"prompt": f"{a}+{a}=", "answer": str(2 * a)}) + "\n" for a in range(8)))
+    canonical = ("data/results", "figures", "notebooks/executed")
+    before = _git_status(*canonical)
+    run.main(["04", "--profile", "paper-smoke", "--dry-run", "-p", "model_path", str(qwen3_06b),
+              "-p", "problems_path", str(problems), "-p", "prompt_format", "raw", "-p", "n_batches", "1",
+              "-p", "n_prompts", "2", "-p", "G", "4", "-p", "max_new_tokens", "2", "-p", "scope", "lm_head"])
+    out = capsys.readouterr().out
+    assert _git_status(*canonical) == before
+    dry = tmp_path / "dry"
+    tables = list((dry / "data" / "results" / "paper-smoke").rglob("fig04_*.parquet"))
+    assert tables, sorted(p.relative_to(dry) for p in dry.rglob("*"))
+    executed = next((dry / "notebooks" / "executed" / "paper-smoke").rglob("04_category_shift.ipynb")).read_text()
+    assert "seeded coin flip" in executed                           # the reward is labelled in the output
+    rec = json.loads((dry / "paper-smoke" / "measured.json").read_text())["04_category_shift"]
+    assert rec["measured_seconds"] > 0 and rec["peak_rss_gib"] > 0
+    assert rec["planned"]["peak_gib"] > 596e6 * 4 / 2 ** 30        # at least the float32 weights
+    assert "[dry-run] 04_category_shift: measured" in out and "planned" in out
