@@ -3,15 +3,15 @@
 #   make figNN     rerun one notebook (fig01 ... fig08)
 #   make table2    the full Table 2 / Fig. 8 test (notebook 07, profile tiny-table2, 62 min on 2 cores)
 #   make claims    regenerate README's claims table from data/results/tiny/claims.parquet (+ tiny-table2's)
-#   make test      the test suite (CPU, about 5 min)
+#   make test      the test suite (CPU, about 15 min on 2 cores)
 #   make bench     speed-ups and memory vs naive code (B=memory: one benchmark)
 #   make env       create .venv (torch TORCH_SPEC, then pip install -e ".[dev]")
 #   make policy    retrain the tiny policies (tiny-m, tiny-s, tiny-m-fixed)
-#   make standins  CPU stand-ins of the paper's model and data in data/standins/ (for PROFILE=paper-smoke)
-#   make clean     remove caches, smoke/paper-smoke outputs and leftovers of killed runs (.run-staging/)
+#   make standins  CPU stand-ins of the paper's model and data in data/standins/ (PROFILE=paper-smoke, paper-vocab)
+#   make clean     remove caches, smoke/paper-smoke/paper-vocab/dry-run outputs and leftovers of killed runs
 #   make help      this list
 # Variables:
-#   PROFILE=tiny   the parameter profile, a file in notebooks/params/ (tiny, tiny-table2, smoke, paper-smoke, paper)
+#   PROFILE=tiny   the parameter profile, a file in notebooks/params/ (tiny, tiny-table2, smoke, paper-smoke, paper-vocab, paper)
 #   P='...'        parameter overrides for figures/figNN/table2: NAME=VALUE pairs separated by ';', each split on
 #                  its first '=' (values parsed as YAML): P='steps=5; eval_sets=[easy, medium]; problems_path=a=b.jsonl'.
 #                  They write to figures/<profile>/runs/<hash>/, data/results/<profile>/runs/<hash>/,
@@ -60,7 +60,7 @@ policy: env  ## retrain the tiny policies (tiny-m, tiny-s and the fixed-scaffold
 standins: env  ## CPU stand-ins of the paper's model and data (data/standins/, for PROFILE=paper-smoke)
 	$(PY) -m cancellation.standins --out data/standins
 
-figures: env $(POLICIES) $(if $(filter paper-smoke,$(PROFILE)),standins)
+figures: env $(POLICIES) $(if $(filter paper-smoke paper-vocab,$(PROFILE)),standins)
 	$(PY) -m cancellation.run all --profile $(PROFILE) $(OVERRIDES)
 	$(MAKE) claims
 
@@ -71,7 +71,7 @@ table2: env $(POLICIES)  ## the full Table 2 / Fig. 8 test: 10 seeds x 64 iterat
 claims: env  ## README's claims table from data/results/tiny/claims.parquet
 	$(PY) -m cancellation.claims readme
 
-fig%: env $(POLICIES) $(if $(filter paper-smoke,$(PROFILE)),standins)
+fig%: env $(POLICIES) $(if $(filter paper-smoke paper-vocab,$(PROFILE)),standins)
 	$(PY) -m cancellation.run $* --profile $(PROFILE) $(OVERRIDES)
 
 test: env
@@ -84,3 +84,4 @@ clean:
 	rm -rf data/cache notebooks/executed/smoke figures/smoke data/results/smoke .run-staging
 	-find notebooks/executed -name '.*.tmp.ipynb' -delete
 	rm -rf notebooks/executed/paper-smoke figures/paper-smoke data/results/paper-smoke
+	rm -rf notebooks/executed/paper-vocab figures/paper-vocab data/results/paper-vocab dry-run

@@ -457,6 +457,15 @@ def test_example_script_runs(tmp_path):
     rows = pd.read_parquet(tmp_path / "cancellation.parquet")
     assert sorted(rows.step.unique()) == [1, 2] and {"pos", "neg"} & set(rows.sign)
     assert "steps measured" in out.stdout
+    # TensorBoard (the dev extra installs it): the monitor's scalars under the tags README names
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    events = sorted(tmp_path.rglob("events.out.tfevents.*"))
+    assert events, sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    tags = set().union(*(EventAccumulator(str(e.parent)).Reload().Tags()["scalars"] for e in events))
+    ours = {t for t in tags if t.startswith("train/cancellation/")}
+    assert "train/cancellation/pos/boosted" in ours and "train/cancellation/seconds" in ours, sorted(tags)
+    steps = {e.step for e in EventAccumulator(str(events[0].parent)).Reload().Scalars("train/cancellation/pos/boosted")}
+    assert steps == {1, 2}
 
 
 DDP_WORKER = '''

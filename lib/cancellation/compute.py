@@ -86,7 +86,7 @@ def guard_knobs() -> dict | None:
     return json.loads(raw) if raw else None
 
 
-_TALLY = {"head_positions": 0, "head_calls": 0, "head_max": 0, "body_max": 0, "vocab": 0}
+_TALLY = {"head_positions": 0, "head_calls": 0, "head_max": 0, "body_max": 0, "batch_max": 0, "vocab": 0}
 
 
 def _tally(log: str | None, **new) -> None:
@@ -99,11 +99,20 @@ def _tally(log: str | None, **new) -> None:
     _TALLY["head_calls"] += 1 if "head" in new else 0
     _TALLY["head_max"] = max(_TALLY["head_max"], new.get("head", 0))
     _TALLY["body_max"] = max(_TALLY["body_max"], new.get("body", 0))
+    _TALLY["batch_max"] = max(_TALLY["batch_max"], new.get("batch", 0))
     _TALLY["vocab"] = max(_TALLY["vocab"], new.get("vocab", 0))
     tmp = f"{log}.{os.getpid()}.tmp"
     with open(tmp, "w") as f:
         json.dump(_TALLY, f)
     os.replace(tmp, log)
+
+
+def tally_batch(positions: int) -> None:
+    """Record an analysed batch's rows × length in the guard's tally (its logits, built whole, are
+    positions × V: what the chunking avoids). A no-op unless the guard has a log."""
+    knobs = guard_knobs()
+    if knobs and knobs.get("log"):
+        _tally(knobs["log"], batch=int(positions))
 
 
 def guard_lm_head(model, token_chunk: int, log: str | None = None):
