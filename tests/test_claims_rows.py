@@ -144,7 +144,7 @@ def test_table1_paired_rows_are_loops_over_candidates():
     for pool, kind, scope, cand, delta in zip(e.pool, e.kind, e.scope, e.cand, e.delta):
         d[(pool, scope, cand)][kind] = delta > 0
     checked = 0
-    for cid, r in reg[reg.index.str.contains("_vs_")].iterrows():
+    for cid, r in reg[reg.index.str.startswith("table1_") & reg.index.str.contains("_vs_")].iterrows():
         pool, scope = cid.split("_")[1], "lm_head" if "_lm_head_" in cid else "full"
         a, b = cid.split("_vs_")[0].rsplit("_", 1)[1], cid.split("_vs_")[1]
         x = [float(v[a]) - float(v[b]) for (p, s, _), v in d.items() if p == pool and s == scope]

@@ -47,6 +47,7 @@ UNITS = ("token", "pair", "candidate", "rollout", "group", "prompt", "batch", "s
 BEGIN, END = "<!-- claims:begin -->", "<!-- claims:end -->"
 COLUMNS = ["notebook", "claim", "figure", "statement", "paper", "measured", "lo", "hi", "n", "unit", "rule",
            "params", "rule_text", "detail", "verdict", "estimator", "resampling"]
+LATER_COLUMNS = ("estimator", "resampling")  # added to the registry later; empty in an older registry's rows
 
 
 def _nan(x) -> bool:
@@ -177,6 +178,9 @@ def read_registry(path) -> pd.DataFrame:
     except Exception as e:  # pyarrow raises several types for a damaged file
         why = f"{type(e).__name__}: {str(e).splitlines()[0]}" if str(e).strip() else type(e).__name__
         raise ClaimsError(f"{path}: unreadable claims registry ({why})") from e
+    for c in LATER_COLUMNS:  # a registry written before these columns: its rows state them when re-recorded
+        if c not in df.columns and any(k in df.columns for k in COLUMNS[:3]):
+            df[c] = ""
     missing = [c for c in COLUMNS if c not in df.columns]
     if missing:
         raise ClaimsError(f"{path}: not a claims registry (missing columns {missing})")

@@ -26,7 +26,8 @@ from .. import stats as ST
 from . import base
 from .base import param
 
-STRATEGY_NAMES = ["random", "QB", "RB", "QB+RB", "sign_partitioned"]   # train.STRATEGIES
+STRATEGY_NAMES = ["random", "QB", "RB", "QB+RB", "sign_partitioned"]   # the default rows of Table 2
+STRATEGY_CHOICES = STRATEGY_NAMES + ["random+filter"]                   # train.STRATEGIES
 DTYPES = ["float64", "float32", "bfloat16", "float16"]
 
 
@@ -38,6 +39,8 @@ class Params(base.FigureParams):
          "workers > 1 parallelises the small trainer on the CPU only (set workers: 1 for engine trl or a GPU)"),
         ("run_rounds == 0 or run_rounds >= iterations",
          "run_rounds (a whole run's RB sampling budget) must be 0 or at least iterations"),
+        ("'random+filter' not in trl_strategies and (engine == 'small' or 'random+filter' not in strategies + "
+         "probe_strategies)", "random+filter runs on the small trainer only (not wired into TRL)"),
     )
     model_path: str = param("data/policies/tiny-m", "the policy every run starts from", path="model")
     dtype: str = param("float32", "training precision (Adam steps are large; float32 suffices)", choices=DTYPES)
@@ -49,7 +52,7 @@ class Params(base.FigureParams):
     workers: int = param(1, "small engine: training runs computed in parallel processes (each with threads), "
                          "same numbers", min=1)
     strategies: list = param(list(STRATEGY_NAMES), "Table 2 rows (train.STRATEGIES)",
-                             choices=STRATEGY_NAMES, nonempty=True, distinct=True)
+                             choices=STRATEGY_CHOICES, nonempty=True, distinct=True)
     seeds: list = param([0, 1, 2], "training seeds per strategy (prompts, sampling, plans)",
                         min=0, nonempty=True, distinct=True)
     iterations: int = param(16, "update phases per run", min=1)
@@ -60,7 +63,7 @@ class Params(base.FigureParams):
     probe_lrs: list = param([1e-3], "larger learning rates of the stability sweep, each a separate set of runs",
                             gt=0, distinct=True)
     probe_strategies: list = param(["random", "QB+RB"], "strategies rerun at each of probe_lrs ([] skips the sweep)",
-                                   choices=STRATEGY_NAMES, distinct=True)
+                                   choices=STRATEGY_CHOICES, distinct=True)
     probe_seeds: list = param([0], "seeds of the stability sweep", min=0, distinct=True)
     tau: float = param(0.4, "RB: min(N+, N-) at least tau times the batch size", min=0, max=0.5)
     max_rounds: int = param(4, "RB: sampling rounds per iteration before it skips the update", min=1)
@@ -87,7 +90,7 @@ class Params(base.FigureParams):
     token_chunk: int = base.token_chunk()
     gradient_checkpointing: bool = param(False, "recompute activations in the backward (large models)")
     trl_strategies: list = param(["random", "QB+RB"], "strategies also trained on TRL (engine.train_trl) as a "
-                                 "cross-check ([] skips)", choices=STRATEGY_NAMES, distinct=True)
+                                 "cross-check ([] skips)", choices=STRATEGY_CHOICES, distinct=True)
     trl_seeds: list = param([0], "seeds of the TRL runs", min=0, distinct=True)
 
 
