@@ -187,9 +187,12 @@ R.fig9.groupby(["model", "sign", "status"]).fraction.mean().unstack("status").ro
 # %% [markdown]
 # ## Claims
 # Each claim is built from the values above and recorded in `claims.parquet` with the rule that
-# decides its verdict (`cancellation.claims`). Intervals over training steps are Student-t
-# intervals of the per-step quantity (steps share the policy's trajectory, so they are a rough
-# guide, not independent draws).
+# decides its verdict (`cancellation.claims`). Intervals are Student-t over training steps (steps
+# share the policy's trajectory: a rough guide, not independent draws). §1's "nearly half of the
+# tokens move opposite" (read as 40–50% of the A ≠ 0 tokens, fixed before the run) is not what the
+# tiny run shows: 27% [25.5, 28.8] move against their sign, because the two signs differ — 44% of
+# A < 0 tokens are boosted but only 16% of A > 0 tokens suppressed; among tokens that move at all
+# (|Δ| > ε) the share is 42.5%, which depends on ε (the row's detail).
 
 # %%
 claims.record(results_dir, "01", fig01.claims(R, P));

@@ -169,8 +169,14 @@ print(f"stock float32 norms vs exact: sign agreement of a full SGD step's Δlog 
 # of the proxy cosine, for both scopes. Fig. 3(c) ranked by K_ck over both signs: the most
 # strongly coupled tokens of a candidate are its same-token, low-confidence twins, which sit more
 # often in negative rollouts. The precision check shows why `policy.exact_norms` matters for the
-# masked-update shortcut. The claims, with this run's numbers (Boost Rates with Clopper–Pearson
-# intervals; the difference both − random with a bootstrap interval over candidates):
+# masked-update shortcut. The positive pool's Boost Rates hold by construction (a mask holding the
+# candidate's own token, A > 0 and K > 0, must boost it): their rows say so and are never
+# "reproduced"; its real test is low confidence alone against random (tiny run: no difference).
+# In the nonzero pool none of Table 1's contrasts appears: both ≈ same ≈ low ≈ random ≈ 50%
+# (both − same −4.5 pts [−10.7, +2.0], lm_head), random's Mean Boost is not ≈ 0 relative to |δ|
+# within ±0.1 either way (inconclusive). The sign-aware Boost Rate 1[sign δ = sign Σ_M A_k] needs
+# the masks, which the Result does not keep. The claims (Boost Rates: Clopper–Pearson; differences
+# and Mean Boosts: percentile bootstrap over candidates, paired where the candidates are shared):
 
 # %%
 claims.record(results_dir, "03", fig03.claims(R, P));

@@ -4,7 +4,7 @@ import itertools
 import pytest
 import torch
 
-from cancellation import batching, grpo, rollout
+from cancellation import batching, grpo, rollout, train
 
 
 def _case(seed, n_groups=6, G=4, p=0.5):
@@ -183,3 +183,33 @@ def test_concat_keeps_rows_and_renumbers_groups():
     La = a.input_ids.shape[1]
     assert torch.equal(c.input_ids[:4, :La], a.input_ids) and not c.attention_mask[:4, La:].any()
     assert torch.equal(c.advantage, torch.cat([a.advantage, b.advantage]))
+
+
+# ----------------------------------------------------------------------------- random+filter (DAPO's filter)
+@pytest.mark.parametrize("seed", range(5))
+def test_random_filter_drops_exactly_the_zero_variance_groups(seed):
+    g = torch.Generator().manual_seed(seed)
+    G, n_groups = 4, 7
+    group = torch.arange(n_groups).repeat_interleave(G)
+    reward = (torch.rand(n_groups * G, generator=g) < 0.5).double()
+    reward[:G] = 1.0       # group 0: all correct
+    reward[G:2 * G] = 0.0  # group 1: all wrong
+    adv = torch.zeros_like(reward)
+    for k in range(n_groups):  # group-normalised advantage, by hand
+        r = reward[k * G:(k + 1) * G]
+        adv[k * G:(k + 1) * G] = (r - r.mean()) / (r.std() + 1e-6)
+    want = [i for i in range(len(group)) if len({float(reward[j]) for j in range(len(group)) if group[j] == group[i]}) > 1]
+    plan = batching.make_plan("random_filter", group, adv, 3, seed=seed)
+    rows = sorted(torch.cat(plan).tolist()) if plan else []
+    assert rows == want                                  # every row of a mixed group once, no other row
+    assert 0 < len(plan) <= 3 and all(len(p) for p in plan)
+    assert "random+filter" in train.STRATEGIES and train.strategy_config("random+filter").plan == "random_filter"
+
+
+def test_random_filter_on_zero_variance_groups_only_takes_no_step():
+    group = torch.arange(3).repeat_interleave(4)
+    assert batching.random_filter(group, torch.zeros(12), 4) == []
+    one = torch.zeros(12)
+    one[[4, 5]] = torch.tensor([1.0, -1.0])
+    plan = batching.random_filter(group, one, 8)
+    assert sorted(torch.cat(plan).tolist()) == [4, 5, 6, 7] and len(plan) == 4

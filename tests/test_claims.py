@@ -12,6 +12,11 @@ ROOT = Path(__file__).resolve().parents[1]
 NAN = math.nan
 
 
+def Claim(*a, **k):
+    """A Claim with a stated estimator and resampling unit (required fields), unless the test gives them."""
+    return C.Claim(*a, **{"estimator": "t over steps", "resampling": "step", **k})
+
+
 @pytest.mark.parametrize("m, lo, hi, kw, want", [
     (0.2, 0.1, 0.3, {}, C.REPRODUCED),                          # CI excludes 0 in the paper's direction
     (-0.2, -0.3, -0.1, {}, C.NOT_REPRODUCED),                   # excludes 0 the other way
@@ -43,11 +48,11 @@ def test_similar_rule(m, lo, hi, kw, want):
 
 
 def test_record_replaces_a_notebooks_rows(tmp_path, capsys):
-    a = C.Claim("x1", "Fig. X", "goes up", "yes", 0.2, 0.1, 0.3, n=5)
-    b = C.Claim("y1", "Fig. Y", "similar", "similar", 1.0, -1, 2, n=3, rule="similar", params=dict(tol=5))
+    a = Claim("x1", "Fig. X", "goes up", "yes", 0.2, 0.1, 0.3, n=5)
+    b = Claim("y1", "Fig. Y", "similar", "similar", 1.0, -1, 2, n=3, rule="similar", params=dict(tol=5))
     C.record(tmp_path, "01", [a])
     C.record(tmp_path, "02", [b])
-    out = C.record(tmp_path, "01", [C.Claim("x2", "Fig. X", "goes down", "yes", 0.2, 0.1, 0.3, n=5,
+    out = C.record(tmp_path, "01", [Claim("x2", "Fig. X", "goes down", "yes", 0.2, 0.1, 0.3, n=5,
                                             params=dict(sign=-1))])
     reg = pd.read_parquet(tmp_path / "claims.parquet")
     assert list(reg.claim) == ["x2", "y1"] and list(reg.verdict) == [C.NOT_REPRODUCED, C.REPRODUCED]
@@ -56,17 +61,17 @@ def test_record_replaces_a_notebooks_rows(tmp_path, capsys):
     with pytest.raises(ValueError, match="duplicate"):
         C.record(tmp_path, "03", [a, a])
     with pytest.raises(ValueError, match="unknown rule"):
-        C.Claim("z", "F", "s", "p", 1.0, rule="bigger")
+        Claim("z", "F", "s", "p", 1.0, rule="bigger")
 
 
 def test_update_readme_between_markers(tmp_path):
     reg = tmp_path / "r"
-    C.record(reg, "01", [C.Claim("x1", "Fig. X", "goes up", "yes", 0.2, 0.1, 0.3, n=5)])
+    C.record(reg, "01", [Claim("x1", "Fig. X", "goes up", "yes", 0.2, 0.1, 0.3, n=5)])
     readme = tmp_path / "README.md"
     readme.write_text(f"top\n{C.BEGIN}\nold\n{C.END}\nbottom\n")
     assert C.update_readme(readme, reg / "claims.parquet")
     text = readme.read_text()
-    assert "old" not in text and "| Fig. X: goes up |" in text and text.startswith("top\n") and text.endswith("bottom\n")
+    assert "\nold\n" not in text and "| Fig. X: goes up | yes |" in text and "| t over steps (step) |" in text and text.startswith("top\n") and text.endswith("bottom\n")
     assert not C.update_readme(readme, reg / "claims.parquet")
 
 
@@ -88,7 +93,7 @@ def _record_many(results_dir, notebook, barrier, times):
     barrier.wait()
     with contextlib.redirect_stdout(io.StringIO()):
         for i in range(times):  # the last call leaves 3 rows whose measured value says which call wrote them
-            C.record(results_dir, notebook, [C.Claim(f"{notebook}_{k}", "Fig. X", "up", "yes", i + k / 10, n=1)
+            C.record(results_dir, notebook, [Claim(f"{notebook}_{k}", "Fig. X", "up", "yes", i + k / 10, n=1)
                                              for k in range(3)])
 
 
@@ -109,7 +114,7 @@ def test_concurrent_records_of_different_notebooks_keep_every_row(tmp_path, atte
 
 
 def _write_registry(d):
-    C.record(d, "01", [C.Claim("x1", "Fig. X", "goes up", "yes", 0.2, 0.1, 0.3, n=5)])
+    C.record(d, "01", [Claim("x1", "Fig. X", "goes up", "yes", 0.2, 0.1, 0.3, n=5)])
     return d / "claims.parquet"
 
 
@@ -136,7 +141,7 @@ def test_readme_on_a_damaged_registry_is_one_line_naming_the_file(tmp_path, dama
         assert ("not a claims registry" if damage == "not_a_registry" else "unreadable claims registry") in msg
     assert readme.read_text().endswith(f"{C.BEGIN}\nold\n{C.END}\n")  # left as it was
     with pytest.raises(C.ClaimsError, match=str(reg)):  # and record() refuses to build on it
-        C.record(reg.parent, "02", [C.Claim("y1", "Fig. Y", "up", "yes", 0.2, n=1)])
+        C.record(reg.parent, "02", [Claim("y1", "Fig. Y", "up", "yes", 0.2, n=1)])
 
 
 def test_readme_cli_on_a_truncated_registry_prints_no_traceback(tmp_path):

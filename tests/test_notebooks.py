@@ -189,7 +189,8 @@ def test_06_sampling_budget(out_root):
     claims = pd.read_parquet(res / "claims.parquet")
     c = claims[claims.notebook == "06"]
     assert {"fig06_prompts_all", "fig06_rollouts_all", "fig07b_all"} <= set(c.claim)
-    assert c.detail.str.contains("3 seeds").all()
+    assert (c.n == 3).all() and (c.resampling == "seed").all()  # n counts the seeds resampled (smoke: 3)
+    assert {"fig06_rollouts_within_sign", "fig06_rollouts_top25_vs_all"} <= set(c.claim)
 
 
 def test_08_referee_controls(out_root):

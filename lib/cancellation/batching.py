@@ -8,6 +8,9 @@ advantages and a seed, so they are easy to test and to port to another trainer:
 - `query_preserved`   (QB) shuffle whole groups, split: a query's rollouts share one optimizer step
 - `sign_partitioned`  positive and negative rollouts in separate mini-batches (breaks
                       cancellation on purpose)
+- `random_filter`     the rollouts of zero-variance groups (all rewards equal, A = 0) dropped, as
+                      DAPO's dynamic sampling filter does, then `random`: the baseline that separates
+                      RB's filtering of A = 0 rows from its balancing (Table 2's `random+filter`)
 
 `reward_balanced` (RB) is a selection, not a split: from a buffer of rollouts it picks an
 update batch B of a fixed size with min(N+, N-) >= τ|B|, or nothing (then the trainer keeps
@@ -26,7 +29,7 @@ import torch
 from .grpo import random_plan
 from .rollout import RolloutBatch
 
-PLANS = ("random", "query_preserved", "sign_partitioned")
+PLANS = ("random", "query_preserved", "sign_partitioned", "random_filter")
 
 
 def _perm(n: int, seed: int) -> torch.Tensor:
@@ -85,6 +88,21 @@ def sign_partitioned(advantage: torch.Tensor, n_minibatches: int, seed: int = 0)
     return [parts[i] for i in order if len(parts[i])]
 
 
+def nonzero_variance_rows(group: torch.Tensor, advantage: torch.Tensor) -> torch.Tensor:
+    """Row indices of the groups whose advantages are not all zero (zero-variance groups dropped)."""
+    group, adv = torch.as_tensor(group), torch.as_tensor(advantage)
+    live = torch.unique(group[adv != 0])
+    return torch.isin(group, live).nonzero().squeeze(1)
+
+
+def random_filter(group: torch.Tensor, advantage: torch.Tensor, n_minibatches: int,
+                  seed: int = 0) -> list[torch.Tensor]:
+    """Zero-variance groups dropped, the rest shuffled and split like `random` (fewer, never empty,
+    mini-batches when few rows are left; [] when every group has equal rewards: no update)."""
+    keep = nonzero_variance_rows(group, advantage)
+    return [keep[p] for p in random_plan(len(keep), n_minibatches, seed)] if len(keep) else []
+
+
 def make_plan(name: str, group: torch.Tensor, advantage: torch.Tensor, n_minibatches: int,
               seed: int = 0) -> list[torch.Tensor]:
     """Dispatch by name (PLANS)."""
@@ -94,6 +112,8 @@ def make_plan(name: str, group: torch.Tensor, advantage: torch.Tensor, n_minibat
         return query_preserved(group, n_minibatches, seed)
     if name == "sign_partitioned":
         return sign_partitioned(advantage, n_minibatches, seed)
+    if name == "random_filter":
+        return random_filter(group, advantage, n_minibatches, seed)
     raise ValueError(f"unknown mini-batch plan {name!r}; allowed: {', '.join(PLANS)}")
 
 

@@ -17,6 +17,15 @@ Rules (all on the measured value m and its interval [lo, hi]; NaN bounds mean "n
 - similar(tol, target=0, point_ok=False): the paper says m ≈ target. reproduced if the interval
   lies inside [target − tol, target + tol]; not reproduced if it lies entirely outside it; else
   inconclusive. Without an interval: |m − target| ≤ tol decides when point_ok, else inconclusive.
+- construction(why, sign=1, ref=0, point_ok=False): the paper's statement holds by how the test is
+  built (`why` says how), so agreeing with it tests nothing: "holds by construction" where
+  direction() would say reproduced, else direction()'s verdict (a broken construction shows).
+  Never "reproduced".
+
+Every Claim also states its `estimator` (how the interval is computed: "t over steps",
+"percentile bootstrap over candidates", "Clopper–Pearson", "point (no interval)", ...) and its
+`resampling` unit (what one draw of the interval is: token, pair, candidate, rollout, group,
+batch, step, seed, run; "none" for a point). Both are required: an empty one raises.
 """
 from __future__ import annotations
 
@@ -32,10 +41,13 @@ import pandas as pd
 from . import cache
 
 REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE = "reproduced", "not reproduced", "inconclusive"
-VERDICTS = (REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE)
+BY_CONSTRUCTION = "holds by construction"
+VERDICTS = (REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE, BY_CONSTRUCTION)
+UNITS = ("token", "pair", "candidate", "rollout", "group", "prompt", "batch", "step", "seed", "run", "none")
 BEGIN, END = "<!-- claims:begin -->", "<!-- claims:end -->"
 COLUMNS = ["notebook", "claim", "figure", "statement", "paper", "measured", "lo", "hi", "n", "unit", "rule",
-           "params", "rule_text", "detail", "verdict"]
+           "params", "rule_text", "detail", "verdict", "estimator", "resampling"]
+LATER_COLUMNS = ("estimator", "resampling")  # added to the registry later; empty in an older registry's rows
 
 
 def _nan(x) -> bool:
@@ -74,7 +86,12 @@ def similar(m, lo, hi, tol: float, target: float = 0.0, point_ok: bool = False) 
     return INCONCLUSIVE
 
 
-RULES = {"direction": direction, "similar": similar}
+def construction(m, lo, hi, why: str, sign: int = 1, ref: float = 0.0, point_ok: bool = False) -> str:
+    d = direction(m, lo, hi, sign=sign, ref=ref, point_ok=point_ok)
+    return BY_CONSTRUCTION if d == REPRODUCED else d
+
+
+RULES = {"direction": direction, "similar": similar, "construction": construction}
 
 
 def rule_text(rule: str, params: dict) -> str:
@@ -89,6 +106,9 @@ def rule_text(rule: str, params: dict) -> str:
     if rule == "similar":
         t, tol = p.get("target", 0.0), p["tol"]
         return f"95% CI within {t:g} ± {tol:g}{pt}"
+    if rule == "construction":
+        side = ">" if p.get("sign", 1) >= 0 else "<"
+        return f"built in ({p['why']}): 95% CI {side} {p.get('ref', 0.0):g}{pt} holds by construction, never 'reproduced'"
     raise ValueError(f"unknown rule {rule!r}; known: {', '.join(RULES)}")
 
 
@@ -106,8 +126,10 @@ class Claim:
     unit: str = ""             # how to read `measured` ('pts', 'log10 ratio', ...)
     rule: str = "direction"
     params: dict = field(default_factory=dict)
-    detail: str = ""           # the supporting numbers, as computed text (README column)
+    detail: str = ""           # the supporting numbers and caveats, as computed text (README column)
     verdict: str = ""
+    estimator: str = ""        # how the interval is computed ('t over steps', 'percentile bootstrap over seeds', ...)
+    resampling: str = ""       # the unit one draw of the interval is (UNITS); 'none' for a point value
 
     def __post_init__(self):
         if self.rule not in RULES:
@@ -115,6 +137,11 @@ class Claim:
         self.measured, self.lo, self.hi = (float(x) if x is not None else math.nan
                                            for x in (self.measured, self.lo, self.hi))
         self.n = int(self.n)
+        if not self.estimator or not self.resampling:
+            raise ValueError(f"Claim {self.claim}: state its estimator and resampling unit "
+                             f"(got {self.estimator!r}, {self.resampling!r})")
+        if self.resampling not in UNITS:
+            raise ValueError(f"Claim {self.claim}: resampling unit {self.resampling!r}; known: {', '.join(UNITS)}")
         self.verdict = RULES[self.rule](self.measured, self.lo, self.hi, **self.params)
 
     def row(self, notebook: str) -> dict:
@@ -128,7 +155,8 @@ class Claim:
         """One printed line for the notebook's reading."""
         ci = "" if _nan(self.lo) else f" [{self.lo:+.3g}, {self.hi:+.3g}]"
         return (f"{self.figure} {self.statement} (paper: {self.paper}): {self.measured:+.3g}{ci} {self.unit}, "
-                f"n = {self.n} -> {self.verdict.upper()}  [rule: {rule_text(self.rule, self.params)}]"
+                f"n = {self.n} ({self.estimator}; unit: {self.resampling}) -> {self.verdict.upper()}  "
+                f"[rule: {rule_text(self.rule, self.params)}]"
                 + (f"\n    {self.detail}" if self.detail else ""))
 
 
@@ -150,6 +178,9 @@ def read_registry(path) -> pd.DataFrame:
     except Exception as e:  # pyarrow raises several types for a damaged file
         why = f"{type(e).__name__}: {str(e).splitlines()[0]}" if str(e).strip() else type(e).__name__
         raise ClaimsError(f"{path}: unreadable claims registry ({why})") from e
+    for c in LATER_COLUMNS:  # a registry written before these columns: its rows state them when re-recorded
+        if c not in df.columns and any(k in df.columns for k in COLUMNS[:3]):
+            df[c] = ""
     missing = [c for c in COLUMNS if c not in df.columns]
     if missing:
         raise ClaimsError(f"{path}: not a claims registry (missing columns {missing})")
@@ -184,13 +215,15 @@ def _fmt(x) -> str:
 
 def table_markdown(df: pd.DataFrame) -> str:
     """The README table of a registry."""
-    lines = ["| claim (paper) | paper | measured [95% CI], n | rule | verdict |", "|---|---|---|---|---|"]
+    lines = ["| claim (paper) | paper | measured [95% CI], n | estimator (resampled unit) | rule | verdict |",
+             "|---|---|---|---|---|---|"]
     for _, r in df.iterrows():
         ci = "" if _nan(r.lo) else f" [{_fmt(r.lo)}, {_fmt(r.hi)}]"
         meas = f"{_fmt(r.measured)}{ci} {r.unit}, n = {r.n}".replace("|", "\\|")
         if r.detail:
             meas += f"; {r.detail}".replace("|", "\\|")
-        cells = [f"{r.figure}: {r.statement}", r.paper, meas, r.rule_text, f"**{r.verdict}**"]
+        cells = [f"{r.figure}: {r.statement}", r.paper, meas, f"{r.estimator} ({r.resampling})", r.rule_text,
+                 f"**{r.verdict}**"]
         cells = [c.replace("\\|", "|").replace("|", "\\|").replace("\n", " ") for c in cells]
         lines.append("| " + " | ".join(cells) + " |")
     counts = df.verdict.value_counts()

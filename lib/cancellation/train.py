@@ -226,7 +226,8 @@ class TrainConfig(_SamplesThePolicy):
 
 # Table 2's rows: name -> (mini-batch plan, reward-balanced buffer)
 STRATEGIES = {"random": ("random", False), "QB": ("query_preserved", False), "RB": ("random", True),
-              "QB+RB": ("query_preserved", True), "sign_partitioned": ("sign_partitioned", False)}
+              "QB+RB": ("query_preserved", True), "sign_partitioned": ("sign_partitioned", False),
+              "random+filter": ("random_filter", False)}  # zero-variance groups dropped (DAPO's filter)
 
 
 def strategy_config(name: str, **kw) -> TrainConfig:
@@ -418,14 +419,16 @@ def _train_run(model, tok, cfg, opt, sampler, ckpt_path, ckpt_every, progress, o
             old = measure.token_stats(model, batch, cfg.update.chunk_rows, token_chunk=cfg.update.token_chunk)
             plan = batching.make_plan(cfg.plan, batch.group, batch.advantage, cfg.update.n_minibatches,
                                       seed=cfg.seed * 104_729 + it)
-            infos = minibatch_update(model, batch, plan, old.logp, opt, cfg.update)
+            infos = minibatch_update(model, batch, plan, old.logp, opt, cfg.update) if plan else []
+            row["updated"] = bool(infos)  # random_filter: a batch of zero-variance groups only takes no step
             sampler.sync(model)
             s = batching.sign(batch.advantage)
             m = batch.response_mask
             row.update(batch_acc=float(batch.reward.mean()), entropy=float(old.entropy[m].mean()),
                        n_rollouts=len(batch), n_pos=int((s > 0).sum()), n_neg=int((s < 0).sum()),
                        n_tokens=int(m.sum()), resp_len=float(m.sum(1).double().mean()),
-                       loss=float(np.mean([i["loss"] for i in infos])), t_update=time.time() - t1)
+                       loss=float(np.mean([i["loss"] for i in infos])) if infos else float("nan"),
+                       t_update=time.time() - t1)
             st["mbs"] += [dict(i, iteration=it) for i in infos]
         st["iters"].append(row)
         st["iteration"] = it + 1

@@ -12,7 +12,8 @@ import torch
 
 from .. import rollout, tasks, train
 
-STRATEGIES = train.STRATEGIES          # name -> (mini-batch plan, reward-balanced buffer)
+STRATEGIES = {k: v for k, v in train.STRATEGIES.items()  # name -> (mini-batch plan, reward-balanced buffer);
+              if v[0] != "random_filter"}                # random+filter: the small trainer only (not wired into TRL)
 
 
 def _import_trl():

@@ -231,10 +231,28 @@ def _noise_floor(P: Params, cfg: train.RunConfig):
     return line, noise
 
 
+TS = dict(estimator="t over steps", resampling="step")  # every row of notebook 01: a Student-t interval over steps
+
+
+def _claim(*a, **k) -> C.Claim:
+    return C.Claim(*a, **TS, **k)
+
+
+def opposite_share(signed: pd.DataFrame) -> pd.DataFrame:
+    """Per step: the share (points) of A ≠ 0 tokens that move against their rollout's advantage sign
+    (suppressed in a positive rollout or boosted in a negative one; stable tokens move neither way),
+    and the same share inside each sign ('pos': suppressed share, 'neg': boosted share)."""
+    against = ((signed.sign == "pos") & (signed.status == "suppressed")) | \
+              ((signed.sign == "neg") & (signed.status == "boosted"))
+    d = signed.assign(against=against.astype(float))
+    out = d.groupby("step").against.mean().mul(100).rename("all").to_frame()
+    return out.join(d.groupby(["step", "sign"]).against.mean().mul(100).unstack("sign"))
+
+
 def _drop_claim(fractions: pd.DataFrame, cid: str, label: str, what: str = "") -> C.Claim:
     sp = fractions[(fractions.sign == "pos") & (fractions.status == "suppressed")].pivot(
         index="step", columns="run", values="fraction")
-    return C.Claim(cid, label, f"flipping largely disappears under positive-only training{what}", "large drop",
+    return _claim(cid, label, f"flipping largely disappears under positive-only training{what}", "large drop",
                    *S.t_interval(1 - sp["positive_only"] / sp["grpo"]), n=len(sp),
                    unit="relative drop of suppressed share in A>0 rollouts", rule="direction",
                    params=dict(sign=1, ref=0.5), detail=f"suppressed share in A>0 rollouts "
@@ -261,41 +279,50 @@ def claims(R: Result, P: Params) -> list[C.Claim]:
                                                                             values="fraction")
     conf = signed.prob >= 0.9
     rows = [
-        C.Claim("fig01_ab_boosted", "Fig. 1(a,b)", "positive and negative rollouts have similar boosted shares",
+        _claim("fig01_ab_boosted", "Fig. 1(a,b)", "positive and negative rollouts have similar boosted shares",
                 "similar", *S.t_interval(per_step("grpo", "boosted")), n=n_steps, unit="pts (pos − neg)",
                 rule="similar", params=dict(tol=10), detail=f"boosted {share('grpo', 'pos', 'boosted')} vs "
                 f"{share('grpo', 'neg', 'boosted')} (mean ± s.d. over steps)"),
-        C.Claim("fig01_ab_suppressed", "Fig. 1(a,b)", "positive and negative rollouts have similar suppressed shares",
+        _claim("fig01_ab_suppressed", "Fig. 1(a,b)", "positive and negative rollouts have similar suppressed shares",
                 "similar", *S.t_interval(per_step("grpo", "suppressed")), n=n_steps, unit="pts (pos − neg)",
                 rule="similar", params=dict(tol=10), detail=f"suppressed {share('grpo', 'pos', 'suppressed')} vs "
                 f"{share('grpo', 'neg', 'suppressed')}"),
-        C.Claim("fig01_ab_boosted_uncertain", "Fig. 1(a,b), p < 0.9", "similar boosted shares among uncertain tokens",
+        _claim("fig01_ab_boosted_uncertain", "Fig. 1(a,b), p < 0.9", "similar boosted shares among uncertain tokens",
                 "similar", *S.t_interval(per_step("grpo", "boosted", ~conf)), n=n_steps, unit="pts (pos − neg)",
                 rule="similar", params=dict(tol=10), detail=f"{100 * (~conf).mean():.1f}% of tokens have p < 0.9"),
-        C.Claim("fig01_ab_boosted_confident", "Fig. 1(a,b), p ≥ 0.9", "similar boosted shares among confident tokens",
+        _claim("fig01_ab_boosted_confident", "Fig. 1(a,b), p ≥ 0.9", "similar boosted shares among confident tokens",
                 "similar", *S.t_interval(per_step("grpo", "boosted", conf)), n=n_steps, unit="pts (pos − neg)",
                 rule="similar", params=dict(tol=10),
                 detail=f"median |Δ| of confident tokens {g[g.prob >= 0.9].a.median():.1e} (ε = {P.eps:g})"),
-        C.Claim("fig01_c_median", "Fig. 1(c)", "similar |Δlog p| for both signs (median)", "similar",
+        _claim("fig01_c_median", "Fig. 1(c)", "similar |Δlog p| for both signs (median)", "similar",
                 *S.t_interval(np.log10(step_mag["median"]["neg"] / step_mag["median"]["pos"])), n=len(step_mag),
                 unit="log10(neg/pos)", rule="similar", params=dict(tol=0.3),
                 detail=f"median {mag['median'].get('pos', np.nan):.1e} vs {mag['median'].get('neg', np.nan):.1e}"),
-        C.Claim("fig01_c_mean", "Fig. 1(c)", "similar |Δlog p| for both signs (mean)", "similar",
+        _claim("fig01_c_mean", "Fig. 1(c)", "similar |Δlog p| for both signs (mean)", "similar",
                 *S.t_interval(np.log10(step_mag["mean"]["neg"] / step_mag["mean"]["pos"])), n=len(step_mag),
                 unit="log10(neg/pos)", rule="similar", params=dict(tol=0.3),
                 detail=f"mean {mag['mean'].get('pos', np.nan):.1e} vs {mag['mean'].get('neg', np.nan):.1e}"),
-        C.Claim("fig01_d_drop", "Fig. 1(d)", "flipping largely disappears under positive-only training",
+        _claim("fig01_d_drop", "Fig. 1(d)", "flipping largely disappears under positive-only training",
                 "large drop", *S.t_interval(1 - supp["positive_only"] / supp["grpo"]), n=len(supp),
                 unit="relative drop of suppressed share in A>0 rollouts", rule="direction", params=dict(sign=1, ref=0.5),
                 detail=f"suppressed in A>0 rollouts {share('grpo', 'pos', 'suppressed')} → "
                 f"{share('positive_only', 'pos', 'suppressed')}; A<0 rollouts boosted under positive-only "
                 f"{share('positive_only', 'neg', 'boosted')}"),
     ]
+    opp = opposite_share(signed[signed.run == "grpo"])
+    moving = signed[(signed.run == "grpo") & (signed.status != "stable")]
+    rows.append(_claim("fig01_nearly_half_opposite", "§1 (Fig. 1(a,b))",
+                       "nearly half of the tokens move opposite to their rollout's advantage sign", "nearly half",
+                       *S.t_interval(opp["all"]), n=len(opp), unit="% of A ≠ 0 tokens moving against A",
+                       rule="similar", params=dict(target=45, tol=5),
+                       detail=f"suppressed in A>0 rollouts {opp['pos'].mean():.1f}%, boosted in A<0 rollouts "
+                       f"{opp['neg'].mean():.1f}% (means over steps); among tokens that move (|Δ| > ε) "
+                       f"{opposite_share(moving)['all'].mean():.1f}%; 'nearly half' read as 40–50%"))
     if R.control is not None:
         rows.append(control_drop(R))
     for name, d in R.fig9[R.fig9.status == "boosted"].groupby("model", sort=False):
         p = d.pivot(index="step", columns="sign", values="fraction")
-        rows.append(C.Claim(f"fig09_{name}", "Fig. 9", f"{name}: similar boosted shares for both signs", "all models",
+        rows.append(_claim(f"fig09_{name}", "Fig. 9", f"{name}: similar boosted shares for both signs", "all models",
                             *S.t_interval(100 * (p["pos"] - p["neg"])), n=len(p), unit="pts (pos − neg)",
                             rule="similar", params=dict(tol=10)))
     return rows

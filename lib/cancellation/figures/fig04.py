@@ -23,6 +23,7 @@ from tqdm import tqdm
 
 from .. import cache, categories, grpo, measure, policy, rollout
 from .. import claims as C
+from .. import stats as S
 from . import base
 from .base import param
 
@@ -234,6 +235,18 @@ def moved(p: pd.DataFrame, c: str, want: int) -> str:
     return f"{int((np.sign(p[c]) == want).sum())} of {int(p[c].notna().sum())} batches"
 
 
+def mass_log_ratio(mass: pd.DataFrame, category: str) -> pd.Series:
+    """Per batch: log(boosted mass under GRPO / under positive-only) of `category` (batches where
+    either is 0 dropped)."""
+    t = mass[mass.category == category].pivot(index="batch", columns="update", values="boosted_mass")
+    r = np.log(t["grpo"] / t["positive_only"])
+    return r[np.isfinite(r)]
+
+
+def _mean_mass(mass: pd.DataFrame, category: str, update: str) -> float:
+    return float(mass[(mass.category == category) & (mass["update"] == update)].boosted_mass.mean())
+
+
 def claims(R: Result, P: Params) -> list[C.Claim]:
     """Template's share of boosted mass falls and Reasoning's rises under GRPO (paired shift, 95% t
     interval over batches); the same on the fixed-scaffold control, labelled as a control."""
@@ -251,10 +264,23 @@ def claims(R: Result, P: Params) -> list[C.Claim]:
             out.append(C.Claim(f"fig04_{c.lower()}{suffix}", label, f"GRPO {'lowers' if sign < 0 else 'raises'} "
                                f"{c}'s share of boosted mass vs positive-only{what}", "yes", r["mean"], r.lo, r.hi,
                                n=int(r.n), unit="boosted-share shift", rule="direction", params=dict(sign=sign),
-                               detail=detail))
+                               detail=detail, estimator="t over batches (paired)", resampling="batch"))
         return out
 
     rows = claim_rows(R.per, shares=True)
+    for c, sign in (("Template", -1), ("Reasoning", 1)):  # absolute boosted mass, not its share
+        lr_ = mass_log_ratio(R.mass, c)
+        if not len(lr_):
+            continue
+        m, lo, hi = S.t_interval(lr_)
+        rows.append(C.Claim(f"fig04_{c.lower()}_mass_ratio", "Fig. 4 (absolute mass)",
+                            f"GRPO {'weakens' if sign < 0 else 'strengthens'} {c}'s boosted mass vs positive-only",
+                            "greatly weakens" if sign < 0 else "shifts toward", np.exp(m), np.exp(lo), np.exp(hi),
+                            n=len(lr_), unit="boosted mass, GRPO / positive-only (geometric mean)", rule="direction",
+                            params=dict(sign=sign, ref=1.0),
+                            detail=f"t interval of the per-batch log ratio, exponentiated; mean mass per batch "
+                            f"{_mean_mass(R.mass, c, 'positive_only'):.3g} → {_mean_mass(R.mass, c, 'grpo'):.3g}",
+                            estimator="t over batches (paired, log ratio)", resampling="batch"))
     if P.control_model_path:
         rows += claim_rows(R.setting_shifts[R.settings[-1]], "_fixed_scaffold", "Fig. 4, fixed-scaffold control",
                            " (fixed scaffold)")

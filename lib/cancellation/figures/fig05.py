@@ -271,6 +271,11 @@ def _confidence_gaps(v0, P: Params) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+TOK = dict(estimator="percentile bootstrap over tokens", resampling="token")
+PAIRED = dict(estimator="paired percentile bootstrap over tokens (same tokens split at step 1 and step K)",
+              resampling="token")
+
+
 def claims(R: Result, P: Params) -> list[C.Claim]:
     est0 = P.estimators[0]
     rows = []
@@ -282,18 +287,29 @@ def claims(R: Result, P: Params) -> list[C.Claim]:
             rows.append(C.Claim(f"fig05a_{est}_{sign}", f"Fig. 5(a), {est} estimator",
                                 f"boosted tokens have higher value than suppressed ({label})", "yes",
                                 r.gap, r.lo, r.hi, n=int(r.n_boosted + r.n_suppressed), unit="value gap",
-                                rule="direction", params=dict(sign=1),
+                                rule="direction", params=dict(sign=1), **TOK,
                                 detail=f"boosted {cm.get((sign, 'boosted'), np.nan):+.2f}, suppressed "
                                 f"{cm.get((sign, 'suppressed'), np.nan):+.2f}; median SE {R.se.loc[est, '50%']:.2f}"))
     b = R.entropy_gap[(R.entropy_gap.estimator == est0) & (R.entropy_gap.sign == "all")]
     pk = R.peak
     rows.append(C.Claim("fig05b_peak", f"Fig. 5(b), {est0}", "the gap peaks at intermediate entropy", "k ≈ 40%",
                         pk["all"], pk["all_lo"], pk["all_hi"], n=pk["n"], unit="top-% of all tokens at the peak",
-                        rule="similar", params=dict(target=40, tol=15),
+                        rule="similar", params=dict(target=40, tol=15), estimator="percentile bootstrap over "
+                        "tokens (argmax per replicate)", resampling="token",
                         detail=f"peak at k = {pk['k']:.0f}% [{pk['lo']:.0f}, {pk['hi']:.0f}] of the valued pool; "
                         "balanced-draw gaps by k: " + ", ".join(f"{k}%: {x:+.2f}" for k, x in zip(b.k, b.gap))))
+    v0 = R.values[R.values.estimator == est0]
+    d, lo, hi, kp = S.bootstrap_peak_minus_end(v0.delta_hat, v0.sign, v0.status, v0.entropy, P.entropy_k,
+                                           min(P.n_boot, 1000), P.seed)
+    rows.append(C.Claim("fig05b_peak_minus_end", f"Fig. 5(b), {est0}", "the gap rises, then falls (peak − all tokens)",
+                        "falls after ≈ 40%", d, lo, hi, n=len(v0), unit=f"gap(peak k) − gap(k = {max(P.entropy_k)}%)",
+                        rule="direction", params=dict(sign=1), estimator="paired percentile bootstrap over tokens "
+                        "(peak k fixed)", resampling="token",
+                        detail=f"gap(k = {kp:.0f}%) − gap(k = {max(P.entropy_k)}%) of the valued pool, sign-balanced, "
+                        f"on the top-k% highest-entropy tokens; k = {kp:.0f}% is the largest of {len(P.entropy_k)} "
+                        "gaps on these same tokens, so the point is biased up"))
     for _, r in R.strata[(R.strata.by == "category") & (R.strata.sign == "all")].iterrows():  # by token class
-        nb_ = dict(n=int(r.n_boosted + r.n_suppressed), unit="value gap (sign-balanced)",
+        nb_ = dict(n=int(r.n_boosted + r.n_suppressed), unit="value gap (sign-balanced)", **TOK,
                    detail=f"{int(r.n_boosted)} boosted, {int(r.n_suppressed)} suppressed tokens of class {r.level}")
         if r.level == "Template":  # a control: scaffold wording never changes the reward, so no gap is expected
             rows.append(C.Claim(f"fig05a_{est0}_{r.level}", f"Fig. 5(a), {est0}, {r.level} tokens (control)",
@@ -309,7 +325,7 @@ def claims(R: Result, P: Params) -> list[C.Claim]:
                             f"Fig. 5(a), {est0}, {r.confidence}",
                             f"boosted tokens have higher value than suppressed ({label}, {r.confidence})", "yes",
                             r.gap, r.lo, r.hi, n=int(r.n_boosted + r.n_suppressed), unit="value gap",
-                            rule="direction", params=dict(sign=1),
+                            rule="direction", params=dict(sign=1), **TOK,
                             detail=f"{int(r.n_boosted)} boosted, {int(r.n_suppressed)} suppressed tokens in this stratum"))
     last11, unit = R.last, f"gap(step {P.repeat_steps}) − gap(step 1), paired"
     for o, c in R.chosen.items():  # Fig. 11 in the regime where repeated steps change the split
@@ -318,14 +334,21 @@ def claims(R: Result, P: Params) -> list[C.Claim]:
         if c is None:
             rows.append(C.Claim(f"fig11_{o}", f"Fig. 11 ({o}, {est0}, non-linear regime)",
                                 "repeated updates widen the gap", "yes", np.nan, np.nan, np.nan, n=len(R.pool11),
-                                unit=unit, rule="direction", params=dict(sign=1),
+                                unit=unit, rule="direction", params=dict(sign=1), **PAIRED,
                                 detail=f"no lr reached {P.nonlinear_share:.0%} changed statuses: {others}"))
             continue
         x = last11.loc[(o, c)]
         first = R.repeated[(R.repeated.optimizer == o) & (R.repeated.lr == c)].gap.iloc[0]
         rows.append(C.Claim(f"fig11_{o}", f"Fig. 11 ({o} lr {c:g}, {est0}, non-linear regime)",
                             "repeated updates widen the gap", "yes", x.change, x.change_lo, x.change_hi,
-                            n=len(R.pool11), unit=unit, rule="direction", params=dict(sign=1),
+                            n=len(R.pool11), unit=unit, rule="direction", params=dict(sign=1), **PAIRED,
                             detail=f"{100 * x.changed_status:.0f}% of statuses changed; gap {first:+.2f} → "
                             f"{x.gap:+.2f}; grid: {others}"))
+    for (o, lr_), r in R.repeated[R.repeated.step == 1].set_index(["optimizer", "lr"]).iterrows():  # every run
+        rows.append(C.Claim(f"fig11_step1_{o}_lr{lr_:g}", f"Fig. 11 / 5(a) ({o} lr {lr_:g}, {est0}, step 1)",
+                            "boosted tokens have higher value than suppressed after one step", "yes", r.gap, r.lo,
+                            r.hi, n=len(R.pool11), unit="value gap (sign-balanced), step 1", rule="direction",
+                            params=dict(sign=1), **TOK,
+                            detail=f"{int(r.n_boosted)} boosted, {int(r.n_suppressed)} suppressed of the Fig. 11 pool"
+                            + ("; the lr the Fig. 11 row reads" if R.chosen.get(o) == lr_ else "")))
     return rows

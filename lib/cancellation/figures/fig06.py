@@ -228,37 +228,83 @@ def _compute(P: Params, source) -> Result:
                  f"{np.mean(sw.status == 'stable'):.3f}")
 
     # the gap per setting for all valued tokens and the top-f% by |Δ̂|, and its trends
-    v = valued.delta_hat.to_numpy()
-    subsets = {"all": np.ones(len(valued), bool)}
-    for f in P.top_fracs:
-        subsets[f"top{f}"] = np.abs(v) >= np.quantile(np.abs(v), 1 - f / 100)
+    subsets = token_subsets(valued, P.top_fracs)
     gaps, reps = budget.gap_table(sw, valued, subsets, P.n_boot, P.seed)
     trends = budget.trend_table(sw, valued, gaps, reps, subsets, P.M)
     return Result("\n".join(lines), valued, sw, gaps, trends, list(subsets), len(comp_gs),
                   dict(values=t_values, sweep=t_sweep, total=time.perf_counter() - t_start))
 
 
+def token_subsets(valued: pd.DataFrame, top_fracs) -> dict:
+    """'all', then 'top<f>': the valued tokens whose |Δ̂| is in the top f% (a bool mask each)."""
+    v = valued.delta_hat.to_numpy()
+    subsets = {"all": np.ones(len(valued), bool)}
+    for f in top_fracs:
+        subsets[f"top{f}"] = np.abs(v) >= np.quantile(np.abs(v), 1 - f / 100)
+    return subsets
+
+
+def top_minus_all(R: Result, P: Params, panel: str, sub: str = "top25") -> tuple[float, float, float]:
+    """d(sub) − d(all) of an (a)/(b) panel (d = gap(largest) − gap(smallest budget)), with the paired
+    percentile interval from the same seed resamples every gap of the panel uses (budget.gap_table)."""
+    sw = R.sweep[R.sweep.panel == panel]
+    gaps, reps = budget.gap_table(sw, R.valued, token_subsets(R.valued, P.top_fracs), P.n_boot, P.seed)
+    xs = sorted(gaps.x.unique())
+    g = gaps[gaps.scope == "valued"].set_index(["subset", "x"]).gap
+    d = (g[(sub, xs[-1])] - g[(sub, xs[0])]) - (g[("all", xs[-1])] - g[("all", xs[0])])
+    r = (reps[(panel, xs[-1], sub)] - reps[(panel, xs[0], sub)]) - (reps[(panel, xs[-1], "all")] - reps[(panel, xs[0], "all")])
+    return float(d), *budget.interval(r)
+
+
+SEEDS = dict(estimator="percentile bootstrap over seeds (paired across settings)", resampling="seed")
+
+
 def claims(R: Result, P: Params) -> list[C.Claim]:
+    """Intervals resample the seeds (nested sub-batches; every setting of a panel on the same
+    resamples); n is the number of seeds, the valued tokens are in the detail."""
     trends, gaps = R.trends, R.gaps
     rows = []
+
+    def n_tok(panel, subset, scope="valued"):
+        return int(gaps[(gaps.panel == panel) & (gaps.subset == subset) & (gaps.scope == scope)].n_tokens.max())
+
     for panel, (fig, what) in PANELS.items():
         for _, t in trends[(trends.panel == panel) & trends.subset.isin(["all", "top25"])].iterrows():
             stmt = (f"the gap grows with {what}" if panel != "composition"
                     else "the gap is smallest for sparse / saturated groups (middle − ends > 0)")
             extra = f"; |d| = 2 SE needs {t.need_seeds:g} seeds" if np.isfinite(t.se) else ""
-            n_tok = int(gaps[(gaps.panel == panel) & (gaps.subset == t.subset) & (gaps.scope == "valued")].n_tokens.max())
             rows.append(C.Claim(f"{'fig07b' if panel == 'composition' else 'fig06_' + panel}_{t.subset}",
-                                f"{fig}, {t.subset}", stmt, "yes", t.d, t.d_lo, t.d_hi, n=n_tok,
+                                f"{fig}, {t.subset}", stmt, "yes", t.d, t.d_lo, t.d_hi, n=int(t.n_seeds),
                                 unit=f"gap({t.to}) − gap({t.frm}), tokens inside every update", rule="direction",
-                                params=dict(sign=1), detail=f"{t.n_seeds} seeds{extra}"))
+                                params=dict(sign=1), **SEEDS,
+                                detail=f"{n_tok(panel, t.subset)} valued tokens{extra}"
+                                + (f"; {R.n_comp_groups} query groups, not resampled" if panel == "composition" else "")))
+        if panel != "composition":
+            w = trends[(trends.panel == panel) & (trends.subset == "within_sign")]
+            if len(w):
+                t = w.iloc[0]
+                rows.append(C.Claim(f"fig06_{panel}_within_sign", f"{fig}, within sign", f"the gap grows with {what} "
+                                    "(mean of the gaps inside positive and inside negative rollouts)", "yes", t.d,
+                                    t.d_lo, t.d_hi, n=int(t.n_seeds),
+                                    unit=f"gap({t.to}) − gap({t.frm}), within-sign", rule="direction",
+                                    params=dict(sign=1), **SEEDS,
+                                    detail=f"{n_tok(panel, 'all', 'within_sign')} valued tokens; free of 'tokens of "
+                                    "positive rollouts have higher Δ̂'"))
+            if "top25" in R.subsets:
+                rows.append(C.Claim(f"fig06_{panel}_top25_vs_all", f"{fig}, top25 − all",
+                                    "the growth is most pronounced for the top-25% highest-value tokens", "yes",
+                                    *top_minus_all(R, P, panel), n=int(trends[trends.panel == panel].n_seeds.iloc[0]),
+                                    unit="d(top25) − d(all)", rule="direction", params=dict(sign=1), **SEEDS,
+                                    detail=f"d(top25) {trends[(trends.panel == panel) & (trends.subset == 'top25')].d.iloc[0]:+.3f}, "
+                                    f"d(all) {trends[(trends.panel == panel) & (trends.subset == 'all')].d.iloc[0]:+.3f}"))
         if panel == "composition":  # the paper's statement names both ends: each end against the middle on its own
             for _, t in trends[(trends.panel == panel) & trends.subset.isin(["all", "top25"])].iterrows():
-                n_tok = int(gaps[(gaps.panel == panel) & (gaps.subset == t.subset)
-                                 & (gaps.scope == "valued")].n_tokens.max())
                 for end, k in (("sparse", 1), ("saturated", P.G_comp - 1)):
                     rows.append(C.Claim(f"fig07b_{end}_{t.subset}", f"{fig}, {t.subset}",
                                         f"the gap is smaller when reward is {end} (middle − k = {k})", "yes",
-                                        t[f"d_{end}"], t[f"d_{end}_lo"], t[f"d_{end}_hi"], n=n_tok,
+                                        t[f"d_{end}"], t[f"d_{end}_lo"], t[f"d_{end}_hi"], n=int(t.n_seeds),
                                         unit=f"gap(middle) − gap(k = {k}), tokens inside every update",
-                                        rule="direction", params=dict(sign=1), detail=f"{t.n_seeds} seeds"))
+                                        rule="direction", params=dict(sign=1), **SEEDS,
+                                        detail=f"{n_tok(panel, t.subset)} valued tokens; {R.n_comp_groups} query "
+                                        "groups, not resampled"))
     return rows

@@ -26,7 +26,8 @@ from .. import stats as ST
 from . import base
 from .base import param
 
-STRATEGY_NAMES = ["random", "QB", "RB", "QB+RB", "sign_partitioned"]   # train.STRATEGIES
+STRATEGY_NAMES = ["random", "QB", "RB", "QB+RB", "sign_partitioned"]   # the default rows of Table 2
+STRATEGY_CHOICES = STRATEGY_NAMES + ["random+filter"]                   # train.STRATEGIES
 DTYPES = ["float64", "float32", "bfloat16", "float16"]
 
 
@@ -38,6 +39,8 @@ class Params(base.FigureParams):
          "workers > 1 parallelises the small trainer on the CPU only (set workers: 1 for engine trl or a GPU)"),
         ("run_rounds == 0 or run_rounds >= iterations",
          "run_rounds (a whole run's RB sampling budget) must be 0 or at least iterations"),
+        ("'random+filter' not in trl_strategies and (engine == 'small' or 'random+filter' not in strategies + "
+         "probe_strategies)", "random+filter runs on the small trainer only (not wired into TRL)"),
     )
     model_path: str = param("data/policies/tiny-m", "the policy every run starts from", path="model")
     dtype: str = param("float32", "training precision (Adam steps are large; float32 suffices)", choices=DTYPES)
@@ -49,7 +52,7 @@ class Params(base.FigureParams):
     workers: int = param(1, "small engine: training runs computed in parallel processes (each with threads), "
                          "same numbers", min=1)
     strategies: list = param(list(STRATEGY_NAMES), "Table 2 rows (train.STRATEGIES)",
-                             choices=STRATEGY_NAMES, nonempty=True, distinct=True)
+                             choices=STRATEGY_CHOICES, nonempty=True, distinct=True)
     seeds: list = param([0, 1, 2], "training seeds per strategy (prompts, sampling, plans)",
                         min=0, nonempty=True, distinct=True)
     iterations: int = param(16, "update phases per run", min=1)
@@ -60,7 +63,7 @@ class Params(base.FigureParams):
     probe_lrs: list = param([1e-3], "larger learning rates of the stability sweep, each a separate set of runs",
                             gt=0, distinct=True)
     probe_strategies: list = param(["random", "QB+RB"], "strategies rerun at each of probe_lrs ([] skips the sweep)",
-                                   choices=STRATEGY_NAMES, distinct=True)
+                                   choices=STRATEGY_CHOICES, distinct=True)
     probe_seeds: list = param([0], "seeds of the stability sweep", min=0, distinct=True)
     tau: float = param(0.4, "RB: min(N+, N-) at least tau times the batch size", min=0, max=0.5)
     max_rounds: int = param(4, "RB: sampling rounds per iteration before it skips the update", min=1)
@@ -87,7 +90,7 @@ class Params(base.FigureParams):
     token_chunk: int = base.token_chunk()
     gradient_checkpointing: bool = param(False, "recompute activations in the backward (large models)")
     trl_strategies: list = param(["random", "QB+RB"], "strategies also trained on TRL (engine.train_trl) as a "
-                                 "cross-check ([] skips)", choices=STRATEGY_NAMES, distinct=True)
+                                 "cross-check ([] skips)", choices=STRATEGY_CHOICES, distinct=True)
     trl_seeds: list = param([0], "seeds of the TRL runs", min=0, distinct=True)
 
 
@@ -352,6 +355,34 @@ def cross_check(R: Result, P: Params) -> str:
 
 
 # ----------------------------------------------------------------------------- claims
+PAIRED_T = dict(estimator="paired t over seeds", resampling="seed")
+CP = dict(estimator="Clopper–Pearson", resampling="run")
+
+
+def nonzero_share(iters: pd.DataFrame) -> pd.Series:
+    """Per strategy: the share of the rollouts of its updates that carry A ≠ 0 (n_pos + n_neg over the
+    rollouts of every iteration that updated); zero-variance groups carry A = 0."""
+    u = iters[iters.updated.astype(bool)]
+    return (u.n_pos + u.n_neg).groupby(u.strategy).sum() / u.n_rollouts.groupby(u.strategy).sum()
+
+
+def caveats(R: Result, P: Params, name: str) -> str:
+    """What a Table 2 row's number also rests on, beside it: the rollouts it sampled against the
+    baseline's, the share of its update rows with A ≠ 0, its own and the baseline's collapsed runs, and
+    the paired difference without the seeds where the baseline collapsed."""
+    fa, thr = R.final_avg, 0.5 * R.start / 100
+    t2 = R.table2.set_index("strategy")
+    nz = nonzero_share(R.iters)
+    out = [f"{t2.rollouts_sampled[name] / t2.rollouts_sampled['random']:.1f}× the baseline's rollouts",
+           f"A ≠ 0 on {100 * nz.get(name, np.nan):.0f}% of update rows vs {100 * nz.get('random', np.nan):.0f}%",
+           f"collapsed {int((fa[name] < thr).sum())}/{len(fa)} (baseline {int((fa['random'] < thr).sum())}/{len(fa)})"]
+    keep = fa["random"] >= thr
+    if (~keep).any() and keep.sum() >= 2:
+        m, lo, hi = ST.t_interval(100 * (fa[name] - fa["random"])[keep])
+        out.append(f"without the seeds where the baseline collapsed: {m:+.1f} [{lo:+.1f}, {hi:+.1f}] (n = {int(keep.sum())})")
+    return "; ".join(out)
+
+
 def claims(R: Result, P: Params) -> list[C.Claim]:
     rows, fa, start, sweep = [], R.final_avg, R.start, R.sweep
     T2 = f"Table 2 ({len(P.seeds)} seeds x {P.iterations} iterations)"  # the run size, in the claim's figure column
@@ -361,27 +392,68 @@ def claims(R: Result, P: Params) -> list[C.Claim]:
         if name in fa and "random" in fa:
             d = 100 * (fa[name] - fa["random"])
             rows.append(C.Claim(f"table2_{name}", T2, stmt, "yes", *ST.t_interval(d), n=len(d),
-                                unit="pts vs random (paired)", rule="direction", params=dict(sign=sign),
+                                unit="pts vs random (paired)", rule="direction", params=dict(sign=sign), **PAIRED_T,
                                 detail=f"final average {100 * fa[name].mean():.1f}% vs random "
-                                f"{100 * fa['random'].mean():.1f}%"))
+                                f"{100 * fa['random'].mean():.1f}%; " + caveats(R, P, name)))
     if "random" in fa:
         k = int((fa["random"] < 0.5 * start / 100).sum())
         r, lo, hi, n = ST.proportion(fa["random"] < 0.5 * start / 100)
+        others = ", ".join(f"{s} {int((fa[s] < 0.5 * start / 100).sum())}/{len(fa)}" for s in fa if s != "random")
         rows.append(C.Claim("table2_baseline_collapse", T2, "the baseline is unstable (collapses)", "yes",
                             r, lo, hi, n=n, unit="share of baseline runs collapsed", rule="direction",
-                            params=dict(sign=1), detail=f"{k}/{n} collapsed at lr {P.lr:g} (Clopper–Pearson)"))
+                            params=dict(sign=1), **CP, detail=f"{k}/{n} collapsed at lr {P.lr:g} (final average below "
+                            f"half the start); rests on {k} run(s); the other strategies: {others}"))
     for r_ in (P.probe_lrs if len(sweep) else []):
         at = sweep[sweep.lr == r_].pivot(index="seed", columns="strategy", values="final")
+        col = sweep[sweep.lr == r_].pivot(index="seed", columns="strategy", values="collapsed")
         if "random" in at:
             k = int(sweep[(sweep.lr == r_) & (sweep.strategy == "random")].collapsed.sum())
             pr, lo, hi, n = ST.proportion(sweep[(sweep.lr == r_) & (sweep.strategy == "random")].collapsed)
             rows.append(C.Claim(f"table2_baseline_collapse_lr{r_:g}", T2_SWEEP, f"the baseline collapses at lr {r_:g}",
                                 "yes", pr, lo, hi, n=n, unit="share of baseline runs collapsed", rule="direction",
-                                params=dict(sign=1), detail=f"{k}/{n} collapsed (Clopper–Pearson)"))
+                                params=dict(sign=1), **CP, detail=f"{k}/{n} collapsed"))
         if "random" in at and "QB+RB" in at:
             d = 100 * (at["QB+RB"] - at["random"])
             rows.append(C.Claim(f"table2_QB+RB_lr{r_:g}", T2_SWEEP, f"QB+RB beats the baseline at lr {r_:g}", "yes",
                                 *ST.t_interval(d), n=len(d), unit="pts vs random (paired)", rule="direction",
-                                params=dict(sign=1), detail=f"final average {100 * at['QB+RB'].mean():.1f}% vs random "
-                                f"{100 * at['random'].mean():.1f}%"))
+                                params=dict(sign=1), **PAIRED_T,
+                                detail=f"final average {100 * at['QB+RB'].mean():.1f}% vs random "
+                                f"{100 * at['random'].mean():.1f}%; QB+RB collapsed {int(col['QB+RB'].sum())}/{len(col)} "
+                                f"too (a win over a collapsed baseline, not stability)"))
     return rows
+
+
+def result_from_tables(results_dir, P: Params) -> Result:
+    """The part of a Result that `claims` reads, rebuilt from the tables `Result.write` committed
+    (final accuracies, the start, iterations, Table 2 and the lr sweep): a registry's notebook-07 rows
+    are re-derived without retraining (`python -m cancellation.figures.fig07 PROFILE`)."""
+    d = Path(results_dir)
+    curves = pd.read_parquet(d / "fig08_training_curves.parquet")
+    iters = pd.read_parquet(d / "fig08_iterations.parquet")
+    table2 = pd.read_csv(d / "table2_batching.csv")
+    sweep = pd.read_csv(d / "table2_lr_sweep.csv") if (d / "table2_lr_sweep.csv").exists() else pd.DataFrame()
+    final = curves[curves.iteration == P.iterations]
+    fa = final[final.set == "average"].pivot(index="seed", columns="strategy", values="accuracy")
+    start = 100 * curves[(curves.iteration == 0) & (curves.set == "average")].accuracy.mean()
+    none = None
+    return Result("", "", [], [], pd.DataFrame(), iters, pd.DataFrame(), curves, pd.DataFrame(), pd.DataFrame(),
+                  table2, pd.DataFrame(), start, fa, none, sweep, none, pd.DataFrame(), pd.Series(dtype=float),
+                  none, none, none, none)
+
+
+def main(argv=None):
+    """Re-record notebook 07's claims of a profile from its committed tables (no training)."""
+    import argparse
+
+    from .. import run
+    ap = argparse.ArgumentParser(prog="python -m cancellation.figures.fig07")
+    ap.add_argument("profile", help="tiny or tiny-table2")
+    a = ap.parse_args(argv)
+    params = run.resolve_params(run.find_notebook("07"), a.profile)
+    P = Params(**{k: v for k, v in params.items() if k in Params.defaults()})
+    results_dir = run.ROOT / params["results_dir"]
+    C.record(results_dir, "07", claims(result_from_tables(results_dir, P), P))
+
+
+if __name__ == "__main__":
+    main()

@@ -154,6 +154,10 @@ def _frequency_matched(tokens: pd.DataFrame, P: Params):
     return summary, freq, per_step
 
 
+TS = dict(estimator="t over steps", resampling="step")
+CLUSTER = dict(estimator="cluster bootstrap over positive rollouts (the clusters of j)", resampling="rollout")
+
+
 def claims(R: Result, P: Params) -> list[C.Claim]:
     """Intervals over training steps are Student-t intervals of the per-step gaps (as in notebook
     01), the kernel intervals a bootstrap over positive rollouts."""
@@ -164,28 +168,36 @@ def claims(R: Result, P: Params) -> list[C.Claim]:
         rows.append(C.Claim(
             f"fig12_matched_{status}", "Fig. 12(a), frequency-matched", f"similar {status} shares for both signs "
             "after matching token-id counts per step", "similar (control)", r.gap, r.lo, r.hi, n=r.n_steps,
-            unit="pts (pos − neg)", rule="similar", params=dict(tol=10),
+            unit="pts (pos − neg)", rule="similar", params=dict(tol=10), **TS,
             detail=f"{status} {100 * r.pos_share:.1f}% vs {100 * r.neg_share:.1f}% on {r.n_tokens} matched tokens; "
                    f"unmatched gap {r0.gap:+.1f} pts"))
         r = fr("all tokens", "all", status, "within-id gap")
         rows.append(C.Claim(
             f"fig12_within_id_{status}", "Fig. 12(a), token-id fixed effects", f"similar {status} shares for both "
             "signs within a token id", "similar (control)", r.gap, r.lo, r.hi, n=r.n_steps,
-            unit="pts (pos − neg), mean over ids", rule="similar", params=dict(tol=10),
+            unit="pts (pos − neg), mean over ids", rule="similar", params=dict(tol=10), **TS,
             detail="per (step, id) with both signs present; unweighted mean over ids"))
+    for stratum in controls.CONF_BINS:  # within a token id and a confidence bin
+        r = fr("all tokens", stratum, "boosted", "within-id gap")
+        rows.append(C.Claim(
+            f"fig12_within_id_boosted_{'uncertain' if stratum == controls.CONF_BINS[0] else 'confident'}",
+            f"Fig. 12(a), token-id fixed effects, {stratum}", f"similar boosted shares for both signs within a token "
+            f"id, {stratum}", "similar (control)", r.gap, r.lo, r.hi, n=r.n_steps, unit="pts (pos − neg), mean over ids",
+            rule="similar", params=dict(tol=10), **TS,
+            detail=f"{r.n_tokens} tokens; per (step, id) with both signs present in the bin; unweighted mean over ids"))
     for stratum in controls.CONF_BINS:
         r = fr("frequency-matched", stratum, "boosted", "share gap")
         rows.append(C.Claim(
             f"fig12_matched_boosted_{'uncertain' if stratum == controls.CONF_BINS[0] else 'confident'}",
             f"Fig. 12(a), matched, {stratum}", f"similar boosted shares after matching, {stratum}", "similar (control)",
-            r.gap, r.lo, r.hi, n=r.n_steps, unit="pts (pos − neg)", rule="similar", params=dict(tol=10),
+            r.gap, r.lo, r.hi, n=r.n_steps, unit="pts (pos − neg)", rule="similar", params=dict(tol=10), **TS,
             detail=f"{r.n_tokens} matched tokens"))
     m, lo, hi, n = R.pooled["same"]
     md = R.pooled["different"]
     rows.append(C.Claim(
         "fig12_same_token_K", "Fig. 12(b), LM-head", "same-token cross-sign LM-head inner products are positive",
         "> 0 (hypothesis)", m, lo, hi, n=n, unit="mean K_jk over all same-token (A>0, A<0) pairs", rule="direction",
-        params=dict(sign=1), detail=f"different-token pairs: mean K {md[0]:.3g} [{md[1]:.3g}, {md[2]:.3g}] over "
+        params=dict(sign=1), **CLUSTER, detail=f"different-token pairs: mean K {md[0]:.3g} [{md[1]:.3g}, {md[2]:.3g}] over "
         f"{md[3]} pairs; bootstrap over {R.mixed_groups} mixed groups' positive rollouts"))
     tag = {"p<0.9": "u", "p>=0.9": "c"}
     for bj in controls.CONF_BINS:
@@ -194,14 +206,14 @@ def claims(R: Result, P: Params) -> list[C.Claim]:
             rows.append(C.Claim(
                 f"fig12_same_token_K_{tag[bj]}{tag[bk]}", f"Fig. 12(b), {bj} × {bk}",
                 f"same-token cross-sign K_jk > 0 (j {bj}, k {bk})", "> 0 (hypothesis)", r.mean_K, r.mean_K_lo,
-                r.mean_K_hi, n=r.n_pairs, unit="mean K_jk", rule="direction", params=dict(sign=1),
+                r.mean_K_hi, n=r.n_pairs, unit="mean K_jk", rule="direction", params=dict(sign=1), **CLUSTER,
                 detail=f"share K > 0 {100 * r.share_positive:.1f}%, mean |K| {r.mean_abs_K:.3g}"))
     fs = R.pairs[R.pairs.pair == "same"].full_inner
     fm = S.bootstrap_mean(fs, P.n_boot, P.seed) if len(fs) else (np.nan, np.nan, np.nan)
     rows.append(C.Claim(
         "fig12_same_token_full", "Fig. 12(c), full parameters", "same-token cross-sign full-parameter inner products "
         "are positive", "> 0 (hypothesis)", *fm, n=len(fs), unit="mean ⟨∇log p_j, ∇log p_k⟩ (sampled pairs)",
-        rule="direction", params=dict(sign=1),
+        rule="direction", params=dict(sign=1), estimator="percentile bootstrap over sampled pairs", resampling="pair",
         detail=f"share > 0 {100 * (fs > 0).mean():.1f}%; corr with LM-head K {R.corr:.2f} over {len(R.pairs)} pairs "
                f"(pairs share tokens: the interval is optimistic)"))
     return rows

@@ -1,0 +1,273 @@
+"""The registry's rows against independent computations over the committed tables: brute-force
+loops over the rows of a table and closed forms (Student-t, Clopper–Pearson), never the code path
+the notebooks use. A bootstrap interval is checked against a normal approximation (loosely); its
+point exactly. Also: every committed row states its estimator and its resampling unit, and the
+"holds by construction" verdict kind."""
+import json
+import math
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats
+
+from cancellation import claims as C
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ROOT / "data" / "results" / "tiny"
+REGISTRIES = [ROOT / p for p, _ in C.README_REGISTRIES if (ROOT / p).exists()]
+
+
+def registry(path=TINY / "claims.parquet") -> pd.DataFrame:
+    return pd.read_parquet(path).set_index("claim")
+
+
+def t_ci(x):
+    x = np.asarray(x, float)
+    m, se = x.mean(), x.std(ddof=1) / math.sqrt(len(x))
+    h = stats.t.ppf(0.975, len(x) - 1) * se
+    return m, m - h, m + h
+
+
+def close(a, b, rel=1e-9, abs_=1e-9):
+    return math.isclose(a, b, rel_tol=rel, abs_tol=abs_)
+
+
+def near_normal(row, point, se, slack=0.35):
+    """A percentile-bootstrap row: the point exactly, each end within `slack` of the normal half-width."""
+    assert close(row.measured, point), (row.name, row.measured, point)
+    h = 1.96 * se
+    assert abs((row.measured - row.lo) - h) <= slack * h + 1e-12, (row.name, row.lo, point - h)
+    assert abs((row.hi - row.measured) - h) <= slack * h + 1e-12, (row.name, row.hi, point + h)
+
+
+# ----------------------------------------------------------------------------- every row says how it was estimated
+@pytest.mark.parametrize("path", REGISTRIES, ids=lambda p: p.parent.name)
+def test_every_committed_row_states_its_estimator_and_resampling_unit(path):
+    reg = pd.read_parquet(path)
+    for _, r in reg.iterrows():
+        assert isinstance(r.estimator, str) and r.estimator.strip(), r.claim
+        assert r.resampling in C.UNITS, (r.claim, r.resampling)
+        if r.resampling == "none":
+            assert math.isnan(r.lo) and math.isnan(r.hi), r.claim  # a point has no interval
+    assert C.BY_CONSTRUCTION in C.VERDICTS
+
+
+def test_a_claim_without_estimator_or_unit_is_refused():
+    with pytest.raises(ValueError, match="estimator"):
+        C.Claim("x", "F", "s", "p", 1.0, 0.5, 1.5, n=3)
+    with pytest.raises(ValueError, match="resampling unit"):
+        C.Claim("x", "F", "s", "p", 1.0, 0.5, 1.5, n=3, estimator="t over steps", resampling="minute")
+
+
+@pytest.mark.parametrize("m, lo, hi, want", [
+    (0.5, 0.4, 0.6, C.BY_CONSTRUCTION),     # what direction() would call reproduced
+    (0.0, -0.1, 0.1, C.INCONCLUSIVE),
+    (-0.5, -0.6, -0.4, C.NOT_REPRODUCED),   # a construction that fails shows
+])
+def test_construction_rule_never_says_reproduced(m, lo, hi, want):
+    c = C.Claim("x", "F", "s", "p", m, lo, hi, n=3, rule="construction", params=dict(why="built in"),
+                estimator="t over steps", resampling="step")
+    assert c.verdict == want and C.construction(m, lo, hi, why="w") == want
+    assert "holds by construction" in C.rule_text("construction", dict(why="w"))
+
+
+def test_positive_pool_table1_rows_hold_by_construction_never_reproduced():
+    reg = registry()
+    pos = reg[reg.index.str.startswith("table1_positive_") & (reg.rule == "construction")]
+    assert len(pos) >= 2 and set(pos.verdict) <= {C.BY_CONSTRUCTION, C.INCONCLUSIVE, C.NOT_REPRODUCED}
+    assert not (reg[reg.index.str.startswith("table1_positive")].loc[lambda d: d.rule == "construction"].verdict
+                == C.REPRODUCED).any()
+
+
+# ----------------------------------------------------------------------------- notebook 01 / 08 (token deltas)
+def test_nearly_half_row_is_a_loop_over_the_token_table():
+    tok = pd.read_parquet(TINY / "fig01_token_deltas.parquet")
+    per = defaultdict(lambda: [0, 0])
+    for step, sign, status in zip(tok.step, tok.sign, tok.status):
+        per[step][1] += 1
+        per[step][0] += (sign == "pos" and status == "suppressed") or (sign == "neg" and status == "boosted")
+    m, lo, hi = t_ci([100 * a / n for a, n in (per[s] for s in sorted(per))])
+    r = registry().loc["fig01_nearly_half_opposite"]
+    assert close(r.measured, m) and close(r.lo, lo) and close(r.hi, hi) and r.n == len(per)
+    assert r.estimator == "t over steps" and r.resampling == "step"
+
+
+def test_within_id_uncertain_row_is_a_loop_over_ids():
+    tok = pd.read_parquet(TINY / "fig01_token_deltas.parquet")
+    tok = tok[tok.prob < 0.9]
+    cells = defaultdict(lambda: {"pos": [0, 0], "neg": [0, 0]})
+    for step, tid, sign, status in zip(tok.step, tok.token_id, tok.sign, tok.status):
+        c = cells[(step, tid)][sign]
+        c[0] += status == "boosted"
+        c[1] += 1
+    by_step = defaultdict(list)
+    for (step, _), c in cells.items():
+        if c["pos"][1] and c["neg"][1]:
+            by_step[step].append(100 * (c["pos"][0] / c["pos"][1] - c["neg"][0] / c["neg"][1]))
+    m, lo, hi = t_ci([np.mean(by_step[s]) for s in sorted(by_step)])
+    r = registry().loc["fig12_within_id_boosted_uncertain"]
+    assert close(r.measured, m, 1e-8) and close(r.lo, lo, 1e-8) and close(r.hi, hi, 1e-8)
+    assert r.verdict == C.similar(m, lo, hi, tol=10)
+
+
+# ----------------------------------------------------------------------------- notebook 02 (sampled pairs)
+def test_fig02_generally_positive_is_clopper_pearson_over_pairs():
+    pairs = pd.read_parquet(TINY / "fig02_pairs.parquet")
+    k = n = 0
+    for kind, h in zip(pairs.pair, pairs.hdot):
+        if kind == "different":
+            n += 1
+            k += h > 0
+    r = registry().loc["fig02_a_generally_positive"]
+    assert close(r.measured, k / n) and r.n == n
+    assert close(r.lo, stats.beta.ppf(0.025, k, n - k + 1)) and close(r.hi, stats.beta.ppf(0.975, k + 1, n - k))
+
+
+def test_fig02b_phi_row_point_and_interval():
+    pairs = pd.read_parquet(TINY / "fig02_pairs.parquet")
+    big = {"same": [], "different": []}
+    for kind, phi in zip(pairs.pair, pairs.phi):
+        big[kind].append(abs(phi) > 1e-2)
+    a, b = np.mean(big["same"]), np.mean(big["different"])
+    se = math.sqrt(a * (1 - a) / len(big["same"]) + b * (1 - b) / len(big["different"]))
+    near_normal(registry().loc["fig02_b_phi_same_token"], a - b, se)
+
+
+# ----------------------------------------------------------------------------- notebook 03 (per-candidate δ)
+def test_table1_paired_rows_are_loops_over_candidates():
+    e = pd.read_parquet(TINY / "fig03_masking_effects.parquet")
+    reg = registry()
+    d = defaultdict(dict)
+    for pool, kind, scope, cand, delta in zip(e.pool, e.kind, e.scope, e.cand, e.delta):
+        d[(pool, scope, cand)][kind] = delta > 0
+    checked = 0
+    for cid, r in reg[reg.index.str.startswith("table1_") & reg.index.str.contains("_vs_")].iterrows():
+        pool, scope = cid.split("_")[1], "lm_head" if "_lm_head_" in cid else "full"
+        a, b = cid.split("_vs_")[0].rsplit("_", 1)[1], cid.split("_vs_")[1]
+        x = [float(v[a]) - float(v[b]) for (p, s, _), v in d.items() if p == pool and s == scope]
+        m, sd = np.mean(x), np.std(x, ddof=1)
+        assert r.n == len(x)
+        if sd == 0:
+            assert r.measured == m and r.lo == m and r.hi == m
+        else:
+            near_normal(r, m, sd / math.sqrt(len(x)), slack=0.5)
+        checked += 1
+    assert checked >= 8
+
+
+def test_table1_random_rate_is_clopper_pearson():
+    e = pd.read_parquet(TINY / "fig03_masking_effects.parquet")
+    for scope in ("lm_head", "full"):
+        k = n = 0
+        for pool, kind, s, delta in zip(e.pool, e.kind, e.scope, e.delta):
+            if pool == "nonzero" and kind == "random" and s == scope:
+                n += 1
+                k += delta > 0
+        r = registry().loc[f"table1_nonzero_{scope}_random_rate"]
+        assert close(r.measured, k / n) and close(r.lo, stats.beta.ppf(0.025, k, n - k + 1))
+        assert close(r.hi, stats.beta.ppf(0.975, k + 1, n - k))
+
+
+# ----------------------------------------------------------------------------- notebook 04 (mass per batch)
+@pytest.mark.parametrize("cat", ["Template", "Reasoning"])
+def test_fig04_mass_ratio_is_a_t_interval_of_log_ratios(cat):
+    mass = pd.read_parquet(TINY / "fig04_category_mass_per_batch.parquet")
+    by = defaultdict(dict)
+    for u, b, c, m in zip(mass["update"], mass.batch, mass.category, mass.boosted_mass):
+        if c == cat:
+            by[b][u] = m
+    logs = [math.log(v["grpo"] / v["positive_only"]) for v in by.values() if v["grpo"] > 0 and v["positive_only"] > 0]
+    m, lo, hi = (math.exp(x) for x in t_ci(logs))
+    r = registry().loc[f"fig04_{cat.lower()}_mass_ratio"]
+    assert close(r.measured, m) and close(r.lo, lo) and close(r.hi, hi) and r.n == len(logs)
+
+
+# ----------------------------------------------------------------------------- notebook 05
+def test_fig11_step1_rows_record_every_optimizer_and_lr():
+    rg = pd.read_parquet(TINY / "fig11_repeated_gap.parquet")
+    reg = registry()
+    first = rg[rg.step == 1]
+    assert len(first) >= 4
+    for _, x in first.iterrows():
+        r = reg.loc[f"fig11_step1_{x.optimizer}_lr{x.lr:g}"]
+        assert close(r.measured, x.gap) and close(r.lo, x.lo) and close(r.hi, x.hi)
+        assert r.verdict == C.direction(x.gap, x.lo, x.hi, sign=1)
+
+
+def _balanced_gap_loop(rows):
+    gaps = []
+    for s in ("pos", "neg"):
+        b = [v for v, sg, st in rows if sg == s and st == "boosted"]
+        m = [v for v, sg, st in rows if sg == s and st == "suppressed"]
+        gaps.append(sum(b) / len(b) - sum(m) / len(m))
+    return sum(gaps) / 2
+
+
+def test_fig05b_peak_minus_end_point_is_a_loop():
+    v = pd.read_parquet(TINY / "fig05_token_values.parquet")
+    v = v[v.estimator == "exclude"]
+    ks = [10, 20, 30, 40, 50, 60, 70, 80, 90, 100]
+    ent = v.entropy.to_numpy()
+    g = {}
+    for k in ks:
+        thr = np.quantile(ent, 1 - k / 100)
+        g[k] = _balanced_gap_loop([(d, s, st) for d, s, st, e in zip(v.delta_hat, v.sign, v.status, ent) if e >= thr])
+    kp = max(ks, key=lambda k: g[k])
+    r = registry().loc["fig05b_peak_minus_end"]
+    assert close(r.measured, g[kp] - g[100], 1e-9) and f"k = {kp}%" in r.detail
+    assert r.lo < r.measured < r.hi
+
+
+# ----------------------------------------------------------------------------- notebook 06 (trends table)
+def test_fig06_within_sign_and_top25_rows_match_the_trends_table():
+    tr = pd.read_parquet(TINY / "fig06_trends.parquet")
+    reg = registry()
+    for panel in ("prompts", "rollouts"):
+        w = tr[(tr.panel == panel) & (tr.subset == "within_sign")].iloc[0]
+        r = reg.loc[f"fig06_{panel}_within_sign"]
+        assert close(r.measured, w.d) and close(r.lo, w.d_lo) and close(r.hi, w.d_hi) and r.n == w.n_seeds
+        d = {s: tr[(tr.panel == panel) & (tr.subset == s)].d.iloc[0] for s in ("top25", "all")}
+        r = reg.loc[f"fig06_{panel}_top25_vs_all"]
+        assert close(r.measured, d["top25"] - d["all"]) and r.lo <= r.measured <= r.hi
+    for cid, r in reg[reg.notebook == "06"].iterrows():  # n counts seeds, not tokens
+        assert r.resampling == "seed" and r.n == tr.n_seeds.iloc[0], cid
+
+
+# ----------------------------------------------------------------------------- notebook 07 (Table 2 caveats)
+@pytest.mark.parametrize("profile", [p.parent.name for p in REGISTRIES])
+def test_table2_caveats_are_loops_over_the_committed_tables(profile):
+    d = ROOT / "data" / "results" / profile
+    reg = registry(d / "claims.parquet")
+    it = pd.read_parquet(d / "fig08_iterations.parquet")
+    t2 = pd.read_csv(d / "table2_batching.csv").set_index("strategy")
+    nz, tot = defaultdict(float), defaultdict(float)
+    for s, u, a, b, n in zip(it.strategy, it.updated, it.n_pos, it.n_neg, it.n_rollouts):
+        if u:
+            nz[s] += a + b
+            tot[s] += n
+    curves = pd.read_parquet(d / "fig08_training_curves.parquet")
+    last = curves.iteration.max()
+    fin = {(s, seed): a for s, seed, i, st, a in zip(curves.strategy, curves.seed, curves.iteration, curves.set,
+                                                     curves.accuracy) if i == last and st == "average"}
+    start = 100 * curves[(curves.iteration == 0) & (curves.set == "average")].accuracy.mean()
+    seeds = sorted({seed for _, seed in fin})
+    keep = [s for s in seeds if fin[("random", s)] >= 0.5 * start / 100]
+    for name in ("QB+RB", "QB", "RB", "sign_partitioned"):
+        r = reg.loc[f"table2_{name}"]
+        assert f"{t2.rollouts_sampled[name] / t2.rollouts_sampled['random']:.1f}× the baseline's rollouts" in r.detail
+        assert f"A ≠ 0 on {100 * nz[name] / tot[name]:.0f}% of update rows vs {100 * nz['random'] / tot['random']:.0f}%" \
+            in r.detail
+        assert r.estimator == "paired t over seeds" and r.resampling == "seed"
+        if len(keep) < len(seeds) and len(keep) >= 2:
+            m, lo, hi = t_ci([100 * (fin[(name, s)] - fin[("random", s)]) for s in keep])
+            assert f"{m:+.1f} [{lo:+.1f}, {hi:+.1f}] (n = {len(keep)})" in r.detail
+    assert reg.loc["table2_baseline_collapse"].estimator == "Clopper–Pearson"
+
+
+def test_params_of_every_committed_row_are_json():
+    for path in REGISTRIES:
+        for p in pd.read_parquet(path).params:
+            json.loads(p)
