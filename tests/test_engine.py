@@ -493,7 +493,9 @@ if dist.is_initialized():
 
 
 def test_two_processes_qb_rb_with_monitor(tmp_path):
-    """Two CPU processes (gloo; torchrun, the launcher `accelerate launch` uses): each samples its own
+    """Two CPU processes under `accelerate launch --multi_gpu --num_processes 2` (its torchrun launcher;
+    on a machine without GPUs the processes join with gloo. `--cpu` would pick accelerate's
+    single-process launcher, which starts one process only without MPI): each samples its own
     shard, the RB release is agreed by both, groups stay intact, both ranks build the same plan,
     and only the main process writes the monitor's parquet."""
     import os
@@ -502,14 +504,15 @@ def test_two_processes_qb_rb_with_monitor(tmp_path):
     import sys
 
     import pandas as pd
-    torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable))
-    if torchrun is None:
-        pytest.skip("no torchrun next to the interpreter")
+    launcher = shutil.which("accelerate", path=os.path.dirname(sys.executable))
+    if launcher is None:
+        pytest.skip("no accelerate launcher next to the interpreter")
     root = Path(__file__).resolve().parents[1]
     (tmp_path / "worker.py").write_text(DDP_WORKER)
     env = dict(os.environ, PYTHONPATH=str(root / "lib") + os.pathsep + os.environ.get("PYTHONPATH", ""),
                OMP_NUM_THREADS="1")
-    run = subprocess.run([torchrun, "--nproc_per_node", "2", str(tmp_path / "worker.py"), str(tmp_path)],
+    run = subprocess.run([launcher, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+                          "--mixed_precision", "no", "--dynamo_backend", "no", str(tmp_path / "worker.py"), str(tmp_path)],
                          capture_output=True, text=True, env=env, cwd=root, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     mb = [pd.read_json(tmp_path / f"minibatches{r}.json") for r in (0, 1)]
