@@ -826,7 +826,8 @@ def _plans(resolved, a) -> dict | None:
         try:
             p = plan.make(nb.stem, params, root=ROOT)
         except Exception as e:  # noqa: BLE001 - a plan that cannot be made must not stop a run
-            print(f"[plan] {nb.stem}: no plan ({type(e).__name__}: {e})", file=sys.stderr)
+            if a.plan or a.dry_run:  # asked for: say why there is none; otherwise a run stays quiet about it
+                print(f"[plan] {nb.stem}: no plan ({type(e).__name__}: {e})", file=sys.stderr)
             continue
         plans[nb.stem] = p
         if a.plan or a.dry_run or (a.profile.startswith("paper") and not a.check):

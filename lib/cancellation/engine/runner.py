@@ -145,6 +145,9 @@ def train_trl(model_path, source: tasks.ProblemSource, strategy: str = "random",
     token_chunk = compute.token_chunk if compute is not None else None
     source.load()
     ds = problem_dataset(source, tokenizer, max(n_prompts * iterations * 2, 64), seed=seed)
+    if len(ds) < n_prompts:  # TRL's dataloader drops the short batch: the run would take no step at all
+        raise ValueError(f"the problems hold {len(ds)} distinct prompts, fewer than n_prompts = {n_prompts} "
+                         "that one TRL sampling round draws: lower n_prompts or use a larger problem file")
     import warnings
     with warnings.catch_warnings():
         if quiet:  # transformers 5 renames gradient_checkpointing -> activation_checkpointing; TRL uses the old name

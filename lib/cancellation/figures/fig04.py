@@ -239,6 +239,7 @@ def mass_log_ratio(mass: pd.DataFrame, category: str) -> pd.Series:
     """Per batch: log(boosted mass under GRPO / under positive-only) of `category` (batches where
     either is 0 dropped)."""
     t = mass[mass.category == category].pivot(index="batch", columns="update", values="boosted_mass")
+    t = t.reindex(columns=list(UPDATES))   # a category with no mass under one update: no ratio (NaN, dropped)
     r = np.log(t["grpo"] / t["positive_only"])
     return r[np.isfinite(r)]
 
