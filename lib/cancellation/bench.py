@@ -345,6 +345,101 @@ def value_continuations(n_prompts: int = 4, G: int = 4, M: int = 16, repeats: in
           f"  speed-up {spread(ratios(slow, fast), fmt='.1f')}x")
 
 
+def _copy_bandwidth(device) -> float:
+    """Bytes per second of a device-to-device copy of 1 GiB (GPU) or 256 MiB (CPU), read plus written."""
+    n = (2 ** 30 if device == "cuda" else 2 ** 28) // 4
+    a = torch.empty(n, dtype=torch.float32, device=device)
+    b = torch.empty_like(a)
+    b.copy_(a)
+    best = float("inf")
+    for _ in range(5):
+        _sync(device)
+        t = time.perf_counter()
+        b.copy_(a)
+        _sync(device)
+        best = min(best, time.perf_counter() - t)
+    return 2 * a.numel() * 4 / best
+
+
+def _sync(device):
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def _timed(fn, device) -> float:
+    _sync(device)
+    t = time.perf_counter()
+    fn()
+    _sync(device)
+    return time.perf_counter() - t
+
+
+@bench
+def sampler(device: str = "auto", shapes: str = "auto", compile: bool = True):
+    """Sampling tokens/s: ours (static KV cache; decode step captured as a CUDA graph on GPU) vs our eager
+    DynamicCache loop vs transformers `generate` (dynamic cache; static cache + torch.compile on GPU) vs
+    the weight-read limit (parameter bytes over the device copy bandwidth measured here). GPU: Qwen3-1.7B's
+    shape, bfloat16, random weights, 64 x 512 and 256 x 256 new tokens. CPU: the stand-in model, float32,
+    16 x 64 (ours runs eagerly there: no graphs on a CPU). No stop ids: every row runs to the cap."""
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
+    if device == "cuda":
+        model = scale.build("qwen3-1.7b", dtype=torch.bfloat16, device="cuda")
+        dims = [(64, 512), (256, 256)]
+        what = "Qwen3-1.7B shape, bfloat16, random weights"
+    else:
+        model, _ = policy.load_policy("data/standins/model")
+        dims, what = [(16, 64)], "stand-in model, float32"
+    if shapes != "auto":
+        dims = [tuple(int(x) for x in s.split("x")) for s in str(shapes).split(",")]
+    model.eval()
+    V = model.config.vocab_size
+    bw = _copy_bandwidth(device)
+    param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    prompt = 64
+    print(f"sampler: {what}, {device}; prompt {prompt} tokens; weight-read limit = rows / (parameter bytes "
+          f"{param_bytes / 1e9:.3g} GB / copy bandwidth {bw / 1e12:.2f} TB/s measured here)")
+    from transformers import GenerationConfig
+    rows_out = []
+    for rows, new in dims:
+        g = torch.Generator(device=device).manual_seed(0)
+        ids = torch.randint(0, V, (rows, prompt), generator=g, device=device)
+        mask = torch.ones_like(ids)
+        ours = lambda n=new: rollout.generate(model, ids, mask, n, 1.0, [-1], 0, generator=g, static=True)  # noqa: E731
+        eager = lambda n=new: rollout.generate(model, ids, mask, n, 1.0, [-1], 0, generator=g, static=False)  # noqa: E731
+        def hf(cache=None, n=new):
+            gc = GenerationConfig(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=n,
+                                  min_new_tokens=n, eos_token_id=None, pad_token_id=0,
+                                  **(dict(cache_implementation=cache) if cache else {}))
+            return model.generate(input_ids=ids, attention_mask=mask, generation_config=gc)
+        ways = {"ours (static cache" + (", CUDA graph)" if device == "cuda" else ", eager)"): ours,
+                "ours, eager DynamicCache (before)": eager, "transformers generate, dynamic cache": hf}
+        if device == "cuda" and compile:
+            def hf_static():
+                return hf("static")
+            ways["transformers generate, static cache + torch.compile"] = hf_static
+        tok = rows * new
+        for name, fn in ways.items():
+            first = _timed(fn, device)                     # captures / compiles on its first call
+            steady = _timed(fn, device)
+            rows_out.append((f"{rows} x {new}", name, tok / steady, first))
+        limit = rows / (param_bytes / bw)
+        rows_out.append((f"{rows} x {new}", "weight-read limit", limit, float("nan")))
+    width = max(len(r[1]) for r in rows_out)
+    print(f"  {'rows x new':<11} {'way':<{width}} {'tokens/s':>10}  first call (s)")
+    for d, name, tps, first in rows_out:
+        f = "" if first != first else f"{first:.1f}"
+        print(f"  {d:<11} {name:<{width}} {tps:>10,.0f}  {f}")
+    for d in dict.fromkeys(r[0] for r in rows_out):
+        r = {n: t for dd, n, t, _ in rows_out if dd == d}
+        o = next(t for n, t in r.items() if n.startswith("ours (static"))
+        print(f"  {d}: ours / eager before {o / r['ours, eager DynamicCache (before)']:.2f}x, ours / transformers "
+              f"dynamic {o / r['transformers generate, dynamic cache']:.2f}x"
+              + (f", ours / static+compile {o / r['transformers generate, static cache + torch.compile']:.2f}x"
+                 if "transformers generate, static cache + torch.compile" in r else "")
+              + f", {100 * o / r['weight-read limit']:.1f}% of the weight-read limit")
+    return rows_out
+
+
 def bench_monitor(model_path="data/policies/tiny-s", steps: int = 4, n_prompts: int = 4, G: int = 4,
                   n_minibatches: int = 2, max_new_tokens: int = 24, repeats: int = 3, quiet: bool = False) -> dict:
     """Training time per optimizer step with the monitor on vs off (same run, same seed; a fresh

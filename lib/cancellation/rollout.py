@@ -193,8 +193,14 @@ def draw_chunked(model, h: torch.Tensor, token_chunk: int, draw) -> torch.Tensor
 
 @torch.no_grad()
 def generate(model, input_ids, attention_mask, max_new_tokens: int, temperature: float, stop, pad_id: int,
-             generator: torch.Generator | None = None, token_chunk: int = 4096) -> torch.Tensor:
+             generator: torch.Generator | None = None, token_chunk: int = 4096,
+             static: bool | None = None) -> torch.Tensor:
     """Batched ancestral sampling with a KV cache; returns (B, T) new tokens, pad after the first stop id.
+
+    On CUDA with bfloat16/float16 weights (`static` None) this is `sampler.generate_static`: a static
+    KV cache and a decode step captured as a CUDA graph, drawing by inverse CDF from uniforms of
+    `generator` (same law, other draws than the eager path). Otherwise (CPU, float32/float64, or
+    `static=False`) it is the eager DynamicCache loop below, which the tiny profile's tables used.
 
     `stop`: one stop id or a list. temperature 0 is greedy decoding. `generator` must live on the
     model's device. Logits are computed for the last position only (prefill included) and for at
@@ -204,7 +210,14 @@ def generate(model, input_ids, attention_mask, max_new_tokens: int, temperature:
     """
     from transformers import DynamicCache
 
+    from . import sampler
     dev = input_ids.device
+    if static is None:
+        static = (dev.type == "cuda" and next(model.parameters()).dtype in (torch.bfloat16, torch.float16)
+                  and sampler.supported(model))
+    if static:
+        return sampler.generate_static(model, input_ids, attention_mask, max_new_tokens, temperature, stop, pad_id,
+                                       generator=generator, token_chunk=token_chunk, capture=dev.type == "cuda")
     stop = torch.as_tensor([stop] if isinstance(stop, int) else list(stop), dtype=torch.long, device=dev)
     B = input_ids.shape[0]
 

@@ -202,9 +202,11 @@ def _model(config, dtype, device, seed):
     return policy.random_model(config, dtype, device, seed)
 
 
-def _time_blocks(model, z: dict, device: str, dtype: str, seed: int) -> dict:
+def _time_blocks(model, z: dict, device: str, dtype: str, seed: int, only=None, sample_dtype: str | None = None) -> dict:
     """Two timing points per block on `model`: block -> [(seconds, parameter-tokens or pair-vocab, calls)]
-    (equal calls, different lengths; sampling: equal decode steps, different rows), plus Adam's update."""
+    (equal calls, different lengths; sampling: equal decode steps, different rows), plus Adam's update.
+    `only`: just these blocks ('sample'); sampling runs on a `sample_dtype` copy (the notebooks'
+    sample_dtype: on CUDA bfloat16, which `rollout.generate` samples with the captured static-cache path)."""
     from . import coupling
     from .compute import Compute
     from .plan import Shape
@@ -219,26 +221,33 @@ def _time_blocks(model, z: dict, device: str, dtype: str, seed: int) -> dict:
     blocks = {"analysis": lambda b: cc.stats(model, b),
               "full_step": lambda b: grpo.grpo_step(model, b, cc.update(optimizer="sgd", lr=0.0, scope="full")),
               "sgd_lm_head": lambda b: grpo.grpo_step(model, b, cc.update(optimizer="sgd", lr=0.0, scope="lm_head"))}
+    if only is not None:
+        blocks = {k: v for k, v in blocks.items() if k in only}
     for fn in blocks.values():  # warm every block and size first: first calls pay one-time costs
         for b in batches:
             fn(b)
     for name, fn in blocks.items():
         out[name] = [(_best(lambda: fn(b), device), z["rows"] * (z["prompt"] + r) * shape.body
                       + z["rows"] * r * shape.head, calls) for b, r in zip(batches, z["responses"])]
-    opt = torch.optim.Adam(model.parameters(), lr=0.0)  # touches every parameter and both moments per step
-    for p in model.parameters():
-        p.grad = torch.zeros_like(p)
-    out["adam_update"] = _best(opt.step, device, reps=3) / shape.params
-    del opt
-    model.zero_grad(set_to_none=True)
+    if only is None:
+        opt = torch.optim.Adam(model.parameters(), lr=0.0)  # touches every parameter and both moments per step
+        for p in model.parameters():
+            p.grad = torch.zeros_like(p)
+        out["adam_update"] = _best(opt.step, device, reps=3) / shape.params
+        del opt
+        model.zero_grad(set_to_none=True)
+    sm = model if not sample_dtype or sample_dtype == dtype else policy.cast(model, sample_dtype)
     new, gen, pts = z["sample_new"], torch.Generator(device=device).manual_seed(seed), []
     for rows in z["sample_rows"]:
         ids = batches[0].input_ids[:1, :z["prompt"]].repeat(rows, 1).to(device)
         with torch.no_grad():
-            t = _best(lambda: rollout.generate(model, ids, torch.ones_like(ids), new, 1.0, [-1], 0,
+            t = _best(lambda: rollout.generate(sm, ids, torch.ones_like(ids), new, 1.0, [-1], 0,
                                                generator=gen, token_chunk=tc), device)
         pts.append((t, rows * (z["prompt"] + new) * shape.body + rows * new * shape.head, new))
     out["sample"] = pts
+    del sm
+    if only is not None:
+        return out
     pts = []
     for n in z["kernel_tokens"]:  # every pair of n tokens (kernel_matvec), blocks of min(n, 1024)
         b = synthetic_batch(1, max(n // 64, 1), 1, 64, V, seed)
@@ -250,33 +259,44 @@ def _time_blocks(model, z: dict, device: str, dtype: str, seed: int) -> dict:
     return out
 
 
-def measure_units(config, device: str = "cpu", dtype: str = "float32", seed: int = 0, slope_config=None) -> dict:
+def measure_units(config, device: str = "cpu", dtype: str = "float32", seed: int = 0, slope_config=None,
+                  only=None, sample_dtype: str | None = None) -> dict:
     """Unit costs of the planner's blocks (`cancellation.plan`) on this device, measured on random
     models: seconds per parameter-token and per call of an analysis forward, a full-parameter
     step (gradient checkpointing on, SGD: Adam's update is timed apart, per parameter), an lm_head
     step and HF sampling; seconds per pair-vocabulary entry of the coupling kernel; the notebook
     start. Per-call costs come from `config` (a SHAPES name or a config.json directory); per-token
     costs from `slope_config` when given (on a CPU a small shape is overhead-bound, so its slope
-    would not transfer to a large model), else from `config` too."""
+    would not transfer to a large model), else from `config` too. `only` ('sample'): just those
+    blocks (merged into an existing file by `main --only`). Sampling is timed on a `sample_dtype` copy
+    (default: bfloat16 on CUDA, as the paper profile's sample_dtype; the model's dtype on a CPU)."""
     from .plan import Shape, device_kind
+    sample_dtype = sample_dtype or ("bfloat16" if device.startswith("cuda") else dtype)
 
     z = UNIT_SIZES[device.split(":")[0]]
     model = _model(config, dtype, device, seed)
     shape = Shape.from_config(model.config.to_dict())
-    small = _time_blocks(model, z, device, dtype, seed)
+    small = _time_blocks(model, z, device, dtype, seed, only, sample_dtype)
     del model
     big, big_shape = small, shape
     if slope_config is not None:
         m = _model(slope_config, dtype, device, seed)
         big_shape = Shape.from_config(m.config.to_dict())
-        big = _time_blocks(m, z, device, dtype, seed)
+        big = _time_blocks(m, z, device, dtype, seed, only, sample_dtype)
         del m
     units = {}
     for name in ("analysis", "full_step", "sgd_lm_head", "sample"):
+        if name not in big:
+            continue
         (t1, w1, c), (t2, w2, _) = big[name]
         a = (t2 - t1) / (w2 - w1) if t2 > t1 else t2 / w2
         (s1, v1, c1), _ = small[name]
         units[name] = dict(s_per_param_token=a, s_per_call=max(s1 - a * v1, 0.0) / c1)
+    if only is not None:
+        return dict(units=units, sample_dtype=sample_dtype,
+                    points=[dict(shape=which, block=k, seconds=p[0], work=p[1], calls=p[2])
+                            for which, res in (("config", small), ("slope", big if big is not small else {}))
+                            for k, pts in res.items() for p in pts])
     units["adam_update"] = dict(s_per_param=big["adam_update"])
     (t, w, _) = big["kernel"][-1]
     units["kernel"] = dict(s_per_pair_vocab=t / w, s_per_call=0.0)
@@ -287,7 +307,7 @@ def measure_units(config, device: str = "cpu", dtype: str = "float32", seed: int
     return dict(device_kind=device_kind(device), device=device,
                 name=torch.cuda.get_device_name() if device.startswith("cuda") else _cpu_name(),
                 threads=torch.get_num_threads(), load_average=os.getloadavg()[0], torch=torch.__version__,
-                dtype=dtype, shape=dict(vars(shape)), slope_shape=dict(vars(big_shape)), params=shape.params,
+                dtype=dtype, sample_dtype=sample_dtype, shape=dict(vars(shape)), slope_shape=dict(vars(big_shape)), params=shape.params,
                 measured=time.strftime("%Y-%m-%d"), units=units, points=points)
 
 
@@ -315,6 +335,8 @@ def main(argv=None):
     ap.add_argument("--sample-rows", type=int, default=64)
     ap.add_argument("--steps", nargs="+", default=["analysis", "adam_full", "sgd_lm_head", "sample"])
     ap.add_argument("--out", default=None, help="write the JSON here (unit costs: data/scale/<device kind>.json)")
+    ap.add_argument("--only", nargs="+", default=None, choices=["analysis", "full_step", "sgd_lm_head", "sample"],
+                    help="re-measure just these blocks and merge them into the existing --out file")
     a = ap.parse_args(argv)
     if a.shape:  # the rows of the paper shapes' blocks (as before)
         rows = []
@@ -327,8 +349,18 @@ def main(argv=None):
         from pathlib import Path
         root = Path(__file__).resolve().parents[2]
         config = a.config or (str(root / "data" / "standins" / "model") if a.device == "cpu" else "qwen3-1.7b")
-        out = measure_units(config, a.device, a.dtype, slope_config=CPU_SLOPE_SHAPE if a.device == "cpu" else None)
+        out = measure_units(config, a.device, a.dtype, slope_config=CPU_SLOPE_SHAPE if a.device == "cpu" else None,
+                            only=a.only)
         print(json.dumps(out["units"], indent=1))
+        if a.only:
+            if not (a.out and os.path.isfile(a.out)):
+                raise SystemExit("--only merges into an existing --out file of unit costs")
+            old = json.load(open(a.out))
+            old["units"].update(out["units"])
+            old["points"] = [p for p in old["points"] if p["block"] not in a.only] + out["points"]
+            old["sample_dtype"] = out["sample_dtype"]
+            old.setdefault("remeasured", {}).update({b: time.strftime("%Y-%m-%d") for b in a.only})
+            out = old
     if a.out:
         with open(a.out, "w") as f:
             json.dump(out, f, indent=1)

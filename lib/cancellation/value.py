@@ -15,8 +15,8 @@ p_t comes from the training forward (measure.token_stats), never from the sample
 p_t > p_max (1 − 1e-3) are skipped: there the division amplifies Monte Carlo noise without bound.
 
 Cost is 2M continuations per token, so sampling shares prefixes: one prefill per distinct
-prefix, its KV cache replicated M times along the batch (DynamicCache.batch_repeat_interleave),
-many prefixes per batch, finished rows dropped from the cache as they end. Every prefix draws
+prefix, its KV cache copied into M rows of rollout's static-cache sampler (`sampler.py`; a
+captured decode step on CUDA in bfloat16/float16), many prefixes per batch. Every prefix draws
 its uniforms from its own generator seeded by (seed, prefix), and tokens are drawn by inverse
 CDF, so a prefix's continuations do not depend on which other prefixes share its batch: the
 batched sampler returns the same samples as sampling that prefix alone. The rewards of every
@@ -68,47 +68,6 @@ class ValueConfig:
 
 
 # --------------------------------------------------------------------------- sampling
-def _grow_layer_class():
-    from transformers.cache_utils import DynamicLayer
-
-    class GrowLayer(DynamicLayer):
-        """A DynamicLayer with preallocated room for `room` more positions: a decode step writes
-        one column in place instead of re-concatenating the whole cache (which dominated the
-        sampler's time on CPU)."""
-
-        def __init__(self, layer, room: int, repeats: int = 1):
-            super().__init__()
-            B, H, n, D = layer.keys.shape
-            self.kb = layer.keys.new_empty(B * repeats, H, n + room, D)
-            self.vb = layer.values.new_empty(B * repeats, H, n + room, D)
-            # each prefix's cache copied into its `repeats` rows (batch_repeat_interleave, fused with the copy)
-            self.kb.view(B, repeats, H, n + room, D)[:, :, :, :n] = layer.keys[:, None]
-            self.vb.view(B, repeats, H, n + room, D)[:, :, :, :n] = layer.values[:, None]
-            self.n, self.dtype, self.device, self.is_initialized = n, layer.keys.dtype, layer.keys.device, True
-            self._views()
-
-        def _views(self):
-            self.keys, self.values = self.kb[:, :, :self.n], self.vb[:, :, :self.n]
-
-        def update(self, key_states, value_states, *args, **kwargs):
-            q = key_states.shape[-2]
-            self.kb[:, :, self.n:self.n + q] = key_states
-            self.vb[:, :, self.n:self.n + q] = value_states
-            self.n += q
-            self._views()
-            return self.keys, self.values
-
-        def get_seq_length(self) -> int:
-            return self.n
-
-        def batch_select_indices(self, indices, room: int | None = None):
-            cap = self.kb.shape[2] if room is None else self.n + room  # copy only what is still needed
-            self.kb, self.vb = self.kb[indices, :, :cap], self.vb[indices, :, :cap]
-            self._views()
-
-    return GrowLayer
-
-
 def prefix_seed(seed: int, ids, ban: int | None) -> int:
     """The generator seed of one prefix: a hash of (seed, prefix ids, banned first token)."""
     blob = json.dumps([int(seed), [int(i) for i in ids], -1 if ban is None else int(ban)]).encode()
@@ -118,86 +77,44 @@ def prefix_seed(seed: int, ids, ban: int | None) -> int:
 @torch.no_grad()
 def sample_continuations(model, prefixes, M: int, budgets, eos_id, pad_id: int, seeds, temperature: float = 1.0,
                          bans=None, share_prefill: bool = True, token_chunk: int = 4096) -> list[torch.Tensor]:
-    """M continuations of each prefix; returns one (M, T_i) long tensor per prefix (on CPU), pad
-    after the first stop id.
+    """M continuations of each prefix; returns one (M, max(budgets)) long tensor per prefix (on CPU),
+    pad after the first stop id.
 
     prefixes: lists of token ids (prompt + response so far); budgets: max new tokens per prefix
     (≥ 1); eos_id: one stop id or a list (rollout.stop_ids); seeds: one per prefix; bans: per
-    prefix a token id the *first* sampled token may not be (None: no ban). share_prefill=False
-    prefills the M copies of a prefix separately (the naive reference; same samples). Every
-    tensor lives on the model's device, the per-prefix generators included (reproducible per
-    device); logits are computed for the last position only and for at most `token_chunk` rows at
-    a time (`rollout.draw_chunked`).
+    prefix a token id the *first* sampled token may not be (None: no ban). The sampler is
+    rollout's (`sampler.generate_static`, repeats=M): one prefill per prefix, its KV cache copied
+    into its M rows; on CUDA with bfloat16/float16 weights the decode step is a captured graph.
+    share_prefill=False prefills the M copies of a prefix separately (the naive reference; same
+    samples). Every prefix draws its uniforms from its own generator on the model's device
+    (reproducible per device); logits are computed for the last position only and for at most
+    `token_chunk` rows at a time.
     """
-    from .rollout import draw_chunked, last_hidden
+    from .sampler import generate_static
     P = len(prefixes)
     bans = bans if bans is not None else [None] * P
     dev = next(model.parameters()).device
-    stop = torch.as_tensor([eos_id] if isinstance(eos_id, int) else list(eos_id), dtype=torch.long, device=dev)
+    stop = [eos_id] if isinstance(eos_id, int) else list(eos_id)
     L = max(len(p) for p in prefixes)
-    n_rep = 1 if share_prefill else M
     ids = torch.full((P, L), pad_id, dtype=torch.long)
     am = torch.zeros((P, L), dtype=torch.long)
     for i, p in enumerate(prefixes):
         ids[i, L - len(p):] = torch.as_tensor(p)
         am[i, L - len(p):] = 1
-    ids, am = ids.repeat_interleave(n_rep, 0).to(dev), am.repeat_interleave(n_rep, 0).to(dev)
-    pos = (am.cumsum(-1) - 1).clamp(min=0)
-    from transformers import DynamicCache
-    h, kv = last_hidden(model, DynamicCache(), input_ids=ids, attention_mask=am, position_ids=pos)
     T = max(budgets)
-    grow = _grow_layer_class()
-    # one prefill per prefix, its KV cache replicated M times (as DynamicCache.batch_repeat_interleave)
-    kv.layers = [grow(layer, T, M if share_prefill else 1) for layer in kv.layers]
-    if share_prefill:
-        h = h.repeat_interleave(M, 0)
-        am = am.repeat_interleave(M, 0)
-        pos = pos.repeat_interleave(M, 0)
-    next_pos = pos[:, -1] + 1
-    live_at_compaction = P * M
     # uniforms per prefix from its own generator: samples independent of the batch composition
     U = torch.stack([torch.rand(T, M, generator=torch.Generator(device=dev).manual_seed(s), dtype=torch.float64,
                                 device=dev) for s in seeds])                   # (P, T, M)
-    row_prefix = torch.arange(P, device=dev).repeat_interleave(M)              # live row -> prefix
-    row_rep = torch.arange(M, device=dev).repeat(P)                            # live row -> replica
+    U = U.permute(1, 0, 2).reshape(T, P * M)                                   # row p * M + m
     budget = torch.as_tensor(budgets, device=dev).repeat_interleave(M)
     ban = torch.tensor([-1 if b is None else b for b in bans], device=dev).repeat_interleave(M)
-    result = torch.full((P * M, T), pad_id, dtype=torch.long, device=dev)
-    row_out = torch.arange(P * M, device=dev)                                  # live row -> output row
-    alive = torch.ones(P * M, dtype=torch.bool, device=dev)
-    for k in range(T):
-        def draw(logits, rows):
-            if temperature == 0:
-                return logits.argmax(-1)
-            probs = torch.softmax(logits.double() / temperature, dim=-1)
-            bn = ban[rows]
-            if k == 0 and bool((bn >= 0).any()):  # π renormalised without the banned token
-                b = bn >= 0
-                probs[b, bn[b]] = 0.0
-                probs[b] /= probs[b].sum(-1, keepdim=True)
-            cdf = probs.cumsum(-1)
-            u = U[row_prefix[rows], k, row_rep[rows]][:, None] * cdf[:, -1:]
-            return torch.searchsorted(cdf, u).squeeze(1).clamp(max=probs.shape[1] - 1)
-
-        tok = draw_chunked(model, h, token_chunk, draw)
-        tok = torch.where(alive, tok, torch.full_like(tok, pad_id))
-        result[row_out[alive], k] = tok[alive]
-        alive = alive & ~torch.isin(tok, stop) & (budget > k + 1)
-        n_alive = int(alive.sum())
-        if n_alive == 0:
-            break
-        if n_alive <= 0.75 * live_at_compaction:  # finished rows leave the batch and the cache
-            keep = alive.nonzero().squeeze(1)
-            for layer in kv.layers:
-                layer.batch_select_indices(keep, room=T - k)
-            tok, am, next_pos, row_prefix, row_rep, budget, row_out, alive = (
-                x[keep] for x in (tok, am, next_pos, row_prefix, row_rep, budget, row_out, alive))
-            live_at_compaction = n_alive
-        am = torch.cat([am, torch.ones_like(am[:, :1])], dim=1)
-        h, kv = last_hidden(model, kv, input_ids=tok[:, None], attention_mask=am, position_ids=next_pos[:, None])
-        next_pos = next_pos + 1
-    result = result.cpu()
-    return [result[i * M:(i + 1) * M] for i in range(P)]
+    rep = M if share_prefill else 1
+    if not share_prefill:
+        ids, am = ids.repeat_interleave(M, 0), am.repeat_interleave(M, 0)
+    out = generate_static(model, ids.to(dev), am.to(dev), T, temperature, stop, pad_id, token_chunk=token_chunk,
+                          draw="icdf", repeats=rep, uniforms=U, budgets=budget, bans=ban)
+    out = torch.nn.functional.pad(out, (0, T - out.shape[1]), value=pad_id).cpu()
+    return [out[i * M:(i + 1) * M] for i in range(P)]
 
 
 @torch.no_grad()

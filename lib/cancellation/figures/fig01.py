@@ -136,7 +136,7 @@ def per_step(signed: pd.DataFrame, eps: float, run, status, strata=None, e=None)
     d = signed[signed.run == run] if strata is None else signed[(signed.run == run) & strata]
     st = measure.classify(d.delta, e) if e != eps else d.status
     f = pd.crosstab([d.step, d.sign], st, normalize="index").reindex(columns=list(measure.STATUSES), fill_value=0)
-    f = f[status].unstack("sign")
+    f = f[status].unstack("sign").reindex(columns=["pos", "neg"])  # a sign with no token here: NaN
     return 100 * (f["pos"] - f["neg"])
 
 

@@ -1,0 +1,362 @@
+"""The static-cache sampler: a preallocated KV cache, a decode step captured once per bucket on CUDA.
+
+`rollout.generate` is a DynamicCache loop: every decode step is ~30 kernel launches per layer
+issued from Python, and on a GPU the launches (not the weights' reads) set the pace. This module
+runs the same ancestral sampling with shapes that never change, so one decode step can be
+recorded once as a CUDA graph and replayed:
+
+- `StaticLayer`: one layer's keys/values preallocated for `L` positions (rows, kv heads, L, head
+  dim). A decode step writes its column in place at `write_pos`, a device tensor, and attends over
+  the whole buffer through a 4-D additive mask whose unwritten and padded columns hold the dtype's
+  minimum (exp of it is exactly 0).
+- The decode step (`_Decoder.step`) reads the step index, the positions and the mask from device
+  tensors and writes the drawn token, its log-probability and the rows' stop flags into device
+  buffers: no host sync per step. The host reads "every row stopped" every `check_every` steps.
+- Draws: 'multinomial' is `rollout.generate`'s draw (float64 softmax, torch.multinomial with the
+  caller's generator), used by the eager path so that it draws exactly today's tokens. 'icdf'
+  draws by inverse CDF from uniforms drawn up front with the seeded generator on the model's
+  device, one per (step, row): the same law (float64 softmax and cumulative sum), no random-number
+  generator inside the captured graph, and a row's draws do not depend on padding rows.
+- Buckets: on the captured path the rows are padded to a power of two (copies of the first row,
+  dropped from the result) and the cache length rounded up to a multiple of 256, so a run captures
+  a handful of graphs. Graphs live on the model object (`_static_graphs`) and are reused while the
+  model lives; weights updated in place are seen by the next replay.
+
+`generate_static(..., capture=None)` chooses: captured on CUDA for bfloat16/float16 weights, eager
+otherwise (CPU and float64: the tiny profile samples exactly as before). Models with sliding-window
+layers, or whose decoder takes no `position_ids`, stay on `rollout.generate`.
+"""
+from __future__ import annotations
+
+import math
+import time
+
+import torch
+
+from . import measure
+
+ROW_BUCKETS = (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+LEN_BUCKET = 256
+
+
+def _dynamic_layer():
+    from transformers.cache_utils import DynamicLayer
+    return DynamicLayer
+
+
+class _StaticLayerMixin:
+    def _setup(self, keys, L: int, write_pos: torch.Tensor, rows: int, H: int, D: int, dtype, device):
+        self.keys = torch.zeros(rows, H, L, D, dtype=dtype, device=device)
+        self.values = torch.zeros(rows, H, L, D, dtype=dtype, device=device)
+        self.write_pos, self.n_prefill = write_pos, 0
+        self.dtype, self.device, self.is_initialized = dtype, device, True
+
+    def fill(self, keys, values, repeats: int, n_real: int):
+        """The prefill's keys/values (B, H, n, D): each prefix copied into its `repeats` rows (one
+        prefill shared by its continuations), padding rows from prefix 0; the rest zeroed."""
+        B, H, n, D = keys.shape
+        for buf, src in ((self.keys, keys), (self.values, values)):
+            buf.zero_()
+            buf[:n_real, :, :n].view(B, repeats, H, n, D).copy_(src[:, None])
+            buf[n_real:, :, :n] = src[:1]
+        self.n_prefill = n
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        self.keys.index_copy_(2, self.write_pos, key_states)
+        self.values.index_copy_(2, self.write_pos, value_states)
+        return self.keys, self.values
+
+    def get_seq_length(self) -> int:  # only used by callers that pass no positions (we pass them)
+        return self.n_prefill
+
+    def get_max_cache_shape(self) -> int:
+        return self.keys.shape[2]
+
+
+def static_layer(layer, L: int, write_pos: torch.Tensor, rows: int):
+    """A StaticLayer (a transformers DynamicLayer whose update writes in place) shaped after a prefilled layer."""
+    cls = type("StaticLayer", (_StaticLayerMixin, _dynamic_layer()), {})
+    obj = cls.__new__(cls)
+    _dynamic_layer().__init__(obj)
+    _, H, _, D = layer.keys.shape
+    obj._setup(layer.keys, L, write_pos, rows, H, D, layer.keys.dtype, layer.keys.device)
+    return obj
+
+
+def supported(model) -> bool:
+    """Whether the static path can run this model: every layer full attention (no sliding window)."""
+    types = getattr(model.config, "layer_types", None) or ["full_attention"]
+    return set(types) == {"full_attention"}
+
+
+def bucket_rows(n: int) -> int:
+    return next((b for b in ROW_BUCKETS if b >= n), n)
+
+
+def bucket_len(n: int) -> int:
+    return LEN_BUCKET * math.ceil(n / LEN_BUCKET)
+
+
+def _draw_multinomial(logits, temperature, generator):
+    if temperature == 0:
+        return logits.argmax(-1)
+    probs = torch.softmax(logits.double() / temperature, dim=-1)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(1)
+
+
+def _draw_icdf(logits, temperature, u):
+    """Inverse-CDF draw: the token whose cumulative probability first exceeds u (rows,) in [0, 1)
+    (the decode step's draw without bans; tests check its law)."""
+    if temperature == 0:
+        return logits.argmax(-1)
+    probs = torch.softmax(logits.double() / temperature, dim=-1)
+    cdf = probs.cumsum(-1)
+    return torch.searchsorted(cdf, u.double()[:, None] * cdf[:, -1:]).squeeze(1).clamp(max=probs.shape[1] - 1)
+
+
+class _Decoder:
+    """Static buffers of one (rows, cache length) bucket and the decode step that reads and writes them."""
+
+    def __init__(self, model, rows: int, L: int, T: int, token_chunk: int, temperature: float, draw: str,
+                 stop: torch.Tensor, pad_id: int, has_ban: bool = False):
+        dev = next(model.parameters()).device
+        self.model, self.body, self.rows, self.L, self.T = model, model.get_decoder(), rows, L, T
+        self.token_chunk, self.temperature, self.draw, self.stop, self.pad_id = token_chunk, temperature, draw, stop, pad_id
+        self.has_ban = has_ban
+        from .rollout import cache_kw
+        self.kw = cache_kw(self.body)
+        dt = next(model.parameters()).dtype
+        self.neg = torch.finfo(dt).min
+        z = lambda *s, **k: torch.zeros(*s, device=dev, **k)  # noqa: E731
+        self.k = z(1, dtype=torch.long)                 # decode step index
+        self.p = z(1, dtype=torch.long)                 # prompt length (first decode column)
+        self.write_pos = z(1, dtype=torch.long)         # cache column of the token being fed
+        self.h = z(rows, model.config.hidden_size, dtype=dt)
+        self.pos = z(rows, 1, dtype=torch.long)
+        self.mask = torch.full((rows, 1, 1, L), self.neg, dtype=dt, device=dev)
+        self.done = z(rows, dtype=torch.bool)
+        self.budget = z(rows, dtype=torch.long)         # a row stops after this many tokens
+        self.ban = z(rows, dtype=torch.long)            # a token id the first draw may not be (-1: none)
+        self.all_done_at = torch.full((1,), T, dtype=torch.long, device=dev)
+        self.out = torch.full((rows, T), pad_id, dtype=torch.long, device=dev)
+        self.logp = z(rows, T, dtype=torch.float32)
+        self.U = z(T, rows, dtype=torch.float64)
+        self.row_idx = torch.arange(rows, device=dev)   # live row -> output row (eager compaction drops rows)
+        self.generator = None
+        self.cache = None
+        self.graph = None
+
+    def load(self, h, layers, mask2d, next_pos, generator=None, U=None, repeats: int = 1, budget=None, ban=None):
+        """Start a batch: the prefill's last hidden states (B, d), cache layers, prompt mask (B, P) and
+        next positions (B,) of B prompts, each expanded to `repeats` rows (padding rows copy prompt 0);
+        per-row uniforms U (T, B * repeats), budgets and first-token bans; reset the step buffers."""
+        B, P = mask2d.shape
+        n_real = B * repeats
+
+        def expand(x):
+            x = x.repeat_interleave(repeats, 0) if repeats > 1 else x
+            return torch.cat([x, x[:1].expand(self.rows - n_real, *x.shape[1:])]) if self.rows > n_real else x
+        self.p.fill_(P)
+        self.k.zero_()
+        self.h.copy_(expand(h))
+        self.pos.copy_(expand(next_pos)[:, None])
+        self.mask.fill_(self.neg)
+        self.mask[:, 0, 0, :P].masked_fill_(expand(mask2d).bool(), 0.0)
+        self.done.zero_()
+        self.done[n_real:] = True   # padding rows count as stopped: they never hold the run open
+        self.budget.fill_(self.T)
+        if budget is not None:
+            self.budget[:n_real] = budget
+        self.ban.fill_(-1)
+        if ban is not None:
+            self.ban[:n_real] = ban
+        self.all_done_at.fill_(self.T)
+        self.out.fill_(self.pad_id)
+        self.logp.zero_()
+        self.generator = generator
+        self.U.zero_()
+        if U is not None:
+            self.U[:, :n_real] = U
+        if self.cache is None:
+            from transformers import DynamicCache
+            self.cache = DynamicCache()
+            self.cache.layers = [static_layer(layer, self.L, self.write_pos, self.rows) for layer in layers]
+        for mine, layer in zip(self.cache.layers, layers):
+            mine.fill(layer.keys, layer.values, repeats, n_real)
+
+    def _draw(self, logits, rows):
+        if self.temperature == 0:
+            tok = logits.argmax(-1)
+        elif self.draw == "multinomial":
+            tok = _draw_multinomial(logits, self.temperature, self.generator)
+        else:
+            probs = torch.softmax(logits.double() / self.temperature, dim=-1)
+            if self.has_ban:  # first draw: π renormalised without the banned token (a divide by 1 elsewhere)
+                bn = self.ban[rows]
+                b = ((bn >= 0) & (self.k == 0))[:, None]
+                idx = bn.clamp(min=0)[:, None]
+                probs = probs.scatter(1, idx, torch.where(b, torch.zeros_like(idx, dtype=probs.dtype),
+                                                          probs.gather(1, idx)))
+                probs = probs / torch.where(b, probs.sum(-1, keepdim=True), torch.ones_like(probs[:, :1]))
+            cdf = probs.cumsum(-1)
+            u = self.U.index_select(0, self.k).squeeze(0)[rows][:, None] * cdf[:, -1:]
+            tok = torch.searchsorted(cdf, u).squeeze(1).clamp(max=probs.shape[1] - 1)
+        lp = torch.log_softmax(logits.float(), -1).gather(1, tok[:, None]).squeeze(1)
+        return tok, lp
+
+    def step(self, forward: bool = True):
+        """Draw the tokens of step k from h, record them, and (forward) feed them to get the next h."""
+        tok = self.draw_step()
+        if forward:
+            self.forward_step(tok)
+        self.k += 1
+
+    def draw_step(self) -> torch.Tensor:
+        """The tokens of step k from h (pad on stopped rows), recorded with their log-probs and stops."""
+        toks, lps = [], []
+        for s in range(0, self.rows, self.token_chunk):
+            tok, lp = self._draw(measure.head_logits(self.model, self.h[s:s + self.token_chunk]),
+                                 slice(s, min(s + self.token_chunk, self.rows)))
+            toks.append(tok)
+            lps.append(lp)
+        tok, lp = (toks[0], lps[0]) if len(toks) == 1 else (torch.cat(toks), torch.cat(lps))
+        tok = torch.where(self.done, torch.full_like(tok, self.pad_id), tok)
+        lp = torch.where(self.done, torch.zeros_like(lp), lp)
+        col = self.k.expand(self.rows)
+        self.out.index_put_((self.row_idx, col), tok)
+        self.logp.index_put_((self.row_idx, col), lp)
+        self.done |= torch.isin(tok, self.stop) | (self.budget <= self.k + 1)
+        first = (self.all_done_at == self.T) & self.done.all()
+        self.all_done_at.copy_(torch.where(first, self.k, self.all_done_at))
+        self.tok = tok
+        return tok
+
+    def forward_step(self, tok):
+        """Feed step k's tokens at cache column p + k: the next h."""
+        self.write_pos.copy_(self.p + self.k)
+        self.mask.index_fill_(3, self.write_pos, 0.0)
+        out = self.body(input_ids=tok[:, None], attention_mask={"full_attention": self.mask},
+                        position_ids=self.pos, use_cache=True, **{self.kw: self.cache})
+        self.h.copy_(out.last_hidden_state[:, -1])
+        self.pos += 1
+
+    def compact(self):
+        """Eager only: drop the rows that have stopped from every per-row buffer and the cache (the
+        outputs keep their rows: `row_idx` maps live rows to them). A row's draws depend only on
+        its own uniforms, so this changes no sample."""
+        keep = (~self.done).nonzero().squeeze(1)
+        for name in ("h", "pos", "mask", "done", "budget", "ban", "row_idx", "tok"):
+            setattr(self, name, getattr(self, name)[keep])
+        self.U = self.U[:, keep]
+        for layer in self.cache.layers:
+            layer.keys, layer.values = layer.keys[keep], layer.values[keep]
+        self.rows = len(keep)
+
+    def capture(self):
+        """Record one decode step as a CUDA graph (after warm-up steps on a side stream, which move
+        the step counters; the caller reloads the batch after this)."""
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(2):
+                self.step()
+        torch.cuda.current_stream().wait_stream(s)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.step()
+
+
+def _prefill(model, input_ids, attention_mask):
+    from transformers import DynamicCache
+
+    from .rollout import last_hidden
+    pos = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    h, kv = last_hidden(model, DynamicCache(), input_ids=input_ids, attention_mask=attention_mask, position_ids=pos)
+    return h, kv, pos[:, -1] + 1
+
+
+@torch.no_grad()
+def generate_static(model, input_ids, attention_mask, max_new_tokens: int, temperature: float, stop, pad_id: int,
+                    generator: torch.Generator | None = None, token_chunk: int = 4096, capture: bool | None = None,
+                    draw: str | None = None, check_every: int = 16, return_logprobs: bool = False,
+                    pad_rows: int | None = None, repeats: int = 1, uniforms=None, budgets=None, bans=None):
+    """Ancestral sampling with a static KV cache; returns (B * repeats, T) new tokens, pad after the
+    first stop id (and, with return_logprobs, (B * repeats, T) float32 log π of each drawn token at
+    temperature 1 over the sampled logits; 0 after the stop).
+
+    capture: record the decode step as a CUDA graph (default: on CUDA with bfloat16/float16
+    weights). draw: 'multinomial' (rollout.generate's draw; eager only) or 'icdf' (default when
+    capturing, or when `uniforms` are given). The eager path checks for "all rows stopped" after
+    every step and stops where rollout.generate stops, so with 'multinomial' it consumes the
+    generator exactly as it does. pad_rows: pad the batch to this many rows (default: a power of two
+    when capturing, none eagerly); padding rows copy prompt 0, count as stopped from the start and
+    are dropped from the result.
+
+    Monte Carlo continuations (value.py): repeats=M samples M continuations of each of the B
+    prefixes from one prefill (its KV cache copied into M rows); uniforms (T, B * M) are the rows'
+    own uniforms (row b * M + m), so a row's draws do not depend on its batch; budgets (B * M,) stop
+    a row after that many tokens; bans (B * M,) a token id the first draw may not be (-1: none).
+    """
+    dev = input_ids.device
+    dt = next(model.parameters()).dtype
+    if capture is None:
+        capture = dev.type == "cuda" and dt in (torch.bfloat16, torch.float16)
+    draw = draw or ("icdf" if capture or uniforms is not None else "multinomial")
+    if capture and draw != "icdf":
+        raise ValueError("generate_static: a captured decode step draws by inverse CDF (draw='icdf')")
+    if capture and dev.type != "cuda":
+        raise ValueError("generate_static: capture needs a CUDA device")
+    if bans is not None and draw != "icdf":
+        raise ValueError("generate_static: first-token bans need draw='icdf'")
+    stop = torch.as_tensor([stop] if isinstance(stop, int) else list(stop), dtype=torch.long, device=dev)
+    B, P = input_ids.shape
+    n_real, T = B * repeats, max_new_tokens
+    rows, L = (bucket_rows(n_real), bucket_len(P + T)) if capture else (n_real, P + T)
+    if pad_rows is not None:  # an explicit row bucket (tests; the captured path's default is bucket_rows)
+        rows = max(n_real, int(pad_rows))
+    U = uniforms
+    if draw == "icdf" and U is None:
+        if generator is None:
+            generator = torch.Generator(device=dev).manual_seed(0)
+        U = torch.rand(T, n_real, generator=generator, dtype=torch.float64, device=dev)
+    h, kv, next_pos = _prefill(model, input_ids, attention_mask)
+    layers = list(kv.layers)
+    has_ban = bans is not None and bool((torch.as_tensor(bans) >= 0).any())
+    load = dict(generator=generator, U=U, repeats=repeats, budget=budgets, ban=bans if has_ban else None)
+    if capture:
+        graphs = model.__dict__.setdefault("_static_graphs", {})
+        key = (rows, L, T, token_chunk, float(temperature), tuple(stop.tolist()), int(pad_id), dt, has_ban)
+        dec = graphs.get(key)
+        if dec is None:
+            dec = _Decoder(model, rows, L, T, token_chunk, temperature, draw, stop, pad_id, has_ban)
+            dec.load(h, layers, attention_mask, next_pos, **load)
+            t0 = time.perf_counter()
+            dec.capture()
+            torch.cuda.synchronize()
+            dec.capture_seconds = time.perf_counter() - t0
+            graphs[key] = dec
+        dec.load(h, layers, attention_mask, next_pos, **load)
+        for k in range(T):
+            dec.graph.replay()
+            if (k + 1) % check_every == 0 and int(dec.all_done_at) < T:
+                break
+    else:
+        dec = _Decoder(model, rows, L, T, token_chunk, temperature, draw, stop, pad_id, has_ban)
+        dec.load(h, layers, attention_mask, next_pos, **load)
+        # icdf rows own their uniforms, so finished rows can leave the batch (as the old MC sampler did);
+        # the multinomial draw's generator stream depends on the row count, so it keeps every row
+        compact, live = draw == "icdf", dec.rows
+        for k in range(T):
+            dec.draw_step()
+            if k == T - 1 or bool(dec.done.all()):
+                break
+            if compact:
+                n_alive = int((~dec.done).sum())
+                if n_alive <= 0.75 * live:
+                    dec.compact()
+                    live = n_alive
+            dec.forward_step(dec.tok)
+            dec.k += 1
+    n = min(int(dec.all_done_at) + 1, T)
+    out = dec.out[:n_real, :n].clone()
+    return (out, dec.logp[:n_real, :n].clone()) if return_logprobs else out
