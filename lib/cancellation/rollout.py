@@ -197,7 +197,7 @@ def generate(model, input_ids, attention_mask, max_new_tokens: int, temperature:
              static: bool | None = None) -> torch.Tensor:
     """Batched ancestral sampling with a KV cache; returns (B, T) new tokens, pad after the first stop id.
 
-    On CUDA with bfloat16/float16 weights (`static` None) this is `sampler.generate_static`: a static
+    On CUDA with bfloat16/float16/float32 weights (`static` None) this is `sampler.generate_static`: a static
     KV cache and a decode step captured as a CUDA graph, drawing by inverse CDF from uniforms of
     `generator` (same law, other draws than the eager path). Otherwise (CPU, float32/float64, or
     `static=False`) it is the eager DynamicCache loop below, which the tiny profile's tables used.
@@ -213,7 +213,7 @@ def generate(model, input_ids, attention_mask, max_new_tokens: int, temperature:
     from . import sampler
     dev = input_ids.device
     if static is None:
-        static = (dev.type == "cuda" and next(model.parameters()).dtype in (torch.bfloat16, torch.float16)
+        static = (dev.type == "cuda" and next(model.parameters()).dtype != torch.float64
                   and sampler.supported(model))
     if static:
         return sampler.generate_static(model, input_ids, attention_mask, max_new_tokens, temperature, stop, pad_id,

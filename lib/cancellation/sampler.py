@@ -22,7 +22,7 @@ recorded once as a CUDA graph and replayed:
   a handful of graphs. Graphs live on the model object (`_static_graphs`) and are reused while the
   model lives; weights updated in place are seen by the next replay.
 
-`generate_static(..., capture=None)` chooses: captured on CUDA for bfloat16/float16 weights, eager
+`generate_static(..., capture=None)` chooses: captured on CUDA for every dtype but float64, eager
 otherwise (CPU and float64: the tiny profile samples exactly as before). Models with sliding-window
 layers, or whose decoder takes no `position_ids`, stay on `rollout.generate`.
 """
@@ -279,13 +279,14 @@ def _prefill(model, input_ids, attention_mask):
 def generate_static(model, input_ids, attention_mask, max_new_tokens: int, temperature: float, stop, pad_id: int,
                     generator: torch.Generator | None = None, token_chunk: int = 4096, capture: bool | None = None,
                     draw: str | None = None, check_every: int = 16, return_logprobs: bool = False,
-                    pad_rows: int | None = None, repeats: int = 1, uniforms=None, budgets=None, bans=None):
+                    pad_rows: int | None = None, repeats: int = 1, uniforms=None, budgets=None, bans=None,
+                    compact: bool | None = None, cache_len: int | None = None):
     """Ancestral sampling with a static KV cache; returns (B * repeats, T) new tokens, pad after the
     first stop id (and, with return_logprobs, (B * repeats, T) float32 log π of each drawn token at
     temperature 1 over the sampled logits; 0 after the stop).
 
-    capture: record the decode step as a CUDA graph (default: on CUDA with bfloat16/float16
-    weights). draw: 'multinomial' (rollout.generate's draw; eager only) or 'icdf' (default when
+    capture: record the decode step as a CUDA graph (default: on CUDA unless the
+    weights are float64). draw: 'multinomial' (rollout.generate's draw; eager only) or 'icdf' (default when
     capturing, or when `uniforms` are given). The eager path checks for "all rows stopped" after
     every step and stops where rollout.generate stops, so with 'multinomial' it consumes the
     generator exactly as it does. pad_rows: pad the batch to this many rows (default: a power of two
@@ -296,11 +297,16 @@ def generate_static(model, input_ids, attention_mask, max_new_tokens: int, tempe
     prefixes from one prefill (its KV cache copied into M rows); uniforms (T, B * M) are the rows'
     own uniforms (row b * M + m), so a row's draws do not depend on its batch; budgets (B * M,) stop
     a row after that many tokens; bans (B * M,) a token id the first draw may not be (-1: none).
+    compact (eager 'icdf' only, the default there): rows that stopped leave the batch once a quarter
+    have (no sample changes; on a GPU in bfloat16 a smaller batch may round its matmuls differently).
+    cache_len: the KV buffer's length (default: prompt + T eagerly, rounded up to a multiple of 256
+    when capturing); attention kernels round differently over other lengths, so comparing the two
+    paths bit for bit needs the same length.
     """
     dev = input_ids.device
     dt = next(model.parameters()).dtype
     if capture is None:
-        capture = dev.type == "cuda" and dt in (torch.bfloat16, torch.float16)
+        capture = dev.type == "cuda" and dt != torch.float64
     draw = draw or ("icdf" if capture or uniforms is not None else "multinomial")
     if capture and draw != "icdf":
         raise ValueError("generate_static: a captured decode step draws by inverse CDF (draw='icdf')")
@@ -308,12 +314,17 @@ def generate_static(model, input_ids, attention_mask, max_new_tokens: int, tempe
         raise ValueError("generate_static: capture needs a CUDA device")
     if bans is not None and draw != "icdf":
         raise ValueError("generate_static: first-token bans need draw='icdf'")
+    if not supported(model):
+        raise ValueError("generate_static: the model has sliding-window layers, which the static cache's "
+                         "full-attention mask does not cover; sample it with rollout.generate(static=False)")
     stop = torch.as_tensor([stop] if isinstance(stop, int) else list(stop), dtype=torch.long, device=dev)
     B, P = input_ids.shape
     n_real, T = B * repeats, max_new_tokens
     rows, L = (bucket_rows(n_real), bucket_len(P + T)) if capture else (n_real, P + T)
     if pad_rows is not None:  # an explicit row bucket (tests; the captured path's default is bucket_rows)
         rows = max(n_real, int(pad_rows))
+    if cache_len is not None:
+        L = max(P + T, int(cache_len))
     U = uniforms
     if draw == "icdf" and U is None:
         if generator is None:
@@ -345,7 +356,7 @@ def generate_static(model, input_ids, attention_mask, max_new_tokens: int, tempe
         dec.load(h, layers, attention_mask, next_pos, **load)
         # icdf rows own their uniforms, so finished rows can leave the batch (as the old MC sampler did);
         # the multinomial draw's generator stream depends on the row count, so it keeps every row
-        compact, live = draw == "icdf", dec.rows
+        compact, live = (draw == "icdf" if compact is None else compact and draw == "icdf"), n_real
         for k in range(T):
             dec.draw_step()
             if k == T - 1 or bool(dec.done.all()):

@@ -16,7 +16,7 @@ p_t > p_max (1 − 1e-3) are skipped: there the division amplifies Monte Carlo n
 
 Cost is 2M continuations per token, so sampling shares prefixes: one prefill per distinct
 prefix, its KV cache copied into M rows of rollout's static-cache sampler (`sampler.py`; a
-captured decode step on CUDA in bfloat16/float16), many prefixes per batch. Every prefix draws
+captured decode step on CUDA unless float64), many prefixes per batch. Every prefix draws
 its uniforms from its own generator seeded by (seed, prefix), and tokens are drawn by inverse
 CDF, so a prefix's continuations do not depend on which other prefixes share its batch: the
 batched sampler returns the same samples as sampling that prefix alone. The rewards of every
@@ -84,7 +84,7 @@ def sample_continuations(model, prefixes, M: int, budgets, eos_id, pad_id: int, 
     (≥ 1); eos_id: one stop id or a list (rollout.stop_ids); seeds: one per prefix; bans: per
     prefix a token id the *first* sampled token may not be (None: no ban). The sampler is
     rollout's (`sampler.generate_static`, repeats=M): one prefill per prefix, its KV cache copied
-    into its M rows; on CUDA with bfloat16/float16 weights the decode step is a captured graph.
+    into its M rows; on CUDA (weights other than float64) the decode step is a captured graph.
     share_prefill=False prefills the M copies of a prefix separately (the naive reference; same
     samples). Every prefix draws its uniforms from its own generator on the model's device
     (reproducible per device); logits are computed for the last position only and for at most
