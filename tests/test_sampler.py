@@ -71,6 +71,19 @@ def test_padding_rows_never_leak(tiny):
     assert b.shape[0] == 5 and torch.equal(a, b) and torch.allclose(la, lb, atol=1e-12, rtol=0)
 
 
+def test_graph_shapes_run_eagerly_draw_the_same_tokens(tiny):
+    """What the CUDA graph computes (row and length buckets, the whole 256-rounded cache attended,
+    no compaction), run eagerly on the CPU in float64: the same tokens and log-probs as the eager
+    path's live-columns attention with compaction."""
+    model, tok = tiny
+    ids, mask = _batch(model.config.vocab_size, rows=6)
+    stop = rollout.stop_ids(tok, model)
+    kw = dict(generator=None, draw="icdf", return_logprobs=True)
+    a, la = sampler.generate_static(model, ids, mask, 40, 1.0, stop, tok.pad_token_id, **kw)
+    b, lb = sampler.generate_static(model, ids, mask, 40, 1.0, stop, tok.pad_token_id, graph_shapes=True, **kw)
+    assert torch.equal(a, b) and torch.allclose(la, lb, atol=1e-12, rtol=0)
+
+
 def test_icdf_logprobs_are_teacher_forced_logprobs(tiny):
     """The recorded log π of each drawn token equals a teacher-forced forward of prompt + response
     (measure.token_stats, float64), an independent computation."""
@@ -111,10 +124,11 @@ def test_captured_equals_static_eager_on_cuda(dtype):
     V = model.config.vocab_size
     for P in (9, 14):
         ids, mask = _batch(V, rows=12, P=P, device="cuda")
-        # the same 16 rows and cache length in both (bf16 attention rounds differently over other lengths)
-        kw = dict(draw="icdf", return_logprobs=True, pad_rows=16, compact=False, cache_len=sampler.bucket_len(P + 48))
+        # eager with the graph's shapes: the same 16 rows and whole cache (bf16 attention rounds
+        # differently over other lengths)
+        kw = dict(draw="icdf", return_logprobs=True, pad_rows=16)
         a, la = sampler.generate_static(model, ids, mask, 48, 1.0, [-1], 0, torch.Generator("cuda").manual_seed(2),
-                                        capture=False, **kw)
+                                        capture=False, graph_shapes=True, **kw)
         b, lb = sampler.generate_static(model, ids, mask, 48, 1.0, [-1], 0, torch.Generator("cuda").manual_seed(2),
                                         capture=True, **kw)
         assert torch.equal(a, b) and torch.equal(la, lb)

@@ -48,7 +48,7 @@ class _StaticLayerMixin:
     def _setup(self, keys, L: int, write_pos: torch.Tensor, rows: int, H: int, D: int, dtype, device):
         self.keys = torch.zeros(rows, H, L, D, dtype=dtype, device=device)
         self.values = torch.zeros(rows, H, L, D, dtype=dtype, device=device)
-        self.write_pos, self.n_prefill = write_pos, 0
+        self.write_pos, self.n_prefill, self.live = write_pos, 0, None
         self.dtype, self.device, self.is_initialized = dtype, device, True
 
     def fill(self, keys, values, repeats: int, n_real: int):
@@ -64,6 +64,8 @@ class _StaticLayerMixin:
     def update(self, key_states, value_states, *args, **kwargs):
         self.keys.index_copy_(2, self.write_pos, key_states)
         self.values.index_copy_(2, self.write_pos, value_states)
+        if self.live is not None:  # eager: attend over the written columns only (a captured step takes all)
+            return self.keys[:, :, :self.live], self.values[:, :, :self.live]
         return self.keys, self.values
 
     def get_seq_length(self) -> int:  # only used by callers that pass no positions (we pass them)
@@ -118,8 +120,11 @@ class _Decoder:
     """Static buffers of one (rows, cache length) bucket and the decode step that reads and writes them."""
 
     def __init__(self, model, rows: int, L: int, T: int, token_chunk: int, temperature: float, draw: str,
-                 stop: torch.Tensor, pad_id: int, has_ban: bool = False):
+                 stop: torch.Tensor, pad_id: int, has_ban: bool = False, record_logp: bool = False,
+                 captured: bool = False, whole_cache: bool = False):
         dev = next(model.parameters()).device
+        self.record_logp, self.captured = record_logp, captured   # what the step computes beyond the tokens
+        self.whole_cache = captured or whole_cache                # attend over every cache column (graph shapes)
         self.model, self.body, self.rows, self.L, self.T = model, model.get_decoder(), rows, L, T
         self.token_chunk, self.temperature, self.draw, self.stop, self.pad_id = token_chunk, temperature, draw, stop, pad_id
         self.has_ban = has_ban
@@ -201,6 +206,8 @@ class _Decoder:
             cdf = probs.cumsum(-1)
             u = self.U.index_select(0, self.k).squeeze(0)[rows][:, None] * cdf[:, -1:]
             tok = torch.searchsorted(cdf, u).squeeze(1).clamp(max=probs.shape[1] - 1)
+        if not self.record_logp:
+            return tok, None
         lp = torch.log_softmax(logits.float(), -1).gather(1, tok[:, None]).squeeze(1)
         return tok, lp
 
@@ -219,15 +226,17 @@ class _Decoder:
                                  slice(s, min(s + self.token_chunk, self.rows)))
             toks.append(tok)
             lps.append(lp)
-        tok, lp = (toks[0], lps[0]) if len(toks) == 1 else (torch.cat(toks), torch.cat(lps))
+        tok = toks[0] if len(toks) == 1 else torch.cat(toks)
         tok = torch.where(self.done, torch.full_like(tok, self.pad_id), tok)
-        lp = torch.where(self.done, torch.zeros_like(lp), lp)
         col = self.k.expand(self.rows)
         self.out.index_put_((self.row_idx, col), tok)
-        self.logp.index_put_((self.row_idx, col), lp)
+        if self.record_logp:
+            lp = lps[0] if len(lps) == 1 else torch.cat(lps)
+            self.logp.index_put_((self.row_idx, col), torch.where(self.done, torch.zeros_like(lp), lp))
         self.done |= torch.isin(tok, self.stop) | (self.budget <= self.k + 1)
-        first = (self.all_done_at == self.T) & self.done.all()
-        self.all_done_at.copy_(torch.where(first, self.k, self.all_done_at))
+        if self.captured:  # the host reads this every check_every steps (the eager loop checks done itself)
+            first = (self.all_done_at == self.T) & self.done.all()
+            self.all_done_at.copy_(torch.where(first, self.k, self.all_done_at))
         self.tok = tok
         return tok
 
@@ -235,7 +244,13 @@ class _Decoder:
         """Feed step k's tokens at cache column p + k: the next h."""
         self.write_pos.copy_(self.p + self.k)
         self.mask.index_fill_(3, self.write_pos, 0.0)
-        out = self.body(input_ids=tok[:, None], attention_mask={"full_attention": self.mask},
+        mask = self.mask
+        if not self.whole_cache:  # eager: shapes may change, so attend over the written columns only
+            live = int(self.write_pos) + 1
+            for layer in self.cache.layers:
+                layer.live = live
+            mask = self.mask[..., :live]
+        out = self.body(input_ids=tok[:, None], attention_mask={"full_attention": mask},
                         position_ids=self.pos, use_cache=True, **{self.kw: self.cache})
         self.h.copy_(out.last_hidden_state[:, -1])
         self.pos += 1
@@ -280,7 +295,7 @@ def generate_static(model, input_ids, attention_mask, max_new_tokens: int, tempe
                     generator: torch.Generator | None = None, token_chunk: int = 4096, capture: bool | None = None,
                     draw: str | None = None, check_every: int = 16, return_logprobs: bool = False,
                     pad_rows: int | None = None, repeats: int = 1, uniforms=None, budgets=None, bans=None,
-                    compact: bool | None = None, cache_len: int | None = None):
+                    compact: bool | None = None, graph_shapes: bool = False):
     """Ancestral sampling with a static KV cache; returns (B * repeats, T) new tokens, pad after the
     first stop id (and, with return_logprobs, (B * repeats, T) float32 log π of each drawn token at
     temperature 1 over the sampled logits; 0 after the stop).
@@ -299,9 +314,9 @@ def generate_static(model, input_ids, attention_mask, max_new_tokens: int, tempe
     a row after that many tokens; bans (B * M,) a token id the first draw may not be (-1: none).
     compact (eager 'icdf' only, the default there): rows that stopped leave the batch once a quarter
     have (no sample changes; on a GPU in bfloat16 a smaller batch may round its matmuls differently).
-    cache_len: the KV buffer's length (default: prompt + T eagerly, rounded up to a multiple of 256
-    when capturing); attention kernels round differently over other lengths, so comparing the two
-    paths bit for bit needs the same length.
+    graph_shapes: run the eager path with the captured step's shapes (row and length buckets, the
+    whole cache attended, no compaction): what the captured step computes, kernel for kernel, so
+    the two can be compared bit for bit (attention rounds differently over other lengths).
     """
     dev = input_ids.device
     dt = next(model.parameters()).dtype
@@ -320,11 +335,10 @@ def generate_static(model, input_ids, attention_mask, max_new_tokens: int, tempe
     stop = torch.as_tensor([stop] if isinstance(stop, int) else list(stop), dtype=torch.long, device=dev)
     B, P = input_ids.shape
     n_real, T = B * repeats, max_new_tokens
-    rows, L = (bucket_rows(n_real), bucket_len(P + T)) if capture else (n_real, P + T)
+    graph_shapes = capture or graph_shapes
+    rows, L = (bucket_rows(n_real), bucket_len(P + T)) if graph_shapes else (n_real, P + T)
     if pad_rows is not None:  # an explicit row bucket (tests; the captured path's default is bucket_rows)
         rows = max(n_real, int(pad_rows))
-    if cache_len is not None:
-        L = max(P + T, int(cache_len))
     U = uniforms
     if draw == "icdf" and U is None:
         if generator is None:
@@ -336,10 +350,12 @@ def generate_static(model, input_ids, attention_mask, max_new_tokens: int, tempe
     load = dict(generator=generator, U=U, repeats=repeats, budget=budgets, ban=bans if has_ban else None)
     if capture:
         graphs = model.__dict__.setdefault("_static_graphs", {})
-        key = (rows, L, T, token_chunk, float(temperature), tuple(stop.tolist()), int(pad_id), dt, has_ban)
+        key = (rows, L, T, token_chunk, float(temperature), tuple(stop.tolist()), int(pad_id), dt, has_ban,
+               return_logprobs)
         dec = graphs.get(key)
         if dec is None:
-            dec = _Decoder(model, rows, L, T, token_chunk, temperature, draw, stop, pad_id, has_ban)
+            dec = _Decoder(model, rows, L, T, token_chunk, temperature, draw, stop, pad_id, has_ban,
+                           record_logp=return_logprobs, captured=True)
             dec.load(h, layers, attention_mask, next_pos, **load)
             t0 = time.perf_counter()
             dec.capture()
@@ -352,14 +368,18 @@ def generate_static(model, input_ids, attention_mask, max_new_tokens: int, tempe
             if (k + 1) % check_every == 0 and int(dec.all_done_at) < T:
                 break
     else:
-        dec = _Decoder(model, rows, L, T, token_chunk, temperature, draw, stop, pad_id, has_ban)
+        dec = _Decoder(model, rows, L, T, token_chunk, temperature, draw, stop, pad_id, has_ban,
+                       record_logp=return_logprobs, whole_cache=graph_shapes)
         dec.load(h, layers, attention_mask, next_pos, **load)
         # icdf rows own their uniforms, so finished rows can leave the batch (as the old MC sampler did);
         # the multinomial draw's generator stream depends on the row count, so it keeps every row
-        compact, live = (draw == "icdf" if compact is None else compact and draw == "icdf"), n_real
+        compact = (draw == "icdf" and not graph_shapes) if compact is None else compact and draw == "icdf"
+        live = n_real
+        n = T
         for k in range(T):
             dec.draw_step()
             if k == T - 1 or bool(dec.done.all()):
+                n = k + 1
                 break
             if compact:
                 n_alive = int((~dec.done).sum())
@@ -368,6 +388,7 @@ def generate_static(model, input_ids, attention_mask, max_new_tokens: int, tempe
                     live = n_alive
             dec.forward_step(dec.tok)
             dec.k += 1
-    n = min(int(dec.all_done_at) + 1, T)
+    if capture:
+        n = min(int(dec.all_done_at) + 1, T)
     out = dec.out[:n_real, :n].clone()
     return (out, dec.logp[:n_real, :n].clone()) if return_logprobs else out

@@ -55,6 +55,7 @@ class RunConfig(_SamplesThePolicy):
     backend: str = "hf"             # sampler: 'hf' (the policy itself or a cast copy) or 'vllm' (synced each step)
     sample_dtype: str = ""          # dtype of the sampler copy; "" samples from the training model itself
     gpu_memory_utilization: float = 0.3  # vLLM's share of GPU memory (beside the training model)
+    sample_rows: int = 256          # rollouts per HF sampler call: bounds the sampler's KV cache
     update: grpo.UpdateConfig = field(default_factory=grpo.UpdateConfig)  # the GRPO update
 
 
@@ -67,7 +68,7 @@ def _sample_config(cfg, model=None) -> rollout.SampleConfig:
     return rollout.SampleConfig(n_prompts=cfg.n_prompts, G=cfg.G, temperature=cfg.temperature,
                                 max_new_tokens=cfg.max_new_tokens, backend=cfg.backend, device=dev, dtype=dt,
                                 seed=cfg.seed, source=cfg.source, gpu_memory_utilization=cfg.gpu_memory_utilization,
-                                token_chunk=cfg.update.token_chunk)
+                                token_chunk=cfg.update.token_chunk, chunk_size=getattr(cfg, "sample_rows", 256))
 
 
 class PolicySampler:
@@ -169,7 +170,7 @@ def sign_consistency_run(model, tokenizer, cfg: RunConfig, sgd_lr: float, progre
     return pd.DataFrame(out)
 
 
-_KEY_DEFAULTS = {"run_rounds": 0}
+_KEY_DEFAULTS = {"run_rounds": 0, "sample_rows": 256}
 
 
 def run_params(cfg) -> dict:

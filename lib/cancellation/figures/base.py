@@ -81,6 +81,11 @@ def token_chunk():
     return param(4096, "positions per LM-head call: bounds every (positions, vocabulary) logits tensor", min=1)
 
 
+def sample_rows():
+    return param(256, "rollouts per HF sampler call: bounds the sampler's KV cache (rows x (prompt + max_new_tokens))",
+                 min=1)
+
+
 def threads():
     return param(1, "torch CPU threads (tiny decode steps gain nothing from more; busy cores make them spin)", min=1)
 
@@ -150,7 +155,7 @@ def sample_config(P, source: tasks.ProblemSource, sampler: bool = False, **over)
     the knobs of the sampler `load_sampler` builds (backend, sample_dtype, gpu_memory_utilization).
     Without it, rows are drawn from the float policy itself (the SampleConfig's defaults)."""
     kw = dict(n_prompts=P.n_prompts, G=P.G, temperature=P.temperature, max_new_tokens=P.max_new_tokens,
-              device=P.device, source=source, token_chunk=P.token_chunk)
+              device=P.device, source=source, token_chunk=P.token_chunk, chunk_size=getattr(P, "sample_rows", 256))
     if sampler:
         kw.update(backend=P.backend, dtype=P.sample_dtype, gpu_memory_utilization=P.gpu_memory_utilization)
     kw.update(over)

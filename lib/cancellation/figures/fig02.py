@@ -48,6 +48,7 @@ class Params(base.FigureParams):
     prompt_format: str = base.prompt_format()
     chunk_rows: int = base.chunk_rows()
     token_chunk: int = base.token_chunk()
+    sample_rows: int = base.sample_rows()
     seed: int = base.seed()
 
 

@@ -67,6 +67,7 @@ class Params(base.FigureParams):
     prompt_format: str = base.prompt_format()
     chunk_rows: int = base.chunk_rows()
     token_chunk: int = base.token_chunk()
+    sample_rows: int = base.sample_rows()
     gradient_checkpointing: bool = param(False, "recompute activations in the backward of the Fig. 10 run "
                                          "(large models)")
     seed: int = param(0, "seeds prompts, sampling, candidates and masks", min=0)
@@ -164,7 +165,7 @@ def _boost_vs_cos(effects: pd.DataFrame, P: Params) -> pd.DataFrame:
 def _sign_consistency(P: Params, source, key: dict) -> pd.DataFrame:
     """Fig. 10: a GRPO training run (Adam, adam_lr) comparing an SGD lm_head and full step before each step."""
     run_cfg = train.RunConfig(steps=P.run_steps, n_prompts=P.run_n_prompts, G=P.run_G, temperature=P.temperature,
-                              max_new_tokens=P.max_new_tokens, seed=P.seed, source=source,
+                              max_new_tokens=P.max_new_tokens, seed=P.seed, source=source, sample_rows=P.sample_rows,
                               update=P.compute().update(optimizer="adam", lr=P.adam_lr))
 
     def sign_run():

@@ -62,6 +62,7 @@ class Params(base.FigureParams):
     problems_path: str = base.problems_path()
     prompt_format: str = base.prompt_format()
     token_chunk: int = base.token_chunk()
+    sample_rows: int = base.sample_rows()
     gradient_checkpointing: bool = param(False, "recompute activations in the backward (large models)")
     seed: int = param(0, "first batch seed (batch i uses seed + 1000 + i)", min=0)
 

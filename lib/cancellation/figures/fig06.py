@@ -86,6 +86,7 @@ class Params(base.FigureParams):
     prompt_format: str = base.prompt_format()
     chunk_rows: int = base.chunk_rows()
     token_chunk: int = base.token_chunk()
+    sample_rows: int = base.sample_rows()
     gradient_checkpointing: bool = base.gradient_checkpointing()
     step_mode: str = param("scores", "'scores': steps from per-rollout scores h (small models); 'grpo': a real "
                            "grpo_step each", choices=["scores", "grpo"])
