@@ -267,6 +267,53 @@ def test_table2_caveats_are_loops_over_the_committed_tables(profile):
     assert reg.loc["table2_baseline_collapse"].estimator == "Clopper–Pearson"
 
 
+@pytest.mark.parametrize("profile", ["tiny", "tiny-table2"])
+def test_table2_qbrb_vs_rb_and_collapse_rows_are_loops_over_the_committed_tables(profile):
+    """QB+RB − RB: a Student-t interval of the per-seed differences of final averages (a loop over
+    the training curves); the collapse rows: Clopper–Pearson (scipy's beta quantiles) of the
+    collapsed runs, judged against COLLAPSE_RATE; QB+RB's stability at every probed lr."""
+    from cancellation.figures.fig07 import COLLAPSE_RATE
+    d = ROOT / "data" / "results" / profile
+    reg = registry(d / "claims.parquet")
+    curves = pd.read_parquet(d / "fig08_training_curves.parquet")
+    last = curves.iteration.max()
+    fin = {(s, seed): a for s, seed, i, st, a in zip(curves.strategy, curves.seed, curves.iteration, curves.set,
+                                                     curves.accuracy) if i == last and st == "average"}
+    seeds = sorted({seed for _, seed in fin})
+    r = reg.loc["table2_QB+RB_vs_RB"]
+    m, lo, hi = t_ci([100 * (fin[("QB+RB", s)] - fin[("RB", s)]) for s in seeds])
+    assert close(r.measured, m) and close(r.lo, lo) and close(r.hi, hi) and r.n == len(seeds)
+
+    def cp(k, n):
+        return (stats.beta.ppf(0.025, k, n - k + 1) if k else 0.0), (stats.beta.ppf(0.975, k + 1, n - k) if k < n else 1.0)
+
+    sweep = pd.read_csv(d / "table2_lr_sweep.csv")
+    for lr in sorted(set(sweep.lr) - {sweep.lr.min()}) if len(set(sweep.lr)) > 1 else []:
+        for name, claim, sign in (("random", f"table2_baseline_collapse_lr{lr:g}", 1),
+                                  ("QB+RB", f"table2_QB+RB_stable_lr{lr:g}", -1)):
+            flags = [bool(c) for s_, l_, c in zip(sweep.strategy, sweep.lr, sweep.collapsed) if s_ == name and l_ == lr]
+            k, n = sum(flags), len(flags)
+            row = reg.loc[claim]
+            lo, hi = cp(k, n)
+            assert close(row.measured, k / n) and close(row.lo, lo, abs_=1e-7) and close(row.hi, hi, abs_=1e-7)
+            want = ("reproduced" if sign * (lo - COLLAPSE_RATE) > 0 and sign * (hi - COLLAPSE_RATE) > 0 else
+                    "not reproduced" if sign * (lo - COLLAPSE_RATE) < 0 and sign * (hi - COLLAPSE_RATE) < 0 else
+                    "inconclusive")
+            assert row.verdict == want, (claim, row.verdict, want)
+
+
+@pytest.mark.parametrize("k, n, want", [(1, 10, "inconclusive"), (3, 10, "inconclusive"), (4, 10, "reproduced"),
+                                        (0, 10, "inconclusive"), (0, 40, "not reproduced"),
+                                        (1, 1, "inconclusive")])
+def test_collapse_rule_needs_more_than_one_run(k, n, want):
+    """'Unstable' needs the collapse share's Clopper–Pearson interval above COLLAPSE_RATE: one
+    collapsed run of ten (or of one) never makes a strategy unstable; four of ten do."""
+    from cancellation.figures.fig07 import COLLAPSE_RATE
+    lo = stats.beta.ppf(0.025, k, n - k + 1) if k else 0.0
+    hi = stats.beta.ppf(0.975, k + 1, n - k) if k < n else 1.0
+    assert C.direction(k / n, lo, hi, sign=1, ref=COLLAPSE_RATE) == want
+
+
 def test_params_of_every_committed_row_are_json():
     for path in REGISTRIES:
         for p in pd.read_parquet(path).params:
