@@ -158,6 +158,22 @@ def test_table1_paired_rows_are_loops_over_candidates():
     assert checked >= 8
 
 
+def test_table1_scope_agreement_is_a_loop_over_candidates():
+    """LM-head vs full-parameter agreement: for every (candidate, mask kind) measured in both scopes,
+    whether the two δ share a sign; the row's point is the mean over candidates of their share, its
+    interval a bootstrap over candidates (checked loosely against the normal half-width)."""
+    e = pd.read_parquet(TINY / "fig03_masking_effects.parquet")
+    delta = {(k, c, s): d for p, k, s, c, d in zip(e.pool, e.kind, e.scope, e.cand, e.delta) if p == "nonzero"}
+    per = defaultdict(list)
+    for (k, c, s), d in delta.items():
+        if s == "full" and (k, c, "lm_head") in delta:
+            per[c].append(float(np.sign(d) == np.sign(delta[(k, c, "lm_head")])))
+    shares = [sum(v) / len(v) for v in per.values()]
+    row = registry().loc["table1_nonzero_scope_agreement"]
+    assert row.n == len(shares) and row.estimator == "percentile bootstrap over candidates"
+    near_normal(row, sum(shares) / len(shares), np.std(shares, ddof=1) / math.sqrt(len(shares)))
+
+
 def test_table1_random_rate_is_clopper_pearson():
     e = pd.read_parquet(TINY / "fig03_masking_effects.parquet")
     for scope in ("lm_head", "full"):
