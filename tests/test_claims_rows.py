@@ -222,6 +222,43 @@ def _balanced_gap_loop(rows):
     return sum(gaps) / 2
 
 
+def test_ols_coef_of_one_binary_regressor_is_the_difference_of_means():
+    """Closed form: with one 0/1 regressor, β is the difference of the group means and the HC1
+    variance is n/(n − 2) · (Σ₁ e²/n₁² + Σ₀ e²/n₀²)."""
+    from cancellation import stats as S
+    rng = np.random.default_rng(0)
+    x = (rng.random(300) < 0.4).astype(float)
+    y = 0.3 * x + rng.standard_normal(300) * (1 + x)
+    b, lo, hi, se = S.ols_coef(y, x[:, None], 0)
+    m1, m0 = y[x == 1].mean(), y[x == 0].mean()
+    e1, e0 = y[x == 1] - m1, y[x == 0] - m0
+    want_se = math.sqrt(300 / 298 * ((e1 ** 2).sum() / len(e1) ** 2 + (e0 ** 2).sum() / len(e0) ** 2))
+    assert close(b, m1 - m0) and close(se, want_se)
+    assert close(hi - b, stats.t.ppf(0.975, 298) * want_se)
+
+
+def test_fig05a_ols_row_is_a_loop_over_the_token_table():
+    """The regression-control row: normal equations and the HC1 sandwich summed token by token in
+    plain Python over the committed token table (the notebook's estimator: its first)."""
+    v = pd.read_parquet(TINY / "fig05_token_values.parquet")
+    est = v.estimator.iloc[0]
+    row = registry().loc[f"fig05a_{est}_ols"]
+    rows = [(float(s == "boosted"), p, h, t, 1.0 if g == "pos" else -1.0, d)
+            for e, s, p, h, t, g, d in zip(v.estimator, v.status, v.prob, v.entropy, v.position, v.sign, v.delta_hat)
+            if e == est and s in ("boosted", "suppressed")]
+    X = np.array([[1.0, *r[:5]] for r in rows])
+    y = np.array([r[5] for r in rows])
+    xtx = sum(np.outer(x, x) for x in X)
+    beta = np.linalg.solve(xtx, sum(x * yy for x, yy in zip(X, y)))
+    inv = np.linalg.inv(xtx)
+    meat = sum(np.outer(x, x) * (yy - x @ beta) ** 2 for x, yy in zip(X, y))
+    n, k = X.shape
+    se = math.sqrt((inv @ meat @ inv)[1, 1] * n / (n - k))
+    h = stats.t.ppf(0.975, n - k) * se
+    assert row.n == n and close(row.measured, beta[1], rel=1e-7) and close(row.lo, beta[1] - h, rel=1e-6)
+    assert close(row.hi, beta[1] + h, rel=1e-6)
+
+
 def test_fig05b_peak_minus_end_point_is_a_loop():
     v = pd.read_parquet(TINY / "fig05_token_values.parquet")
     v = v[v.estimator == "exclude"]

@@ -84,6 +84,25 @@ def t_interval(x, level: float = 0.95) -> tuple[float, float, float]:
     return float(x.mean()), float(x.mean() - h), float(x.mean() + h)
 
 
+def ols_coef(y, X, j: int = 0, level: float = 0.95) -> tuple[float, float, float, float]:
+    """(β_j, lo, hi, se) of the least-squares fit y ≈ [1, X] β (an intercept is added; column j of X
+    is coefficient j + 1), with a heteroskedasticity-robust (HC1) standard error and a Student-t
+    interval on n − k degrees of freedom."""
+    from scipy import stats as _st
+    y = _arr(y)
+    X = np.column_stack([np.ones(len(y)), np.asarray(X, float)])
+    n, k = X.shape
+    beta, *_ = np.linalg.lstsq(X, y, rcond=None)
+    resid = y - X @ beta
+    bread = np.linalg.inv(X.T @ X)
+    meat = (X * resid[:, None] ** 2).T @ X
+    cov = bread @ meat @ bread * n / (n - k)
+    se = float(np.sqrt(cov[j + 1, j + 1]))
+    h = _st.t.ppf(0.5 + level / 2, n - k) * se
+    b = float(beta[j + 1])
+    return b, b - h, b + h, se
+
+
 def t_halfwidth(x, level: float = 0.95) -> float:
     """Half width of the Student-t interval of the mean of x (NaN for fewer than 2 values)."""
     x = _arr(x)
