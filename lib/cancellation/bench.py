@@ -350,28 +350,7 @@ def _copy_bandwidth(device) -> float:
     n = (2 ** 30 if device == "cuda" else 2 ** 28) // 4
     a = torch.empty(n, dtype=torch.float32, device=device)
     b = torch.empty_like(a)
-    b.copy_(a)
-    best = float("inf")
-    for _ in range(5):
-        _sync(device)
-        t = time.perf_counter()
-        b.copy_(a)
-        _sync(device)
-        best = min(best, time.perf_counter() - t)
-    return 2 * a.numel() * 4 / best
-
-
-def _sync(device):
-    if device == "cuda":
-        torch.cuda.synchronize()
-
-
-def _timed(fn, device) -> float:
-    _sync(device)
-    t = time.perf_counter()
-    fn()
-    _sync(device)
-    return time.perf_counter() - t
+    return 2 * a.numel() * 4 / scale._best(lambda: b.copy_(a), device, reps=5)
 
 
 @bench
@@ -426,10 +405,10 @@ def sampler(device: str = "auto", shapes: str = "auto", compile: bool = True, ea
         for name, fn in ways.items():
             if "eager" in name or "dynamic" in name:       # nothing to capture: warm up on 8 tokens, time once
                 fn(n=8)
-                first, steady = float("nan"), _timed(fn, device)
+                first, steady = float("nan"), scale._timed(fn, device)[0]
             else:
-                first = _timed(fn, device)                 # captures / compiles on its first call
-                steady = _timed(fn, device)
+                first = scale._timed(fn, device)[0]        # captures / compiles on its first call
+                steady = scale._timed(fn, device)[0]
             rows_out.append((f"{rows} x {new}", name, tok / steady, first))
             print(f"  {rows} x {new}  {name}: {tok / steady:,.0f} tokens/s"
                   + ("" if first != first else f" (first call {first:.1f} s)"), flush=True)

@@ -192,6 +192,11 @@ def _ceil(a, b):
     return -(-int(a) // max(int(b), 1))
 
 
+def _sample_rows(P) -> int | None:
+    """Rollouts per HF sampler call of a notebook that samples through base.sample_config (its KV cache rows)."""
+    return getattr(P, "sample_rows", None)
+
+
 def _sample(w: Work, rows: int, z: Sizes, chunk_rows_decode: int | None = None, times: int = 1):
     """HF KV-cache sampling of `rows` rows: prefill of the prompts, then one decode step per new token."""
     w.add("sample", positions=times * rows * (z.prompt + z.new), head=times * rows * z.new,
@@ -264,7 +269,7 @@ def _features(w: Work, P, shape, z, rows):
 def work02(P, shape, z):
     w, rows = Work(), P.n_prompts * P.G
     N = rows * z.new                                  # response tokens (upper bound: every row at the cap)
-    _sample(w, rows, z, chunk_rows_decode=getattr(P, 'sample_rows', None))
+    _sample(w, rows, z, chunk_rows_decode=_sample_rows(P))
     _features(w, P, shape, z, rows)
     _kernel(w, 2 * P.n_pairs, shape, P.chunk, N)      # (a), (b): sampled pairs
     _kernel(w, 2 * N * N, shape, P.chunk, N)          # (c) entropy bins and the first-order δ: every pair, twice
@@ -276,7 +281,7 @@ def work02(P, shape, z):
 
 def work03(P, shape, z):
     w, rows, cr = Work(), P.n_prompts * P.G, P.chunk_rows
-    _sample(w, rows, z, chunk_rows_decode=getattr(P, 'sample_rows', None))
+    _sample(w, rows, z, chunk_rows_decode=_sample_rows(P))
     _analysis(w, rows, z, cr)                         # features
     # precision check: per copy (stock norms, exact) an analysis, a full SGD step and an analysis
     _analysis(w, rows, z, cr, times=4)
@@ -297,7 +302,7 @@ def work03(P, shape, z):
     _kernel(w, pools * (P.n_cands * 3 * P.mask_size + P.n_cands * N), shape, 1024, N)  # proxy cosines, top-coupled
     # Fig. 10 run: per step a sample, an analysis, an SGD lm_head and a full step with their analyses, an Adam step
     r10 = P.run_n_prompts * P.run_G
-    _sample(w, r10, z, chunk_rows_decode=getattr(P, 'sample_rows', None), times=P.run_steps)
+    _sample(w, r10, z, chunk_rows_decode=_sample_rows(P), times=P.run_steps)
     _analysis(w, r10, z, cr, times=3 * P.run_steps)
     _step(w, "lm_head", r10, z, cr, times=P.run_steps)
     _step(w, "full", r10, z, cr, times=2 * P.run_steps)
@@ -311,7 +316,7 @@ def work04(P, shape, z):
     policies = 1 + (1 if P.control_model_path else 0)
     kind = "full" if P.scope == "full" else "lm_head"
     n = policies * P.n_batches
-    _sample(w, rows, z, chunk_rows_decode=getattr(P, 'sample_rows', None), times=n)
+    _sample(w, rows, z, chunk_rows_decode=_sample_rows(P), times=n)
     _analysis(w, rows, z, P.chunk_rows, times=n * 4)  # before, after each of the two updates, the restore check
     _step(w, kind, rows, z, P.chunk_rows, times=n * 2)
     w.full_grads = kind == "full"
@@ -321,7 +326,7 @@ def work04(P, shape, z):
 
 def work05(P, shape, z):
     w, rows, cr = Work(), P.n_prompts * P.G, P.chunk_rows
-    _sample(w, rows, z, chunk_rows_decode=getattr(P, 'sample_rows', None))
+    _sample(w, rows, z, chunk_rows_decode=_sample_rows(P))
     steps = len(P.sgd_lrs) + len(P.adam_lrs)          # repeated steps: K steps per optimizer and lr
     _step(w, "full", rows, z, cr, times=steps * P.repeat_steps + 1)
     _analysis(w, rows, z, cr, times=steps * P.repeat_steps + 3)
@@ -341,8 +346,8 @@ def work05(P, shape, z):
 def work06(P, shape, z):
     w, cr = Work(), P.chunk_rows
     rows, crows = P.n_prompts * P.G, P.comp_prompts * P.comp_G
-    _sample(w, rows, z, chunk_rows_decode=getattr(P, 'sample_rows', None))
-    _sample(w, crows, z, chunk_rows_decode=getattr(P, 'sample_rows', None))
+    _sample(w, rows, z, chunk_rows_decode=_sample_rows(P))
+    _sample(w, crows, z, chunk_rows_decode=_sample_rows(P))
     _analysis(w, rows, z, cr)
     _analysis(w, P.comp_groups * P.G_comp, z, cr)
     # a real grpo_step per setting and seed (step_mode grpo), on the sub-batch of the setting
@@ -383,7 +388,7 @@ def work08(P, shape, z):
     w, rows, cr = Work(), P.n_prompts * P.G, P.chunk_rows
     _run(w, P, z, rows, P.steps, P.n_minibatches, cr)   # (a) notebook 01's run (read from the cache when 01 ran)
     w.notes.append("(a) counts notebook 01's GRPO run, which a previous run of 01 leaves in the cache")
-    _sample(w, rows, z, chunk_rows_decode=getattr(P, 'sample_rows', None))
+    _sample(w, rows, z, chunk_rows_decode=_sample_rows(P))
     _features(w, P, shape, z, rows)
     N = rows * z.new
     _kernel(w, N * N / 2 + N * N, shape, P.chunk, N)   # cross-sign pairs, then the same-token pools

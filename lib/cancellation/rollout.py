@@ -199,7 +199,7 @@ def generate(model, input_ids, attention_mask, max_new_tokens: int, temperature:
 
     On CUDA with bfloat16/float16/float32 weights (`static` None) this is `sampler.generate_static`: a static
     KV cache and a decode step captured as a CUDA graph, drawing by inverse CDF from uniforms of
-    `generator` (same law, other draws than the eager path). Otherwise (CPU, float32/float64, or
+    `generator` (same law, other draws than the eager path). Otherwise (CPU, float64 on CUDA, or
     `static=False`) it is the eager DynamicCache loop below, which the tiny profile's tables used.
 
     `stop`: one stop id or a list. temperature 0 is greedy decoding. `generator` must live on the
@@ -222,10 +222,7 @@ def generate(model, input_ids, attention_mask, max_new_tokens: int, temperature:
     B = input_ids.shape[0]
 
     def draw(logits, rows):
-        if temperature == 0:
-            return logits.argmax(-1)
-        probs = torch.softmax(logits.double() / temperature, dim=-1)
-        return torch.multinomial(probs, 1, generator=generator).squeeze(1)
+        return sampler._draw_multinomial(logits, temperature, generator)
 
     pos = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     h, kv = last_hidden(model, DynamicCache(), input_ids=input_ids, attention_mask=attention_mask, position_ids=pos)

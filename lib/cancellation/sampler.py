@@ -28,6 +28,7 @@ layers, or whose decoder takes no `position_ids`, stay on `rollout.generate`.
 """
 from __future__ import annotations
 
+import functools
 import math
 import time
 
@@ -39,50 +40,51 @@ ROW_BUCKETS = (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 LEN_BUCKET = 256
 
 
-def _dynamic_layer():
-    from transformers.cache_utils import DynamicLayer
-    return DynamicLayer
+@functools.cache
+def _static_layer_class():
+    from transformers.cache_utils import DynamicLayer  # imported late: transformers is slow to import
 
+    class StaticLayer(DynamicLayer):
+        """One layer's keys/values preallocated for (rows, kv heads, L, head dim); a decode step
+        writes its column in place at `write_pos` (a device tensor shared by every layer)."""
 
-class _StaticLayerMixin:
-    def _setup(self, keys, L: int, write_pos: torch.Tensor, rows: int, H: int, D: int, dtype, device):
-        self.keys = torch.zeros(rows, H, L, D, dtype=dtype, device=device)
-        self.values = torch.zeros(rows, H, L, D, dtype=dtype, device=device)
-        self.write_pos, self.n_prefill, self.live = write_pos, 0, None
-        self.dtype, self.device, self.is_initialized = dtype, device, True
+        def __init__(self, rows: int, H: int, L: int, D: int, dtype, device, write_pos: torch.Tensor):
+            super().__init__()
+            self.keys = torch.zeros(rows, H, L, D, dtype=dtype, device=device)
+            self.values = torch.zeros(rows, H, L, D, dtype=dtype, device=device)
+            self.write_pos, self.n_prefill, self.live = write_pos, 0, None
+            self.dtype, self.device, self.is_initialized = dtype, device, True
 
-    def fill(self, keys, values, repeats: int, n_real: int):
-        """The prefill's keys/values (B, H, n, D): each prefix copied into its `repeats` rows (one
-        prefill shared by its continuations), padding rows from prefix 0; the rest zeroed."""
-        B, H, n, D = keys.shape
-        for buf, src in ((self.keys, keys), (self.values, values)):
-            buf.zero_()
-            buf[:n_real, :, :n].view(B, repeats, H, n, D).copy_(src[:, None])
-            buf[n_real:, :, :n] = src[:1]
-        self.n_prefill = n
+        def fill(self, keys, values, repeats: int, n_real: int):
+            """The prefill's keys/values (B, H, n, D): each prefix copied into its `repeats` rows (one
+            prefill shared by its continuations), padding rows from prefix 0; the rest zeroed."""
+            B, H, n, D = keys.shape
+            for buf, src in ((self.keys, keys), (self.values, values)):
+                buf.zero_()
+                buf[:n_real, :, :n].view(B, repeats, H, n, D).copy_(src[:, None])
+                buf[n_real:, :, :n] = src[:1]
+            self.n_prefill = n
 
-    def update(self, key_states, value_states, *args, **kwargs):
-        self.keys.index_copy_(2, self.write_pos, key_states)
-        self.values.index_copy_(2, self.write_pos, value_states)
-        if self.live is not None:  # eager: attend over the written columns only (a captured step takes all)
-            return self.keys[:, :, :self.live], self.values[:, :, :self.live]
-        return self.keys, self.values
+        def update(self, key_states, value_states, *args, **kwargs):
+            self.keys.index_copy_(2, self.write_pos, key_states)
+            self.values.index_copy_(2, self.write_pos, value_states)
+            if self.live is not None:  # eager: attend over the written columns only (a captured step takes all)
+                return self.keys[:, :, :self.live], self.values[:, :, :self.live]
+            return self.keys, self.values
 
-    def get_seq_length(self) -> int:  # only used by callers that pass no positions (we pass them)
-        return self.n_prefill
+        def get_seq_length(self) -> int:  # only used by callers that pass no positions (we pass them)
+            return self.n_prefill
 
-    def get_max_cache_shape(self) -> int:
-        return self.keys.shape[2]
+        def get_max_cache_shape(self) -> int:
+            return self.keys.shape[2]
+
+    return StaticLayer
 
 
 def static_layer(layer, L: int, write_pos: torch.Tensor, rows: int):
-    """A StaticLayer (a transformers DynamicLayer whose update writes in place) shaped after a prefilled layer."""
-    cls = type("StaticLayer", (_StaticLayerMixin, _dynamic_layer()), {})
-    obj = cls.__new__(cls)
-    _dynamic_layer().__init__(obj)
+    """A StaticLayer of `rows` rows and length L shaped after a prefilled layer (its heads, head dim, dtype)."""
     _, H, _, D = layer.keys.shape
-    obj._setup(layer.keys, L, write_pos, rows, H, D, layer.keys.dtype, layer.keys.device)
-    return obj
+    return _static_layer_class()(rows, H, L, D, layer.keys.dtype, layer.keys.device, write_pos)
 
 
 def supported(model) -> bool:
@@ -106,14 +108,18 @@ def _draw_multinomial(logits, temperature, generator):
     return torch.multinomial(probs, 1, generator=generator).squeeze(1)
 
 
-def _draw_icdf(logits, temperature, u):
-    """Inverse-CDF draw: the token whose cumulative probability first exceeds u (rows,) in [0, 1)
-    (the decode step's draw without bans; tests check its law)."""
-    if temperature == 0:
-        return logits.argmax(-1)
-    probs = torch.softmax(logits.double() / temperature, dim=-1)
+def _icdf(probs, u):
+    """Inverse-CDF draw: per row, the token whose cumulative probability first exceeds u · total
+    (u (rows,) in [0, 1)); float64 probabilities keep the law exact up to round-off."""
     cdf = probs.cumsum(-1)
     return torch.searchsorted(cdf, u.double()[:, None] * cdf[:, -1:]).squeeze(1).clamp(max=probs.shape[1] - 1)
+
+
+def _draw_icdf(logits, temperature, u):
+    """The decode step's inverse-CDF draw without bans (tests check its law)."""
+    if temperature == 0:
+        return logits.argmax(-1)
+    return _icdf(torch.softmax(logits.double() / temperature, dim=-1), u)
 
 
 class _Decoder:
@@ -203,9 +209,7 @@ class _Decoder:
                 probs = probs.scatter(1, idx, torch.where(b, torch.zeros_like(idx, dtype=probs.dtype),
                                                           probs.gather(1, idx)))
                 probs = probs / torch.where(b, probs.sum(-1, keepdim=True), torch.ones_like(probs[:, :1]))
-            cdf = probs.cumsum(-1)
-            u = self.U.index_select(0, self.k).squeeze(0)[rows][:, None] * cdf[:, -1:]
-            tok = torch.searchsorted(cdf, u).squeeze(1).clamp(max=probs.shape[1] - 1)
+            tok = _icdf(probs, self.U.index_select(0, self.k).squeeze(0)[rows])
         if not self.record_logp:
             return tok, None
         lp = torch.log_softmax(logits.float(), -1).gather(1, tok[:, None]).squeeze(1)

@@ -205,7 +205,7 @@ def _model(config, dtype, device, seed):
 def _time_blocks(model, z: dict, device: str, dtype: str, seed: int, only=None, sample_dtype: str | None = None) -> dict:
     """Two timing points per block on `model`: block -> [(seconds, parameter-tokens or pair-vocab, calls)]
     (equal calls, different lengths; sampling: equal decode steps, different rows), plus Adam's update.
-    `only`: just these blocks ('sample'); sampling runs on a `sample_dtype` copy (the notebooks'
+    `only`: just these blocks; sampling runs on a `sample_dtype` copy (the notebooks'
     sample_dtype: on CUDA bfloat16, which `rollout.generate` samples with the captured static-cache path)."""
     from . import coupling
     from .compute import Compute
@@ -236,16 +236,17 @@ def _time_blocks(model, z: dict, device: str, dtype: str, seed: int, only=None, 
         out["adam_update"] = _best(opt.step, device, reps=3) / shape.params
         del opt
         model.zero_grad(set_to_none=True)
-    sm = model if not sample_dtype or sample_dtype == dtype else policy.cast(model, sample_dtype)
-    new, gen, pts = z["sample_new"], torch.Generator(device=device).manual_seed(seed), []
-    for rows in z["sample_rows"]:
-        ids = batches[0].input_ids[:1, :z["prompt"]].repeat(rows, 1).to(device)
-        with torch.no_grad():
-            t = _best(lambda: rollout.generate(sm, ids, torch.ones_like(ids), new, 1.0, [-1], 0,
-                                               generator=gen, token_chunk=tc), device)
-        pts.append((t, rows * (z["prompt"] + new) * shape.body + rows * new * shape.head, new))
-    out["sample"] = pts
-    del sm
+    if only is None or "sample" in only:
+        sm = model if not sample_dtype or sample_dtype == dtype else policy.cast(model, sample_dtype)
+        new, gen, pts = z["sample_new"], torch.Generator(device=device).manual_seed(seed), []
+        for rows in z["sample_rows"]:
+            ids = batches[0].input_ids[:1, :z["prompt"]].repeat(rows, 1).to(device)
+            with torch.no_grad():
+                t = _best(lambda: rollout.generate(sm, ids, torch.ones_like(ids), new, 1.0, [-1], 0,
+                                                   generator=gen, token_chunk=tc), device)
+            pts.append((t, rows * (z["prompt"] + new) * shape.body + rows * new * shape.head, new))
+        out["sample"] = pts
+        del sm
     if only is not None:
         return out
     pts = []
@@ -267,7 +268,7 @@ def measure_units(config, device: str = "cpu", dtype: str = "float32", seed: int
     step and HF sampling; seconds per pair-vocabulary entry of the coupling kernel; the notebook
     start. Per-call costs come from `config` (a SHAPES name or a config.json directory); per-token
     costs from `slope_config` when given (on a CPU a small shape is overhead-bound, so its slope
-    would not transfer to a large model), else from `config` too. `only` ('sample'): just those
+    would not transfer to a large model), else from `config` too. `only` (e.g. ['sample']): just those
     blocks (merged into an existing file by `main --only`). Sampling is timed on a `sample_dtype` copy
     (default: bfloat16 on CUDA, as the paper profile's sample_dtype; the model's dtype on a CPU)."""
     from .plan import Shape, device_kind

@@ -90,17 +90,13 @@ def sample_continuations(model, prefixes, M: int, budgets, eos_id, pad_id: int, 
     (reproducible per device); logits are computed for the last position only and for at most
     `token_chunk` rows at a time.
     """
+    from .rollout import _left_pad
     from .sampler import generate_static
     P = len(prefixes)
     bans = bans if bans is not None else [None] * P
     dev = next(model.parameters()).device
     stop = [eos_id] if isinstance(eos_id, int) else list(eos_id)
-    L = max(len(p) for p in prefixes)
-    ids = torch.full((P, L), pad_id, dtype=torch.long)
-    am = torch.zeros((P, L), dtype=torch.long)
-    for i, p in enumerate(prefixes):
-        ids[i, L - len(p):] = torch.as_tensor(p)
-        am[i, L - len(p):] = 1
+    ids, am = _left_pad([list(p) for p in prefixes], pad_id)
     T = max(budgets)
     # uniforms per prefix from its own generator: samples independent of the batch composition
     U = torch.stack([torch.rand(T, M, generator=torch.Generator(device=dev).manual_seed(s), dtype=torch.float64,
