@@ -22,7 +22,9 @@
 # - **RB**, reward-balanced batching: keep sampling into a buffer and update only on a batch
 #   with min(N+, N−) ≥ τ|B|; composes with QB (**QB+RB**, whole groups are selected);
 # - **sign_partitioned**: positive and negative rollouts in separate mini-batches — breaks
-#   cancellation on purpose (Fig. 7(a)).
+#   cancellation on purpose (Fig. 7(a));
+# - **random+filter** (a control, not in the paper): the baseline with zero-variance (A = 0) groups
+#   dropped from the update, as DAPO does — part of RB's win could be this filter alone.
 #
 # The paper trains Qwen models for hundreds of steps and finds (Table 2, Fig. 8): the baseline
 # collapses on Qwen2.5-Math-7B, QB and RB each help, **QB+RB is best** on every model, and sign
@@ -35,8 +37,7 @@
 # balanced batch of the same size), group-normalised advantages, the θ_old log-probs by one forward,
 # then `n_minibatches` Adam steps with verl's token-mean clipped loss (ε 0.2 / 0.28, dual clip 3, no
 # KL, no entropy bonus); ρ = 1 only on the first mini-batch. Training runs in **float32**: these Adam
-# steps move log-probs by 1e-3…1e-1, far above float32 round-off. Every run is cached and checkpointed
-# after each iteration (`figures/fig07.py`); an interrupted notebook resumes where it stopped.
+# steps move log-probs by 1e-3…1e-1, far above float32 round-off. Runs are cached and checkpointed.
 
 # %% tags=["parameters"]
 profile = "tiny"                    # parameter profile (set by the runner)
@@ -61,9 +62,8 @@ print(R.summary)
 
 # %% [markdown]
 # ## Where the time goes
-# Per iteration: sampling (all rounds, including RB's extra ones), update (θ_old forward plus the
-# mini-batch steps) and evaluation, measured when the runs were computed (the machine may have been
-# shared, so absolute seconds are upper bounds).
+# Per iteration: sampling (all rounds, RB's extra ones included), update (θ_old forward plus the
+# mini-batch steps) and evaluation, as measured when the runs were computed (upper bounds).
 
 # %%
 R.timing.round(2)
@@ -77,17 +77,23 @@ R.timing.round(2)
 # %%
 print(R.table2_summary)
 if profile == "tiny":
-    print("This is the light run of `make figures`. The full test of Table 2 / Fig. 8 (10 seeds, 64 iterations, "
-          "equal optimizer steps, avg@4 on 256 problems per set, an lr sweep) is `make table2`: "
-          "notebooks/executed/tiny-table2/07_batching.ipynb, figures/tiny-table2/, data/results/tiny-table2/, "
-          "and its claims are in the README's table marked (`make table2`).")
+    print("The light run of `make figures`. The full test (10 seeds x 64 iterations, avg@4 on 256 problems per set) "
+          "is `make table2`: notebooks/executed/tiny-table2/, its claims marked (`make table2`) in README.")
 R.table2_shown.style.hide(axis="index")
 
 # %% [markdown]
+# ## The same rollout budget
+# Table 2 gives every strategy the same optimizer steps, so RB samples several times the baseline's
+# rollouts. `budget_strategies` are rerun at random's budget (`run_rounds = iterations`), so they take
+# fewer steps: final average held-out accuracy per seed, beside random's on the same seed.
+
+# %%
+print(fig07.equal_rollouts(R))
+
+# %% [markdown]
 # ## Stability sweep
-# The paper's baseline collapses at its learning rate (Qwen2.5-Math-7B) while QB+RB keeps training. The
-# same strategies at each of `probe_lrs` (seeds `probe_seeds`), beside their runs at `lr`: final average
-# held-out accuracy, runs collapsed (final average below half the starting accuracy), optimizer steps.
+# The paper's baseline collapses (Qwen2.5-Math-7B) while QB+RB keeps training. The same strategies at
+# `probe_lrs` (seeds `probe_seeds`) beside `lr`: final average, runs collapsed (below half the start), steps.
 
 # %%
 if R.sweep_shown is not None:
@@ -100,7 +106,7 @@ if R.sweep_shown is not None:
 # error), plus the training batch's reward and the policy's mean token entropy on it.
 
 # %%
-COLORS = dict(zip(train.STRATEGIES, [plots.PALETTE[i] for i in (7, 0, 4, 2, 1)]))
+COLORS = dict(zip(train.STRATEGIES, [plots.PALETTE[i] for i in (7, 0, 4, 2, 1, 5)]))
 
 
 def band(ax, df, x, y, name, **kw):
@@ -182,14 +188,11 @@ print(fig07.cross_check(R, P))
 
 # %% [markdown]
 # ## What the numbers say
-# Every strategy sees the same prompts and evaluation draws for a given seed, so each intervention is
-# compared with the baseline on the average column seed by seed (paired differences, t intervals over
-# seeds), with the runs that collapsed (final average below half the starting accuracy). At `probe_lrs`
-# the sweep shows whether the baseline and QB+RB collapse; RB stops updating by construction once there
-# are no correct rollouts (no balanced batch), which freezes a collapsed policy rather than rescuing it.
-# RB's sample cost is in the timing and Table 2 columns. With few seeds and a small evaluation set,
-# differences of a few points are within noise: the light run of `make figures` (tiny) is a smoke test
-# of the design, `make table2` is the test. The per-seed comparison, then the claims:
+# Every strategy sees the same prompts and evaluation draws for a given seed, so each one is compared
+# with the baseline seed by seed (paired differences, t intervals over seeds), with its collapsed runs
+# (final average below half the start). RB stops updating once there are no correct rollouts, which
+# freezes a collapsed policy rather than rescuing it. With few seeds, differences of a few points are
+# noise: the light run (tiny) is a smoke test of the design, `make table2` is the test.
 
 # %%
 print(fig07.versus_random(R, P))
