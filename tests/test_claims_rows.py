@@ -371,3 +371,89 @@ def test_params_of_every_committed_row_are_json():
     for path in REGISTRIES:
         for p in pd.read_parquet(path).params:
             json.loads(p)
+
+
+# ----------------------------------------------------------------------------- the fair-test rows (issue 23)
+def cluster_se(num, den, clusters):
+    """Linearised standard error of Σ num / Σ den with clusters resampled whole (the normal counterpart
+    of a cluster bootstrap of a ratio)."""
+    cn, cd = defaultdict(float), defaultdict(float)
+    for x, y, c in zip(num, den, clusters):
+        cn[c] += x
+        cd[c] += y
+    r, n = sum(cn.values()) / sum(cd.values()), len(cn)
+    resid = [cn[c] - r * cd[c] for c in cn]
+    return math.sqrt(n / (n - 1) * sum(e * e for e in resid)) / sum(cd.values())
+
+
+def test_table1_signed_rows_are_loops_over_candidates():
+    """Sign-aware Boost Rate: per candidate, 1[sign δ = sign Σ_{k∈M} A_k], masks summing to zero left
+    out; both − random, bootstrap interval checked against the normal half-width."""
+    e = pd.read_parquet(TINY / "fig03_masking_effects.parquet")
+    for scope in ("lm_head", "full"):
+        x = {"both": [], "random": []}
+        for pool, kind, s, d, m in zip(e.pool, e.kind, e.scope, e.delta, e.mask_adv_sum):
+            if pool == "nonzero" and s == scope and kind in x and abs(m) > 1e-12:
+                x[kind].append(float((d > 0) == (m > 0) and d != 0))
+        b, r = np.array(x["both"]), np.array(x["random"])
+        row = registry().loc[f"table1_nonzero_{scope}_signed"]
+        assert row.n == len(b) + len(r)
+        near_normal(row, b.mean() - r.mean(), math.sqrt(b.var(ddof=1) / len(b) + r.var(ddof=1) / len(r)), slack=0.5)
+
+
+def test_fig02_decomposition_rows_are_loops_over_the_token_table():
+    """Same-token share of Σ|A_k K_jk|, the share of A ≠ 0 tokens whose first-order sign the coupling
+    sets, and the share of those the same-token pairs alone flip: loops over fig02_kernel_terms; each
+    interval a cluster bootstrap over rollouts, checked against the linearised cluster SE."""
+    t = pd.read_parquet(TINY / "fig02_kernel_terms.parquet")
+    reg = registry()
+    num = den = 0.0
+    for a, b in zip(t.abs_same, t.abs_different):
+        num, den = num + a, den + a + b
+    r = reg.loc["fig02_same_token_share"]
+    near_normal(r, num / den, cluster_se(t.abs_same, t.abs_same + t.abs_different, t.row))
+    assert r.resampling == "rollout" and r.n == len(t)
+    flip, alone, rows = [], [], []
+    for A, own, same, diff, row in zip(t.A, t.own, t.same, t.different, t.row):
+        if A == 0:
+            continue
+        f = np.sign(own + same + diff) != np.sign(A)
+        flip.append(float(f))
+        rows.append(row)
+        if f:
+            alone.append((float(np.sign(own + same) != np.sign(A)), row))
+    r = reg.loc["fig02_sign_set_by_coupling"]
+    near_normal(r, np.mean(flip), cluster_se(flip, [1.0] * len(flip), rows))
+    r = reg.loc["fig02_flip_by_same_token"]
+    assert r.n == len(alone)
+    near_normal(r, np.mean([a for a, _ in alone]), cluster_se([a for a, _ in alone], [1.0] * len(alone),
+                                                            [c for _, c in alone]))
+
+
+@pytest.mark.parametrize("profile", [p.parent.name for p in REGISTRIES])
+def test_table2_filter_and_equal_rollout_rows_are_loops_over_the_committed_tables(profile):
+    """random+filter vs random, RB and QB+RB vs random+filter: t intervals of per-seed differences of
+    final averages (a loop over the curves); the equal-rollout arm: its per-seed finals against random's,
+    and its runs sampled no more rollouts than random's."""
+    d = ROOT / "data" / "results" / profile
+    curves = pd.read_parquet(d / "fig08_training_curves.parquet")
+    if "random+filter" not in set(curves.strategy):
+        pytest.skip(f"{profile}: no random+filter runs committed")
+    reg = registry(d / "claims.parquet")
+    last = curves.iteration.max()
+    fin = {(s, seed): a for s, seed, i, st, a in zip(curves.strategy, curves.seed, curves.iteration, curves.set,
+                                                     curves.accuracy) if i == last and st == "average"}
+    seeds = sorted({seed for _, seed in fin})
+    for cid, a, b in (("table2_random+filter", "random+filter", "random"), ("table2_RB_vs_filter", "RB", "random+filter"),
+                      ("table2_QB+RB_vs_filter", "QB+RB", "random+filter")):
+        m, lo, hi = t_ci([100 * (fin[(a, s)] - fin[(b, s)]) for s in seeds])
+        r = reg.loc[cid]
+        assert close(r.measured, m) and close(r.lo, lo) and close(r.hi, hi) and r.n == len(seeds), cid
+    budget = pd.read_csv(d / "table2_equal_rollouts.csv")
+    t2 = pd.read_csv(d / "table2_batching.csv").set_index("strategy")
+    for name in sorted(set(budget.strategy)):
+        x = [100 * (f - fin[("random", s)]) for n, s, f in zip(budget.strategy, budget.seed, budget.final) if n == name]
+        m, lo, hi = t_ci(x)
+        r = reg.loc[f"table2_{name}_equal_rollouts"]
+        assert close(r.measured, m) and close(r.lo, lo) and close(r.hi, hi) and r.n == len(x)
+        assert budget[budget.strategy == name].rollouts_sampled.max() <= t2.rollouts_sampled["random"]

@@ -79,6 +79,28 @@ def test_entropy_bin_means_brute_force(feats):
             assert absolute[x, y].item() == pytest.approx(np.abs(block[keep]).mean(), rel=1e-9)
 
 
+def test_pair_kind_terms_brute_force(feats):
+    """Own / same-token / different-token split of Σ_k A_k K_jk against a loop over every pair of the
+    dense kernel, and the split's sum against kernel_matvec."""
+    pi = torch.softmax(feats.h @ feats.W.T, -1)
+    r = torch.nn.functional.one_hot(feats.o, pi.shape[1]).double() - pi
+    K = ((feats.h @ feats.h.T) * (r @ r.T)).numpy()
+    A, o = feats.A.numpy(), feats.o.numpy()
+    t = coupling.pair_kind_terms(feats, chunk=19, vocab_chunk=11)
+    for j in range(0, len(feats), 7):
+        want = dict(own=0.0, same=0.0, different=0.0, abs_same=0.0, abs_different=0.0)
+        for k in range(len(feats)):
+            c = A[k] * K[j, k]
+            kind = "own" if k == j else "same" if o[k] == o[j] else "different"
+            want[kind] += c
+            if kind != "own":
+                want["abs_" + kind] += abs(c)
+        for name, v in want.items():
+            assert t[name][j].item() == pytest.approx(v, rel=1e-9, abs=1e-12), (j, name)
+    total = t["own"] + t["same"] + t["different"]
+    assert torch.allclose(total, coupling.kernel_matvec(feats, feats.A), rtol=1e-9, atol=1e-12)
+
+
 def test_lm_head_grad_closed_form_equals_grpo_loss_grad(tiny, feats):
     """At ρ = 1 the clipped token-mean loss has the gradient −(1/N) Σ A_k g_k: compare with grpo's backward."""
     model, b = tiny

@@ -107,3 +107,27 @@ def test_bootstrap_peak_finds_a_planted_peak():
     values = rng.normal(0, 0.1, n) + np.where(mid & (status == "boosted"), 1.0, 0.0)
     k, lo, hi = stats.bootstrap_peak(values, sign, status, score, [10, 20, 30, 40, 50, 60, 80, 100], n_boot=200)
     assert k == 50 and 40 <= lo <= hi <= 60
+
+
+def test_cluster_ratio_against_a_loop_that_copies_clusters():
+    """Each replicate rebuilt token by token: the drawn clusters' tokens copied count times, then
+    Σ num / Σ den of the copies; the point is the plain ratio of sums."""
+    rng = np.random.default_rng(3)
+    clusters = rng.integers(0, 9, 60) * 7 + 100       # 9 clusters with arbitrary labels
+    num, den = rng.normal(size=60), rng.uniform(0.5, 2, 60)
+    m, lo, hi, n = stats.cluster_ratio(num, den, clusters, n_boot=300, seed=5)
+    assert n == len(set(clusters)) and m == pytest.approx(num.sum() / den.sum(), rel=1e-12)
+    labels = sorted(set(clusters))
+    counts = np.random.default_rng(5).multinomial(n, [1 / n] * n, size=300)
+    reps = []
+    for w in counts:
+        nn = dd = 0.0
+        for c, times in zip(labels, w):
+            for _ in range(times):
+                for t in range(60):
+                    if clusters[t] == c:
+                        nn += num[t]
+                        dd += den[t]
+        reps.append(nn / dd)
+    assert lo == pytest.approx(np.quantile(reps, 0.025), rel=1e-10)
+    assert hi == pytest.approx(np.quantile(reps, 0.975), rel=1e-10)

@@ -210,6 +210,28 @@ def entropy_bin_means(f: Features, bins: torch.Tensor, n_bins: int, chunk: int =
     return s_signed / pairs, s_abs / pairs
 
 
+def pair_kind_terms(f: Features, chunk: int = 1024, vocab_chunk: int = 8192) -> dict:
+    """Σ_k A_k K_jk for every token j split by pair kind (the first-order δ_j = η/N · their sum):
+    `own` (k = j: A_j K_jj, of A_j's sign since K_jj = ‖g_j‖² ≥ 0), `same` (k ≠ j with o_k = o_j) and
+    `different` (o_k ≠ o_j); plus `abs_same`, `abs_different`: Σ_k |A_k K_jk| over those pairs."""
+    names = ("own", "same", "different", "abs_same", "abs_different")
+    out = {n: torch.zeros(len(f), dtype=f.h.dtype, device=f.h.device) for n in names}
+    for a, b, hg, phi in blocks(f, None, None, chunk, vocab_chunk):
+        j, k = slice(a, a + hg.shape[0]), slice(b, b + hg.shape[1])
+        c = hg * phi * f.A[k][None, :]
+        eq = f.o[j][:, None] == f.o[k][None, :]
+        own = torch.zeros_like(eq)
+        if a == b:
+            own.fill_diagonal_(True)
+        same = eq & ~own
+        out["own"][j] += torch.where(own, c, 0.0).sum(1)
+        out["same"][j] += torch.where(same, c, 0.0).sum(1)
+        out["different"][j] += torch.where(eq, 0.0, c).sum(1)
+        out["abs_same"][j] += torch.where(same, c.abs(), 0.0).sum(1)
+        out["abs_different"][j] += torch.where(eq, 0.0, c.abs()).sum(1)
+    return out
+
+
 # ----------------------------------------------------------------------------- masked updates
 def lm_head_grad(f: Features, M=None, n_tokens: int | None = None, vocab_chunk: int = 8192) -> torch.Tensor:
     """∇_W of the token-mean loss at ρ = 1 restricted to tokens M: −(1/N) Σ_{k∈M} A_k (e_{o_k} − π_k) h_kᵀ."""

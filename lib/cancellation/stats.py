@@ -121,6 +121,25 @@ def clopper_pearson(k: int, n: int, level: float = 0.95) -> tuple[float, float]:
     return lo, hi
 
 
+def cluster_ratio(num, den, clusters, n_boot: int = 1000, seed: int = 0,
+                  level: float = 0.95) -> tuple[float, float, float, int]:
+    """(Σ num / Σ den, lo, hi, n_clusters): a ratio of sums with a percentile bootstrap over clusters.
+
+    Observations of one cluster (e.g. the tokens of one rollout, which share a prompt and a context)
+    are resampled together: a replicate draws n_clusters clusters with replacement, as multinomial
+    counts `default_rng(seed).multinomial(n, [1/n]*n, n_boot)`, and weights each cluster's sums by its count."""
+    num, den = _arr(num), _arr(den)
+    codes, cl = np.unique(np.asarray(clusters), return_inverse=True)
+    n = len(codes)
+    if n == 0:
+        return np.nan, np.nan, np.nan, 0
+    cn, cd = np.bincount(cl, num, n), np.bincount(cl, den, n)
+    w = np.random.default_rng(seed).multinomial(n, np.full(n, 1.0 / n), size=n_boot)
+    r = (w @ cn) / (w @ cd)
+    a = (1 - level) / 2
+    return float(cn.sum() / cd.sum()), float(np.quantile(r, a)), float(np.quantile(r, 1 - a)), n
+
+
 def proportion(flags, level: float = 0.95) -> tuple[float, float, float, int]:
     """(share, lo, hi, n) of True in `flags`, with the Clopper–Pearson interval."""
     f = np.asarray(flags, bool)
