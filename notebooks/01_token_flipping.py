@@ -111,7 +111,7 @@ plt.show()
 
 # %%
 mag = R.magnitude()
-for r in ("grpo", "positive_only"):
+for r in R.frac.run.unique():  # grpo, positive_only and (sgd_lr > 0) the SGD run grpo_sgd
     print(f"{r:>14}: positive rollouts boosted {R.share(r, 'pos', 'boosted')}, suppressed "
           f"{R.share(r, 'pos', 'suppressed')} | negative rollouts boosted {R.share(r, 'neg', 'boosted')}, "
           f"suppressed {R.share(r, 'neg', 'suppressed')}")
@@ -192,7 +192,9 @@ R.fig9.groupby(["model", "sign", "status"]).fraction.mean().unstack("status").ro
 # tokens move opposite" (read as 40–50% of the A ≠ 0 tokens, fixed before the run) is not what the
 # tiny run shows: 27% [25.5, 28.8] move against their sign, because the two signs differ — 44% of
 # A < 0 tokens are boosted but only 16% of A > 0 tokens suppressed; among tokens that move at all
-# (|Δ| > ε) the share is 42.5%, which depends on ε (the row's detail).
+# (|Δ| > ε) the share is 42.5%, which depends on ε (the row's detail). The `_sgd` rows repeat (a,b)
+# on a plain-SGD run (`sgd_lr`), since Adam's early steps are sign-like; `fig01_signed_mean` checks
+# that similar shares still leave the update favouring positive rollouts on average.
 
 # %%
 claims.record(results_dir, "01", fig01.claims(R, P));

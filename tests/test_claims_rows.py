@@ -285,8 +285,15 @@ def test_fig06_within_sign_and_top25_rows_match_the_trends_table():
         d = {s: tr[(tr.panel == panel) & (tr.subset == s)].d.iloc[0] for s in ("top25", "all")}
         r = reg.loc[f"fig06_{panel}_top25_vs_all"]
         assert close(r.measured, d["top25"] - d["all"]) and r.lo <= r.measured <= r.hi
-    for cid, r in reg[reg.notebook == "06"].iterrows():  # n counts seeds, not tokens
-        assert r.resampling == "seed" and r.n == tr.n_seeds.iloc[0], cid
+    raw = pd.read_parquet(TINY / "fig06_valued_deltas.parquet")
+    n_groups = raw[raw.panel == "composition"].group.nunique()
+    for cid, r in reg[reg.notebook == "06"].iterrows():  # n counts seeds (or query groups), never tokens
+        if cid.endswith("_groups"):  # 7(b) with the query groups resampled too: same point, n = groups
+            t = tr[(tr.panel == "composition") & (tr.subset == cid.split("_")[1])].iloc[0]
+            assert r.resampling == "group" and r.n == n_groups and close(r.measured, t.d), cid
+            assert r.hi - r.lo >= 0.99 * (t.d_hi - t.d_lo), cid  # more units resampled: never narrower here
+        else:
+            assert r.resampling == "seed" and r.n == tr.n_seeds.iloc[0], cid
 
 
 # ----------------------------------------------------------------------------- notebook 07 (Table 2 caveats)
@@ -457,3 +464,17 @@ def test_table2_filter_and_equal_rollout_rows_are_loops_over_the_committed_table
         r = reg.loc[f"table2_{name}_equal_rollouts"]
         assert close(r.measured, m) and close(r.lo, lo) and close(r.hi, hi) and r.n == len(x)
         assert budget[budget.strategy == name].rollouts_sampled.max() <= t2.rollouts_sampled["random"]
+
+
+def test_fig05a_id_matched_row_is_a_loop_over_token_ids():
+    """Within (token id, sign): boosted mean Δ̂ − suppressed mean Δ̂ per cell with both, unweighted mean
+    over cells; bootstrap over cells checked against the normal half-width."""
+    v = pd.read_parquet(TINY / "fig05_token_values.parquet")
+    est = registry().loc["fig05a_exclude_id_matched"]
+    cells = defaultdict(lambda: {"boosted": [], "suppressed": []})
+    for e, t, s, st, dh in zip(v.estimator, v.token_id, v.sign, v.status, v.delta_hat):
+        if e == "exclude" and st in ("boosted", "suppressed"):
+            cells[(t, s)][st].append(dh)
+    gaps = [np.mean(c["boosted"]) - np.mean(c["suppressed"]) for c in cells.values() if c["boosted"] and c["suppressed"]]
+    assert est.n == len(gaps) and est.resampling == "token id"
+    near_normal(est, np.mean(gaps), np.std(gaps, ddof=1) / math.sqrt(len(gaps)), slack=0.5)

@@ -29,7 +29,7 @@ def test_01_token_flipping(out_root):
         assert (figs / f"{name}.png").stat().st_size > 10_000 and (figs / f"{name}.pdf").exists()
     frac = pd.read_parquet(res / "fig01_flip_fractions.parquet")
     sums = frac.groupby(["run", "step", "sign"]).fraction.sum()
-    assert np.allclose(sums, 1.0) and set(frac.run) == {"grpo", "positive_only"}
+    assert np.allclose(sums, 1.0) and set(frac.run) == {"grpo", "positive_only", "grpo_sgd"}  # sgd_lr > 0
     noise = pd.read_parquet(res / "fig01_noise_floor.parquet").set_index("measurement").max_abs_delta
     assert noise["repeat"] < 1e-6 and noise["zero_update"] < 1e-6
     assert noise["float32_roundoff"] > noise["repeat"]
@@ -42,6 +42,8 @@ def test_01_token_flipping(out_root):
     # the fixed-scaffold control ran and recorded its Fig. 1(d) claim
     claims = pd.read_parquet(res / "claims.parquet").set_index("claim")
     assert claims.loc["fig01_d_drop_fixed_scaffold", "figure"] == "Fig. 1(d), fixed-scaffold control"
+    assert {"fig01_ab_boosted_sgd", "fig01_signed_mean", "fig01_signed_mean_sgd"} <= set(claims.index)
+    assert "grpo_sgd" not in comp.index.get_level_values(1)  # the SGD control stays out of Fig. 1(d)'s categories
 
 
 def test_07_batching(out_root):
@@ -189,7 +191,11 @@ def test_06_sampling_budget(out_root):
     claims = pd.read_parquet(res / "claims.parquet")
     c = claims[claims.notebook == "06"]
     assert {"fig06_prompts_all", "fig06_rollouts_all", "fig07b_all"} <= set(c.claim)
-    assert (c.n == 3).all() and (c.resampling == "seed").all()  # n counts the seeds resampled (smoke: 3)
+    seeds = c[c.resampling == "seed"]
+    assert (seeds.n == 3).all()  # n counts the seeds resampled (smoke: 3)
+    groups = c[c.resampling == "group"]  # 7(b) with its query groups resampled too: n counts the groups
+    assert set(groups.claim) == {"fig07b_all_groups", "fig07b_top25_groups"} and (groups.n == 2).all()
+    assert len(seeds) + len(groups) == len(c)
     assert {"fig06_rollouts_within_sign", "fig06_rollouts_top25_vs_all"} <= set(c.claim)
 
 
@@ -197,7 +203,8 @@ def test_08_referee_controls(out_root):
     res, figs = _run("08", out_root)
     assert (figs / "fig12_referee_controls.png").stat().st_size > 10_000 and (figs / "fig12_referee_controls.pdf").exists()
     freq = pd.read_parquet(res / "fig12_frequency_matched.parquet")
-    assert set(freq.tokens) == {"all tokens", "frequency-matched"} and set(freq.measure) == {"share gap", "within-id gap"}
+    assert set(freq.tokens) == {"all tokens", "frequency-matched", "matched (step, id, conf)"}
+    assert set(freq.measure) == {"share gap", "within-id gap"}
     lm = pd.read_parquet(res / "fig12_lm_head_kernel.parquet")
     assert len(lm) == 8 and (lm.mean_abs_K.dropna() >= lm.mean_K.dropna().abs() - 1e-15).all()
     # Eq. 10: a same-token pair has φ ≥ 0, so K = ⟨h_j,h_k⟩φ has the sign of ⟨h_j,h_k⟩; the share is a share

@@ -420,6 +420,44 @@ def gap_table(sw: pd.DataFrame, tokens: pd.DataFrame, subsets: dict, n_boot: int
     return pd.DataFrame(rows), reps
 
 
+def composition_trend_groups(sw: pd.DataFrame, tokens: pd.DataFrame, group_of_tok: np.ndarray, subsets: dict,
+                             n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
+    """Fig. 7(b)'s trend d = mean gap of the middle compositions − that of the two ends (as trend_table),
+    with an interval that resamples query groups as well as seeds: replicate b weights the instance
+    (seed s, token of group g) by c_seed[b, s] · c_group[b, g], both bootstrap counts (seeds drawn
+    first, then groups, from one generator); the gaps of every k use the same weights (paired)."""
+    d = sw[sw.panel == "composition"]
+    if not len(d):
+        return pd.DataFrame()
+    seeds, groups = np.sort(d.seed.unique()), np.unique(group_of_tok[d.tok.to_numpy()])
+    rng = np.random.default_rng(seed)
+    cs = np.stack([np.bincount(i, minlength=len(seeds)) for i in rng.integers(0, len(seeds), (n_boot, len(seeds)))])
+    cg = np.stack([np.bincount(i, minlength=len(groups)) for i in rng.integers(0, len(groups), (n_boot, len(groups)))])
+    v_all = tokens.delta_hat.to_numpy()
+    xs = np.sort(d.x.unique())
+    rows = []
+    for name, m in subsets.items():
+        gaps, reps = [], []
+        for x in xs:
+            dx = d[d.x == x]
+            tok = dx.tok.to_numpy()
+            sel = np.asarray(m)[tok]
+            tok, st = tok[sel], dx.status.to_numpy()[sel]
+            si, gi = np.searchsorted(seeds, dx.seed.to_numpy()[sel]), np.searchsorted(groups, group_of_tok[tok])
+            sums = np.zeros((len(seeds), len(groups), 4))   # per (seed, group): #boosted, Σ v, #suppressed, Σ v
+            for col, mask, w in ((0, st == "boosted", 1.0), (1, st == "boosted", v_all[tok]),
+                                 (2, st == "suppressed", 1.0), (3, st == "suppressed", v_all[tok])):
+                np.add.at(sums[:, :, col], (si[mask], gi[mask]), (w * np.ones(len(tok)))[mask])
+            gaps.append(pooled_gap(v_all[tok], st))
+            reps.append(_gap_of(np.einsum("bs,bg,sgk->bk", cs, cg, sums)))
+        G0, R = np.array(gaps), np.stack(reps)
+        ends, mid = [0, len(xs) - 1], list(range(1, len(xs) - 1)) or [0]
+        lo, hi = interval(R[mid].mean(0) - R[ends].mean(0))
+        rows.append(dict(subset=name, d=float(G0[mid].mean() - G0[ends].mean()), d_lo=lo, d_hi=hi,
+                         n_seeds=len(seeds), n_groups=len(groups)))
+    return pd.DataFrame(rows)
+
+
 def needed(nb: dict, S: int, M: int, N: int, target: float | None = None, z: float = 2.0) -> dict:
     """The smallest seeds S', continuations M' or pool size N' (one at a time, others as
     measured) that bring the standard error of d below |target|/z (target: the measured d);

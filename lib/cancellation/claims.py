@@ -24,7 +24,7 @@ Rules (all on the measured value m and its interval [lo, hi]; NaN bounds mean "n
 
 Every Claim also states its `estimator` (how the interval is computed: "t over steps",
 "percentile bootstrap over candidates", "Clopper–Pearson", "point (no interval)", ...) and its
-`resampling` unit (what one draw of the interval is: token, pair, candidate, rollout, group,
+`resampling` unit (what one draw of the interval is: token, token id, pair, candidate, rollout, group,
 batch, step, seed, run; "none" for a point). Both are required: an empty one raises.
 """
 from __future__ import annotations
@@ -43,7 +43,8 @@ from . import cache
 REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE = "reproduced", "not reproduced", "inconclusive"
 BY_CONSTRUCTION = "holds by construction"
 VERDICTS = (REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE, BY_CONSTRUCTION)
-UNITS = ("token", "pair", "candidate", "rollout", "group", "prompt", "batch", "step", "seed", "run", "none")
+UNITS = ("token", "token id", "pair", "candidate", "rollout", "group", "prompt", "batch", "step", "seed", "run",
+         "none")
 BEGIN, END = "<!-- claims:begin -->", "<!-- claims:end -->"
 COLUMNS = ["notebook", "claim", "figure", "statement", "paper", "measured", "lo", "hi", "n", "unit", "rule",
            "params", "rule_text", "detail", "verdict", "estimator", "resampling"]

@@ -247,7 +247,7 @@ def work01(P, shape, z):
     _step(w, "full", rows, z, cr)
     w.extra_bytes += shape.params * 8   # the float64 (or float32) copy of the round-off check
     w.extra_why.append("a float64 copy of θ (round-off check)")
-    runs = 2 + (2 if P.control_model_path else 0)
+    runs = 2 + (2 if P.control_model_path else 0) + (1 if getattr(P, "sgd_lr", 0) else 0)
     _run(w, P, z, rows, runs * P.steps, P.n_minibatches, cr)
     others = sum(1 for m in P.models if not (m == P.model_path and P.fig9_steps <= P.steps))
     # Fig. 9's other models are counted at this model's shape (they differ: an approximation)
@@ -368,6 +368,7 @@ def work06(P, shape, z):
 def work07(P, shape, z):
     w, rows, cr = Work(), P.n_prompts * P.G, P.chunk_rows
     runs = len(P.strategies) * len(P.seeds) + len(P.probe_lrs) * len(P.probe_strategies) * len(P.probe_seeds)
+    runs += len(getattr(P, "budget_strategies", [])) * len(P.seeds)   # equal-rollout arm: at most as many rounds
     if P.engine == "trl":
         runs = len(P.strategies) * len(P.seeds) + len(P.probe_lrs) * len(P.probe_strategies) * len(P.probe_seeds)
         w.notes.append("TRL runs counted as the small trainer's (the same blocks)")

@@ -42,6 +42,8 @@ class Params(base.FigureParams):
     n_prompts: int = param(16, "prompts per batch", min=1)
     G: int = param(8, "rollouts per prompt (≥ 2: a group needs two rollouts for a nonzero advantage)", min=2)
     lr: float = param(1e-4, "Adam learning rate", gt=0)
+    sgd_lr: float = param(0.1, "lr of an SGD run beside the Adam run, every other setting equal (Adam's early "
+                          "steps are sign-like; the paper's causal SGD lr, App. D.2); 0: no SGD run", min=0)
     n_minibatches: int = param(2, "optimizer steps per batch (random mini-batches)", min=1)
     temperature: float = param(1.0, "sampling temperature", gt=0)
     max_new_tokens: int = param(96, "response length cap", min=1)
@@ -65,6 +67,11 @@ def run_config(P, source: tasks.ProblemSource) -> train.RunConfig:
     return train.RunConfig(steps=P.steps, n_prompts=P.n_prompts, G=P.G, temperature=P.temperature,
                            max_new_tokens=P.max_new_tokens, seed=P.seed, eps=P.eps, source=source, backend=P.backend,
                            sample_dtype=P.sample_dtype, gpu_memory_utilization=P.gpu_memory_utilization, update=update)
+
+
+def sgd_run(cfg: train.RunConfig, lr: float) -> train.RunConfig:
+    """The same run with plain SGD at `lr` in place of Adam."""
+    return replace(cfg, update=replace(cfg.update, optimizer="sgd", lr=lr))
 
 
 def positive_only(cfg: train.RunConfig) -> train.RunConfig:
@@ -163,6 +170,8 @@ def compute(P: Params) -> Result:
 
     runs = {"grpo": train.cached_delta_run(P.model_path, cfg, P.dtype, P.device),
             "positive_only": train.cached_delta_run(P.model_path, positive_only(cfg), P.dtype, P.device)}
+    if P.sgd_lr:  # the SGD control: its own rows, never in the categories of Fig. 1(d)
+        runs["grpo_sgd"] = train.cached_delta_run(P.model_path, sgd_run(cfg, P.sgd_lr), P.dtype, P.device)
     tokens = pd.concat([df.assign(run=name) for name, df in runs.items()], ignore_index=True)
     signed = tokens[tokens.sign != "zero"]
     frac = measure.flip_fractions(signed, by=("run", "step", "sign"))
@@ -178,7 +187,7 @@ def compute(P: Params) -> Result:
         d["category"] = cz.tag_table(d, tok, seq_cols=("step", "rollout"))["category"]
         return d[d.status == "suppressed"].category.value_counts(normalize=True)
 
-    comp = {(Path(P.model_path).name, r): suppressed_categories(df) for r, df in runs.items()}
+    comp = {(Path(P.model_path).name, r): suppressed_categories(df) for r, df in runs.items() if r != "grpo_sgd"}
     if P.control_model_path:
         control_runs = {"grpo": train.cached_delta_run(P.control_model_path, cfg, P.dtype, P.device),
                         "positive_only": train.cached_delta_run(P.control_model_path, positive_only(cfg), P.dtype,
@@ -318,6 +327,14 @@ def claims(R: Result, P: Params) -> list[C.Claim]:
                        detail=f"suppressed in A>0 rollouts {opp['pos'].mean():.1f}%, boosted in A<0 rollouts "
                        f"{opp['neg'].mean():.1f}% (means over steps); among tokens that move (|Δ| > ε) "
                        f"{opposite_share(moving)['all'].mean():.1f}%; 'nearly half' read as 40–50%"))
+    rows.append(_claim("fig01_signed_mean", "§1 (Fig. 1(c)), signed", "the update still favours positive rollouts: "
+                       "mean Δlog p of their tokens above that of negative rollouts' tokens", "implied",
+                       *S.t_interval(signed_mean_gap(signed, "grpo")), n=n_steps, unit="mean Δlog p, pos − neg",
+                       rule="direction", params=dict(sign=1),
+                       detail="similar shares and magnitudes (a–c) do not mean the signs are ignored; per step, "
+                       "mean over the A ≠ 0 tokens of each sign"))
+    if "grpo_sgd" in set(signed.run):
+        rows += _sgd_claims(R, P)
     if R.control is not None:
         rows.append(control_drop(R))
     for name, d in R.fig9[R.fig9.status == "boosted"].groupby("model", sort=False):
@@ -325,4 +342,39 @@ def claims(R: Result, P: Params) -> list[C.Claim]:
         rows.append(_claim(f"fig09_{name}", "Fig. 9", f"{name}: similar boosted shares for both signs", "all models",
                             *S.t_interval(100 * (p["pos"] - p["neg"])), n=len(p), unit="pts (pos − neg)",
                             rule="similar", params=dict(tol=10)))
+    return rows
+
+
+def signed_mean_gap(signed: pd.DataFrame, run: str) -> pd.Series:
+    """Per step: mean Δlog p of the A > 0 tokens minus that of the A < 0 tokens of `run`."""
+    m = signed[signed.run == run].groupby(["step", "sign"]).delta.mean().unstack("sign")
+    return m["pos"] - m["neg"]
+
+
+def _sgd_claims(R: Result, P: Params) -> list[C.Claim]:
+    """Fig. 1(a,b)'s rows again on the SGD run (App. D.2's optimizer): Adam's first steps move every
+    weight by about ±lr, which could equalise the shares by itself."""
+    signed, per_step = R.signed, R.per_step
+    conf = signed.prob >= 0.9
+    n = signed[signed.run == "grpo_sgd"].step.nunique()
+    label = f"Fig. 1(a,b), SGD lr {P.sgd_lr:g}"
+    rows = [_claim(f"fig01_ab_{st}_sgd", label, f"similar {st} shares for both signs (SGD run)", "similar",
+                   *S.t_interval(per_step("grpo_sgd", st)), n=n, unit="pts (pos − neg)", rule="similar",
+                   params=dict(tol=10), detail=f"{st} {R.share('grpo_sgd', 'pos', st)} vs "
+                   f"{R.share('grpo_sgd', 'neg', st)} (mean ± s.d. over steps); the Adam run: fig01_ab_{st}")
+            for st in ("boosted", "suppressed")]
+    rows.append(_claim("fig01_ab_boosted_uncertain_sgd", label + ", p < 0.9", "similar boosted shares among "
+                       "uncertain tokens (SGD run)", "similar", *S.t_interval(per_step("grpo_sgd", "boosted", ~conf)),
+                       n=n, unit="pts (pos − neg)", rule="similar", params=dict(tol=10)))
+    opp = opposite_share(signed[signed.run == "grpo_sgd"])
+    rows.append(_claim("fig01_nearly_half_opposite_sgd", "§1, SGD run", "nearly half of the tokens move opposite "
+                       "to their rollout's advantage sign (SGD run)", "nearly half", *S.t_interval(opp["all"]),
+                       n=len(opp), unit="% of A ≠ 0 tokens moving against A", rule="similar",
+                       params=dict(target=45, tol=5),
+                       detail=f"suppressed in A>0 rollouts {opp['pos'].mean():.1f}%, boosted in A<0 rollouts "
+                       f"{opp['neg'].mean():.1f}%"))
+    rows.append(_claim("fig01_signed_mean_sgd", "§1 (Fig. 1(c)), signed, SGD run", "the SGD update favours positive "
+                       "rollouts: mean Δlog p of their tokens above that of negative rollouts' tokens", "implied",
+                       *S.t_interval(signed_mean_gap(signed, "grpo_sgd")), n=n, unit="mean Δlog p, pos − neg",
+                       rule="direction", params=dict(sign=1)))
     return rows

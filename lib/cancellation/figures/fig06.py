@@ -30,7 +30,7 @@ from .. import claims as C
 from . import base
 from .base import param
 
-TABLES = ("fig06_valued_deltas", "fig06_value_gap", "fig07b_reward_composition", "fig06_trends")
+TABLES = ("fig06_valued_deltas", "fig06_value_gap", "fig07b_reward_composition", "fig06_trends", "fig07b_group_trend")
 PANELS = {"prompts": ("Fig. 6(a)", "prompts per update"), "rollouts": ("Fig. 6(b)", "rollouts per prompt"),
           "composition": ("Fig. 7(b)", "")}
 
@@ -73,7 +73,8 @@ class Params(base.FigureParams):
     G_comp: int = param(32, "7(b): rollouts per query group; from 1 to G_comp - 1 of them positive", min=2)
     comp_prompts: int = param(16, "7(b): prompts of the composition batch", min=1)
     comp_G: int = param(96, "7(b): rollouts per prompt of the composition batch (holds G_comp - 1 of each sign)", min=2)
-    comp_groups: int = param(4, "7(b): query groups used (the first with G_comp - 1 of each sign)", min=1)
+    comp_groups: int = param(7, "7(b): query groups used (the first with G_comp - 1 of each sign); the group-"
+                             "resampled interval needs several", min=1)
     top_fracs: list = param([50, 25], "highest-|Δ̂| subsets of the valued tokens (percent), besides all tokens",
                             gt=0, max=100)
     n_seeds: int = param(32, "subsampling seeds (each draws the sub-batches and the valued rollouts)", min=1)
@@ -105,13 +106,15 @@ class Result:
     trends: pd.DataFrame      # per (panel, subset): d, slope per doubling, ends split, noise budget
     subsets: list             # token subsets: 'all', then 'top<f>' for every f of top_fracs
     n_comp_groups: int        # query groups of 7(b)
+    group_trend: pd.DataFrame  # 7(b)'s trend per subset with query groups resampled as well as seeds
     seconds: dict             # wall time: values, sweep, total (of the first run, when cached)
 
     def write(self, results_dir) -> None:
         d = Path(results_dir)
         cols = ["batch", "rollout", "position", "token", "reward", "prob", "entropy", "delta_hat", "delta_se"]
-        tables = (self.sweep.merge(self.valued[cols].reset_index(names="tok"), on="tok"),
-                  self.gaps[self.gaps.panel != "composition"], self.gaps[self.gaps.panel == "composition"], self.trends)
+        tables = (self.sweep.merge(self.valued[cols + ["group"]].reset_index(names="tok"), on="tok"),
+                  self.gaps[self.gaps.panel != "composition"], self.gaps[self.gaps.panel == "composition"], self.trends,
+                  self.group_trend)
         for name, df in zip(TABLES, tables):
             cache.write_table(df, d / f"{name}.parquet")
 
@@ -134,7 +137,7 @@ def resolved(t) -> str:
 
 def compute(P: Params) -> Result:
     source = base.problem_source(P)
-    return base.cached("fig06", P, source, lambda: _compute(P, source))
+    return base.cached("fig06", P, source, lambda: _compute(P, source), revision=2)  # 2: groups resampled
 
 
 def _compute(P: Params, source) -> Result:
@@ -181,6 +184,7 @@ def _compute(P: Params, source) -> Result:
                                   P.seed)
         st = {}
         vt = value.token_values(sampler, tok, b, vt, vcfg, mid=f"{fp}:{P.sample_dtype}", verifier=verifier, stats=st)
+        vt["group"] = b.group[torch.as_tensor(vt.rollout.to_numpy())].cpu().numpy()  # the query of the token
         for k in ("cache_hits", "requests", "continuations"):
             stats[k] = stats.get(k, 0) + st.get(k, 0)
         parts.append(vt.assign(batch=name))
@@ -232,7 +236,8 @@ def _compute(P: Params, source) -> Result:
     subsets = token_subsets(valued, P.top_fracs)
     gaps, reps = budget.gap_table(sw, valued, subsets, P.n_boot, P.seed)
     trends = budget.trend_table(sw, valued, gaps, reps, subsets, P.M)
-    return Result("\n".join(lines), valued, sw, gaps, trends, list(subsets), len(comp_gs),
+    group_trend = budget.composition_trend_groups(sw, valued, valued.group.to_numpy(), subsets, P.n_boot, P.seed)
+    return Result("\n".join(lines), valued, sw, gaps, trends, list(subsets), len(comp_gs), group_trend,
                   dict(values=t_values, sweep=t_sweep, total=time.perf_counter() - t_start))
 
 
@@ -258,6 +263,8 @@ def top_minus_all(R: Result, P: Params, panel: str, sub: str = "top25") -> tuple
 
 
 SEEDS = dict(estimator="percentile bootstrap over seeds (paired across settings)", resampling="seed")
+GROUPS = dict(estimator="two-way percentile bootstrap over seeds and query groups (paired across settings)",
+              resampling="group")
 
 
 def claims(R: Result, P: Params) -> list[C.Claim]:
@@ -308,4 +315,12 @@ def claims(R: Result, P: Params) -> list[C.Claim]:
                                         rule="direction", params=dict(sign=1), **SEEDS,
                                         detail=f"{n_tok(panel, t.subset)} valued tokens; {R.n_comp_groups} query "
                                         "groups, not resampled"))
+            for _, t in R.group_trend[R.group_trend.subset.isin(["all", "top25"])].iterrows():
+                rows.append(C.Claim(f"fig07b_{t.subset}_groups", f"{fig}, {t.subset}, groups resampled",
+                                    "the gap is smallest for sparse / saturated groups (middle − ends > 0)", "yes",
+                                    t.d, t.d_lo, t.d_hi, n=int(t.n_groups),
+                                    unit="gap(middle) − gap(ends), tokens inside every update", rule="direction",
+                                    params=dict(sign=1), **GROUPS,
+                                    detail=f"{int(t.n_groups)} query groups x {int(t.n_seeds)} seeds, both resampled; "
+                                    f"fig07b_{t.subset} resamples the seeds only"))
     return rows

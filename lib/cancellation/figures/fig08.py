@@ -89,7 +89,7 @@ class Result:
 
 def compute(P: Params) -> Result:
     source = base.problem_source(P)
-    return base.cached("fig12", P, source, lambda: _compute(P, source))
+    return base.cached("fig12", P, source, lambda: _compute(P, source), revision=2)  # 2: matched per conf bin
 
 
 def _compute(P: Params, source) -> Result:
@@ -129,8 +129,12 @@ def _frequency_matched(tokens: pd.DataFrame, P: Params):
     signed = tokens[tokens.sign != "zero"].copy()
     signed["conf"] = controls.conf_bin(signed.prob, P.conf_threshold)
     matched = controls.frequency_match(signed, by=("step",), seed=P.seed)
+    # matched within (step, token id, confidence bin): equal counts per sign inside each bin too, so
+    # neither the token mix nor the confidence mix differs between the signs
+    matched_conf = controls.frequency_match(signed, by=("step", "conf"), seed=P.seed)
     rows = []
-    for name, d in (("all tokens", signed), ("frequency-matched", matched)):
+    for name, d in (("all tokens", signed), ("frequency-matched", matched),
+                    ("matched (step, id, conf)", matched_conf)):
         for stratum, m in (("all", d.prob >= 0), (controls.CONF_BINS[0], d.conf == controls.CONF_BINS[0]),
                            (controls.CONF_BINS[1], d.conf == controls.CONF_BINS[1])):
             for status in ("boosted", "suppressed"):
@@ -186,6 +190,14 @@ def claims(R: Result, P: Params) -> list[C.Claim]:
             f"id, {stratum}", "similar (control)", r.gap, r.lo, r.hi, n=r.n_steps, unit="pts (pos − neg), mean over ids",
             rule="similar", params=dict(tol=10), **TS,
             detail=f"{r.n_tokens} tokens; per (step, id) with both signs present in the bin; unweighted mean over ids"))
+    for status in ("boosted", "suppressed"):
+        r = fr("matched (step, id, conf)", "all", status, "share gap")
+        rows.append(C.Claim(
+            f"fig12_matched_conf_{status}", "Fig. 12(a), matched per (step, id, confidence bin)",
+            f"similar {status} shares for both signs after matching token-id counts per step and confidence bin",
+            "similar (control)", r.gap, r.lo, r.hi, n=r.n_steps, unit="pts (pos − neg)", rule="similar",
+            params=dict(tol=10), **TS, detail=f"{status} {100 * r.pos_share:.1f}% vs {100 * r.neg_share:.1f}% on "
+            f"{r.n_tokens} matched tokens (p < 0.9 / ≥ 0.9 matched separately)"))
     for stratum in controls.CONF_BINS:
         r = fr("frequency-matched", stratum, "boosted", "share gap")
         rows.append(C.Claim(
