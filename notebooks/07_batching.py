@@ -134,8 +134,8 @@ for ax, y, title in ((flat[len(acc_panels)], "batch_acc", "training batch reward
     ax.set(title=title, xlabel="iteration")
 for ax in flat[n_panels:]:
     ax.set_visible(False)
-axes[0, 0].legend(frameon=False, fontsize=6)
-fig.tight_layout()
+fig.legend(*axes[0, 0].get_legend_handles_labels(), loc="lower center", ncol=len(P.strategies), frameon=False, fontsize=6)
+fig.tight_layout(rect=(0, 0.05, 1, 1))
 plots.save(fig, "fig08_training_curves", fig_dir)
 plt.show()
 
