@@ -478,3 +478,25 @@ def test_fig05a_id_matched_row_is_a_loop_over_token_ids():
     gaps = [np.mean(c["boosted"]) - np.mean(c["suppressed"]) for c in cells.values() if c["boosted"] and c["suppressed"]]
     assert est.n == len(gaps) and est.resampling == "token id"
     near_normal(est, np.mean(gaps), np.std(gaps, ddof=1) / math.sqrt(len(gaps)), slack=0.5)
+
+
+def test_fig03b_rows_are_loops_over_the_cosine_bins():
+    """Fig. 3(b): Boost Rate in the top minus the bottom quantile bin of the lm_head proxy cosine (edges
+    from the lm_head rows, 5 bins), per scope, nonzero pool; the lm_head row holds by construction."""
+    e = pd.read_parquet(TINY / "fig03_masking_effects.parquet")
+    e = e[e.pool == "nonzero"]
+    cos = np.sort(e[e.scope == "lm_head"].proxy_cos.to_numpy())
+    edges = np.quantile(cos, [0.2, 0.4, 0.6, 0.8])
+    for scope in ("lm_head", "full"):
+        top, bottom = [], []
+        for s, c, d in zip(e.scope, e.proxy_cos, e.delta):
+            if s != scope:
+                continue
+            if c < edges[0]:
+                bottom.append(float(d > 0))
+            elif c >= edges[-1]:
+                top.append(float(d > 0))
+        r = registry().loc[f"fig03b_nonzero_{scope}"]
+        assert r.n == len(top) + len(bottom) and close(r.measured, np.mean(top) - np.mean(bottom))
+        if scope == "lm_head":
+            assert r.verdict == "holds by construction"
