@@ -444,10 +444,9 @@ def composition_trend_groups(sw: pd.DataFrame, tokens: pd.DataFrame, group_of_to
             sel = np.asarray(m)[tok]
             tok, st = tok[sel], dx.status.to_numpy()[sel]
             si, gi = np.searchsorted(seeds, dx.seed.to_numpy()[sel]), np.searchsorted(groups, group_of_tok[tok])
-            sums = np.zeros((len(seeds), len(groups), 4))   # per (seed, group): #boosted, Σ v, #suppressed, Σ v
-            for col, mask, w in ((0, st == "boosted", 1.0), (1, st == "boosted", v_all[tok]),
-                                 (2, st == "suppressed", 1.0), (3, st == "suppressed", v_all[tok])):
-                np.add.at(sums[:, :, col], (si[mask], gi[mask]), (w * np.ones(len(tok)))[mask])
+            # per (seed, group) cell: #boosted, Σ v, #suppressed, Σ v (seed_sums over the flat cell index)
+            sums = seed_sums(v_all[tok], st, si * len(groups) + gi, len(seeds) * len(groups)).reshape(
+                len(seeds), len(groups), 4)
             gaps.append(pooled_gap(v_all[tok], st))
             reps.append(_gap_of(np.einsum("bs,bg,sgk->bk", cs, cg, sums)))
         G0, R = np.array(gaps), np.stack(reps)

@@ -21,6 +21,7 @@ import pandas as pd
 import torch
 
 from . import coupling, measure
+from . import stats as _stats
 
 CONF_BINS = ("p<0.9", "p>=0.9")
 SAME = ("same", "different")
@@ -143,16 +144,11 @@ def pooled_same_token(f: coupling.Features, threshold: float = 0.9, chunk: int =
         m = m if pair == "same" else ~m
         s[a:a + len(j)] += ((hg * phi).double() * m).sum(1)
         n[a:a + len(j)] += m.double().sum(1)
-    cl = pd.factorize(f.rows[J.cpu()].numpy())[0]
-    S = np.bincount(cl, s.cpu().numpy()), np.bincount(cl, n.cpu().numpy())
-    tot = S[1].sum()
+    tot = int(n.sum())
     if not tot:
         return np.nan, np.nan, np.nan, 0
-    idx = np.random.default_rng(seed).integers(0, len(S[0]), (n_boot, len(S[0])))
-    with np.errstate(invalid="ignore", divide="ignore"):
-        boot = S[0][idx].sum(1) / S[1][idx].sum(1)
-    boot = boot[np.isfinite(boot)]
-    return float(S[0].sum() / tot), float(np.quantile(boot, 0.025)), float(np.quantile(boot, 0.975)), int(tot)
+    m, lo, hi, _ = _stats.cluster_ratio(s.cpu().numpy(), n.cpu().numpy(), f.rows[J.cpu()].numpy(), n_boot, seed)
+    return m, lo, hi, tot
 
 
 # ----------------------------------------------------------------------------- (b) full-parameter gradients

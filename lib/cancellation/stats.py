@@ -14,6 +14,7 @@ coupling.boost_stats and notebook 05's balanced gap).
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 from scipy import stats as _st
 
 
@@ -126,16 +127,19 @@ def cluster_ratio(num, den, clusters, n_boot: int = 1000, seed: int = 0,
     """(Σ num / Σ den, lo, hi, n_clusters): a ratio of sums with a percentile bootstrap over clusters.
 
     Observations of one cluster (e.g. the tokens of one rollout, which share a prompt and a context)
-    are resampled together: a replicate draws n_clusters clusters with replacement, as multinomial
-    counts `default_rng(seed).multinomial(n, [1/n]*n, n_boot)`, and weights each cluster's sums by its count."""
+    are resampled together: clusters are numbered in order of first appearance, a replicate draws
+    `default_rng(seed).integers(0, n, (n_boot, n))` of them, and replicates with a zero denominator
+    are dropped."""
     num, den = _arr(num), _arr(den)
-    codes, cl = np.unique(np.asarray(clusters), return_inverse=True)
-    n = len(codes)
-    if n == 0:
-        return np.nan, np.nan, np.nan, 0
+    cl = pd.factorize(np.asarray(clusters))[0]
+    n = int(cl.max()) + 1 if len(cl) else 0
+    if n == 0 or den.sum() == 0:
+        return np.nan, np.nan, np.nan, n
     cn, cd = np.bincount(cl, num, n), np.bincount(cl, den, n)
-    w = np.random.default_rng(seed).multinomial(n, np.full(n, 1.0 / n), size=n_boot)
-    r = (w @ cn) / (w @ cd)
+    idx = np.random.default_rng(seed).integers(0, n, (n_boot, n))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        r = cn[idx].sum(1) / cd[idx].sum(1)
+    r = r[np.isfinite(r)]
     a = (1 - level) / 2
     return float(cn.sum() / cd.sum()), float(np.quantile(r, a)), float(np.quantile(r, 1 - a)), n
 
