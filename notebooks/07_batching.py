@@ -59,14 +59,7 @@ P = fig07.Params(**params)   # every parameter, its default, doc and allowed ran
 R = fig07.compute(P)         # every training run (each cached and checkpointed on its own), then the tables
 R.write(results_dir)
 print(R.summary)
-
-# %% [markdown]
-# ## Where the time goes
-# Per iteration: sampling (all rounds, RB's extra ones included), update (θ_old forward plus the
-# mini-batch steps) and evaluation, as measured when the runs were computed (upper bounds).
-
-# %%
-R.timing.round(2)
+R.timing.round(2)  # where the time goes, seconds as measured when each run was computed (RB's extra rounds included)
 
 # %% [markdown]
 # ## Table 2 — final held-out accuracy
@@ -174,6 +167,16 @@ plots.save(fig, "fig07a_sign_partition", fig_dir)
 plt.show()
 print("median mini-batch gradient norm by composition:\n" + R.grad_norm.round(3).to_string())
 print("mean |rho - 1| at the last mini-batch step:\n" + R.drift.round(4).to_string())
+
+# %% [markdown]
+# ## Eq. 14 — local imbalance, on each seed's first batch
+# A query's advantages sum to zero, so grouped its cross terms Σ_{i≠j} A_i A_j = −Σ A_i² are negative; a
+# mini-batch holding part of it has S_B² − Σ_{i∈B} A_i². Per plan: the cross mass kept (random's closed form
+# beside it), the share of cells with S_B ≠ 0, and the scatter of the mini-batch gradients around the whole
+# batch's (all at the starting θ: only the split differs), also relative to QB.
+
+# %%
+print(fig07.imbalance_table(R).round(3).to_string() if R.imbalance is not None else "skipped (imbalance_plans: 0)")
 
 # %% [markdown]
 # ## The same strategies on an RL engine (TRL)

@@ -213,3 +213,40 @@ def test_random_filter_on_zero_variance_groups_only_takes_no_step():
     one[[4, 5]] = torch.tensor([1.0, -1.0])
     plan = batching.random_filter(group, one, 8)
     assert sorted(torch.cat(plan).tolist()) == [4, 5, 6, 7] and len(plan) == 4
+
+
+@pytest.mark.parametrize("name", ["random", "query_preserved", "sign_partitioned"])
+def test_cross_advantage_matches_a_loop_over_pairs(name):
+    """Eq. 14 per (mini-batch, group): S_B, Σ A², S_B² − Σ A² against Σ_{i≠j} A_i A_j by a loop."""
+    for group, _, adv in CASES:
+        for n_mb in (2, 3):
+            plan = batching.make_plan(name, group, adv, n_mb, seed=5)
+            x = batching.cross_advantage(group, adv, plan).set_index(["minibatch", "group"])
+            a, n_cells = adv.tolist(), 0
+            for b, rows in enumerate(plan):
+                for g in sorted(set(group[rows].tolist())):
+                    idx = [i for i in rows.tolist() if group[i] == g]
+                    whole = [i for i in range(len(group)) if group[i] == g]
+                    row = x.loc[(b, g)]
+                    assert row.rows == len(idx)
+                    assert row.S_B == pytest.approx(sum(a[i] for i in idx), abs=1e-12)
+                    assert row.cross == pytest.approx(sum(a[i] * a[j] for i in idx for j in idx if i != j), abs=1e-12)
+                    assert row.grouped == pytest.approx(sum(a[i] * a[j] for i in whole for j in whole if i != j),
+                                                        abs=1e-12)
+                    n_cells += 1
+            assert n_cells == len(x)
+
+
+def test_random_plans_keep_the_closed_form_share_of_the_cross_mass():
+    """Averaged over random plans, the local cross-advantage mass is P(two rows share a mini-batch)
+    times the grouped one: (n − 1)/(N − 1) = 15/63 for 4 mini-batches of 16 rows."""
+    group, _, adv = _case(7, n_groups=8, G=8, p=0.5)
+    grouped = batching.cross_advantage(group, adv, [torch.arange(len(group))]).cross.sum()
+    assert grouped < 0  # zero-sum groups: −Σ A²
+    p = batching.same_minibatch_probability(batching.random(group, 4, seed=0))
+    assert p == pytest.approx(15 / 63)
+    kept = torch.tensor([batching.cross_advantage(group, adv, batching.random(group, 4, seed=s)).cross.sum() / grouped
+                         for s in range(1500)], dtype=torch.float64)
+    assert abs(float(kept.mean()) - p) < 4 * float(kept.std()) / len(kept) ** 0.5
+    qb = batching.cross_advantage(group, adv, batching.query_preserved(group, 4, seed=0))
+    assert qb.cross.sum() == pytest.approx(grouped) and (qb.S_B.abs() < 1e-12).all()

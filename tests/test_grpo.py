@@ -179,3 +179,37 @@ def test_trial_delta_equals_a_step_on_a_copy_and_restores_theta(fresh, batch):
         grpo.grpo_step(fresh, batch, cfg)
         raise RuntimeError("boom")
     assert all(torch.equal(v, theta[k]) for k, v in fresh.state_dict().items())
+
+
+def test_minibatch_grads_leave_theta_and_average_to_the_whole_batch(fresh, batch):
+    """`minibatch_grads` takes every mini-batch's gradient at one θ (no step), its norms are the
+    gradient vectors' norms, and at ρ = 1 the token-weighted mean of the mini-batch gradients is the
+    whole batch's: the scatter identity notebook 07's Eq. 14 row uses holds for explicit vectors."""
+    from cancellation import batching
+    model = fresh
+    cfg = grpo.UpdateConfig(optimizer="adam", lr=1e-2)
+    before = [p.detach().clone() for p in model.parameters()]
+    plan = batching.random(batch.group, 3, seed=0)
+    infos = grpo.minibatch_grads(model, batch, plan, cfg)
+    assert all(torch.equal(a, p) for a, p in zip(before, model.parameters()))
+    assert all(p.grad is None for p in model.parameters())
+    old = measure.token_stats(model, batch).logp
+    params = list(model.parameters())
+
+    def vec(rows):
+        model.zero_grad(set_to_none=True)
+        grpo.accumulate_grad(model, batch, rows, old, grpo.reweight_advantage(batch, cfg.reweight), cfg)
+        return torch.cat([p.grad.flatten() for p in params if p.grad is not None])
+
+    g_b = [vec(r) for r in plan]
+    g = vec(torch.arange(len(batch)))
+    w = torch.tensor([float(batch.response_mask[r].sum()) for r in plan], dtype=torch.float64)
+    w = w / w.sum()
+    assert [i["n_tokens"] for i in infos] == [int(batch.response_mask[r].sum()) for r in plan]
+    for info, v in zip(infos, g_b):
+        assert info["grad_norm"] == pytest.approx(float(v.norm()), rel=1e-10)
+    assert torch.allclose(sum(wi * v for wi, v in zip(w, g_b)), g, rtol=1e-9, atol=1e-12 * float(g.abs().max()))
+    scatter = float(sum(wi * (v - g).pow(2).sum() for wi, v in zip(w, g_b)))
+    via_norms = float(w @ torch.tensor([i["grad_norm"] ** 2 for i in infos], dtype=torch.float64)) - float(g.norm()) ** 2
+    assert via_norms == pytest.approx(scatter, rel=1e-8)
+    assert scatter > 0

@@ -117,6 +117,35 @@ def make_plan(name: str, group: torch.Tensor, advantage: torch.Tensor, n_minibat
     raise ValueError(f"unknown mini-batch plan {name!r}; allowed: {', '.join(PLANS)}")
 
 
+def cross_advantage(group: torch.Tensor, advantage: torch.Tensor, plan: list[torch.Tensor]):
+    """Eq. 14 per (mini-batch, group) cell of `plan`: the rows k of the group in the mini-batch,
+    the local advantage sum S_B = Σ_{i∈B} A_i, Σ_{i∈B} A_i² and the local cross-advantage term
+    Σ_{i≠j∈B} A_i A_j = S_B² − Σ A_i², beside `grouped`, the same term of the whole group
+    ((Σ A)² − Σ A² = −Σ A² for group-normalised advantages, which sum to zero). A DataFrame.
+    """
+    import pandas as pd
+    group = torch.as_tensor(group)
+    adv = torch.as_tensor(advantage, dtype=torch.float64)
+    whole = {g: float(adv[group == g].sum() ** 2 - (adv[group == g] ** 2).sum()) for g in torch.unique(group).tolist()}
+    rows = []
+    for b, r in enumerate(plan):
+        r = torch.as_tensor(r)
+        for g in torch.unique(group[r]).tolist():
+            a = adv[r[group[r] == g]]
+            s, q = float(a.sum()), float((a ** 2).sum())
+            rows.append(dict(minibatch=b, group=g, rows=len(a), S_B=s, sum_sq=q, cross=s * s - q, grouped=whole[g]))
+    return pd.DataFrame(rows)
+
+
+def same_minibatch_probability(plan: list[torch.Tensor]) -> float:
+    """The probability that two given rows share a mini-batch when `plan`'s mini-batch sizes are
+    filled by a uniformly random permutation: Σ_b n_b(n_b − 1) / (N(N − 1)). Over random plans the
+    expected local cross-advantage mass is this times the grouped one, whatever the advantages."""
+    n = [len(r) for r in plan]
+    N = sum(n)
+    return sum(k * (k - 1) for k in n) / (N * (N - 1)) if N > 1 else float("nan")
+
+
 def reward_balanced(group: torch.Tensor, advantage: torch.Tensor, batch_size: int, tau: float,
                     query_preserved: bool = False, priority: torch.Tensor | None = None) -> torch.Tensor | None:
     """RB selection: rows of an update batch with |B| = batch_size and min(N+, N-) >= τ|B|, or None.

@@ -328,6 +328,32 @@ def grpo_step(model, batch, cfg: UpdateConfig, optimizer=None, plan=None, token_
     return infos
 
 
+class _ClearOnly:
+    """An optimizer that clears gradients and never steps: `grpo_step` with it measures every
+    mini-batch's gradient at the same θ."""
+
+    def __init__(self, params):
+        self.params = list(params)
+
+    def zero_grad(self, set_to_none: bool = True):
+        for p in self.params:
+            p.grad = None
+
+    def step(self):
+        pass
+
+
+def minibatch_grads(model, batch, plan, cfg: UpdateConfig, old_logp=None) -> list[dict]:
+    """Each mini-batch of `plan` as `grpo_step` records it (loss, n_tokens, grad_norm, ...), every one
+    at the current θ: no step is taken, so ρ = 1 throughout and only the split differs between plans.
+    With ρ = 1 no clip binds and the token-mean loss is linear in its rows, so the token-weighted mean
+    of the mini-batch gradients is the whole batch's gradient (notebook 07's Eq. 14 test uses this)."""
+    params = scope_params(model, cfg.scope)
+    infos = grpo_step(model, batch, cfg, optimizer=_ClearOnly(params), plan=plan, old_logp=old_logp, grad_norm=True)
+    model.zero_grad(set_to_none=True)
+    return infos
+
+
 @contextlib.contextmanager
 def trial(model, scope: str = "full"):
     """snapshot → (the body: step, measure) → restore, also on error: a single-step experiment

@@ -379,6 +379,12 @@ def work07(P, shape, z):
     _step(w, "full", rows, z, cr, P.n_minibatches, times=runs * P.iterations)
     evals = runs * (P.iterations // P.eval_every + 1)
     _sample(w, len(P.eval_sets) * P.eval_n * P.eval_samples, z, times=evals)
+    d = getattr(P, "imbalance_plans", 0)
+    if d:  # Eq. 14: each seed's first batch, and 3 plans x d draws + the whole batch of gradients at θ0
+        _sample(w, rows, z, times=len(P.seeds))
+        _analysis(w, rows, z, cr, times=len(P.seeds))
+        _step(w, "full", rows, z, cr, P.n_minibatches, times=len(P.seeds) * (3 * d + 1))
+        w.notes.append(f"Eq. 14: {len(P.seeds)} batches, {3 * d + 1} gradient passes each")
     w.full_grads = w.adam = True
     if rb:
         w.notes.append("RB: about two sampling rounds per iteration")

@@ -72,6 +72,8 @@ class Params(base.FigureParams):
                                     "iterations: as many sampled rollouts as random, so fewer optimizer steps), "
                                     "paired with random over seeds ([] skips)", choices=["RB", "QB+RB"],
                                     distinct=True)
+    imbalance_plans: int = param(4, "Eq. 14: plans drawn per strategy (random, QB, sign-partitioned) on each seed's "
+                                 "first batch, each mini-batch's gradient taken at the starting policy (0 skips)", min=0)
     tau: float = param(0.4, "RB: min(N+, N-) at least tau times the batch size", min=0, max=0.5)
     max_rounds: int = param(4, "RB: sampling rounds per iteration before it skips the update", min=1)
     max_age: int = param(2, "RB: rounds a buffered rollout may wait before it is discarded", min=0)
@@ -128,6 +130,7 @@ class Result:
     trl_vs_small: pd.DataFrame | None  # average held-out accuracy, small trainer vs TRL
     trl_monitor_shares: pd.DataFrame | None  # mean monitor share per (strategy, sign) x status
     budget: pd.DataFrame | None = None  # equal rollout budget: per (strategy, seed) final average, rollouts, steps
+    imbalance: pd.DataFrame | None = None  # Eq. 14: per (seed, plan, draw) cross-advantage mass and gradient size
 
     def write(self, results_dir) -> None:
         d = Path(results_dir)
@@ -146,6 +149,8 @@ class Result:
             cache.write_table(self.trl_monitor, d / "fig08_trl_monitor.parquet")
         if self.budget is not None:
             cache.write_table(self.budget, d / "table2_equal_rollouts.csv")
+        if self.imbalance is not None:
+            cache.write_table(self.imbalance, d / "table2_local_imbalance.csv")
 
 
 # ----------------------------------------------------------------------------- the runs
@@ -225,6 +230,7 @@ def compute(P: Params) -> Result:
     wall = time.time() - t0
     R = _tables(P, runs, probe)
     R.budget = _budget_table(P, budget) if budget else None
+    R.imbalance = local_imbalance(P, source) if P.imbalance_plans else None
     R.summary = (f"{len(runs) + len(probe) + len(budget)} runs ({len(P.strategies)} strategies x seeds {P.seeds}, "
                  f"{len(probe)} sweep runs, {len(budget)} equal-rollout-budget runs), {wall:.0f} s in this session "
                  f"(0 s means every run came from the cache), torch threads {torch.get_num_threads()}")
@@ -250,6 +256,77 @@ def _budget_table(P: Params, runs) -> pd.DataFrame:
                          rollouts_sampled=int(it.rounds.sum()) * P.n_prompts * P.G,
                          optimizer_steps=int(it.updated.sum()) * P.n_minibatches))
     return pd.DataFrame(rows)
+
+
+IMBALANCE_PLANS = {"random": "random", "QB": "query_preserved", "sign_partitioned": "sign_partitioned"}
+
+
+def local_imbalance(P: Params, source) -> pd.DataFrame:
+    """Eq. 14 on real batches: for each seed, the batch its runs sample first (the same prompts and
+    sampling seeds, from the starting policy), split by `imbalance_plans` draws of each plan in
+    IMBALANCE_PLANS (draw 0 is the split the run itself used at iteration 0). Per (seed, plan, draw):
+
+    - `retained`: the local cross-advantage mass Σ_{B,g} (S_B² − Σ_{i∈B} A_i²) over the grouped one
+      Σ_g −Σ A_i² (1 when every group shares one mini-batch, as under QB; `batching.cross_advantage`),
+      and `retained_expected`, its mean over random plans in closed form (`same_minibatch_probability`);
+    - `sb_nonzero`: the share of (mini-batch, group) cells of groups with A ≠ 0 where S_B ≠ 0;
+    - `grad_var`: how far the mini-batch gradients g_B scatter around the whole batch's gradient g (the
+      grouped update), Σ_B (T_B/T) ||g_B − g||² = Σ_B (T_B/T) ||g_B||² − ||g||² (T_B: the mini-batch's
+      response tokens; at ρ = 1 the loss is linear, so Σ_B (T_B/T) g_B = g), every gradient at the
+      starting θ (`grpo.minibatch_grads`: no step), so only the split differs; `grad_sq` is the first
+      sum, `full_sq` = ||g||².
+    Cached under the policy, dtype, device, threads and every seed's run config.
+    """
+    from .. import batching, grpo, measure, rollout
+    import dataclasses
+    # sampled by the HF path on the training model (a vLLM engine here would hold GPU memory beside the runs')
+    cfgs = [dataclasses.replace(_config(P, source, "random", s, P.lr), backend="hf") for s in P.seeds]
+    key = dict(model=policy.fingerprint(P.model_path), dtype=P.dtype, device=P.device, threads=P.threads,
+               draws=P.imbalance_plans, plans=IMBALANCE_PLANS, runs=[train.run_params(c) for c in cfgs])
+
+    def compute():
+        torch.set_num_threads(P.threads)
+        model, tok = policy.load_policy(P.model_path, dtype=P.dtype, device=P.device)
+        sampler = train.PolicySampler(model, P.model_path, cfgs[0].sample_config(model))
+        rows = []
+        for cfg in cfgs:
+            pseed, sseed = rollout.round_seeds(cfg.seed, 0)    # the run's first sampling round
+            batch = sampler.sample(tok, cfg.source.draw(cfg.n_prompts, pseed), sseed)
+            old = measure.token_stats(model, batch, cfg.update.chunk_rows, token_chunk=cfg.update.token_chunk).logp
+            live = set(batch.group[batch.advantage != 0].tolist())
+            full_sq = grpo.minibatch_grads(model, batch, [torch.arange(len(batch))], cfg.update,
+                                           old_logp=old)[0]["grad_norm"] ** 2
+            for name, plan_name in IMBALANCE_PLANS.items():
+                for draw in range(P.imbalance_plans):
+                    plan = batching.make_plan(plan_name, batch.group, batch.advantage, cfg.update.n_minibatches,
+                                              seed=cfg.seed * 104_729 + draw)   # draw 0: iteration 0's plan
+                    x = batching.cross_advantage(batch.group, batch.advantage, plan)
+                    grouped = x.drop_duplicates("group").grouped.sum()
+                    cells = x[x.group.isin(live)]
+                    info = grpo.minibatch_grads(model, batch, plan, cfg.update, old_logp=old)
+                    w = np.array([i["n_tokens"] for i in info], float)
+                    g_sq = float((w / w.sum()) @ np.square([i["grad_norm"] for i in info]))
+                    rows.append(dict(seed=cfg.seed, strategy=name, draw=draw, rows=len(batch),
+                                     minibatches=len(plan), live_groups=len(live),
+                                     retained=float(x.cross.sum() / grouped) if grouped else np.nan,
+                                     retained_expected=batching.same_minibatch_probability(plan),
+                                     sb_nonzero=float((cells.S_B.abs() > 1e-9).mean()) if len(cells) else np.nan,
+                                     grad_sq=g_sq, full_sq=full_sq, grad_var=g_sq - full_sq))
+        return pd.DataFrame(rows)
+
+    return cache.cached("local_imbalance", key, compute)
+
+
+def imbalance_table(R: Result) -> pd.DataFrame:
+    """Eq. 14 per plan, mean over seeds and draws: the retained cross-advantage mass (and random's
+    closed form), the share of cells with S_B ≠ 0, and the scatter of the mini-batch gradients
+    around the whole batch's (grad_var), also relative to QB's on the same seed and draw."""
+    m = R.imbalance.copy()
+    qb = m[m.strategy == "QB"].set_index(["seed", "draw"]).grad_var
+    m["grad_var_vs_QB"] = m.grad_var.values / qb.reindex(pd.MultiIndex.from_frame(m[["seed", "draw"]])).values
+    m.loc[m.strategy != "random", "retained_expected"] = np.nan   # the closed form is random's
+    return m.groupby("strategy", sort=False)[["retained", "retained_expected", "sb_nonzero", "grad_var",
+                                             "grad_var_vs_QB"]].mean()
 
 
 def ci(x):
@@ -455,6 +532,7 @@ def claims(R: Result, P: Params) -> list[C.Claim]:
                             params=dict(sign=1), **PAIRED_T,
                             detail=f"final average {100 * fa['QB+RB'].mean():.1f}% vs RB {100 * fa['RB'].mean():.1f}%"))
     rows += _fair_baselines(R, P, T2)
+    rows += _imbalance_rows(R, P)
     if "random" in fa:
         k = int((fa["random"] < 0.5 * start / 100).sum())
         r, lo, hi, n = ST.proportion(fa["random"] < 0.5 * start / 100)
@@ -528,6 +606,50 @@ def _fair_baselines(R: Result, P: Params, T2: str) -> list[C.Claim]:
     return rows
 
 
+def _imbalance_rows(R: Result, P: Params) -> list[C.Claim]:
+    """Eq. 14 (§4, local imbalance): random mini-batches carry a nonzero S_B and lose the grouped
+    update's negative cross-advantage term; whether that makes the local update larger is measured."""
+    if R.imbalance is None or not len(R.imbalance):
+        return []
+    m = R.imbalance
+    per = m.groupby(["strategy", "seed"]).mean(numeric_only=True)
+    fig = f"§4 Eq. 14 ({m.seed.nunique()} seeds' first batches x {m.draw.nunique()} plan draws)"
+    T = dict(estimator="t over seeds (each the mean of its plan draws)", resampling="seed")
+    rows = []
+    if "random" in per.index.get_level_values(0):
+        r, extra = per.loc["random"], ""
+        if "sign_partitioned" in per.index.get_level_values(0):
+            extra = f"; sign-partitioned keeps {per.loc['sign_partitioned'].retained.mean():+.2f} (the term changes sign)"
+        rows.append(C.Claim(
+            "eq14_random_retained", fig, "under random mini-batching the grouped update's negative cross-advantage "
+            "terms are weakened", "weakened or lost", *ST.t_interval(r.retained), n=len(r),
+            unit="local / grouped Σ A_i A_j (i ≠ j, one group)", rule="construction",
+            params=dict(sign=-1, ref=1.0, why="Σ_B S_B² ≥ 0, so a split keeps at most the grouped term"), **T,
+            detail=f"random keeps {r.retained.mean():.3f} of the grouped mass (closed form over random plans "
+            f"{r.retained_expected.mean():.3f}: the chance two rows share a mini-batch); QB keeps 1 by construction"
+            + extra))
+        rows.append(C.Claim(
+            "eq14_sb_nonzero", fig, "the local advantage sum S_B of a query split across mini-batches is generally "
+            "nonzero", "generally nonzero", *ST.t_interval(r.sb_nonzero), n=len(r),
+            unit="share of (mini-batch, group) cells with A ≠ 0 and S_B ≠ 0", rule="direction",
+            params=dict(sign=1, ref=0.5), **T,
+            detail=f"{r.live_groups.mean():.1f} of {P.n_prompts} groups per batch have A ≠ 0; "
+            f"{r.rows.mean():.0f} rows in {r.minibatches.mean():.0f} mini-batches"))
+    for name, stmt in (("random", "random mini-batching makes the local update noisier than query-preserved"),
+                       ("sign_partitioned", "sign-partitioned mini-batches lose cancellation (a larger update)")):
+        if name in set(m.strategy) and "QB" in set(m.strategy):
+            a = m[m.strategy == name].set_index(["seed", "draw"]).grad_var
+            b = m[m.strategy == "QB"].set_index(["seed", "draw"]).grad_var.reindex(a.index)
+            lr_ = np.log10(a / b).groupby("seed").mean()
+            rows.append(C.Claim(
+                f"eq14_grad_{name}_vs_QB", fig, stmt, "yes", *ST.t_interval(lr_), n=len(lr_),
+                unit=f"log10 Σ_B (T_B/T)||g_B − g||², {name} / QB", rule="direction", params=dict(sign=1), **T,
+                detail=f"the mini-batch gradients scatter {10 ** lr_.mean():.2f}× as much around the whole batch's "
+                "as QB's (geometric mean); every gradient at the starting θ on the same batch, only the split "
+                "differs"))
+    return rows
+
+
 def result_from_tables(results_dir, P: Params) -> Result:
     """The part of a Result that `claims` reads, rebuilt from the tables `Result.write` committed
     (final accuracies, the start, iterations, Table 2 and the lr sweep): a registry's notebook-07 rows
@@ -538,13 +660,14 @@ def result_from_tables(results_dir, P: Params) -> Result:
     table2 = pd.read_csv(d / "table2_batching.csv")
     sweep = pd.read_csv(d / "table2_lr_sweep.csv") if (d / "table2_lr_sweep.csv").exists() else pd.DataFrame()
     budget = pd.read_csv(d / "table2_equal_rollouts.csv") if (d / "table2_equal_rollouts.csv").exists() else None
+    imb = pd.read_csv(d / "table2_local_imbalance.csv") if (d / "table2_local_imbalance.csv").exists() else None
     final = curves[curves.iteration == P.iterations]
     fa = final[final.set == "average"].pivot(index="seed", columns="strategy", values="accuracy")
     start = 100 * curves[(curves.iteration == 0) & (curves.set == "average")].accuracy.mean()
     none = None
     return Result("", "", [], [], pd.DataFrame(), iters, pd.DataFrame(), curves, pd.DataFrame(), pd.DataFrame(),
                   table2, pd.DataFrame(), start, fa, none, sweep, none, pd.DataFrame(), pd.Series(dtype=float),
-                  none, none, none, none, budget)
+                  none, none, none, none, budget, imb)
 
 
 def main(argv=None):
