@@ -646,7 +646,8 @@ def _imbalance_rows(R: Result, P: Params) -> list[C.Claim]:
                 unit=f"log10 Σ_B (T_B/T)||g_B − g||², {name} / QB", rule="direction", params=dict(sign=1), **T,
                 detail=f"the mini-batch gradients scatter {10 ** lr_.mean():.2f}× as much around the whole batch's "
                 "as QB's (geometric mean); every gradient at the starting θ on the same batch, only the split "
-                "differs"))
+                "differs; the scatter is total: it also holds the spread between queries that QB's whole-group "
+                "mini-batches carry, where the paper's variance is along directions a query's rollouts share"))
     return rows
 
 
