@@ -251,3 +251,23 @@ def test_repeated_deltas_are_cumulative_steps_with_one_optimizer_and_restore_the
         want = (measure.token_stats(ref, b).logp - before)[b.response_mask].numpy()
         assert np.allclose(D[k], want, rtol=0, atol=1e-12)
     assert np.abs(D[1] - D[0]).max() > 1e-4
+
+
+def test_heldout_deltas_are_one_step_on_the_first_batch_read_on_the_second(model64, tok):
+    """Δlog p on another batch's tokens after one SGD step on the first: against a step on a copy."""
+    from cancellation import grpo
+    m = copy.deepcopy(model64)
+    b = rollout.sample_batch(m, tok, tasks.sample_problems(3, seed=1), G=4, max_new_tokens=24, seed=0)
+    b.reward = torch.tensor([1, 0, 0, 1, 1, 1, 1, 1, 0, 1, 0, 0], dtype=torch.float64)
+    b.advantage = rollout.group_advantages(b.reward, b.group)
+    other = rollout.sample_batch(m, tok, tasks.sample_problems(2, seed=9), G=3, max_new_tokens=20, seed=5)
+    cfg = grpo.UpdateConfig(optimizer="sgd", lr=0.1, n_minibatches=1)
+    theta = {k: v.clone() for k, v in m.state_dict().items()}
+    D = value.heldout_deltas(m, b, other, cfg)
+    assert all(torch.equal(v, theta[k]) for k, v in m.state_dict().items())
+    ref = copy.deepcopy(model64)  # independent: a plain SGD step on a copy, read on the other batch
+    before = measure.token_stats(ref, other).logp
+    grpo.grpo_step(ref, b, cfg, optimizer=torch.optim.SGD(ref.parameters(), lr=0.1))
+    want = (measure.token_stats(ref, other).logp - before)[other.response_mask].numpy()
+    assert D.shape == (int(other.response_mask.sum()),) and np.allclose(D, want, rtol=0, atol=1e-12)
+    assert np.abs(D).max() > 1e-6

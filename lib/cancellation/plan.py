@@ -334,6 +334,12 @@ def work05(P, shape, z):
     # Monte Carlo values: per valued token and branch M continuations of up to max_new_tokens;
     # 4 cells x n_per_cell tokens, n_pool11 per sign again, 2 branches, each estimator
     valued = (4 * P.n_per_cell + 2 * P.n_pool11) * len(P.estimators)
+    h = getattr(P, "heldout_per_cell", 0)
+    if h:  # held-out states: a second batch, its forward before and after one step, 4 cells valued
+        _sample(w, rows, z, chunk_rows_decode=_sample_rows(P))
+        _analysis(w, rows, z, cr, times=3)
+        _step(w, "full", rows, z, cr)
+        valued += 4 * h
     cont = valued * 2 * P.M
     _sample(w, cont, z, chunk_rows_decode=P.rows_per_chunk)
     w.notes.append("continuations counted at the full response cap (they start mid-response: an upper bound)")

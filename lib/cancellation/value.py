@@ -427,6 +427,18 @@ def repeated_deltas(model, batch, cfg: "grpo.UpdateConfig", K: int) -> np.ndarra
     return np.stack(out)
 
 
+def heldout_deltas(model, batch, other, cfg: "grpo.UpdateConfig") -> np.ndarray:
+    """Δlog p = log π_θ1 − log π_θ0 of every response token of `other` (row-major over its
+    response_mask) after one GRPO step on `batch`: states the update never saw. θ is restored
+    afterwards (grpo.trial)."""
+    from . import grpo, measure
+    before = measure.token_stats(model, other, cfg.chunk_rows, token_chunk=cfg.token_chunk).logp
+    with grpo.trial(model, cfg.scope):
+        grpo.grpo_step(model, batch, cfg, optimizer=grpo.make_optimizer(model, cfg))
+        after = measure.token_stats(model, other, cfg.chunk_rows, token_chunk=cfg.token_chunk).logp
+    return (after - before)[other.response_mask].double().cpu().numpy()
+
+
 def repeated_gap(values, sign, deltas: np.ndarray, eps: float, n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
     """Fig. 11 on a fixed pool of valued tokens: after each step k (row k−1 of `deltas`, shape
     (K, n_pool), cumulative Δlog p of the pool's tokens), the pool split by status at step k, the

@@ -57,6 +57,8 @@ class Params(base.FigureParams):
                                    "statuses changed from step 1 to step K", gt=0, max=1)
     n_pool11: int = param(150, "Fig. 11: tokens per rollout sign valued for the repeated steps, drawn before any step, "
                           "whatever their status", min=1)
+    heldout_per_cell: int = param(60, "held-out states: tokens valued per (sign, boosted/suppressed) cell of a second "
+                                  "batch (new prompts) that the step on the first never saw (0 skips)", min=0)
     eps: float = param(1e-6, "boosted/suppressed threshold on Δlog p", gt=0)
     p_max: float = param(0.999, "skip tokens with p_t above this (Eq. 20 divides by 1 - p_t)", gt=0, lt=1)
     M: int = param(16, "continuations per branch and token (paper: 256)", min=2)
@@ -105,6 +107,7 @@ class Result:
     repeated: pd.DataFrame    # Fig. 11: gap per (optimizer, lr, step), changed statuses, paired change
     chosen: dict              # Fig. 11: optimizer -> the lr its claim reads (None: no lr changed enough statuses)
     seconds: float            # wall time of the computation (of the first run, when cached)
+    heldout: pd.DataFrame | None = None  # held-out states: a second batch's pool, split by the step on the first
 
     @property
     def last(self) -> pd.DataFrame:
@@ -116,6 +119,9 @@ class Result:
         for name, df in zip(TABLES, (self.values[VALUE_COLUMNS], self.cells, self.entropy_gap, self.strata,
                                      self.repeated)):
             cache.write_table(df, d / f"{name}.parquet")
+        if self.heldout is not None:
+            cache.write_table(self.heldout[[c for c in VALUE_COLUMNS if c in self.heldout]],
+                              d / "fig05_heldout_values.parquet")
 
 
 def category_fingerprint(path: str = "") -> str:
@@ -223,8 +229,23 @@ def _compute(P: Params, source) -> Result:
     last11 = fig11[fig11.step == P.repeat_steps].set_index(["optimizer", "lr"])
     chosen = {o: value.nonlinear_choice(last11.loc[o].changed_status.to_dict(), P.nonlinear_share)
               for o in dict.fromkeys(o for o, _ in grid)}
+    heldout = None
+    if P.heldout_per_cell:  # a second batch, new prompts: its tokens split by the step on the first batch
+        t0 = time.perf_counter()
+        other = rollout.sample(sampler, tok, scfg, seed=P.seed + 606)
+        t2 = measure.token_table(other, cc.stats(model, other), tokenizer=tok)
+        t2["tok_idx"] = np.arange(len(t2))
+        t2["delta"] = value.heldout_deltas(model, batch, other, cc.update(optimizer="sgd", lr=P.lr, scope="full",
+                                                                          n_minibatches=1))
+        t2["status"] = measure.classify(t2["delta"], P.eps)
+        cells2 = t2[(t2.sign != "zero") & (t2.prob <= P.p_max) & (t2.status != "stable")]
+        pool2 = value.balanced_sample(cells2, seed=P.seed + 7, n=P.heldout_per_cell)
+        heldout = value.token_values(sampler, tok, other, pool2, _value_config(P, P.estimators[0]), mid=mid,
+                                     verifier=verifier).assign(estimator=P.estimators[0])
+        lines.append(f"held-out states: a second batch ({len(other)} rollouts, new prompts), split by the step on the "
+                     f"first; {len(pool2)} tokens valued, {time.perf_counter() - t0:.1f} s")
     return Result("\n".join(lines), counts, mc, se, vt, fig5a, gap1, fig5b, peak, strata, conf_gaps, v11, fig11,
-                  chosen, time.perf_counter() - t_start)
+                  chosen, time.perf_counter() - t_start, heldout)
 
 
 def _value_config(P: Params, estimator: str) -> value.ValueConfig:
@@ -272,6 +293,16 @@ def _confidence_gaps(v0, P: Params) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def heldout_text(R: Result, P: Params) -> str:
+    """The value gap on held-out states (a second batch, new prompts, split by the step on the first)
+    per rollout sign and sign-balanced, as the claim row reads it."""
+    if R.heldout is None:
+        return "held-out states: skipped (heldout_per_cell: 0)"
+    return (f"held-out states ({len(R.heldout)} tokens of a second batch, split by the step on the first), value gap: "
+            + ", ".join(f"{r['sign']} {r['gap']:+.3f} [{r['lo']:+.3f}, {r['hi']:+.3f}]"
+                        for r in value.sign_gaps(R.heldout, P.n_boot, P.seed + 9)))
+
+
 TOK = dict(estimator="percentile bootstrap over tokens", resampling="token")
 PAIRED = dict(estimator="paired percentile bootstrap over tokens (same tokens split at step 1 and step K)",
               resampling="token")
@@ -300,6 +331,18 @@ def claims(R: Result, P: Params) -> list[C.Claim]:
                                 rule="direction", params=dict(sign=1), **TOK,
                                 detail=f"boosted {cm.get((sign, 'boosted'), np.nan):+.2f}, suppressed "
                                 f"{cm.get((sign, 'suppressed'), np.nan):+.2f}; median SE {R.se.loc[est, '50%']:.2f}"))
+    if R.heldout is not None and len(R.heldout):  # the referee's control: values on states the step never saw
+        g = {r["sign"]: r for r in value.sign_gaps(R.heldout, P.n_boot, P.seed + 9)}
+        a = g["all"]
+        rows.append(C.Claim(f"fig05a_{est0}_heldout", f"Fig. 5(a), {est0}, held-out states",
+                            "boosted tokens have higher value than suppressed on states the step never saw (a second "
+                            "batch, new prompts)", "— (a control)", a["gap"], a["lo"], a["hi"],
+                            n=int(a["n_boosted"] + a["n_suppressed"]), unit="value gap (sign-balanced)",
+                            rule="direction", params=dict(sign=1), **TOK,
+                            detail=f"A > 0: {g['pos']['gap']:+.3f} [{g['pos']['lo']:+.3f}, {g['pos']['hi']:+.3f}], "
+                            f"A < 0: {g['neg']['gap']:+.3f} [{g['neg']['lo']:+.3f}, {g['neg']['hi']:+.3f}]; "
+                            f"{P.heldout_per_cell} tokens per (sign, status) cell, split by the same SGD step "
+                            f"(lr {P.lr:g}) on the first batch"))
     b = R.entropy_gap[(R.entropy_gap.estimator == est0) & (R.entropy_gap.sign == "all")]
     pk = R.peak
     rows.append(C.Claim("fig05b_peak", f"Fig. 5(b), {est0}", "the gap peaks at intermediate entropy", "k ≈ 40%",
