@@ -69,6 +69,12 @@ def test_07_batching(out_root):
     rb = it[it.strategy.isin(["RB", "QB+RB"])]
     assert (rb.buffer_sampled == rb.buffer_released + rb.buffer_discarded + rb.buffer_buffered).all()
     assert (it.t_sample > 0).all()
+    imb = pd.read_csv(res / "table2_local_imbalance.csv")  # Eq. 14 on each seed's first batch
+    assert set(imb.strategy) == {"random", "QB", "sign_partitioned"} and set(imb.seed) == {0, 1}
+    live = imb[imb.live_groups > 0]  # retained is NaN on a batch without a mixed group (nothing to keep)
+    assert imb[imb.live_groups == 0].retained.isna().all()
+    assert (live.retained <= 1 + 1e-9).all() and np.allclose(live[live.strategy == "QB"].retained, 1)
+    assert (imb.grad_var > -1e-12).all()
 
 
 def test_02_coupling_heatmaps(out_root):
@@ -155,7 +161,9 @@ def test_05_value_gap(out_root):
     ok = f11.lo.notna()
     assert ((f11.lo[ok] <= f11.gap[ok] + 1e-12) & (f11.gap[ok] <= f11.hi[ok] + 1e-12)).all()
     claims = pd.read_parquet(res / "claims.parquet").set_index("claim")
-    assert {"fig11_sgd", "fig11_adam"} <= set(claims.index)
+    assert {"fig11_sgd", "fig11_adam", "fig05a_exclude_heldout"} <= set(claims.index)
+    h = pd.read_parquet(res / "fig05_heldout_values.parquet")  # held-out states: a balanced pool of a second batch
+    assert set(h.status) == {"boosted", "suppressed"} and h.groupby(["sign", "status"]).size().nunique() == 1
 
 
 def test_06_sampling_budget(out_root):

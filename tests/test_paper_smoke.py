@@ -106,6 +106,8 @@ def test_05(out_root):
     vt = pd.read_parquet(res / "fig05_token_values.parquet")
     p = vt[vt.estimator == "paper"]
     assert np.allclose(p.delta_hat, (p.avg0 - p.avg1) / (1 - p.prob))
+    h = pd.read_parquet(res / "fig05_heldout_values.parquet")  # held-out states: a balanced pool
+    assert set(h.status) == {"boosted", "suppressed"} and h.groupby(["sign", "status"]).size().nunique() == 1
 
 
 @pytest.mark.slow
@@ -127,6 +129,8 @@ def test_07(out_root):
     assert len(pd.read_parquet(res / "fig08_trl_monitor.parquet"))
     mbs = pd.read_parquet(res / "fig07a_minibatches.parquet")
     assert mbs[["loss", "clipfrac", "ratio_dev", "grad_norm"]].notna().all().all()
+    imb = pd.read_csv(res / "table2_local_imbalance.csv")  # Eq. 14's passes on the paper path
+    assert set(imb.strategy) == {"random", "QB", "sign_partitioned"} and (imb.retained.dropna() <= 1 + 1e-9).all()
 
 
 def test_paper_profile_can_fill_fig7b_and_trains_at_the_papers_lr():
