@@ -17,11 +17,8 @@
 #                  They write to figures/<profile>/runs/<hash>/, data/results/<profile>/runs/<hash>/,
 #                  notebooks/executed/<profile>/runs/<hash>/. Bad parameters stop before anything runs (exit 2).
 #   REPLACE=1      with P, write the canonical (committed) outputs instead
-#   JOBS=N         notebooks make figures runs at once, each its own process (default 2 for tiny and smoke,
-#                  1 for the paper profiles: one GPU); the numbers are those of one at a time
 #   B=NAME         the benchmark of make bench;  TORCH_SPEC=torch==2.x  the torch of make env;  PYTHON=python3
 PROFILE ?= tiny
-JOBS ?= $(if $(filter tiny smoke,$(PROFILE)),2,1)
 B ?=
 P ?=
 REPLACE ?=
@@ -64,7 +61,7 @@ standins: env  ## CPU stand-ins of the paper's model and data (data/standins/, f
 	$(PY) -m cancellation.standins --out data/standins
 
 figures: env $(POLICIES) $(if $(filter paper-smoke paper-vocab,$(PROFILE)),standins)
-	$(PY) -m cancellation.run all --profile $(PROFILE) --jobs $(JOBS) $(OVERRIDES)
+	$(PY) -m cancellation.run all --profile $(PROFILE) $(OVERRIDES)
 	$(MAKE) claims
 
 table2: env $(POLICIES)  ## the full Table 2 / Fig. 8 test: 10 seeds x 64 iterations, avg@4 on 256 problems, lr sweep

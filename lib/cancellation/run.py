@@ -743,9 +743,6 @@ def main(argv=None):
     ap.add_argument("--dry-run", action="store_true",
                     help="model_path's architecture from its config.json with seeded random weights, a coin-flip "
                          "reward; outputs only under dry-run/; records wall time and peak memory beside the plan")
-    ap.add_argument("--jobs", type=int, default=1, metavar="N",
-                    help="run up to N notebooks at once, each in its own runner process and kernel (same numbers as "
-                         "one at a time: every notebook fixes its own torch threads); logs in .run-staging/logs/")
     ap.add_argument("--root", metavar="DIR",
                     help=f"the repository checkout whose notebooks/, notebooks/params/, figures/ and data/results/ "
                          f"are used (default: the checkout this module lives in, {ROOT})")
@@ -795,8 +792,6 @@ def _main(a) -> int:
             return 2
         if a.plan:
             return 0
-        if a.jobs > 1 and len(resolved) > 1 and not (a.check or a.dry_run):
-            return _run_parallel([nb for nb, _ in resolved], a, share)
         for nb, params in resolved:
             stem = nb.stem
             if a.check:
@@ -820,79 +815,6 @@ def _main(a) -> int:
               + "; outputs of unfinished notebooks are unchanged", file=sys.stderr)
         return 143 if isinstance(e, staging.Terminated) else 130
     return 0
-
-
-# A notebook that reads another's cached computation starts after it (08 reuses 01's training run;
-# started together, one would wait on the other's cache lock anyway).
-AFTER = {"08_referee_controls": "01_token_flipping"}
-
-
-def _next_ready(todo: list, done: set, selected: set):
-    """The first notebook of `todo` whose predecessor (AFTER) has finished or is not selected."""
-    for nb in todo:
-        dep = AFTER.get(nb.stem)
-        if dep is None or dep in done or dep not in selected:
-            return nb
-    return None
-
-
-def _run_parallel(paths: list, a, share: dict) -> int:
-    """Every notebook of `paths` in its own `python -m cancellation.run` process, up to a.jobs at once,
-    in order (AFTER respected). Each writes its log to .run-staging/logs/<notebook>.log; a finished one
-    prints its last line, a failed one its log's tail. After a failure no new notebook starts; the exit
-    status is the first failure's (1, 130, 143), 0 when every notebook ran through."""
-    import subprocess
-    logs = ROOT / staging.STAGING / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    selected = {nb.stem for nb in paths}
-    todo, running, done, rc = list(paths), {}, set(), 0
-    t0 = time.time()
-
-    def start(nb):
-        cmd = [sys.executable, "-m", "cancellation.run", nb.stem, "--profile", a.profile, "--root", str(ROOT),
-               "--no-plan-check"]  # the plans were checked above, for every notebook
-        for k, v in share[nb].items():
-            cmd += ["-p", k, v if isinstance(v, str) else json.dumps(v)]   # as typed (JSON is YAML 1.2)
-        if a.replace:
-            cmd.append("--replace")
-        log = open(logs / f"{nb.stem}.log", "w")
-        print(f"[run] {nb.stem} started ({len(running) + 1} running), log {_show(logs / f'{nb.stem}.log')}", flush=True)
-        running[nb.stem] = (subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT), log)
-
-    try:
-        while todo or running:
-            while todo and not rc and len(running) < a.jobs:
-                nb = _next_ready(todo, done, selected)
-                if nb is None:
-                    break
-                todo.remove(nb)
-                start(nb)
-            if rc and not running:
-                break
-            time.sleep(0.5)
-            for stem, (proc, log) in list(running.items()):
-                if proc.poll() is None:
-                    continue
-                log.close()
-                del running[stem]
-                done.add(stem)
-                text = (logs / f"{stem}.log").read_text(errors="replace").splitlines()
-                if proc.returncode:
-                    rc = rc or proc.returncode
-                    print(f"[run] {stem} FAILED (exit {proc.returncode}); the end of its log:\n  "
-                          + "\n  ".join(text[-15:]), file=sys.stderr, flush=True)
-                else:
-                    last = [ln for ln in text if ln.startswith("[run]") and " done in " in ln]
-                    print(last[-1] if last else f"[run] {stem} done", flush=True)
-    except KeyboardInterrupt:  # the children got the same signal: each restores its outputs; wait for them
-        for proc, log in running.values():
-            proc.wait()
-            log.close()
-        raise
-    if todo and rc:
-        print(f"error: not started after the failure: {', '.join(nb.stem for nb in todo)}", file=sys.stderr)
-    print(f"[run] {len(done)} notebooks in {time.time() - t0:.0f} s ({a.jobs} at a time)", flush=True)
-    return rc
 
 
 def _plans(resolved, a) -> dict | None:
