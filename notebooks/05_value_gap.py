@@ -181,8 +181,7 @@ for (o, r), f in R.repeated.groupby(["optimizer", "lr"], sort=False):
     print(f"Fig. 11, {o} lr {r:g}: gap after 1..{P.repeat_steps} steps " + ", ".join(f"{x:+.3f}" for x in f.gap)
           + f"; statuses changed by step {P.repeat_steps}: {f.changed_status.iloc[-1]:.1%}")
 print(f"M = {P.M}; median per-token SE: " + ", ".join(f"{e} {v:.3f}" for e, v in R.se["50%"].items())
-      + f"; computed in {R.seconds:.0f} s")
-print(fig05.heldout_text(R, P))
+      + f"; computed in {R.seconds:.0f} s", fig05.heldout_text(R, P), sep="\n")
 
 # %% [markdown]
 # **Reading.** Both estimators target the same Δ; Eq. 20 divides by 1 − p_t, so tokens with p_t
@@ -192,11 +191,10 @@ print(fig05.heldout_text(R, P))
 # the randomised scaffold words, whose value is 0 whatever the update does; the value-carrying
 # decisions sit at intermediate entropy. "Rises then falls" is also tested as gap(peak k) −
 # gap(all): +0.043 [−0.013, +0.102], inconclusive (tiny run). Fig. 11: SGD at small lr stays
-# first-order (statuses of step 1 kept, a flat gap built in), so the claim is read where the share
-# of changed statuses reaches `nonlinear_share`; the paired interval of gap(K) − gap(1) handles the
-# shared tokens. The step-1 gap is recorded for every optimizer and lr: at Adam lr 1e-2 it is
-# −0.117 [−0.202, −0.024], against Fig. 5(a). On held-out states (a second batch of new prompts, split
-# by the step on the first) the gap is smaller but holds: +0.106 [+0.018, +0.196]. The claims:
+# first-order (step 1's statuses kept, a flat gap built in), so the claim is read where the share of changed
+# statuses reaches `nonlinear_share`; a paired interval of gap(K) − gap(1) handles shared tokens. The step-1 gap is recorded for every optimizer and lr: at Adam lr 1e-2 it is
+# −0.117 [−0.202, −0.024], against Fig. 5(a). On held-out states (new prompts, split by the step on the
+# first batch) the gap is smaller but holds: +0.106 [+0.018, +0.196]. The claims:
 
 # %%
 claims.record(results_dir, "05", fig05.claims(R, P));

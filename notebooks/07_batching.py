@@ -63,9 +63,8 @@ R.timing.round(2)  # where the time goes, seconds as measured when each run was 
 
 # %% [markdown]
 # ## Table 2 — final held-out accuracy
-# Mean over seeds ± the half-width of a 95% t-interval, at the last iteration; `average` is the mean of
-# the difficulty levels within a run. The last columns count rollouts: sampled, and (RB only) discarded
-# for age and used later than sampled (delayed).
+# Mean over seeds ± 95% t half-width at the last iteration; `average`: the mean of the levels within a run.
+# The last columns count rollouts: sampled, and (RB only) discarded for age and used later (delayed).
 
 # %%
 print(R.table2_summary)
@@ -165,8 +164,8 @@ axes[2].legend(frameon=False, fontsize=6)
 fig.tight_layout()
 plots.save(fig, "fig07a_sign_partition", fig_dir)
 plt.show()
-print("median mini-batch gradient norm by composition:\n" + R.grad_norm.round(3).to_string())
-print("mean |rho - 1| at the last mini-batch step:\n" + R.drift.round(4).to_string())
+print("median mini-batch gradient norm by composition:", R.grad_norm.round(3).to_string(),
+      "mean |rho - 1| at the last mini-batch step:", R.drift.round(4).to_string(), sep="\n")
 
 # %% [markdown]
 # ## Eq. 14 — local imbalance, on each seed's first batch
@@ -193,11 +192,9 @@ print(fig07.cross_check(R, P))
 # ## What the numbers say
 # Every strategy sees the same prompts and evaluation draws for a given seed, so each one is compared
 # with the baseline seed by seed (paired differences, t intervals over seeds), with its collapsed runs
-# (final average below half the start). RB stops updating once there are no correct rollouts, which
-# freezes a collapsed policy rather than rescuing it. With few seeds, differences of a few points are
-# noise: the light run (tiny) is a smoke test of the design, `make table2` is the test.
+# (final average below half the start). RB stops updating once there are no correct rollouts (it freezes a
+# collapsed policy). With few seeds a few points are noise: tiny is a smoke test, `make table2` the test.
 
 # %%
-print(fig07.versus_random(R, P))
-print(f"best average: {R.table2.set_index('strategy')['average_mean'].idxmax()}")
+print(fig07.versus_random(R, P), f"best average: {R.table2.set_index('strategy')['average_mean'].idxmax()}", sep="\n")
 claims.record(results_dir, "07", fig07.claims(R, P));

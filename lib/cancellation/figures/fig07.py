@@ -317,13 +317,18 @@ def local_imbalance(P: Params, source) -> pd.DataFrame:
     return cache.cached("local_imbalance", key, compute)
 
 
+def scatter_vs_qb(m: pd.DataFrame) -> pd.Series:
+    """Each row's grad_var over QB's on the same seed and plan draw (the pairing Eq. 14's rows read)."""
+    qb = m[m.strategy == "QB"].set_index(["seed", "draw"]).grad_var
+    return pd.Series(m.grad_var.values / qb.reindex(pd.MultiIndex.from_frame(m[["seed", "draw"]])).values, m.index)
+
+
 def imbalance_table(R: Result) -> pd.DataFrame:
     """Eq. 14 per plan, mean over seeds and draws: the retained cross-advantage mass (and random's
     closed form), the share of cells with S_B ≠ 0, and the scatter of the mini-batch gradients
     around the whole batch's (grad_var), also relative to QB's on the same seed and draw."""
     m = R.imbalance.copy()
-    qb = m[m.strategy == "QB"].set_index(["seed", "draw"]).grad_var
-    m["grad_var_vs_QB"] = m.grad_var.values / qb.reindex(pd.MultiIndex.from_frame(m[["seed", "draw"]])).values
+    m["grad_var_vs_QB"] = scatter_vs_qb(m)
     m.loc[m.strategy != "random", "retained_expected"] = np.nan   # the closed form is random's
     return m.groupby("strategy", sort=False)[["retained", "retained_expected", "sb_nonzero", "grad_var",
                                              "grad_var_vs_QB"]].mean()
@@ -638,9 +643,7 @@ def _imbalance_rows(R: Result, P: Params) -> list[C.Claim]:
     for name, stmt in (("random", "random mini-batching makes the local update noisier than query-preserved"),
                        ("sign_partitioned", "sign-partitioned mini-batches lose cancellation (a larger update)")):
         if name in set(m.strategy) and "QB" in set(m.strategy):
-            a = m[m.strategy == name].set_index(["seed", "draw"]).grad_var
-            b = m[m.strategy == "QB"].set_index(["seed", "draw"]).grad_var.reindex(a.index)
-            lr_ = np.log10(a / b).groupby("seed").mean()
+            lr_ = np.log10(scatter_vs_qb(m)[m.strategy == name]).groupby(m.seed).mean()
             rows.append(C.Claim(
                 f"eq14_grad_{name}_vs_QB", fig, stmt, "yes", *ST.t_interval(lr_), n=len(lr_),
                 unit=f"log10 Σ_B (T_B/T)||g_B − g||², {name} / QB", rule="direction", params=dict(sign=1), **T,
