@@ -17,11 +17,14 @@
 #                  They write to figures/<profile>/runs/<hash>/, data/results/<profile>/runs/<hash>/,
 #                  notebooks/executed/<profile>/runs/<hash>/. Bad parameters stop before anything runs (exit 2).
 #   REPLACE=1      with P, write the canonical (committed) outputs instead
+#   CORES=N        cores make figures fills: notebooks that fix their CPU threads (05 and 06: one each) run
+#                  side by side while their threads fit (default: this machine's cores; 1: one at a time)
 #   B=NAME         the benchmark of make bench;  TORCH_SPEC=torch==2.x  the torch of make env;  PYTHON=python3
 PROFILE ?= tiny
 B ?=
 P ?=
 REPLACE ?=
+CORES ?= $(shell nproc 2>/dev/null || echo 1)
 PYTHON ?= python3
 TORCH_SPEC ?= torch==2.13.0
 VENV := .venv
@@ -61,7 +64,7 @@ standins: env  ## CPU stand-ins of the paper's model and data (data/standins/, f
 	$(PY) -m cancellation.standins --out data/standins
 
 figures: env $(POLICIES) $(if $(filter paper-smoke paper-vocab,$(PROFILE)),standins)
-	$(PY) -m cancellation.run all --profile $(PROFILE) $(OVERRIDES)
+	$(PY) -m cancellation.run all --profile $(PROFILE) --cores $(CORES) $(OVERRIDES)
 	$(MAKE) claims
 
 table2: env $(POLICIES)  ## the full Table 2 / Fig. 8 test: 10 seeds x 64 iterations, avg@4 on 256 problems, lr sweep

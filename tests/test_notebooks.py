@@ -1,5 +1,9 @@
 """Every notebook runs end to end through papermill on the smoke profile; assert on what it records."""
 import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -21,6 +25,28 @@ def _run(ref, out_root):
     errors = [o for c in nb["cells"] for o in c.get("outputs", []) if o.get("output_type") == "error"]
     assert not errors
     return out_root / "data" / "results" / "smoke", out_root / "figures" / "smoke"
+
+
+@pytest.fixture(scope="module")
+def side_by_side(tmp_path_factory):
+    """Notebooks 05 and 06 (one CPU thread each) run side by side, as `make figures` runs them: the
+    command line with --cores 2, on a checkout copy (its notebooks, the repository's data by link), so
+    that each runs in its own runner process and both write the one claims registry."""
+    repo, root = Path(run.ROOT), tmp_path_factory.mktemp("side_by_side")
+    shutil.copytree(repo / "notebooks", root / "notebooks", ignore=shutil.ignore_patterns("executed"))
+    (root / "data").mkdir()
+    for d in (repo / "data").iterdir():
+        if d.name not in ("results", "cache"):
+            (root / "data" / d.name).symlink_to(d)
+    proc = subprocess.run([sys.executable, "-m", "cancellation.run", "05", "06", "--profile", "smoke", "--cores", "2",
+                           "--root", str(root)], capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert "05_value_gap, 06_sampling_budget side by side (1 + 1 CPU threads" in proc.stdout
+    assert "05_value_gap.py done in" in proc.stdout and "06_sampling_budget.py done in" in proc.stdout
+    for stem in ("05_value_gap", "06_sampling_budget"):
+        nb = json.loads((root / "notebooks" / "executed" / "smoke" / f"{stem}.ipynb").read_text())
+        assert not [o for c in nb["cells"] for o in c.get("outputs", []) if o.get("output_type") == "error"]
+    return root / "data" / "results" / "smoke", root / "figures" / "smoke"
 
 
 def test_01_token_flipping(out_root):
@@ -134,8 +160,8 @@ def test_04_category_shift(out_root):
     assert {"fig04_template", "fig04_reasoning", "fig04_template_fixed_scaffold"} <= set(claims.index)
 
 
-def test_05_value_gap(out_root):
-    res, figs = _run("05", out_root)
+def test_05_value_gap(side_by_side):
+    res, figs = side_by_side
     for name in ("fig05_value_gap", "fig11_repeated_updates"):
         assert (figs / f"{name}.png").stat().st_size > 10_000 and (figs / f"{name}.pdf").exists()
     vt = pd.read_parquet(res / "fig05_token_values.parquet")
@@ -166,8 +192,8 @@ def test_05_value_gap(out_root):
     assert set(h.status) == {"boosted", "suppressed"} and h.groupby(["sign", "status"]).size().nunique() == 1
 
 
-def test_06_sampling_budget(out_root):
-    res, figs = _run("06", out_root)
+def test_06_sampling_budget(side_by_side):
+    res, figs = side_by_side
     for name in ("fig06_sampling_budget", "fig07b_reward_composition"):
         assert (figs / f"{name}.png").stat().st_size > 10_000 and (figs / f"{name}.pdf").exists()
     gaps = pd.read_parquet(res / "fig06_value_gap.parquet")
@@ -205,6 +231,7 @@ def test_06_sampling_budget(out_root):
     assert set(groups.claim) == {"fig07b_all_groups", "fig07b_top25_groups"} and (groups.n == 2).all()
     assert len(seeds) + len(groups) == len(c)
     assert {"fig06_rollouts_within_sign", "fig06_rollouts_top25_vs_all"} <= set(c.claim)
+    assert {"fig05a_exclude_heldout", "fig11_sgd"} <= set(claims.claim)  # 05 and 06 ran at once: both kept their rows
 
 
 def test_08_referee_controls(out_root):

@@ -292,3 +292,19 @@ def test_runner_outside_a_checkout_says_so_and_names_root(tmp_path, monkeypatch,
     with pytest.raises(SystemExit):
         run.main(["01", "--check", "--root", str(tmp_path / "nope")])
     assert "no notebooks/ directory under --root" in capsys.readouterr().err
+
+
+def test_side_by_side_groups_only_notebooks_whose_threads_fit_the_cores():
+    """`--cores N`: consecutive notebooks that fix their CPU threads share a group while their threads
+    fit in N; a notebook on torch's default threads (every core) or on an accelerator runs alone."""
+    paths = run.all_notebooks()
+    tiny = [(nb, run.resolve_params(nb, "tiny")) for nb in paths]
+    stems = lambda groups: [[nb.stem[:2] for nb, _ in g] for g in groups]  # noqa: E731
+    assert [run.cpu_threads(p) for _, p in tiny] == [None, None, None, None, 1, 1, 2, None]  # 07: 2 workers x 1
+    assert stems(run.side_by_side(tiny, 1)) == [[s] for s in ("01", "02", "03", "04", "05", "06", "07", "08")]
+    assert stems(run.side_by_side(tiny, 2)) == [["01"], ["02"], ["03"], ["04"], ["05", "06"], ["07"], ["08"]]
+    assert stems(run.side_by_side(tiny, 4)) == [["01"], ["02"], ["03"], ["04"], ["05", "06", "07"], ["08"]]
+    gpu = [(nb, dict(p, device="cuda")) for nb, p in tiny]
+    assert stems(run.side_by_side(gpu, 64)) == [[s] for s in ("01", "02", "03", "04", "05", "06", "07", "08")]
+    trl = dict(tiny[6][1], engine="trl")   # TRL's trainer is one process whatever `workers` says
+    assert run.cpu_threads(trl) == 1

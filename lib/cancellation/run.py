@@ -17,12 +17,16 @@ with --replace. Outputs are all or nothing (cancellation.staging): the notebook 
 through. A failing notebook prints its failing cell and the one-line cause, keeps
 <name>.failed.ipynb, exit 1; Ctrl-C exits 130 (SIGTERM 143) with a two-line message.
 --root DIR names the checkout (notebooks/, params, outputs) when the package is installed elsewhere.
+--cores N lets consecutive notebooks that fix their CPU threads (05 and 06: one each) run side by
+side, each in its own runner process, while their threads fit in N cores (`make figures` passes the
+machine's core count); the numbers are those of one at a time. Every other notebook runs alone.
 
     python -m cancellation.run 01                      # notebooks/01_*.py on the tiny profile
     python -m cancellation.run 01 -p steps 5 -p seed 1 # -> figures/tiny/runs/<hash>/ ...
     python -m cancellation.run 01 -p steps 5 --replace # -> figures/tiny/ (the canonical outputs)
     python -m cancellation.run 07 --set 'eval_sets=[easy, medium]; tau=0.25'
     python -m cancellation.run all --profile tiny
+    python -m cancellation.run all --cores 2           # 05 and 06 side by side (one thread each)
 """
 from __future__ import annotations
 
@@ -33,6 +37,7 @@ import json
 import math
 import os
 import re
+import socket
 import sys
 import time
 from pathlib import Path
@@ -743,6 +748,10 @@ def main(argv=None):
     ap.add_argument("--dry-run", action="store_true",
                     help="model_path's architecture from its config.json with seeded random weights, a coin-flip "
                          "reward; outputs only under dry-run/; records wall time and peak memory beside the plan")
+    ap.add_argument("--cores", type=int, default=1, metavar="N",
+                    help="run consecutive notebooks that fix their CPU threads side by side while their threads fit "
+                         "in N cores, each in its own runner process (logs in .run-staging/logs/); same numbers as "
+                         "one at a time (default 1: one at a time)")
     ap.add_argument("--root", metavar="DIR",
                     help=f"the repository checkout whose notebooks/, notebooks/params/, figures/ and data/results/ "
                          f"are used (default: the checkout this module lives in, {ROOT})")
@@ -792,7 +801,15 @@ def _main(a) -> int:
             return 2
         if a.plan:
             return 0
-        for nb, params in resolved:
+        groups = [[x] for x in resolved] if (a.check or a.dry_run) else side_by_side(resolved, a.cores)
+        for group in groups:
+            if len(group) > 1:
+                stem = ", ".join(nb.stem for nb, _ in group)
+                rc = _run_side_by_side(group, a, share)
+                if rc:
+                    return rc
+                continue
+            nb, params = group[0]
             stem = nb.stem
             if a.check:
                 print(json.dumps(params, indent=1))
@@ -815,6 +832,83 @@ def _main(a) -> int:
               + "; outputs of unfinished notebooks are unchanged", file=sys.stderr)
         return 143 if isinstance(e, staging.Terminated) else 130
     return 0
+
+
+def cpu_threads(params: dict) -> int | None:
+    """The CPU cores a notebook keeps busy: threads x workers when it fixes its torch threads on the
+    CPU; None (all of them) otherwise (torch's default threads, or an accelerator)."""
+    if str(params.get("device", "cpu")) != "cpu" or "threads" not in params:
+        return None
+    workers = params.get("workers", 1) if params.get("engine", "small") == "small" else 1
+    return int(params["threads"]) * int(workers)
+
+
+def side_by_side(resolved: list, cores: int) -> list[list]:
+    """`resolved` (notebook, params) pairs in order, grouped: consecutive notebooks that fix their CPU
+    threads (`cpu_threads`) share a group while the group's threads fit in `cores`; every other
+    notebook is a group of its own. A group of several runs side by side (`_run_side_by_side`)."""
+    groups: list[list] = []
+    used = None  # the last group's threads; None when it holds a notebook that takes every core
+    for nb, params in resolved:
+        need = cpu_threads(params)
+        if groups and need is not None and used is not None and used + need <= cores:
+            groups[-1].append((nb, params))
+            used += need
+        else:
+            groups.append([(nb, params)])
+            used = need
+    return groups
+
+
+def _run_side_by_side(group: list, a, share: dict) -> int:
+    """Every notebook of `group` in its own `python -m cancellation.run` process, all at once. Each
+    writes its log to .run-staging/logs/<notebook>.log; a finished one prints its last line, a failed
+    one its log's tail. Returns the first failure's exit status (1, 130, 143), 0 when all ran through.
+    Ctrl-C reaches the children too (one process group); SIGTERM is passed on. Either way every child
+    restores its own outputs before the runner returns."""
+    import subprocess
+    logs = ROOT / staging.STAGING / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    # an owner record keeps staging.clear_stale (in the children) from removing the logs of a live run
+    (logs / "owner.json").write_text(json.dumps({"host": socket.gethostname(), "pid": os.getpid()}))
+    running, rc, t0 = {}, 0, time.time()
+    threads = " + ".join(str(cpu_threads(p)) for _, p in group)
+    print(f"[run] {', '.join(nb.stem for nb, _ in group)} side by side ({threads} CPU threads, --cores {a.cores}); "
+          f"logs in {_show(logs)}/", flush=True)
+    try:
+        for nb, _ in group:
+            cmd = [sys.executable, "-m", "cancellation.run", nb.stem, "--profile", a.profile, "--root", str(ROOT),
+                   "--no-plan-check"]  # every plan was checked above
+            for k, v in share[nb].items():
+                cmd += ["-p", k, v if isinstance(v, str) else json.dumps(v)]  # as typed (JSON is YAML 1.2)
+            if a.replace:
+                cmd.append("--replace")
+            log = open(logs / f"{nb.stem}.log", "w")
+            running[nb.stem] = (subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT), log)
+        while running:
+            time.sleep(0.5)
+            for stem, (proc, log) in list(running.items()):
+                if proc.poll() is None:
+                    continue
+                log.close()
+                del running[stem]
+                text = (logs / f"{stem}.log").read_text(errors="replace").splitlines()
+                if proc.returncode:
+                    rc = rc or proc.returncode
+                    print(f"[run] {stem} FAILED (exit {proc.returncode}); the end of its log "
+                          f"({_show(logs / f'{stem}.log')}):\n  " + "\n  ".join(text[-15:]), file=sys.stderr, flush=True)
+                else:
+                    done = [ln for ln in text if ln.startswith("[run]") and " done in " in ln]
+                    print(done[-1] if done else f"[run] {stem} done", flush=True)
+    except KeyboardInterrupt:  # Ctrl-C reached the children too; SIGTERM (staging.Terminated) did not
+        for proc, log in running.values():
+            if isinstance(sys.exc_info()[1], staging.Terminated):
+                proc.terminate()
+            proc.wait()
+            log.close()
+        raise
+    print(f"[run] {len(group)} notebooks side by side in {time.time() - t0:.0f} s", flush=True)
+    return rc
 
 
 def _plans(resolved, a) -> dict | None:
