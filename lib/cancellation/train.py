@@ -489,11 +489,25 @@ def _train_worker(args) -> str:
     return f"{cfg.plan}{'+RB' if cfg.reward_balanced else ''} seed {cfg.seed} lr {cfg.update.lr:g}"
 
 
+def _extra_worker(args) -> str:
+    name, fn, fargs, threads = args
+    torch.set_num_threads(threads)
+    fn(*fargs)
+    return name
+
+
 def cached_train_many(model_path, cfgs: list[TrainConfig], workers: int = 1, dtype: str = "float32",
-                      device: str = "cpu", threads: int = 1, progress: bool = True) -> list[dict]:
+                      device: str = "cpu", threads: int = 1, progress: bool = True, extra=()) -> list[dict]:
     """`cached_train` for every config, in order. With `workers` > 1 the runs not cached yet are
     first computed by that many processes (spawned, each with `threads` torch threads, so every
-    run gives the same numbers as in one process); a progress bar counts finished runs."""
+    run gives the same numbers as in one process); a progress bar counts finished runs.
+
+    `extra`: more cached computations for the same pool, (name, is_cached, fn, args) each:
+    `is_cached()` (called here) says whether fn(*args) is in the cache already; fn, a module-level
+    function, computes and caches it in a worker (its return value is dropped: the caller reads the
+    cache afterwards). Without workers they are left to the caller. The pool takes the longer work
+    first (RB runs sample up to max_rounds per iteration, then the other runs, then `extra`), so no
+    worker idles while the last long run finishes; the order changes no number."""
     from concurrent.futures import ProcessPoolExecutor, as_completed
     from multiprocessing import get_context
 
@@ -503,9 +517,12 @@ def cached_train_many(model_path, cfgs: list[TrainConfig], workers: int = 1, dty
     kw = dict(dtype=dtype, device=device, threads=threads)
     if workers > 1:
         todo = [c for c in cfgs if cache.load("train_run", _train_key(model_path, c, **kw)) is cache.MISS]
-        if todo:
-            with ProcessPoolExecutor(min(workers, len(todo)), mp_context=get_context("spawn")) as ex:
+        todo.sort(key=lambda c: not c.reward_balanced)   # stable: RB runs first, otherwise in order
+        more = [(name, fn, args) for name, is_cached, fn, args in extra if not is_cached()]
+        if todo or more:
+            with ProcessPoolExecutor(min(workers, len(todo) + len(more)), mp_context=get_context("spawn")) as ex:
                 futs = [ex.submit(_train_worker, (model_path, c, kw)) for c in todo]
+                futs += [ex.submit(_extra_worker, (name, fn, args, threads)) for name, fn, args in more]
                 for f in tqdm(as_completed(futs), total=len(futs), desc=f"training runs ({workers} processes)",
                               disable=not progress):
                     log.info("finished %s", f.result())

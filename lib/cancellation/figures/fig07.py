@@ -12,6 +12,7 @@ time it reports is this session's). `claims(R, P)` gives the notebook's claim ro
 from __future__ import annotations
 
 import time
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -168,14 +169,23 @@ def _config(P: Params, source, name, seed, lr, run_rounds=None):
 def _small_runs(P: Params, source, jobs):
     """Cached runs of the small trainer (train.cached_train_many: checkpointed every iteration, so
     an interruption resumes; `workers` processes compute the missing ones), one per (name, seed, lr[,
-    run_rounds])."""
+    run_rounds]). The same pool computes the TRL cross-check runs and Eq. 14's table, which the
+    notebook then reads from the cache (one process would leave the other cores idle meanwhile)."""
+    extra = []
+    if P.trl_strategies:
+        extra += [(f"TRL {name} seed {s}", (lambda k=_trl_key(P, source, name, s, P.lr):
+                                            cache.load("train_trl", k) is not cache.MISS), _trl_out, (P, source, name, s, P.lr))
+                  for name in P.trl_strategies for s in P.trl_seeds]
+    if P.imbalance_plans:
+        extra.append(("Eq. 14", lambda: cache.load("local_imbalance", _imbalance_key(P, source)[0]) is not cache.MISS,
+                      local_imbalance, (P, source)))
     outs = train.cached_train_many(P.model_path, [_config(P, source, *j) for j in jobs],
-                                   workers=P.workers, dtype=P.dtype, device=P.device, threads=P.threads)
+                                   workers=P.workers, dtype=P.dtype, device=P.device, threads=P.threads, extra=extra)
     return [{k: df.assign(strategy=j[0], seed=j[1]) for k, df in out.items()} for j, out in zip(jobs, outs)]
 
 
-def _trl_out(P: Params, source, name, seed, lr):
-    """One cached TRL run (engine.train_trl): the raw frames plus the per-step record."""
+def _trl_key(P: Params, source, name, seed, lr) -> dict:
+    """The cache key of one TRL run: the policy's content hash, dtype, device and the run's config."""
     from .. import engine as rl_engine
     cfg = _config(P, source, name, seed, lr)
     params = dict(model=policy.fingerprint(P.model_path), dtype=P.dtype, device=P.device, engine="trl",
@@ -183,13 +193,20 @@ def _trl_out(P: Params, source, name, seed, lr):
     if rl_engine.micro_batch(P.n_prompts, P.G, P.n_minibatches, P.max_new_tokens, P.token_chunk) \
             < P.n_prompts * P.G // P.n_minibatches:  # token_chunk binds (accumulated micro-batches); else the key is as before
         params["trl_micro_rows"] = rl_engine.micro_rows(P.max_new_tokens, P.token_chunk)
-    ckpt_dir = cache.DEFAULT_DIR / "ckpt"
-    ckpt_dir.mkdir(parents=True, exist_ok=True)
+    return dict(params, record="steps")
+
+
+def _trl_out(P: Params, source, name, seed, lr):
+    """One cached TRL run (engine.train_trl): the raw frames plus the per-step record."""
+    from .. import engine as rl_engine
+    key = _trl_key(P, source, name, seed, lr)
+    out_dir = cache.DEFAULT_DIR / "ckpt" / "trl" / cache.key("train_trl", key)  # one per run: runs may overlap
+    out_dir.mkdir(parents=True, exist_ok=True)
 
     def compute():
         m, tk = policy.load_policy(P.model_path, dtype=P.dtype, device=P.device)
         out = rl_engine.train_trl(
-            P.model_path, source, name, output_dir=str(ckpt_dir / "trl"), model=m, tokenizer=tk,
+            P.model_path, source, name, output_dir=str(out_dir), model=m, tokenizer=tk,
             iterations=P.iterations, n_prompts=P.n_prompts, G=P.G, n_minibatches=P.n_minibatches, lr=lr,
             max_new_tokens=P.max_new_tokens, temperature=P.temperature, tau=P.tau, max_rounds=P.max_rounds,
             max_age=P.max_age, seed=seed, dtype=P.dtype, use_vllm=P.backend == "vllm",
@@ -198,7 +215,7 @@ def _trl_out(P: Params, source, name, seed, lr):
                                                   P.max_new_tokens, like=source, token_chunk=P.token_chunk))
         return {k: out[k] for k in ("evals", "iterations", "minibatches", "monitor", "steps", "eval_times")}
 
-    return cache.cached("train_trl", dict(params, record="steps"), compute)
+    return cache.cached("train_trl", key, compute)
 
 
 def _trl_run(P: Params, source, name, seed, lr):
@@ -261,6 +278,15 @@ def _budget_table(P: Params, runs) -> pd.DataFrame:
 IMBALANCE_PLANS = {"random": "random", "QB": "query_preserved", "sign_partitioned": "sign_partitioned"}
 
 
+def _imbalance_key(P: Params, source) -> tuple[dict, list]:
+    """Eq. 14's cache key (the policy, dtype, device, threads, draws and each seed's run config) and those configs."""
+    # sampled by the HF path on the training model (a vLLM engine here would hold GPU memory beside the runs')
+    cfgs = [dataclasses.replace(_config(P, source, "random", s, P.lr), backend="hf") for s in P.seeds]
+    key = dict(model=policy.fingerprint(P.model_path), dtype=P.dtype, device=P.device, threads=P.threads,
+               draws=P.imbalance_plans, plans=IMBALANCE_PLANS, runs=[train.run_params(c) for c in cfgs])
+    return key, cfgs
+
+
 def local_imbalance(P: Params, source) -> pd.DataFrame:
     """Eq. 14 on real batches: for each seed, the batch its runs sample first (the same prompts and
     sampling seeds, from the starting policy), split by `imbalance_plans` draws of each plan in
@@ -278,11 +304,7 @@ def local_imbalance(P: Params, source) -> pd.DataFrame:
     Cached under the policy, dtype, device, threads and every seed's run config.
     """
     from .. import batching, grpo, measure, rollout
-    import dataclasses
-    # sampled by the HF path on the training model (a vLLM engine here would hold GPU memory beside the runs')
-    cfgs = [dataclasses.replace(_config(P, source, "random", s, P.lr), backend="hf") for s in P.seeds]
-    key = dict(model=policy.fingerprint(P.model_path), dtype=P.dtype, device=P.device, threads=P.threads,
-               draws=P.imbalance_plans, plans=IMBALANCE_PLANS, runs=[train.run_params(c) for c in cfgs])
+    key, cfgs = _imbalance_key(P, source)
 
     def compute():
         torch.set_num_threads(P.threads)
