@@ -169,10 +169,10 @@ print("median mini-batch gradient norm by composition:", R.grad_norm.round(3).to
 
 # %% [markdown]
 # ## Eq. 14 — local imbalance, on each seed's first batch
-# A query's advantages sum to zero, so grouped its cross terms Σ_{i≠j} A_i A_j = −Σ A_i² are negative; a
-# mini-batch holding part of it has S_B² − Σ_{i∈B} A_i². Per plan: the cross mass kept (random's closed form
-# beside it), the share of cells with S_B ≠ 0, and the scatter of the mini-batch gradients around the whole
-# batch's (all at the starting θ: only the split differs), also relative to QB.
+# Grouped, a query's cross terms Σ_{i≠j} A_i A_j = −Σ A_i² are negative; a mini-batch with part of it has
+# S_B² − Σ_{i∈B} A_i². Per plan: the cross mass kept (random's closed form beside it), the share of cells with
+# S_B ≠ 0, the scatter of the mini-batch gradients around the whole batch's (all at the starting θ), also vs QB,
+# and its part along the direction a split query's rollouts share (`shared_sq`: S_B times their mean score).
 
 # %%
 print(fig07.imbalance_table(R).round(3).to_string() if R.imbalance is not None else "skipped (imbalance_plans: 0)")

@@ -213,3 +213,50 @@ def test_minibatch_grads_leave_theta_and_average_to_the_whole_batch(fresh, batch
     via_norms = float(w @ torch.tensor([i["grad_norm"] ** 2 for i in infos], dtype=torch.float64)) - float(g.norm()) ** 2
     assert via_norms == pytest.approx(scatter, rel=1e-8)
     assert scatter > 0
+
+
+def test_shared_energy_matches_explicit_per_rollout_scores(fresh, batch):
+    """Eq. 14's shared-direction noise against a brute-force computation: each rollout's score G_i =
+    Σ_t ∇log π(y_{i,t}) by its own backward, c_g their mean over group g, s_B = −(1/T_B) Σ_g S_{B,g} c_g,
+    and Σ_B (T_B/T)||s_B||², both ways (the groups' Gram matrix; one weighted backward per mini-batch). Also: −(1/T_B) Σ_{i∈B} A_i G_i is the mini-batch gradient grpo_step takes (the
+    scores are the ones the update uses), and QB's mini-batches (whole groups) carry none of it."""
+    from cancellation import batching
+    model = fresh
+    cfg = grpo.UpdateConfig(optimizer="sgd", lr=1e-2)
+    params = list(model.parameters())
+    old = measure.token_stats(model, batch).logp
+
+    def score(i):
+        model.zero_grad(set_to_none=True)
+        r = torch.tensor([i])
+        logp = grpo.token_logp(grpo.forward_logits(model, batch, r), batch.input_ids[r])
+        (logp * batch.response_mask[r]).sum().backward()
+        return torch.cat([p.grad.flatten() for p in params])
+
+    G = torch.stack([score(i) for i in range(len(batch))])
+    model.zero_grad(set_to_none=True)
+    A, grp = batch.advantage.double(), batch.group
+    c = {g: G[grp == g].mean(0) for g in torch.unique(grp).tolist()}
+    T = float(batch.response_mask.sum())
+    groups, M = gram = grpo.group_score_gram(model, batch, cfg, old)    # the Gram of the c_g, from grpo's own loss
+    C = torch.stack([c[g] for g in groups.tolist()])
+    assert torch.allclose(M, C @ C.T, rtol=1e-8, atol=1e-12 * float(M.abs().max()))
+    for plan in (batching.random(grp, 3, seed=1), batching.sign_partitioned(A, 2, seed=0)):
+        energy = 0.0
+        for rows in plan:
+            TB = float(batch.response_mask[rows].sum())
+            S = {g: float(A[rows][grp[rows] == g].sum()) for g in torch.unique(grp[rows]).tolist()}
+            s_B = -sum(S[g] * c[g] for g in S) / TB
+            energy += TB / T * float(s_B.pow(2).sum())
+            model.zero_grad(set_to_none=True)
+            grpo.accumulate_grad(model, batch, rows, old, A, cfg)
+            g_B = torch.cat([p.grad.flatten() for p in params])
+            assert torch.allclose(g_B, -(A[rows, None] * G[rows]).sum(0) / TB, rtol=1e-8, atol=1e-12)
+        model.zero_grad(set_to_none=True)
+        assert energy > 0
+        assert grpo.shared_energy(model, batch, plan, cfg, old_logp=old) == pytest.approx(energy, rel=1e-8)
+        assert grpo.shared_energy(model, batch, plan, cfg, gram=gram) == pytest.approx(energy, rel=1e-8)
+    qb = batching.query_preserved(grp, 3, seed=0)
+    assert grpo.shared_energy(model, batch, qb, cfg) == 0.0 == grpo.shared_energy(model, batch, qb, cfg, gram=gram)
+    assert grpo.group_score_gram(model, batch, cfg, max_bytes=0) is None     # over its memory budget: the other way
+    assert all(p.grad is None for p in model.parameters())

@@ -506,8 +506,9 @@ def cached_train_many(model_path, cfgs: list[TrainConfig], workers: int = 1, dty
     `is_cached()` (called here) says whether fn(*args) is in the cache already; fn, a module-level
     function, computes and caches it in a worker (its return value is dropped: the caller reads the
     cache afterwards). Without workers they are left to the caller. The pool takes the longer work
-    first (RB runs sample up to max_rounds per iteration, then the other runs, then `extra`), so no
-    worker idles while the last long run finishes; the order changes no number."""
+    first (`extra`: notebook 07's TRL runs and Eq. 14 take ~50 s each on tiny; then RB runs, which
+    sample up to max_rounds per iteration; then the other runs), so no worker idles while the last
+    long job finishes; the order changes no number."""
     from concurrent.futures import ProcessPoolExecutor, as_completed
     from multiprocessing import get_context
 
@@ -521,8 +522,8 @@ def cached_train_many(model_path, cfgs: list[TrainConfig], workers: int = 1, dty
         more = [(name, fn, args) for name, is_cached, fn, args in extra if not is_cached()]
         if todo or more:
             with ProcessPoolExecutor(min(workers, len(todo) + len(more)), mp_context=get_context("spawn")) as ex:
-                futs = [ex.submit(_train_worker, (model_path, c, kw)) for c in todo]
-                futs += [ex.submit(_extra_worker, (name, fn, args, threads)) for name, fn, args in more]
+                futs = [ex.submit(_extra_worker, (name, fn, args, threads)) for name, fn, args in more]
+                futs += [ex.submit(_train_worker, (model_path, c, kw)) for c in todo]
                 for f in tqdm(as_completed(futs), total=len(futs), desc=f"training runs ({workers} processes)",
                               disable=not progress):
                     log.info("finished %s", f.result())

@@ -171,14 +171,16 @@ def _small_runs(P: Params, source, jobs):
     an interruption resumes; `workers` processes compute the missing ones), one per (name, seed, lr[,
     run_rounds]). The same pool computes the TRL cross-check runs and Eq. 14's table, which the
     notebook then reads from the cache (one process would leave the other cores idle meanwhile)."""
+    def is_cached(stage, key):
+        return lambda: cache.load(stage, key) is not cache.MISS
+
     extra = []
-    if P.trl_strategies:
-        extra += [(f"TRL {name} seed {s}", (lambda k=_trl_key(P, source, name, s, P.lr):
-                                            cache.load("train_trl", k) is not cache.MISS), _trl_out, (P, source, name, s, P.lr))
-                  for name in P.trl_strategies for s in P.trl_seeds]
+    for name in P.trl_strategies:
+        for s in P.trl_seeds:
+            extra.append((f"TRL {name} seed {s}", is_cached("train_trl", _trl_key(P, source, name, s, P.lr)), _trl_out,
+                          (P, source, name, s, P.lr)))
     if P.imbalance_plans:
-        extra.append(("Eq. 14", lambda: cache.load("local_imbalance", _imbalance_key(P, source)[0]) is not cache.MISS,
-                      local_imbalance, (P, source)))
+        extra.append(("Eq. 14", is_cached("local_imbalance", _imbalance_key(P, source)[0]), local_imbalance, (P, source)))
     outs = train.cached_train_many(P.model_path, [_config(P, source, *j) for j in jobs],
                                    workers=P.workers, dtype=P.dtype, device=P.device, threads=P.threads, extra=extra)
     return [{k: df.assign(strategy=j[0], seed=j[1]) for k, df in out.items()} for j, out in zip(jobs, outs)]
@@ -283,7 +285,8 @@ def _imbalance_key(P: Params, source) -> tuple[dict, list]:
     # sampled by the HF path on the training model (a vLLM engine here would hold GPU memory beside the runs')
     cfgs = [dataclasses.replace(_config(P, source, "random", s, P.lr), backend="hf") for s in P.seeds]
     key = dict(model=policy.fingerprint(P.model_path), dtype=P.dtype, device=P.device, threads=P.threads,
-               draws=P.imbalance_plans, plans=IMBALANCE_PLANS, runs=[train.run_params(c) for c in cfgs])
+               draws=P.imbalance_plans, plans=IMBALANCE_PLANS, runs=[train.run_params(c) for c in cfgs],
+               shared=2)
     return key, cfgs
 
 
@@ -300,7 +303,9 @@ def local_imbalance(P: Params, source) -> pd.DataFrame:
       grouped update), Σ_B (T_B/T) ||g_B − g||² = Σ_B (T_B/T) ||g_B||² − ||g||² (T_B: the mini-batch's
       response tokens; at ρ = 1 the loss is linear, so Σ_B (T_B/T) g_B = g), every gradient at the
       starting θ (`grpo.minibatch_grads`: no step), so only the split differs; `grad_sq` is the first
-      sum, `full_sq` = ||g||².
+      sum, `full_sq` = ||g||²;
+    - `shared_sq`: the part of that scatter along the directions a split query's rollouts share,
+      Σ_B (T_B/T) ||s_B||² with s_B = −(1/T_B) Σ_g S_{B,g} c_g (`grpo.shared_energy`; 0 under QB).
     Cached under the policy, dtype, device, threads and every seed's run config.
     """
     from .. import batching, grpo, measure, rollout
@@ -318,6 +323,7 @@ def local_imbalance(P: Params, source) -> pd.DataFrame:
             live = set(batch.group[batch.advantage != 0].tolist())
             full_sq = grpo.minibatch_grads(model, batch, [torch.arange(len(batch))], cfg.update,
                                            old_logp=old)[0]["grad_norm"] ** 2
+            gram = grpo.group_score_gram(model, batch, cfg.update, old_logp=old)   # None at large models
             for name, plan_name in IMBALANCE_PLANS.items():
                 for draw in range(P.imbalance_plans):
                     plan = batching.make_plan(plan_name, batch.group, batch.advantage, cfg.update.n_minibatches,
@@ -328,12 +334,13 @@ def local_imbalance(P: Params, source) -> pd.DataFrame:
                     info = grpo.minibatch_grads(model, batch, plan, cfg.update, old_logp=old)
                     w = np.array([i["n_tokens"] for i in info], float)
                     g_sq = float((w / w.sum()) @ np.square([i["grad_norm"] for i in info]))
+                    shared = grpo.shared_energy(model, batch, plan, cfg.update, old_logp=old, gram=gram)
                     rows.append(dict(seed=cfg.seed, strategy=name, draw=draw, rows=len(batch),
                                      minibatches=len(plan), live_groups=len(live),
                                      retained=float(x.cross.sum() / grouped) if grouped else np.nan,
                                      retained_expected=batching.same_minibatch_probability(plan),
                                      sb_nonzero=float((cells.S_B.abs() > 1e-9).mean()) if len(cells) else np.nan,
-                                     grad_sq=g_sq, full_sq=full_sq, grad_var=g_sq - full_sq))
+                                     grad_sq=g_sq, full_sq=full_sq, grad_var=g_sq - full_sq, shared_sq=shared))
         return pd.DataFrame(rows)
 
     return cache.cached("local_imbalance", key, compute)
@@ -352,8 +359,11 @@ def imbalance_table(R: Result) -> pd.DataFrame:
     m = R.imbalance.copy()
     m["grad_var_vs_QB"] = scatter_vs_qb(m)
     m.loc[m.strategy != "random", "retained_expected"] = np.nan   # the closed form is random's
-    return m.groupby("strategy", sort=False)[["retained", "retained_expected", "sb_nonzero", "grad_var",
-                                             "grad_var_vs_QB"]].mean()
+    cols = ["retained", "retained_expected", "sb_nonzero", "grad_var", "grad_var_vs_QB"]
+    if "shared_sq" in m:   # tables written before the shared-direction column have none
+        m["shared_share"] = m.shared_sq / m.grad_var
+        cols += ["shared_sq", "shared_share"]
+    return m.groupby("strategy", sort=False)[cols].mean()
 
 
 def ci(x):
@@ -673,6 +683,26 @@ def _imbalance_rows(R: Result, P: Params) -> list[C.Claim]:
                 "as QB's (geometric mean); every gradient at the starting θ on the same batch, only the split "
                 "differs; the scatter is total: it also holds the spread between queries that QB's whole-group "
                 "mini-batches carry, where the paper's variance is along directions a query's rollouts share"))
+    if "shared_sq" in m and "random" in set(m.strategy):
+        r = m[m.strategy == "random"]
+        share = (r.shared_sq / r.grad_var).groupby(r.seed).mean()
+        detail = f"random: {share.mean():.2f} of its scatter, {(r.shared_sq / r.full_sq).mean():.2f}× ||g||²"
+        if "sign_partitioned" in set(m.strategy):
+            sp = m[m.strategy == "sign_partitioned"]
+            detail += (f"; sign-partitioned: {(sp.shared_sq / sp.grad_var).mean():.2f} of its scatter, "
+                       f"{(sp.shared_sq / sp.full_sq).mean():.2f}× ||g||²")
+        detail += "; QB: 0 (whole groups)"
+        if "QB" in set(m.strategy):
+            qb = m[m.strategy == "QB"].grad_var.mean()
+            detail += (f". Random's scatter is {r.grad_var.mean() / qb:.2f}× QB's, {(r.grad_var - r.shared_sq).mean() / qb:.2f}× "
+                       "without its shared part: QB removes that noise, and its whole-group mini-batches spread more "
+                       "between queries")
+        rows.append(C.Claim(
+            "eq14_shared_random", fig, "random mini-batches add noise along the directions a split query's rollouts "
+            "share, which the grouped update cancels", "present", *ST.t_interval(share), n=len(share),
+            unit="Σ_B (T_B/T)||s_B||² / Σ_B (T_B/T)||g_B − g||², random", rule="construction",
+            params=dict(sign=1, ref=0.0, why="||s_B||² ≥ 0, > 0 wherever S_B ≠ 0 (s_B = −(1/T_B) Σ_g S_B,g c_g, "
+                        "c_g the mean score of group g's rollouts); the size is the finding"), **T, detail=detail))
     return rows
 
 
