@@ -308,3 +308,30 @@ def test_side_by_side_groups_only_notebooks_whose_threads_fit_the_cores():
     assert stems(run.side_by_side(gpu, 64)) == [[s] for s in ("01", "02", "03", "04", "05", "06", "07", "08")]
     trl = dict(tiny[6][1], engine="trl")   # TRL's trainer is one process whatever `workers` says
     assert run.cpu_threads(trl) == 1
+
+
+def test_a_kernel_whose_port_was_taken_is_started_again(tmp_path, monkeypatch, capsys):
+    """Two runners starting kernels at once (05 and 06 side by side) can race for a port: the kernel
+    dies binding it before any cell ran. run_notebook starts it again (up to PORT_RETRIES times); any
+    other kernel death is a failure at once."""
+    import shutil
+
+    import papermill
+    calls = []
+
+    def execute(src, out, **kw):
+        calls.append(out)
+        if len(calls) == 1:
+            raise RuntimeError("Kernel died before replying to kernel_info")
+        shutil.copy(src, out)   # the second start runs through (a copy of the prepared notebook)
+
+    monkeypatch.setattr(papermill, "execute_notebook", execute)
+    monkeypatch.setattr(run, "_port_taken", lambda klog: True)
+    out = run.run_notebook("02", "smoke", out_root=tmp_path, log_output=False)
+    assert out.exists() and len(calls) == 2
+    assert "another process took the kernel's port as it started; starting it again (1/3)" in capsys.readouterr().out
+    calls.clear()
+    monkeypatch.setattr(run, "_port_taken", lambda klog: False)   # a kernel that died of something else
+    with pytest.raises(run.NotebookFailed, match="Kernel died before replying"):
+        run.run_notebook("02", "smoke", out_root=tmp_path / "again", log_output=False)
+    assert len(calls) == 1

@@ -570,6 +570,19 @@ def _kernel_manager(stderr):
     return KernelManager
 
 
+# jupyter_client picks a kernel's ports free, then the kernel binds them: a kernel another process starts
+# at the same moment (05 and 06 side by side) can take one in between. Nothing has run then: start again.
+PORT_RETRIES = 3
+
+
+def _port_taken(klog: Path) -> bool:
+    """The kernel died binding a port another process took (its stderr says so)."""
+    try:
+        return "Address already in use" in klog.read_text(errors="replace")
+    except OSError:
+        return False
+
+
 def _kernel_log_tail(path: Path, n: int = 5) -> list[str]:
     """The last lines of a kernel's stderr worth showing (not IPKernelApp's TCP warning)."""
     try:
@@ -623,10 +636,19 @@ def run_notebook(ref: str, profile: str = "tiny", overrides: dict | None = None,
               flush=True)
         klog = st.dir / "kernel.stderr"
         try:
-            with open(klog, "ab") as kernel_stderr:
-                pm.execute_notebook(str(src), str(tmp), parameters=run_params, kernel_name="python3", cwd=str(ROOT),
-                                    progress_bar=False, log_output=log_output, stdout_file=None,
-                                    kernel_manager_class=_kernel_manager(kernel_stderr))
+            for attempt in range(PORT_RETRIES + 1):
+                klog.write_bytes(b"")
+                try:
+                    with open(klog, "ab") as kernel_stderr:
+                        pm.execute_notebook(str(src), str(tmp), parameters=run_params, kernel_name="python3",
+                                            cwd=str(ROOT), progress_bar=False, log_output=log_output,
+                                            stdout_file=None, kernel_manager_class=_kernel_manager(kernel_stderr))
+                    break
+                except Exception as e:  # noqa: BLE001
+                    if attempt == PORT_RETRIES or isinstance(e, PapermillExecutionError) or not _port_taken(klog):
+                        raise
+                    print(f"[run] {nb_path.stem}: another process took the kernel's port as it started; starting "
+                          f"it again ({attempt + 1}/{PORT_RETRIES})", flush=True)
         except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (staging.Terminated)
             kept = _keep_failed(tmp, failed, renames)
             raise NotebookInterrupted(_interrupt_summary(nb_path.stem, e, kept),
@@ -860,6 +882,9 @@ def side_by_side(resolved: list, cores: int) -> list[list]:
     return groups
 
 
+STAGGER_S = 5.0
+
+
 def _run_side_by_side(group: list, a, share: dict) -> int:
     """Every notebook of `group` in its own `python -m cancellation.run` process, all at once. Each
     writes its log to .run-staging/logs/<notebook>.log; a finished one prints its last line, a failed
@@ -883,6 +908,8 @@ def _run_side_by_side(group: list, a, share: dict) -> int:
                 cmd += ["-p", k, v if isinstance(v, str) else json.dumps(v)]  # as typed (JSON is YAML 1.2)
             if a.replace:
                 cmd.append("--replace")
+            if running:
+                time.sleep(STAGGER_S)   # kernels that start apart do not race for ports (run_notebook retries if they do)
             log = open(logs / f"{nb.stem}.log", "w")
             running[nb.stem] = (subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT), log)
         while running:
