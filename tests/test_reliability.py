@@ -517,6 +517,15 @@ def test_staging_left_by_killed_runs_is_cleared_at_the_next_start(tmp_path):
     assert sorted(p.name for p in (tmp_path / staging.STAGING).iterdir()) == ["02.alive"] and not old.exists()
 
 
+def _foreground_signals():
+    """In the child, before exec: Ctrl-C's default action, as a terminal's foreground job has it. A shell
+    without job control starts background commands (`make test &`, a CI step's `cmd &`) with SIGINT
+    ignored, every child inherits that, and Python then leaves SIGINT ignored: the runner would sleep
+    through the signal and this test would fail for a reason outside the runner."""
+    import signal
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("sig, rc, how", [("SIGINT", 130, "interrupted (Ctrl-C)"), ("SIGTERM", 143, "terminated (SIGTERM)")])
 def test_ctrl_c_in_a_terminal_prints_two_lines_not_tracebacks(tmp_path, sig, rc, how):
@@ -530,7 +539,7 @@ def test_ctrl_c_in_a_terminal_prints_two_lines_not_tracebacks(tmp_path, sig, rc,
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "lib"), os.environ.get("PYTHONPATH", "")])}
     p = subprocess.Popen([sys.executable, "-m", "cancellation.run", str(nb), "--root", str(root), "-p", "fail_at",
                           "sleep", "--replace"], cwd=root, env=env, start_new_session=True,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_foreground_signals)
     try:
         t = time.time()
         while not list(root.glob(".run-staging/*/figures/sleeping")) and time.time() - t < 120 and p.poll() is None:
