@@ -335,3 +335,32 @@ def test_a_kernel_whose_port_was_taken_is_started_again(tmp_path, monkeypatch, c
     with pytest.raises(run.NotebookFailed, match="Kernel died before replying"):
         run.run_notebook("02", "smoke", out_root=tmp_path / "again", log_output=False)
     assert len(calls) == 1
+
+
+ENV_NB = '''# %% tags=["parameters"]
+profile = "tiny"
+fig_dir = "figures/tiny"
+results_dir = "data/results/tiny"
+
+# %%
+import os
+from pathlib import Path
+Path(results_dir).mkdir(parents=True, exist_ok=True)
+(Path(results_dir) / "env.txt").write_text(os.environ.get("MALLOC_MMAP_THRESHOLD_", "") + " "
+                                           + os.environ.get("MALLOC_TRIM_THRESHOLD_", ""))
+'''
+
+
+@pytest.mark.slow
+def test_kernel_starts_with_the_malloc_thresholds_unless_the_user_set_them(tmp_path, monkeypatch):
+    """The notebook's own process (the kernel) reads the glibc tunables; a value in the caller's
+    environment is passed through unchanged."""
+    root = tmp_path / "repo"
+    (root / "notebooks/params").mkdir(parents=True)
+    (root / "notebooks/params/tiny.yaml").write_text("96_env: {}\n")
+    nb = root / "notebooks" / "96_env.py"
+    nb.write_text(ENV_NB)
+    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "12345")
+    run.run_notebook(str(nb), "tiny", out_root=root, log_output=False)
+    assert (root / "data/results/tiny/env.txt").read_text() == f"{1 << 30} 12345"
