@@ -191,8 +191,8 @@ def widen_vocab(model, tok, vocab: int = QWEN_VOCAB, steps: int = WIDEN_STEPS):
 def padded_mass(model, tok) -> float:
     """The largest total probability of the padded ids over the training positions."""
     ids, mask = _training_rows(tok)
-    with torch.no_grad():
-        lg = model(input_ids=ids).logits.float()[mask.bool()]
+    with torch.no_grad():  # the head on the response positions only (not a (rows, length, 151,936) tensor)
+        lg = model.lm_head(model.model(input_ids=ids).last_hidden_state[mask.bool()]).float()
     return float(torch.softmax(lg, -1)[:, len(tok):].sum(-1).max())
 
 
