@@ -3,7 +3,7 @@
 #   make figNN     rerun one notebook (fig01 ... fig08)
 #   make table2    the full Table 2 / Fig. 8 test (notebook 07, profile tiny-table2, 86 runs, ~2 h on 2 cores)
 #   make claims    regenerate README's claims table from data/results/tiny/claims.parquet (+ tiny-table2's)
-#   make test      the test suite (CPU, about 16 min on 2 cores)
+#   make test      the test suite (CPU, about 17 min on 2 cores)
 #   make bench     speed-ups and memory vs naive code (B=memory: one benchmark)
 #   make env       create .venv (torch TORCH_SPEC, then pip install -e ".[dev]")
 #   make policy    retrain the tiny policies (tiny-m, tiny-s, tiny-m-fixed)
