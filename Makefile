@@ -1,7 +1,7 @@
 # Targets (make help prints this):
 #   make figures   set up .venv if missing, train the tiny policies if missing, run every notebook, then `make claims`
 #   make figNN     rerun one notebook (fig01 ... fig08)
-#   make table2    the full Table 2 / Fig. 8 test (notebook 07, profile tiny-table2, 86 runs, ~2.5-3 h on 2 cores)
+#   make table2    the full Table 2 / Fig. 8 test (notebook 07, profile tiny-table2, 86 runs, 102 min cold on 2 cores)
 #   make claims    regenerate README's claims table from data/results/tiny/claims.parquet (+ tiny-table2's)
 #   make test      the test suite (CPU, about 17 min on 2 cores)
 #   make bench     speed-ups and memory vs naive code (B=memory: one benchmark)

@@ -440,9 +440,18 @@ def _tables(P: Params, runs, probe) -> Result:
     mbs["composition"] = np.where((mbs.n_pos > 0) & (mbs.n_neg > 0), "mixed", "one sign")
     gn = mbs.groupby(["strategy", "composition"]).grad_norm.median().unstack()
     drift = mbs[mbs.minibatch == mbs.minibatch.max()].groupby("strategy").ratio_dev.mean()
-    why = ("RB's whole-run sampling budget (run_rounds) ran out before every iteration had released a batch, so the "
-           "RB strategies took fewer steps than the others; a larger run_rounds equalises them" if P.run_rounds else
-           "RB skipped updates when its buffer released no batch within max_rounds; run_rounds > 0 keeps it sampling")
+    # why a strategy took fewer steps than the most: name each cause with the strategies it applies to
+    short = table2.strategy[table2.optimizer_steps < table2.optimizer_steps.max()].tolist()
+    rb = [s for s in short if train.STRATEGIES[s][1]]
+    why = ([f"{', '.join(rb)}: " + ("the whole-run sampling budget (run_rounds) ran out before every iteration had "
+                                    "released a batch; a larger run_rounds equalises them" if P.run_rounds else
+                                    "the buffer released no batch within max_rounds on some iterations; run_rounds > 0 "
+                                    "keeps it sampling")] if rb else [])
+    why += [f"{s}: no step on an iteration whose batch held only zero-variance (A = 0) groups"
+            for s in short if train.STRATEGIES[s][0] == "random_filter"]
+    why += [f"{s}: no step on some iterations" for s in short if not train.STRATEGIES[s][1]
+            and train.STRATEGIES[s][0] != "random_filter"]
+    why = "; ".join(why)
     note = (f"start (every run's iteration 0): average accuracy {start:.1f}%; {len(P.seeds)} seeds {P.seeds}, "
             f"{P.iterations} iterations x {P.n_minibatches} Adam steps, lr {P.lr:g}; evaluation avg@{P.eval_samples} "
             f"on {P.eval_n} problems per set (binomial SE of one run's score on one set up to "
