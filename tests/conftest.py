@@ -31,6 +31,14 @@ def model64():
     return m
 
 
+@pytest.fixture(scope="session")
+def canonical_standins():
+    """data/standins/ as the paper-smoke and paper-vocab profiles name it, paper-vocab model included
+    (idempotent: a no-op once built), so no test depends on another having built it first. Its paths."""
+    from cancellation import run, standins
+    return standins.build(run.ROOT / "data" / "standins")
+
+
 @pytest.fixture
 def fresh(model64):
     return copy.deepcopy(model64)

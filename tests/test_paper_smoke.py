@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from cancellation import compute, run, standins
+from cancellation import compute, run
 
 PAPER, SMOKE = run.PARAMS / "paper.yaml", run.PARAMS / "paper-smoke.yaml"
 VOCAB = run.PARAMS / "paper-vocab.yaml"
@@ -37,8 +37,7 @@ def test_every_paper_parameter_is_declared_by_a_notebook():
 
 
 @pytest.fixture(scope="module")
-def out_root(tmp_path_factory):
-    standins.build(run.ROOT / "data" / "standins")  # idempotent: a no-op when already built
+def out_root(canonical_standins, tmp_path_factory):
     return tmp_path_factory.mktemp("paper-smoke")
 
 
@@ -161,8 +160,7 @@ MIN_HEAD_POSITIONS = {"06": 8_000, "07": 6_000}
 
 
 @pytest.fixture(scope="module")
-def vocab_root(tmp_path_factory):
-    standins.build(run.ROOT / "data" / "standins")  # the paper-vocab model included
+def vocab_root(canonical_standins, tmp_path_factory):
     return tmp_path_factory.mktemp("paper-vocab")
 
 

@@ -56,15 +56,7 @@ def test_memory_closed_forms(qwen3_06b):
     assert rows == p["n_prompts"] * p["G"] and length >= p["max_new_tokens"]
 
 
-@pytest.fixture(scope="module")
-def built_standins():
-    """data/standins/ as the paper-smoke and paper-vocab profiles name it (idempotent: a no-op once built), so
-    these tests do not depend on test_paper_smoke having run first."""
-    from cancellation import standins
-    standins.build(run.ROOT / "data" / "standins")
-
-
-def test_plan_paper_smoke_prints_memory_and_time(built_standins, capsys):
+def test_plan_paper_smoke_prints_memory_and_time(canonical_standins, capsys):
     assert run.main(["all", "--profile", "paper-smoke", "--plan"]) is None
     out = capsys.readouterr().out
     for nb in run.all_notebooks():
@@ -91,7 +83,7 @@ def test_plan_paper_runs_nothing_and_names_the_missing_measurement(standin_paths
 
 
 @pytest.mark.skipif(not (run.PARAMS / "paper-vocab.yaml").exists(), reason="no paper-vocab profile")
-def test_plan_paper_vocab(built_standins, capsys):
+def test_plan_paper_vocab(canonical_standins, capsys):
     assert run.main(["all", "--profile", "paper-vocab", "--plan"]) is None
     assert capsys.readouterr().out.count("[plan] ") == len(run.all_notebooks())
 

@@ -136,15 +136,14 @@ def test_build_is_deterministic_and_idempotent(built, tmp_path):
 
 
 @pytest.mark.slow
-def test_paper_vocab_model_is_qwen_wide_and_never_samples_padding():
+def test_paper_vocab_model_is_qwen_wide_and_never_samples_padding(canonical_standins):
     """The paper-vocab stand-in (data/standins/model-vocab, built as the paper-smoke tests build
     it): Qwen3's 151,936-row tied head, the small model's tokenizer, and padded ids whose total
     probability is negligible where the model samples (a plain forward and softmax, not the
     builder's code), so sampled groups still have mixed rewards."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from cancellation import run
-    paths = standins.build(run.ROOT / "data" / "standins")
+    paths = canonical_standins
     assert "model_vocab" in paths
     model = AutoModelForCausalLM.from_pretrained(paths["model_vocab"], dtype=torch.float32).eval()
     tok = AutoTokenizer.from_pretrained(paths["model_vocab"])

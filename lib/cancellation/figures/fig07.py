@@ -371,6 +371,18 @@ def ci(x):
     return float(stats.t.ppf(0.975, len(x) - 1) * x.std(ddof=1) / np.sqrt(len(x))) if len(x) > 1 else float("nan")
 
 
+def _fewer_steps_cause(name: str, P: Params) -> str:
+    """Why strategy `name` can take fewer optimizer steps than the others."""
+    plan, rb = train.STRATEGIES[name]
+    if rb:
+        return ("the whole-run sampling budget (run_rounds) ran out before every iteration had released a batch; "
+                "a larger run_rounds equalises them" if P.run_rounds else
+                "the buffer released no batch within max_rounds on some iterations; run_rounds > 0 keeps it sampling")
+    if plan == "random_filter":
+        return "no step on an iteration whose batch held only zero-variance (A = 0) groups"
+    return "no step on some iterations"
+
+
 def _tables(P: Params, runs, probe) -> Result:
     set_names = [train.set_name(d) for d in P.eval_sets]
     evals = pd.concat([r["evals"] for r in runs], ignore_index=True)
@@ -440,18 +452,11 @@ def _tables(P: Params, runs, probe) -> Result:
     mbs["composition"] = np.where((mbs.n_pos > 0) & (mbs.n_neg > 0), "mixed", "one sign")
     gn = mbs.groupby(["strategy", "composition"]).grad_norm.median().unstack()
     drift = mbs[mbs.minibatch == mbs.minibatch.max()].groupby("strategy").ratio_dev.mean()
-    # why a strategy took fewer steps than the most: name each cause with the strategies it applies to
-    short = table2.strategy[table2.optimizer_steps < table2.optimizer_steps.max()].tolist()
-    rb = [s for s in short if train.STRATEGIES[s][1]]
-    why = ([f"{', '.join(rb)}: " + ("the whole-run sampling budget (run_rounds) ran out before every iteration had "
-                                    "released a batch; a larger run_rounds equalises them" if P.run_rounds else
-                                    "the buffer released no batch within max_rounds on some iterations; run_rounds > 0 "
-                                    "keeps it sampling")] if rb else [])
-    why += [f"{s}: no step on an iteration whose batch held only zero-variance (A = 0) groups"
-            for s in short if train.STRATEGIES[s][0] == "random_filter"]
-    why += [f"{s}: no step on some iterations" for s in short if not train.STRATEGIES[s][1]
-            and train.STRATEGIES[s][0] != "random_filter"]
-    why = "; ".join(why)
+    # why a strategy took fewer steps than the most: each cause, with the strategies it applies to
+    causes = {}
+    for s in table2.strategy[table2.optimizer_steps < table2.optimizer_steps.max()]:
+        causes.setdefault(_fewer_steps_cause(s, P), []).append(s)
+    why = "; ".join(f"{', '.join(names)}: {cause}" for cause, names in causes.items())
     note = (f"start (every run's iteration 0): average accuracy {start:.1f}%; {len(P.seeds)} seeds {P.seeds}, "
             f"{P.iterations} iterations x {P.n_minibatches} Adam steps, lr {P.lr:g}; evaluation avg@{P.eval_samples} "
             f"on {P.eval_n} problems per set (binomial SE of one run's score on one set up to "
