@@ -5,6 +5,9 @@
 #   make claims    regenerate README's claims table from data/results/tiny/claims.parquet (+ tiny-table2's)
 #   make test      the test suite (CPU, about 17 min on 2 cores)
 #   make bench     speed-ups and memory vs naive code (B=memory: one benchmark)
+#   make gpu-check on a machine with an NVIDIA GPU: pytest -m gpu, the sampler vs transformers, the card's
+#                  unit costs, dry runs at Qwen3-1.7B's shape; one report in data/scale/measured/ (BUDGET=540 s;
+#                  PY=python3 uses an existing Python with torch instead of .venv). Without a GPU: exit 2
 #   make env       create .venv (torch TORCH_SPEC, then pip install -e ".[dev]")
 #   make policy    retrain the tiny policies (tiny-m, tiny-s, tiny-m-fixed)
 #   make standins  CPU stand-ins of the paper's model and data in data/standins/ (PROFILE=paper-smoke, paper-vocab)
@@ -20,8 +23,10 @@
 #   CORES=N        cores make figures fills: notebooks that fix their CPU threads (05 and 06: one each) run
 #                  side by side while their threads fit (default: this machine's cores; 1: one at a time)
 #   B=NAME         the benchmark of make bench;  TORCH_SPEC=torch==2.x  the torch of make env;  PYTHON=python3
+#   BUDGET=S       make gpu-check's seconds (default 540: one 10-minute device call)
 PROFILE ?= tiny
 B ?=
+BUDGET ?=
 P ?=
 REPLACE ?=
 CORES ?= $(shell nproc 2>/dev/null || echo 1)
@@ -40,7 +45,7 @@ export PYTHONUNBUFFERED := 1
 export MALLOC_MMAP_THRESHOLD_ ?= 1073741824
 export MALLOC_TRIM_THRESHOLD_ ?= 1073741824
 
-.PHONY: env policy standins figures table2 claims test bench clean help
+.PHONY: env policy standins figures table2 claims test bench gpu-check clean help
 help:
 	@sed -n '/^# Targets/,/^[^#]/{/^#/s/^# \{0,1\}//p}' Makefile
 
@@ -86,6 +91,10 @@ test: env
 
 bench: env $(POLICIES)
 	$(PY) -m cancellation.bench $(B)
+
+# No .venv when PY names another Python (a GPU image's own torch); the dry runs need the stand-in data.
+gpu-check: $(if $(filter $(PY),$(VENV)/bin/python),env) $(if $(wildcard data/standins/manifest.json),,standins)
+	$(PY) -m cancellation.gpucheck $(if $(BUDGET),--budget-s $(BUDGET))
 
 clean:
 	rm -rf data/cache notebooks/executed/smoke figures/smoke data/results/smoke .run-staging

@@ -1,0 +1,291 @@
+"""`make gpu-check`: everything a lent or rented GPU can tell us, in one call, under a time budget.
+
+    python -m cancellation.gpucheck                    # default budget 540 s (fits one 10-minute device call)
+    python -m cancellation.gpucheck --budget-s 1800 --notebooks 03 05
+    python -m cancellation.gpucheck --list             # the steps, their estimated seconds, and what each records
+
+Steps, in the order of what they are worth when time is short (each in its own process, so one that
+fails or runs out of memory does not take the rest with it; a step is skipped, and the report says
+so, when its estimate no longer fits in what is left of the budget):
+
+1. `pytest -m gpu`: the CUDA-vs-CPU agreement tests (token stats, GRPO steps, coupling kernel, the
+   sampler's captured-vs-eager paths, Monte Carlo continuations).
+2. `bench sampler`: our sampler's tokens/s at Qwen3-1.7B's shape in bfloat16 (64 x 512 and 256 x 256
+   new tokens) beside transformers' `generate` (dynamic cache; static cache + torch.compile at the
+   first shape) and the weight-read limit measured on the card.
+3. A decode-step profile (`profile_decode`): kernels by CUDA time, beside the captured graph's pace.
+4. Unit costs (`cancellation.scale`): the planner's per-token and per-call seconds of every block on
+   this card, at Qwen3-1.7B's shape -> `<out>/<kind>.units.json`, and data/scale/<kind>.json when that
+   kind has none yet (the planner's file: the dry runs after it are planned with it).
+5. Dry runs (`run NN --dry-run`) at Qwen3-1.7B's shape, random weights and coin-flip rewards, at small
+   stated sizes (DRY_SIZES), notebooks in the order given by --notebooks (default: the ones never
+   measured on a GPU first): wall time and peak GPU memory beside the planner's prediction.
+
+Writes one JSON and one markdown report, `<out>/gpucheck-<kind>-<date>.{json,md}` (default out:
+data/scale/measured/). Without a CUDA device it prints one line and exits 2.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+SHAPE = "data/shapes/qwen3-1.7b-base"   # Qwen3-1.7B-Base's config.json: the dry runs' architecture
+# The dry runs' sizes: paper-vocab's sections (stand-in data, the real 151,936-entry vocabulary) at a stated
+# fraction of the paper's sizes, the same as the first H100 record (data/scale/measured/), so the two compare.
+DRY_SIZES = dict(model_path=SHAPE, device="cuda", token_chunk=2048, max_new_tokens=16, n_prompts=4)
+DRY_PER_NOTEBOOK = {"03": dict(mask_size=1), "06": dict(n_prompts=16), "08": dict(grad_chunk=2)}
+DRY_ORDER = ["03", "05", "06", "08", "01", "02", "04", "07"]   # never measured on a GPU first
+# Estimated seconds per step on an H100/H200 (from the 2026-11-25 session), used only to skip what will not fit.
+EST = {"pytest": 100, "sampler": 150, "profile": 45, "units": 120, "dry": 75}
+# transformers' dynamic-cache generate only at 256 x 256 (at 64 x 512 it takes 76 s of an H100's time)
+SAMPLER_KW = "dynamic='256x256'"
+
+
+def profile_decode(rows: int = 64, prompt: int = 64, new: int = 32, top: int = 15, shape: str = "qwen3-1.7b",
+                   device: str = "cuda") -> dict:
+    """Where a decode step's time goes at Qwen3-1.7B's shape in bfloat16 on this card: the static-cache
+    step run eagerly with the captured step's shapes (`graph_shapes`: same kernels, visible to the
+    profiler, which sees a replayed graph as one launch), kernels ranked by their CUDA time, beside
+    the replayed graph's wall time per step. For the sampler's suspects (repeat_kv under the
+    additive mask, attention over the whole 256-rounded cache, the float64 softmax and cumulative
+    sum over the vocabulary)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from . import sampler, scale
+    model = scale.build(shape, dtype=torch.bfloat16, device=device)
+    g = torch.Generator(device=device).manual_seed(0)
+    ids = torch.randint(0, model.config.vocab_size, (rows, prompt), generator=g, device=device)
+    mask = torch.ones_like(ids)
+
+    def run(capture):
+        return sampler.generate_static(model, ids, mask, new, 1.0, [-1], 0, generator=g, capture=capture,
+                                       draw="icdf", graph_shapes=True)
+    cuda = device.startswith("cuda")
+    if cuda:
+        run(True)                        # capture once
+    t = scale._best(lambda: run(cuda), device, reps=3)
+    run(False)
+    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
+        run(False)
+        torch.cuda.synchronize() if cuda else None
+    ev = [e for e in prof.key_averages() if getattr(e, "self_device_time_total", 0) > 0]
+    ev.sort(key=lambda e: -e.self_device_time_total)
+    total = sum(e.self_device_time_total for e in ev) or float("nan")
+    kernels = [dict(name=e.key[:90], calls=e.count, ms=e.self_device_time_total / 1e3 / new,
+                    share=e.self_device_time_total / total) for e in ev[:top]]
+    out = dict(rows=rows, prompt=prompt, new=new, captured_ms_per_step=1e3 * t / new,
+               eager_cuda_ms_per_step=total / 1e3 / new, tokens_per_s_captured=rows * new / t, kernels=kernels)
+    print(json.dumps(out, indent=1))
+    return out
+
+
+def _tail(text: str, n: int = 3000) -> str:
+    return text if len(text) <= n else "..." + text[-n:]
+
+
+def _step(name: str, cmd: list[str], timeout: float, env: dict | None = None) -> dict:
+    """Run one step in its own process; its record (rc, seconds, output tail). rc 124: timed out."""
+    print(f"[gpu-check] {name}: {' '.join(cmd)} (at most {timeout:.0f} s)", flush=True)
+    t = time.time()
+    try:
+        p = subprocess.run(cmd, cwd=ROOT, env={**os.environ, **(env or {})}, capture_output=True, text=True,
+                           timeout=timeout)
+        rc, out = p.returncode, p.stdout + p.stderr
+    except subprocess.TimeoutExpired as e:
+        rc = 124
+        out = ((e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")) + \
+              ((e.stderr or b"").decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or ""))
+    secs = time.time() - t
+    print(_tail(out, 1500), flush=True)
+    print(f"[gpu-check] {name}: rc {rc}, {secs:.0f} s", flush=True)
+    return dict(step=name, cmd=cmd, rc=rc, seconds=round(secs, 1), output_tail=_tail(out))
+
+
+def _device() -> dict:
+    import torch
+    p = torch.cuda.get_device_properties(0)
+    from .plan import device_kind
+    return dict(kind=device_kind("cuda"), name=p.name, memory_gib=round(p.total_memory / 2**30, 1),
+                multiprocessors=p.multi_processor_count, torch=torch.__version__, cuda=torch.version.cuda,
+                date=time.strftime("%Y-%m-%d"), python=sys.version.split()[0])
+
+
+def _dry_overrides(nb: str) -> list[str]:
+    kv = {**DRY_SIZES, **DRY_PER_NOTEBOOK.get(nb, {})}
+    return [x for k, v in kv.items() for x in ("-p", k, str(v))]
+
+
+def plan_steps(notebooks: list[str]) -> list[tuple[str, int]]:
+    return [("pytest", EST["pytest"]), ("sampler", EST["sampler"]), ("profile", EST["profile"]),
+            ("units", EST["units"])] + \
+        [(f"dry-{nb}", EST["dry"]) for nb in notebooks]
+
+
+def run_check(budget: float, out: Path, notebooks: list[str], skip: set[str]) -> dict:
+    py = sys.executable
+    dev = _device()
+    out.mkdir(parents=True, exist_ok=True)
+    kind = dev["kind"]
+    stem = out / f"gpucheck-{kind}-{dev['date']}"
+    t0 = time.time()
+    steps = []
+
+    def left():
+        return budget - (time.time() - t0)
+
+    for name, est in plan_steps(notebooks):
+        base = name.split("-")[0]
+        if name in skip or base in skip:
+            steps.append(dict(step=name, skipped="--skip"))
+            continue
+        if left() < est:
+            steps.append(dict(step=name, skipped=f"budget: {left():.0f} s left, estimated {est} s"))
+            print(f"[gpu-check] {name}: skipped ({steps[-1]['skipped']})", flush=True)
+            continue
+        limit = max(left(), 30)
+        if name == "pytest":
+            r = _step(name, [py, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", "tests"], limit)
+        elif name == "sampler":
+            js = out / f".{kind}.sampler.json"
+            code = (f"import json,sys; from cancellation import bench; rows = bench.sampler({SAMPLER_KW}); "
+                    f"json.dump(rows, open({str(js)!r}, 'w'))")
+            r = _step(name, [py, "-c", code], limit)
+            if js.exists():
+                r["rows"] = [dict(shape=d, way=w, tokens_per_s=t, first_call_s=None if f != f else f)
+                             for d, w, t, f in json.loads(js.read_text())]
+                js.unlink()
+        elif name == "profile":
+            js = out / f".{kind}.profile.json"
+            code = ("import json; from cancellation import gpucheck; "
+                    f"json.dump(gpucheck.profile_decode(), open({str(js)!r}, 'w'))")
+            r = _step(name, [py, "-c", code], limit)
+            if js.exists():
+                r["profile"] = json.loads(js.read_text())
+                js.unlink()
+        elif name == "units":
+            units = out / f"{kind}.units.json"
+            r = _step(name, [py, "-m", "cancellation.scale", "--device", "cuda", "--out", str(units)], limit)
+            if units.exists():
+                r["units"] = json.loads(units.read_text())["units"]
+                r["file"] = str(units.relative_to(ROOT)) if units.is_relative_to(ROOT) else str(units)
+                planner = ROOT / "data" / "scale" / f"{kind}.json"
+                if not planner.exists():   # a kind never measured: the dry runs after this are planned with it
+                    planner.write_text(units.read_text())
+                    r["planner_file"] = str(planner.relative_to(ROOT))
+        else:
+            nb = name.split("-")[1]
+            r = _step(name, [py, "-m", "cancellation.run", nb, "--profile", "paper-vocab", "--dry-run",
+                             "--no-plan-check", *_dry_overrides(nb)], limit)
+            rec = ROOT / "dry-run" / "paper-vocab" / "measured.json"
+            if rec.exists():
+                rows = json.loads(rec.read_text())
+                hit = [v for k, v in rows.items() if k.startswith(nb + "_")]
+                if hit and r["rc"] == 0:
+                    r["measured"] = hit[0]
+        steps.append(r)
+        _write(stem, dev, budget, time.time() - t0, steps)   # a report after every step: a cut-off call keeps it
+    report = _write(stem, dev, budget, time.time() - t0, steps)
+    print(f"[gpu-check] report: {stem}.json, {stem}.md ({time.time() - t0:.0f} s of {budget:.0f} s)", flush=True)
+    return report
+
+
+def _write(stem: Path, dev: dict, budget: float, spent: float, steps: list[dict]) -> dict:
+    report = dict(device=dev, budget_s=budget, spent_s=round(spent, 1), dry_sizes=DRY_SIZES,
+                  dry_per_notebook=DRY_PER_NOTEBOOK, steps=steps)
+    tmp = stem.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(report, indent=1, default=str) + "\n")
+    tmp.replace(stem.with_suffix(".json"))
+    stem.with_suffix(".md").write_text(markdown(report))
+    return report
+
+
+def markdown(report: dict) -> str:
+    """The report as markdown: one status table, then each step's numbers."""
+    d = report["device"]
+    lines = [f"# gpu-check, {d['date']}: {d['name']} ({d['kind']}, {d['memory_gib']} GiB), torch {d['torch']}",
+             "", f"Budget {report['budget_s']:.0f} s, spent {report['spent_s']:.0f} s. "
+             "Written by `python -m cancellation.gpucheck` (`make gpu-check`).", "",
+             "| step | status | seconds |", "|---|---|---|"]
+    for s in report["steps"]:
+        status = f"skipped ({s['skipped']})" if "skipped" in s else ("ok" if s["rc"] == 0 else
+                                                                     "timed out" if s["rc"] == 124 else f"failed (rc {s['rc']})")
+        lines.append(f"| {s['step']} | {status} | {s.get('seconds', '')} |")
+    for s in report["steps"]:
+        if s.get("step") == "pytest" and "output_tail" in s:
+            last = [x for x in s["output_tail"].splitlines() if x.strip()][-1:] or [""]
+            lines += ["", f"**pytest -m gpu:** {last[0]}"]
+        if s.get("rows"):
+            lines += ["", "**Sampler, Qwen3-1.7B shape, bfloat16, random weights, no stop ids** (`bench sampler`):", "",
+                      "| rows x new | way | tokens/s | first call (s) |", "|---|---|---|---|"]
+            for r in s["rows"]:
+                f = "" if r["first_call_s"] is None else f"{r['first_call_s']:.1f}"
+                lines.append(f"| {r['shape']} | {r['way']} | {r['tokens_per_s']:,.0f} | {f} |")
+        if s.get("profile"):
+            pr = s["profile"]
+            lines += ["", f"**One decode step, {pr['rows']} rows, prompt {pr['prompt']}, {pr['new']} new tokens** "
+                      f"(captured graph {pr['captured_ms_per_step']:.2f} ms/step = {pr['tokens_per_s_captured']:,.0f} "
+                      f"tokens/s; the same step eagerly: {pr['eager_cuda_ms_per_step']:.2f} ms of kernels/step):", "",
+                      "| kernel | calls | ms per step | share |", "|---|---|---|---|"]
+            for k in pr["kernels"]:
+                lines.append(f"| `{k['name']}` | {k['calls']} | {k['ms']:.3f} | {100 * k['share']:.1f}% |")
+        if s.get("units"):
+            u = s["units"]
+            lines += ["", f"**Unit costs at Qwen3-1.7B's shape** (`{s.get('file', '')}`):", "",
+                      "| block | s per 1k parameter-tokens x 1e9 params | s per call |", "|---|---|---|"]
+            for k, v in u.items():
+                if "s_per_param_token" in v:
+                    lines.append(f"| {k} | {v['s_per_param_token'] * 1e12:.3g} | {v['s_per_call']:.3g} |")
+            if "start" in u:
+                lines.append(f"| notebook start | | {u['start']['seconds']:.1f} |")
+    dry = [s for s in report["steps"] if s.get("step", "").startswith("dry-")]
+    if dry:
+        sizes = ", ".join(f"{k} {v}" for k, v in DRY_SIZES.items() if k not in ("model_path", "device"))
+        extra = "; ".join(f"{nb}: " + ", ".join(f"{k} {v}" for k, v in kv.items())
+                          for nb, kv in DRY_PER_NOTEBOOK.items())
+        lines += ["", f"**Dry runs at Qwen3-1.7B's shape** (`--dry-run`, profile paper-vocab, {sizes}; {extra}):", "",
+                  "| notebook | measured: time, peak GPU | planned: time, peak | measured / planned |", "|---|---|---|---|"]
+        for s in dry:
+            m = s.get("measured")
+            if not m:
+                why = s.get("skipped") or f"rc {s.get('rc')}"
+                lines.append(f"| {s['step'][4:]} | not measured ({why}) | | |")
+                continue
+            p = m.get("planned") or {}
+            t, g = m["measured_seconds"], m.get("peak_cuda_gib") or float("nan")
+            pt, pg = p.get("predicted_seconds"), p.get("peak_gib")
+            ratio = f"{t / pt:.2f}x, {g / pg:.2f}x" if pt and pg else ""
+            lines.append(f"| {m['notebook']} | {t:.0f} s, {g:.1f} GiB | "
+                         + (f"{pt:.0f} s, {pg:.1f} GiB" if pt and pg else "no plan") + f" | {ratio} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--budget-s", type=float, default=540, help="seconds for all steps (default 540)")
+    ap.add_argument("--out", default=str(ROOT / "data" / "scale" / "measured"))
+    ap.add_argument("--notebooks", nargs="+", default=DRY_ORDER, help="dry runs, in this order")
+    ap.add_argument("--skip", nargs="*", default=[], help="steps to leave out: pytest sampler units dry dry-NN")
+    ap.add_argument("--list", action="store_true", help="print the steps and their estimates, run nothing")
+    a = ap.parse_args(argv)
+    if a.list:
+        for name, est in plan_steps(a.notebooks):
+            print(f"{name:<8} ~{est} s")
+        return 0
+    import torch
+    if not torch.cuda.is_available():
+        print(f"gpu-check: no CUDA device here (torch {torch.__version__}); nothing measured. "
+              "Run it on a machine with an NVIDIA GPU.", file=sys.stderr)
+        return 2
+    run_check(a.budget_s, Path(a.out).resolve(), a.notebooks, set(a.skip))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
