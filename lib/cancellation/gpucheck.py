@@ -43,6 +43,8 @@ DRY_PER_NOTEBOOK = {"03": dict(mask_size=1), "06": dict(n_prompts=16), "08": dic
 DRY_ORDER = ["03", "05", "06", "08", "01", "02", "04", "07"]   # never measured on a GPU first
 # Estimated seconds per step on an H100/H200 (from the 2026-11-25 session), used only to skip what will not fit.
 EST = {"pytest": 100, "sampler": 150, "profile": 45, "units": 120, "dry": 75}
+# dry runs measured on an H200 (2026-11-26), 10 s added: a step is skipped when its estimate does not fit
+EST_DRY = {"03": 100, "05": 70, "06": 95, "08": 90}
 # transformers' dynamic-cache generate only at 256 x 256 (at 64 x 512 it takes 76 s of an H100's time)
 SAMPLER_KW = "dynamic='256x256'"
 
@@ -125,7 +127,7 @@ def _dry_overrides(nb: str) -> list[str]:
 def plan_steps(notebooks: list[str]) -> list[tuple[str, int]]:
     return [("pytest", EST["pytest"]), ("sampler", EST["sampler"]), ("profile", EST["profile"]),
             ("units", EST["units"])] + \
-        [(f"dry-{nb}", EST["dry"]) for nb in notebooks]
+        [(f"dry-{nb}", EST_DRY.get(nb, EST["dry"])) for nb in notebooks]
 
 
 def run_check(budget: float, out: Path, notebooks: list[str], skip: set[str]) -> dict:
@@ -212,6 +214,7 @@ def markdown(report: dict) -> str:
     lines = [f"# gpu-check, {d['date']}: {d['name']} ({d['kind']}, {d['memory_gib']} GiB), torch {d['torch']}",
              "", f"Budget {report['budget_s']:.0f} s, spent {report['spent_s']:.0f} s. "
              "Written by `python -m cancellation.gpucheck` (`make gpu-check`).", "",
+             *([f"Calls: {'; '.join(report['calls'])}.", ""] if report.get("calls") else []),
              "| step | status | seconds |", "|---|---|---|"]
     for s in report["steps"]:
         status = f"skipped ({s['skipped']})" if "skipped" in s else ("ok" if s["rc"] == 0 else
