@@ -2,6 +2,8 @@
 #   make figures   set up .venv if missing, train the tiny policies if missing, run every notebook, then `make claims`
 #   make figNN     rerun one notebook (fig01 ... fig08)
 #   make table2    the full Table 2 / Fig. 8 test (notebook 07, profile tiny-table2, 86 runs, 102 min cold on 2 cores)
+#   make verify    compare data/results/ with the committed results (no rerun): every table within its stated
+#                  tolerance, every verdict equal; exit 0 when within (A=dir B=dir: any two results folders)
 #   make claims    regenerate README's claims table from data/results/tiny/claims.parquet (+ tiny-table2's)
 #   make test      the test suite (CPU, about 17 min on 2 cores)
 #   make bench     speed-ups and memory vs naive code (B=memory: one benchmark)
@@ -27,6 +29,7 @@
 PROFILE ?= tiny
 B ?=
 BUDGET ?=
+A ?=
 P ?=
 REPLACE ?=
 CORES ?= $(shell nproc 2>/dev/null || echo 1)
@@ -45,7 +48,7 @@ export PYTHONUNBUFFERED := 1
 export MALLOC_MMAP_THRESHOLD_ ?= 1073741824
 export MALLOC_TRIM_THRESHOLD_ ?= 1073741824
 
-.PHONY: env policy standins figures table2 claims test bench gpu-check clean help
+.PHONY: env policy standins figures table2 claims verify test bench gpu-check clean help
 help:
 	@sed -n '/^# Targets/,/^[^#]/{/^#/s/^# \{0,1\}//p}' Makefile
 
@@ -85,6 +88,9 @@ claims: env  ## README's claims table from data/results/tiny/claims.parquet
 
 fig%: env $(POLICIES) $(if $(filter paper-smoke paper-vocab,$(PROFILE)),standins)
 	$(PY) -m cancellation.run $* --profile $(PROFILE) $(OVERRIDES)
+
+verify: env
+	$(PY) -m cancellation.verify $(A) $(B)
 
 test: env
 	$(PY) -m pytest -q -x --durations=10
