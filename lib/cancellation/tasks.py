@@ -18,16 +18,21 @@ and grades responses with math-verify (`MathVerifier`).
 """
 from __future__ import annotations
 
+import csv
 import hashlib
+import io
 import json
 import math
 import random
 import re
 import threading
 from dataclasses import dataclass
+from decimal import Decimal
 from pathlib import Path
 
 import numpy as np
+
+from . import cache
 
 EOS = "<eos>"
 PAD = "<pad>"
@@ -248,14 +253,44 @@ def answer_candidates(response: str) -> list[str]:
     return out
 
 
+# Words that are math when a gold is read as text (so "pi" or "\\infty" stay math, "No" does not).
+_MATH_WORDS = {"pi", "infty", "inf", "infinity", "sin", "cos", "tan", "cot", "sec", "csc", "log", "ln", "exp",
+               "sqrt", "frac", "dfrac", "cdot", "times", "le", "ge", "leq", "geq", "ne", "neq", "in", "cup", "cap",
+               "mathbb", "left", "right", "pm", "mp", "circ", "deg", "emptyset", "varnothing", "arcsin", "arccos",
+               "arctan", "sinh", "cosh", "tanh", "max", "min", "gcd", "lcm", "mod", "bmod", "pmod"}
+_TEXT_WRAP_RE = re.compile(r"\\(?:text|mathrm|textbf|textit|mbox|operatorname)\s*\{([^{}]*)\}")
+
+
+def word_answer(text: str) -> str | None:
+    """A gold (or response) answer that is words rather than math, normalised for comparison as text:
+    'Yes', '\\text{No}', 'infinitely many' -> 'yes', 'no', 'infinitely many'. None when it holds a digit,
+    an operator, a bracket or a backslash command, or no word of two letters or more that is not a math
+    name (so 'x', 'pi', '2\\pi' and '(A)' stay math). math-verify reads a word as a product of
+    symbols ("No" = N·o = "On"); compared as text, "No" matches "no" and never "On"."""
+    t = _TEXT_WRAP_RE.sub(r"\1", str(text)).strip().strip("$").strip().rstrip(".").strip()
+    if not t or re.search(r"[0-9\\^_=+*/<>(){}\[\]|]", t):
+        return None
+    words = re.findall(r"[A-Za-z]+", t)
+    if not any(len(w) >= 2 and w.lower() not in _MATH_WORDS for w in words):
+        return None
+    return " ".join(w.lower() for w in words)
+
+
+def _unbox(candidate: str) -> str:
+    return candidate[len("\\boxed{"):-1] if candidate.startswith("\\boxed{") and candidate.endswith("}") else candidate
+
+
 class MathVerifier:
     """Reward by math-verify for real math data: 1.0 if the response's answer equals the gold one.
 
     Gold answers are parsed as \\boxed{answer} (falling back to the raw text) and cached per
     answer string. A response is graded by its DAPO "Answer:" line and its last \\boxed{}; either
-    matching counts. Unparseable gold or response, and any math-verify error, give 0.0 and are
-    counted in `stats`; a call never raises.
+    matching counts. A gold that is words (`word_answer`: "Yes", "No", "infinitely many") is compared
+    as normalised text, not by math-verify (which reads "No" as N·o and rewards "On"); `stats`
+    counts those responses under 'as_words'. Unparseable gold or response, and any math-verify
+    error, give 0.0 and are counted in `stats`; a call never raises.
     """
+    REVISION = "words-1"   # grading rules beyond math-verify's own (cache keys hold it: value.verifier_id)
 
     def __init__(self, timeout_s: int = 5):
         try:
@@ -267,7 +302,7 @@ class MathVerifier:
         # math-verify's timeout error derives from BaseException; catch it explicitly.
         self._failures = (Exception, TimeoutException)
         self.timeout_s = timeout_s
-        self.stats = {"graded": 0, "unparsed_response": 0, "unparsed_gold": 0, "errors": 0}
+        self.stats = {"graded": 0, "unparsed_response": 0, "unparsed_gold": 0, "errors": 0, "as_words": 0}
         self._gold: dict[str, list] = {}
 
     def _timeout(self) -> int | None:
@@ -292,6 +327,14 @@ class MathVerifier:
     def __call__(self, problem: Problem, response: str) -> float:
         self.stats["graded"] += 1
         try:
+            words = word_answer(problem.answer)
+            if words is not None:
+                self.stats["as_words"] += 1
+                cands = answer_candidates(response)
+                if not cands:
+                    self.stats["unparsed_response"] += 1
+                    return 0.0
+                return float(any(word_answer(_unbox(c)) == words for c in cands))
             gold = self._gold_for(problem.answer)
             if not gold:
                 self.stats["unparsed_gold"] += 1
@@ -311,6 +354,73 @@ class MathVerifier:
 #   DAPO-Math-17k (verl parquet): prompt = [{"role": "user", "content": ...}], reward_model.ground_truth
 #   MATH-500: problem + answer, or problem + solution with a \boxed{} answer
 #   plain: prompt (text or chat messages) + answer
+
+def gold_check(answers: list[str], verifier: "MathVerifier | None" = None) -> dict:
+    """Grade every distinct gold answer against itself before a run: what the reward can never credit.
+
+    Returns {'n': distinct golds, 'words': golds compared as text, and lists of golds that
+    'unparseable' (math-verify finds no expression), 'reject_themselves' (neither `Answer: g` nor
+    `\\boxed{g}` is rewarded against g), 'constant' (a gold with words that parses to a number its
+    text does not state, e.g. "Σ i³, or equivalently (n(n+1)/2)²" -> 1 on real data, so `Answer: 1`
+    scores) and
+    'reject_short' (the text states one number, e.g. "3 is the only possible value", and
+    `Answer: 3` is not rewarded)}. Each listed gold can never be rewarded as its text means."""
+    v = verifier or MathVerifier()
+    out = {"n": 0, "words": 0, "unparseable": [], "reject_themselves": [], "constant": [], "reject_short": []}
+    for g in dict.fromkeys(answers):
+        out["n"] += 1
+        if word_answer(g) is not None:
+            out["words"] += 1
+            continue
+        try:
+            parsed = v._gold_for(g)
+        except v._failures:
+            parsed = []
+        if not parsed:
+            out["unparseable"].append(g)
+            continue
+        bare = _TEXT_WRAP_RE.sub(" ", re.sub(r"\\[A-Za-z]+", " ", g))
+        nums = set(re.findall(r"-?\d+(?:\.\d+)?", bare))
+        prose = [w for w in re.findall(r"[A-Za-z]{2,}", bare) if w.lower() not in _MATH_WORDS]
+        try:
+            c = parsed[0].doit() if hasattr(parsed[0], "doit") else parsed[0]
+            const = bool(getattr(c, "is_number", False))
+        except Exception:  # noqa: BLE001 - sympy raises many types on odd input; then no claim
+            const = False
+        if const and prose:   # words around math that came out a constant: a misread gold, unless it says so
+            try:
+                # numbers the text states on their own (the 1 of "n+1" is part of an expression)
+                alone = re.findall(r"(?<![\w+\-*/^.])(-?\d+(?:\.\d+)?)(?![\w+\-*/^(.])", bare)
+                stated = any(abs(float(c) - float(x)) <= 1e-9 * max(1.0, abs(float(x))) for x in alone)
+            except (TypeError, ValueError):
+                stated = True    # not a real number (a complex constant, say): no claim either way
+            if not stated:
+                out["constant"].append(g)
+                continue
+        q = Problem("gold check", g)
+        if not (v(q, f"Answer: {g}") or v(q, f"\\boxed{{{g}}}")):
+            out["reject_themselves"].append(g)
+            continue
+        if len(nums) == 1 and re.search(r"[A-Za-z]{2,}", bare):
+            (num,) = nums
+            if not v(q, f"Answer: {num}"):
+                out["reject_short"].append(g)
+    v.stats = {k: 0 for k in v.stats}   # the check's own grades are not a run's
+    return out
+
+
+def gold_line(check: dict, ids_path: str | None = None) -> str:
+    """The gold check in one line (with where its list of golds is)."""
+    bad = sum(len(check[k]) for k in ("unparseable", "reject_themselves", "constant", "reject_short"))
+    if not bad:
+        return (f"gold answers: {check['n']} distinct, {check['words']} compared as words; each one is rewarded "
+                "against its own text")
+    return (f"gold answers: {check['n']} distinct, {check['words']} compared as words; {bad} can never be rewarded as "
+            f"written: {len(check['unparseable'])} unparseable, {len(check['reject_themselves'])} reject themselves, "
+            f"{len(check['constant'])} parse to a constant their text does not state, "
+            f"{len(check['reject_short'])} reject the one number their text states"
+            + (f" (listed in {ids_path})" if ids_path and bad else ""))
+
 
 class CoinFlip:
     """The dry run's reward: a seeded coin flip per (problem, response), not a grade."""
@@ -352,8 +462,24 @@ def _answer_text(value) -> str | None:
         # A parquet int column with nulls comes back as float: 12.0 means "12".
         if value != value:  # NaN: pandas' null
             return None
-        return str(int(value)) if value.is_integer() else repr(value)
+        written = getattr(value, "written", None)   # a JSON number: the file's own digits
+        if written is not None:
+            if re.fullmatch(r"-?\d+(\.0*)?", written):
+                return written.split(".")[0]             # 12345678901234567890.0 -> all its digits
+            if re.fullmatch(r"-?\d+\.\d+", written):
+                return written                           # 0.50 stays 0.50
+        # no exponent: math-verify reads '5e-05' as 5·e − 5
+        return str(int(value)) if value.is_integer() else format(Decimal(written or repr(value)), "f")
     return None
+
+
+class _Written(float):
+    """A JSON number read as a float that keeps the text the file wrote (`json.loads(parse_float=...)`)."""
+
+    def __new__(cls, text: str):
+        x = super().__new__(cls, text)
+        x.written = text
+        return x
 
 
 def _check_finite(value, name: str):
@@ -444,13 +570,13 @@ def _iter_rows(path: Path):
             if not line.strip():
                 continue
             try:
-                row = json.loads(line)
+                row = json.loads(line, parse_float=_Written)
             except json.JSONDecodeError as e:
                 raise ProblemFileError(f"{path}: line {n}: expected one JSON object per line ({e.msg})") from e
             yield f"line {n}", row
     elif path.suffix == ".json":
         try:
-            rows = json.loads(_text(path))
+            rows = json.loads(_text(path), parse_float=_Written)
         except json.JSONDecodeError as e:
             raise ProblemFileError(f"{path}: line {e.lineno}: expected a JSON list of objects ({e.msg})") from e
         for i, row in enumerate(rows, 1):
@@ -554,6 +680,33 @@ class ProblemSource:
             self._verifier = MathVerifier()
         return self._verifier
 
+    def check_golds(self, out_dir: str | Path | None = None) -> str:
+        """`gold_check` of the file's answers as one line ('' for generated problems), cached by the
+        file's fingerprint; the golds it lists go to `<out_dir>/golds-<fingerprint[:12]>.csv`
+        (default: the cache folder)."""
+        if not self.path:
+            return ""
+        problems = self.load()
+        key = dict(fingerprint=self.fingerprint(), grader=MathVerifier.REVISION)
+        check = cache.cached("gold_check", key, lambda: gold_check([p.answer for p in problems]))
+        rows = [(p.answer, why) for why in ("unparseable", "reject_themselves", "constant", "reject_short")
+                for p in problems if p.answer in set(check[why])]
+        ids = None
+        if rows:
+            d = Path(out_dir) if out_dir else cache.DEFAULT_DIR
+            d.mkdir(parents=True, exist_ok=True)
+            ids = d / f"golds-{self.fingerprint()[:12]}.csv"
+            buf = io.StringIO()
+            w = csv.writer(buf)
+            w.writerow(["problem", "answer", "why"])
+            index = {p.prompt: i for i, p in enumerate(problems)}
+            for p in problems:
+                for why in ("unparseable", "reject_themselves", "constant", "reject_short"):
+                    if p.answer in check[why]:
+                        w.writerow([index[p.prompt], p.answer, why])
+            cache.atomic_write(ids, lambda t: Path(t).write_text(buf.getvalue()))
+        return gold_line(check, str(ids) if ids else None)
+
     def reward_report(self) -> str:
         """One line on how the rewards so far were graded ('' for the exact arithmetic check)."""
         from .policy import dry_run
@@ -562,8 +715,10 @@ class ProblemSource:
         if not self.path:
             return ""
         st = self.verifier().stats
-        return (f"math-verify: {st['graded']} responses graded; counted as wrong because unparseable: "
-                f"{st['unparsed_response']} responses, {st['unparsed_gold']} gold answers; {st['errors']} errors")
+        cov = f" ({100 * (1 - st['unparsed_response'] / st['graded']):.1f}% had an answer)" if st["graded"] else ""
+        return (f"math-verify: {st['graded']} responses graded{cov}; counted as wrong because unparseable: "
+                f"{st['unparsed_response']} responses, {st['unparsed_gold']} gold answers; {st['errors']} errors"
+                + (f"; {st['as_words']} graded against word answers as text" if st.get("as_words") else ""))
 
     def fingerprint(self) -> str:
         """sha256 of the file's bytes, or 'arith:<kinds>' for the generated task."""

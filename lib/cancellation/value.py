@@ -253,7 +253,7 @@ def verifier_id(verifier) -> str:
             v = version("math-verify")
         except PackageNotFoundError:  # pragma: no cover
             v = "?"
-        return f"math-verify {v} timeout={verifier.timeout_s}"
+        return f"math-verify {v} timeout={verifier.timeout_s} {verifier.REVISION}"
     f = getattr(verifier, "__func__", verifier)
     return f"{getattr(f, '__module__', '')}.{getattr(f, '__qualname__', type(verifier).__qualname__)}"
 

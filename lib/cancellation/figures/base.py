@@ -136,6 +136,8 @@ def problem_source(P) -> tasks.ProblemSource:
     """The figure's problems, loaded now: a malformed problem file stops here, before any model loads."""
     source = tasks.ProblemSource(path=P.problems_path, prompt_format=P.prompt_format)
     source.load()
+    if source.path and policy.dry_run() is None:   # what the reward can never credit, said before the run
+        print(source.check_golds(), flush=True)
     return source
 
 
