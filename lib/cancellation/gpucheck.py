@@ -34,6 +34,11 @@ import sys
 import time
 from pathlib import Path
 
+import torch
+
+from . import sampler, scale
+from .plan import device_kind
+
 ROOT = Path(__file__).resolve().parents[2]
 SHAPE = "data/shapes/qwen3-1.7b-base"   # Qwen3-1.7B-Base's config.json: the dry runs' architecture
 # The dry runs' sizes: paper-vocab's sections (stand-in data, the real 151,936-entry vocabulary) at a stated
@@ -57,10 +62,8 @@ def profile_decode(rows: int = 64, prompt: int = 64, new: int = 32, top: int = 1
     the replayed graph's wall time per step. For the sampler's suspects (repeat_kv under the
     additive mask, attention over the whole 256-rounded cache, the float64 softmax and cumulative
     sum over the vocabulary)."""
-    import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from . import sampler, scale
     model = scale.build(shape, dtype=torch.bfloat16, device=device)
     g = torch.Generator(device=device).manual_seed(0)
     ids = torch.randint(0, model.config.vocab_size, (rows, prompt), generator=g, device=device)
@@ -111,9 +114,7 @@ def _step(name: str, cmd: list[str], timeout: float, env: dict | None = None) ->
 
 
 def _device() -> dict:
-    import torch
     p = torch.cuda.get_device_properties(0)
-    from .plan import device_kind
     return dict(kind=device_kind("cuda"), name=p.name, memory_gib=round(p.total_memory / 2**30, 1),
                 multiprocessors=p.multi_processor_count, torch=torch.__version__, cuda=torch.version.cuda,
                 date=time.strftime("%Y-%m-%d"), python=sys.version.split()[0])
@@ -281,7 +282,6 @@ def main(argv=None):
         for name, est in plan_steps(a.notebooks):
             print(f"{name:<8} ~{est} s")
         return 0
-    import torch
     if not torch.cuda.is_available():
         print(f"gpu-check: no CUDA device here (torch {torch.__version__}); nothing measured. "
               "Run it on a machine with an NVIDIA GPU.", file=sys.stderr)
