@@ -669,6 +669,9 @@ def run_notebook(ref: str, profile: str = "tiny", overrides: dict | None = None,
             raise NotebookInterrupted(_interrupt_summary(nb_path.stem, e, kept),
                                       143 if isinstance(e, staging.Terminated) else 130) from None
         except Exception as e:  # noqa: BLE001 - papermill, kernel death
+            if isinstance(e, PapermillExecutionError) and getattr(e, "ename", "") == "NoSignal":
+                _keep_failed(tmp, failed, renames)   # a batch without reward signal: its one line is the outcome
+                raise NotebookFailed(f"{nb_path.stem} stopped: {_ANSI.sub('', str(e.evalue)).strip()}") from None
             msg = _failure_summary(nb_path.stem, e, _keep_failed(tmp, failed, renames))
             if isinstance(e, PapermillExecutionError):
                 raise NotebookFailed(msg) from None

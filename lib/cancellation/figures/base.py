@@ -141,6 +141,28 @@ def problem_source(P) -> tasks.ProblemSource:
     return source
 
 
+class NoSignal(ValueError):
+    """A batch that carries no GRPO signal: no group mixes rewarded and unrewarded responses, so every
+    advantage is 0. The runner prints its message as the notebook's one-line outcome."""
+
+
+def require_signal(batch, source: tasks.ProblemSource, what: str):
+    """Stop with NoSignal, one line naming the cause and the knobs, when `batch` has no mixed-reward group."""
+    A = batch.advantage
+    if bool((A > 0).any()) and bool((A < 0).any()):
+        return
+    raise no_signal(what, int((batch.reward > 0).sum()), len(batch.reward), source)
+
+
+def no_signal(what: str, rewarded: int, total: int, source: tasks.ProblemSource) -> NoSignal:
+    """The NoSignal error of `require_signal`, for callers that hold counts rather than a batch."""
+    return NoSignal(f"{what}: no group mixes rewarded and unrewarded responses ({rewarded} of {total} "
+                   "rewarded), so every advantage is 0 and there is nothing to measure; the problems are too hard "
+                   "or too easy for this policy, or the answer column is wrong: use other problems (problems_path), "
+                   "more rollouts (G, n_prompts) or another temperature"
+                   + (f" [{source.reward_report()}]" if source.reward_report() else ""))
+
+
 def stage_key(P, source: tasks.ProblemSource, model_path: str | None = None, **extra) -> dict:
     """The cache key of a figure stage: every parameter (the Compute knobs among them), the content
     fingerprints of the policy and of the problems, and `extra` (more inputs the stage reads)."""

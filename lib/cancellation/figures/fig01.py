@@ -172,6 +172,10 @@ def compute(P: Params) -> Result:
             "positive_only": train.cached_delta_run(P.model_path, positive_only(cfg), P.dtype, P.device)}
     if P.sgd_lr:  # the SGD control: its own rows, never in the categories of Fig. 1(d)
         runs["grpo_sgd"] = train.cached_delta_run(P.model_path, sgd_run(cfg, P.sgd_lr), P.dtype, P.device)
+    g = runs["grpo"]
+    if not {"pos", "neg"} <= set(g.sign.unique()):
+        r = g.groupby(["step", "rollout"]).reward.first()
+        raise base.no_signal(f"01: the GRPO run's {P.steps} batches", int((r > 0).sum()), len(r), source)
     tokens = pd.concat([df.assign(run=name) for name, df in runs.items()], ignore_index=True)
     signed = tokens[tokens.sign != "zero"]
     frac = measure.flip_fractions(signed, by=("run", "step", "sign"))

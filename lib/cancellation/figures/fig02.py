@@ -80,6 +80,7 @@ def _compute(P: Params, source) -> Result:
     torch.manual_seed(P.seed)
     model, tok = policy.load_policy(P.model_path, dtype=P.dtype, device=P.device)
     batch = rollout.sample(model, tok, base.sample_config(P, source), seed=P.seed + 202)
+    base.require_signal(batch, source, "02: the coupling batch")
     before = cc.stats(model, batch, hidden=True)
     f = coupling.features(model, batch, before, chunk=P.chunk, vocab_chunk=P.vocab_chunk)
     summary = (f"{len(batch)} rollouts, {len(f)} response tokens, vocabulary {f.W.shape[0]}, hidden {f.h.shape[1]}; "

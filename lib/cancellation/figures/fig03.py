@@ -104,6 +104,7 @@ def _compute(P: Params, source, key: dict) -> Result:
     torch.manual_seed(P.seed)
     model, tok = policy.load_policy(P.model_path, dtype=P.dtype, device=P.device)  # float64 norms too (exact_norms)
     batch = rollout.sample(model, tok, base.sample_config(P, source), seed=P.seed + 303)
+    base.require_signal(batch, source, "03: the masked-update batch")
     f = coupling.features(model, batch, compute=cc)
     summary = (f"{len(batch)} rollouts, {len(f)} response tokens, accuracy {batch.reward.mean():.2f}, "
                f"mixed groups {batch.mixed_groups()}/{P.n_prompts}, tokens with A ≠ 0: {int((f.A != 0).sum())}")

@@ -147,7 +147,8 @@ def compute(P: Params) -> Result:
                         if empty else ""))
         df = df[~df.batch.isin(empty)].reset_index(drop=True)
         if df.empty:
-            raise ValueError("no batch has a mixed-reward group: raise n_prompts or G")
+            raise base.no_signal(f"04: the {P.n_batches} batches ({what})", int(round(per.accuracy.sum() * P.n_prompts * P.G)),
+                                 P.n_batches * P.n_prompts * P.G, source)
         return df
 
     cz = categories.Categorizer(P.category_map or None, tagger=P.tagger)

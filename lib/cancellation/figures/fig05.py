@@ -147,6 +147,7 @@ def _compute(P: Params, source) -> Result:
     fp = policy.fingerprint(P.model_path)
     scfg = base.sample_config(P, source, sampler=True)
     batch = rollout.sample(sampler, tok, scfg, seed=P.seed + 505)
+    base.require_signal(batch, source, "05: the value-gap batch")
     lines = [f"batch: {len(batch)} rollouts, {batch.n_tokens} response tokens, accuracy {batch.reward.mean():.2f}, "
              f"mixed groups {batch.mixed_groups()}/{P.n_prompts}"]
     if source.reward_report():

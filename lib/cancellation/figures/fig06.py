@@ -149,6 +149,7 @@ def _compute(P: Params, source) -> Result:
     fp = policy.fingerprint(P.model_path)
     scfg = base.sample_config(P, source, sampler=True)
     batch = rollout.sample(sampler, tok, scfg, seed=P.seed + 606)
+    base.require_signal(batch, source, "06: the sampling-budget batch")
     n_pos = pd.Series([int(batch.reward[batch.group == g].sum()) for g in range(P.n_prompts)])
     lines = [f"Fig. 6 base batch: {len(batch)} rollouts, {batch.n_tokens} response tokens, accuracy "
              f"{batch.reward.mean():.2f}, mixed groups {batch.mixed_groups()}/{P.n_prompts}",

@@ -95,11 +95,15 @@ def compute(P: Params) -> Result:
 def _compute(P: Params, source) -> Result:
     torch.manual_seed(P.seed)
     tokens = train.cached_delta_run(P.model_path, fig01.run_config(P, source), P.dtype, P.device)
+    if not {"pos", "neg"} <= set(tokens.sign.unique()):
+        r = tokens.groupby(["step", "rollout"]).reward.first()
+        raise base.no_signal(f"08: the GRPO run's {P.steps} batches", int((r > 0).sum()), len(r), source)
     run_summary, freq, per_step = _frequency_matched(tokens, P)
 
     cc = P.compute()
     model, tok = policy.load_policy(P.model_path, dtype=P.dtype, device=P.device)
     batch = rollout.sample(model, tok, base.sample_config(P, source), seed=P.seed + 202)
+    base.require_signal(batch, source, "08: the referee-controls batch")
     before = cc.stats(model, batch, hidden=True)
     f = coupling.features(model, batch, before, chunk=P.chunk, vocab_chunk=P.vocab_chunk)
     n_pos, n_neg = int((f.A > 0).sum()), int((f.A < 0).sum())
