@@ -352,6 +352,12 @@ def thesis_claims(T: pd.DataFrame) -> list[C.Claim]:
         m, (lo, hi) = flip * r.contrast, sorted((flip * r.lo, flip * r.hi))
         means = "" if np.isnan(r.mean_shared) else (f"; class means shared {r.mean_shared:+.3g}, specific "
                                                     f"{r.mean_specific:+.3g}")
+        if stat == "mask_effect":  # how much of the negatives the mask removed: the more, the weaker the test
+            mc, neg = get(pool, cat, "masked_cancellation", "raw"), get("neg", "all", "net", "raw")
+            dropped = neg.n_shared / (neg.n_shared + neg.n_specific) if neg is not None else np.nan
+            means = (f"; masked cancellation means shared {mc.mean_shared:+.3g}, specific {mc.mean_specific:+.3g}; "
+                     f"the mask drops {100 * dropped:.0f}% of the A<0 tokens' loss terms (the more, the closer the "
+                     f"masked step is to positive-only and the weaker this test)")
         out.append(C.Claim(
             f"fig04_thesis_{cid}", "§3 / App. E.1 (thesis)", statement, "yes", m, lo, hi, n=int(r.batches),
             unit="Δlog p, matched on token id × confidence bin", rule="direction",
