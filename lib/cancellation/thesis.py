@@ -16,7 +16,8 @@ Contrasts compare the two classes: *raw* (difference of class means) and *matche
 of token id × confidence bin, the difference of class means, averaged with the weights
 n_shared·n_specific/(n_shared + n_specific); strata holding one class only drop out). Intervals:
 percentile bootstrap over batches, then over the groups (query groups: their rollouts, tokens and
-classes together) of each drawn batch — `cluster_bootstrap`.
+classes together) of each drawn batch — `cluster_bootstrap`; no interval with fewer than
+`MIN_BATCHES` batches.
 
 `cells` reduces the token table to the sufficient statistics (per batch, group, pool, class,
 category, token id and confidence bin: counts and sums of every Δ), the committed table
@@ -33,6 +34,7 @@ POOLS = ("pos", "neg")
 CLASSES = ("shared", "specific")
 KEYS = ["batch", "group", "pool", "cls", "category", "token_id", "bin"]
 SUMS = [f"sum_{u}" for u in UPDATES]
+MIN_BATCHES = 5   # fewer batches: no interval (a percentile bootstrap over 2-4 batches says little)
 # what each statistic is: a difference of two updates' Δ (None: Δ of the first alone)
 VALUES = {"cancellation": ("grpo", "single"), "net": ("grpo", None), "masked_cancellation": ("grpo_masked", "single")}
 
@@ -182,6 +184,8 @@ def summary(c: pd.DataFrame, categories=(), n_boot: int = 1000, seed: int = 0) -
                         f = lambda n, v, h=how, w=what: contrast(n, v[w], h)  # noqa: E731
                         ms, mp = class_means(N, V[what])
                     m, lo, hi = cluster_bootstrap(N, V, batch_of, f, W=W)
+                    if base["batches"] < MIN_BATCHES:
+                        lo = hi = np.nan
                     rows.append(dict(base, statistic=what, estimator=how, contrast=m, lo=lo, hi=hi,
                                      mean_shared=ms, mean_specific=mp))
     return pd.DataFrame(rows)
