@@ -325,9 +325,9 @@ THESIS_ROWS = (
      "mirror: failure-specific tokens end with the lower net Δ under GRPO (specific − shared)",
      "95% CI > 0 (failure-specific tokens end higher)"),
     ("pos_masked", "pos", "all", "mask_effect", 1, 1,
-     "falsification: masking the opposite-sign copies (same id in the group's A<0 rollouts) removes part of "
-     "shared tokens' extra loss (matched contrast, masked GRPO − GRPO)",
-     "95% CI < 0: shared tokens lose no less without their opposite-sign copies, so the copies do not cause it"),
+     "falsification: masking the opposite-sign copies (same id in the group's A<0 rollouts) shrinks the "
+     "shared − specific cancellation contrast (matched contrast, masked GRPO − GRPO)",
+     "95% CI < 0: the contrast grows without the opposite-sign copies, so they do not carry it"),
 )
 
 
