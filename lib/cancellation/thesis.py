@@ -34,6 +34,8 @@ POOLS = ("pos", "neg")
 CLASSES = ("shared", "specific")
 KEYS = ["batch", "group", "pool", "cls", "category", "token_id", "bin"]
 SUMS = [f"sum_{u}" for u in UPDATES]
+SUMMARY_COLUMNS = ["pool", "category", "n_shared", "n_specific", "clusters", "batches", "matched_share", "statistic",
+                   "estimator", "contrast", "lo", "hi", "mean_shared", "mean_specific"]
 MIN_BATCHES = 5   # fewer batches: no interval (a percentile bootstrap over 2-4 batches says little)
 # what each statistic is: a difference of two updates' Δ (None: Δ of the first alone)
 VALUES = {"cancellation": ("grpo", "single"), "net": ("grpo", None), "masked_cancellation": ("grpo_masked", "single")}
@@ -188,4 +190,4 @@ def summary(c: pd.DataFrame, categories=(), n_boot: int = 1000, seed: int = 0) -
                         lo = hi = np.nan
                     rows.append(dict(base, statistic=what, estimator=how, contrast=m, lo=lo, hi=hi,
                                      mean_shared=ms, mean_specific=mp))
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
