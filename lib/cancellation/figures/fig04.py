@@ -352,6 +352,9 @@ def thesis_claims(T: pd.DataFrame) -> list[C.Claim]:
         m, (lo, hi) = flip * r.contrast, sorted((flip * r.lo, flip * r.hi))
         means = "" if np.isnan(r.mean_shared) else (f"; class means shared {r.mean_shared:+.3g}, specific "
                                                     f"{r.mean_specific:+.3g}")
+        if stat == "net":  # how much of the net contrast the single-sign step alone already gives (matched is linear)
+            alone = flip * (r.contrast - get(pool, cat, "cancellation", "matched").contrast)
+            means += f"; under {thesis.single(pool).replace('_', '-')} alone the same contrast is {alone:+.3g}"
         if stat == "mask_effect":  # how much of the negatives the mask removed: the more, the weaker the test
             mc, neg = get(pool, cat, "masked_cancellation", "raw"), get("neg", "all", "net", "raw")
             dropped = neg.n_shared / (neg.n_shared + neg.n_specific) if neg is not None else np.nan
