@@ -189,6 +189,71 @@ plots.save(fig, "fig04b_category_shift_settings", fig_dir)
 plt.show()
 
 # %% [markdown]
+# ## The thesis as a test that could fail (`cancellation.thesis`)
+# Same batches, same θ₀, two more single steps from θ₀: **negative-only** (A·1[r = 0]) and **GRPO with the
+# opposite-sign copies masked** (loss weight 0 on each token of an A < 0 rollout whose id occurs in an A > 0
+# rollout of its group). A token of an A > 0 rollout is *shared* when its id occurs in an A < 0 rollout of
+# the same group, else *success-specific*; mirrored for A < 0. Cancellation c = Δ_GRPO − Δ_single-sign
+# (positive-only for A > 0, negative-only for A < 0). Contrasts shared − specific, raw and **matched** within
+# token id × confidence bin (shared tokens are mostly frequent, confident scaffold); 95% bootstrap over
+# batches, then groups within a batch. Predicted: A > 0 shared tokens lose more (c lower), success-specific
+# tokens end higher; mirrored for A < 0; masking the copies shrinks the shared tokens' extra loss
+# (falsification: if it does not, the copies are not the cause). Each row's rule names the refuting outcome.
+
+# %%
+T, TC = R.thesis, fig04.thesis_claims(R.thesis)
+print("no group holds both classes: nothing to compare on this profile" if T.empty else "")
+T[T.category == "all"].assign(ci=lambda d: d.apply(lambda r: f"{r.contrast:+.2e} [{r.lo:+.2e}, {r.hi:+.2e}]", axis=1)) \
+    .pivot(index=["pool", "statistic"], columns="estimator", values="ci")
+
+# %%
+fig, axes = plots.figure(ncols=2, width=plots.WIDTH_2COL, height=2.6, gridspec_kw={"width_ratios": [1, 1.5]})
+ax, k = axes[0], 0
+for pool in ("pos", "neg"):
+    d = T[(T.pool == pool) & (T.category == "all") & (T.estimator == "raw")].set_index("statistic")
+    for j, cls in enumerate(("shared", "specific")):
+        if len(d):
+            single = d.loc["net", f"mean_{cls}"] - d.loc["cancellation", f"mean_{cls}"]
+            ax.bar([k, k + 0.4], [single, d.loc["net", f"mean_{cls}"]], 0.38, color=plots.PALETTE[j],
+                   hatch=["", "//"], label=cls if pool == "pos" else None)
+        k += 1
+ax.axhline(0, color="k", lw=0.6)
+ax.set_xticks([0.2, 1.2, 2.2, 3.2], ["A>0\nshared", "A>0\nspecific", "A<0\nshared", "A<0\nspecific"])
+ax.set(ylabel="mean Δlog p per token", title="(a) single-sign step (plain) vs GRPO (hatched)")
+ax.legend(frameon=False, fontsize=6.5) if len(T) else None
+ax, sc = axes[1], 10.0 ** np.floor(np.log10(np.nanmax([abs(c.measured) for c in TC] + [1e-300])))
+for y, c in enumerate(TC[::-1]):
+    x, (lo, hi) = (c.params["sign"] * c.measured / sc, sorted((c.params["sign"] * c.lo / sc, c.params["sign"] * c.hi / sc)))
+    ax.errorbar(x, y, xerr=[[x - lo], [hi - x]], fmt="o", ms=3.5, capsize=2,
+                color={"reproduced": "k", "not reproduced": plots.PALETTE[1]}.get(c.verdict, plots.PALETTE[5]))
+ax.axvline(0, color="k", lw=0.6)
+ax.set_yticks(range(len(TC)), [c.claim.replace("fig04_thesis_", "") for c in TC[::-1]], fontsize=6.5)
+ax.set(xlabel=f"matched contrast (×{sc:.0e}), signed: > 0 is the paper's direction",
+       title="(b) thesis rows, 95% CI (batches × groups)")
+fig.tight_layout()
+plots.save(fig, "fig04_thesis", fig_dir)
+plt.show()
+
+# %%
+for c in TC:
+    print(f"{c.claim.replace('fig04_thesis_', ''):>28}: {c.verdict.upper():>15}  {c.measured:+.3g} "
+          f"[{c.lo:+.3g}, {c.hi:+.3g}]  ({c.detail.split(';')[0]})")
+print("(reproduced: the interval is on the paper's side; not reproduced: on the refuting side; else inconclusive)")
+for pool, base in (("pos", "positive-only"), ("neg", "negative-only")):
+    d = T[(T.pool == pool) & (T.category == "all") & (T.estimator == "raw")].set_index("statistic")
+    for cls in ("shared", "specific") if len(d) else ():
+        net, c = d.loc["net", f"mean_{cls}"], d.loc["cancellation", f"mean_{cls}"]
+        print(f"A{'>' if pool == 'pos' else '<'}0 {cls:>8}: mean Δ {base} {net - c:+.2e} -> GRPO {net:+.2e} "
+              f"(cancellation {c:+.2e})")
+
+# %% [markdown]
+# How to read the class means above: a contrast in the paper's direction can come from shared tokens
+# *losing* when the opposite sign is added, or from specific tokens *gaining* from it (pushing down a
+# failed rollout's token raises the competing token of a successful one). The paper's wording — shared
+# tokens lose their gain — needs the first; the rows test only the contrast. The falsification row is only
+# as strong as the mask is small: its detail says how many of the A < 0 tokens the mask drops.
+
+# %% [markdown]
 # ## Claims and reading
 # Verdicts from 95% t intervals over batches (paired): Template's share must fall and Reasoning's
 # rise under GRPO; fixed-scaffold rows are controls. "Greatly weakens updates on template tokens"

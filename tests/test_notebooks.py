@@ -158,6 +158,13 @@ def test_04_category_shift(out_root):
     assert roles.Reasoning > words.Reasoning and control.name.startswith("tiny-m-fixed")
     claims = pd.read_parquet(res / "claims.parquet").set_index("claim")
     assert {"fig04_template", "fig04_reasoning", "fig04_template_fixed_scaffold"} <= set(claims.index)
+    # the thesis rows: tokens of mixed groups only (A = 0 groups left out), each in one class of one pool
+    cells = pd.read_parquet(res / "fig04_thesis_cells.parquet")
+    assert set(cells.pool) == {"pos", "neg"} and set(cells.cls) <= {"shared", "specific"}
+    assert 0 < cells.n.sum() <= n.grpo.sum() and not cells.duplicated(["batch", "group", "pool", "cls", "category",
+                                                                       "token_id", "bin"]).any()
+    assert {"fig04_thesis_pos_cancellation", "fig04_thesis_pos_masked"} <= set(claims.index)
+    assert (figs / "fig04_thesis.png").exists()
 
 
 def test_05_value_gap(side_by_side):

@@ -96,6 +96,9 @@ def test_04(out_root):
     _figs(figs, "fig04_category_shift")
     mass = pd.read_parquet(res / "fig04_category_mass_per_batch.parquet")
     assert set(mass["update"]) == {"positive_only", "grpo"}
+    cells = pd.read_parquet(res / "fig04_thesis_cells.parquet")   # the thesis rows' updates ran on this profile too
+    assert set(cells.pool) == {"pos", "neg"} and cells[[f"sum_{u}" for u in ("negative_only", "grpo_masked")]].notna().all().all()
+    assert pd.read_parquet(res / "claims.parquet").claim.str.startswith("fig04_thesis_pos_cancellation").any()
 
 
 @pytest.mark.slow

@@ -9,11 +9,12 @@ equals the stored verdict. `python -m cancellation.claims readme` writes the tin
 (and the full Table 2 run's, `make table2`) into README.md between `<!-- claims:begin -->` and `<!-- claims:end -->`.
 
 Rules (all on the measured value m and its interval [lo, hi]; NaN bounds mean "no interval"):
-- direction(sign, ref=0, paper=None, point_ok=False): the paper says sign·(m − ref) > 0.
+- direction(sign, ref=0, paper=None, point_ok=False, refutes=""): the paper says sign·(m − ref) > 0.
   reproduced if the interval excludes ref in the paper's direction; not reproduced if it excludes
   ref the other way, or if m is on the wrong side of ref and the interval excludes the paper's
   value; else inconclusive. Without an interval: decided on m when point_ok (a deterministic
-  quantity), else inconclusive.
+  quantity), else inconclusive. `refutes` (text only) says in the rule text which outcome would
+  count against the hypothesis.
 - similar(tol, target=0, point_ok=False): the paper says m ≈ target. reproduced if the interval
   lies inside [target − tol, target + tol]; not reproduced if it lies entirely outside it; else
   inconclusive. Without an interval: |m − target| ≤ tol decides when point_ok, else inconclusive.
@@ -25,7 +26,8 @@ Rules (all on the measured value m and its interval [lo, hi]; NaN bounds mean "n
 Every Claim also states its `estimator` (how the interval is computed: "t over steps",
 "percentile bootstrap over candidates", "Clopper–Pearson", "point (no interval)", ...) and its
 `resampling` unit (what one draw of the interval is: token, token id, pair, candidate, rollout, group,
-batch, step, seed, run; "none" for a point). Both are required: an empty one raises.
+batch, step, seed, run; "none" for a point; a multi-stage bootstrap names every unit it resamples,
+outermost first, joined by " × ": "batch × group"). Both are required: an empty one raises.
 """
 from __future__ import annotations
 
@@ -55,7 +57,8 @@ def _nan(x) -> bool:
     return x is None or (isinstance(x, float) and math.isnan(x))
 
 
-def direction(m, lo, hi, sign: int = 1, ref: float = 0.0, paper=None, point_ok: bool = False) -> str:
+def direction(m, lo, hi, sign: int = 1, ref: float = 0.0, paper=None, point_ok: bool = False,
+              refutes: str = "") -> str:
     s = 1 if sign >= 0 else -1
     if _nan(m):
         return INCONCLUSIVE
@@ -103,6 +106,8 @@ def rule_text(rule: str, params: dict) -> str:
         ref = p.get("ref", 0.0)
         side = ">" if p.get("sign", 1) >= 0 else "<"
         extra = f"; not if wrong side and CI excludes paper {p['paper']:g}" if p.get("paper") is not None else ""
+        if p.get("refutes"):
+            extra += f"; refuted (not reproduced) if {p['refutes']}"
         return f"95% CI {side} {ref:g}{pt}{extra}"
     if rule == "similar":
         t, tol = p.get("target", 0.0), p["tol"]
@@ -141,7 +146,7 @@ class Claim:
         if not self.estimator or not self.resampling:
             raise ValueError(f"Claim {self.claim}: state its estimator and resampling unit "
                              f"(got {self.estimator!r}, {self.resampling!r})")
-        if self.resampling not in UNITS:
+        if not resampling_ok(self.resampling):
             raise ValueError(f"Claim {self.claim}: resampling unit {self.resampling!r}; known: {', '.join(UNITS)}")
         self.verdict = RULES[self.rule](self.measured, self.lo, self.hi, **self.params)
 
@@ -159,6 +164,12 @@ class Claim:
                 f"n = {self.n} ({self.estimator}; unit: {self.resampling}) -> {self.verdict.upper()}  "
                 f"[rule: {rule_text(self.rule, self.params)}]"
                 + (f"\n    {self.detail}" if self.detail else ""))
+
+
+def resampling_ok(resampling: str) -> bool:
+    """A known unit, or known units (not "none") joined by " × " (a multi-stage bootstrap)."""
+    parts = str(resampling).split(" × ")
+    return resampling in UNITS or (len(parts) > 1 and all(p in UNITS and p != "none" for p in parts))
 
 
 def verdict_of(row) -> str:

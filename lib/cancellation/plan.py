@@ -317,8 +317,10 @@ def work04(P, shape, z):
     kind = "full" if P.scope == "full" else "lm_head"
     n = policies * P.n_batches
     _sample(w, rows, z, chunk_rows_decode=_sample_rows(P), times=n)
-    _analysis(w, rows, z, P.chunk_rows, times=n * 4)  # before, after each of the two updates, the restore check
-    _step(w, kind, rows, z, P.chunk_rows, times=n * 2)
+    # before, after each of the two updates, the restore check; the main policy's batches also take the
+    # thesis rows' negative-only and copies-masked GRPO updates, each measured after
+    _analysis(w, rows, z, P.chunk_rows, times=n * 4 + P.n_batches * 2)
+    _step(w, kind, rows, z, P.chunk_rows, times=n * 2 + P.n_batches * 2)
     w.full_grads = kind == "full"
     w.extra_bytes += shape.params * BYTES[P.dtype] * (policies - 1)
     return w

@@ -21,7 +21,7 @@ import pandas as pd
 import torch
 from tqdm import tqdm
 
-from .. import cache, categories, grpo, measure, policy, rollout
+from .. import cache, categories, grpo, measure, policy, rollout, thesis
 from .. import claims as C
 from .. import stats as S
 from . import base
@@ -30,7 +30,8 @@ from .base import param
 UPDATES = ("positive_only", "grpo")
 LABELS = {"positive_only": "positive-only", "grpo": "GRPO"}
 TABLES = {"mass": "fig04_category_mass_per_batch.parquet", "table": "fig04_category_shift.parquet",
-          "top": "fig04_top_tokens.parquet", "compare": "fig04_settings.parquet"}
+          "top": "fig04_top_tokens.parquet", "compare": "fig04_settings.parquet",
+          "thesis_cells": "fig04_thesis_cells.parquet", "thesis": "fig04_thesis.parquet"}
 
 
 @dataclass
@@ -65,6 +66,9 @@ class Params(base.FigureParams):
     sample_rows: int = base.sample_rows()
     gradient_checkpointing: bool = param(False, "recompute activations in the backward (large models)")
     seed: int = param(0, "first batch seed (batch i uses seed + 1000 + i)", min=0)
+    conf_bins: list = param([0.5, 0.9, 0.99], "edges on p of the confidence bins the thesis contrasts match on",
+                            gt=0, lt=1, distinct=True)
+    n_boot: int = param(1000, "bootstrap replicates of the thesis contrasts (batches, then groups)", min=100)
 
 
 @dataclass
@@ -87,6 +91,8 @@ class Result:
     settings: list               # names of the settings compared (main first; the control last when there is one)
     setting_shifts: dict         # setting -> its per-batch paired shifts
     compare: pd.DataFrame        # per (setting, category): shift with interval, token share, boosted shares
+    thesis_cells: pd.DataFrame   # cancellation hypothesis: per (batch, group, pool, class, category, id, bin) Δ sums
+    thesis: pd.DataFrame         # its contrasts shared − specific with cluster-bootstrap intervals (thesis.summary)
 
     def write(self, results_dir) -> None:
         for field, name in TABLES.items():
@@ -97,6 +103,7 @@ def batch_deltas(P: Params, source, i: int, path: str, load) -> pd.DataFrame:
     """Algorithm 2 on batch i of the policy at `path`: the token table with Δlog p under both updates
     (cached under every parameter, the policy's fingerprint and i)."""
     bseed = P.seed + 1000 + i
+    main = path == P.model_path  # the control policy takes the two updates of Fig. 4 only
     cc = P.compute()
     scfg = base.sample_config(P, source)
 
@@ -109,13 +116,21 @@ def batch_deltas(P: Params, source, i: int, path: str, load) -> pd.DataFrame:
         for rw in UPDATES:
             cfg = cc.update(optimizer="sgd", lr=P.lr, scope=P.scope, reweight=rw)
             df[f"delta_{rw}"] = grpo.trial_delta(model, batch, cfg, before.logp)[m].double().cpu().numpy()
+        if main:  # the thesis rows' updates (lib/cancellation/thesis.py), each from θ₀ too
+            cfg = cc.update(optimizer="sgd", lr=P.lr, scope=P.scope, reweight="negative_only")
+            df["delta_negative_only"] = grpo.trial_delta(model, batch, cfg, before.logp)[m].double().cpu().numpy()
+            cfg = cc.update(optimizer="sgd", lr=P.lr, scope=P.scope, reweight="grpo")
+            w = thesis.copies_mask(batch)
+            df["delta_grpo_masked"] = grpo.trial_delta(model, batch, cfg, before.logp,
+                                                       token_weight=w)[m].double().cpu().numpy()
+            df["copy_masked"] = (w[m] == 0).cpu().numpy()
         # θ₀ must come back exactly for the second update (Algorithm 2, line 10): same forward, Δ = 0
         again = cc.stats(model, batch)
         df["restore_error"] = float((again.logp - before.logp)[m].abs().max())
         df["mixed_groups"] = batch.mixed_groups()
         return df
 
-    return cache.cached("category_shift", base.stage_key(P, source, path, i=i), run)
+    return cache.cached("category_shift", base.stage_key(P, source, path, i=i, main=main), run)
 
 
 def compute(P: Params) -> Result:
@@ -186,9 +201,14 @@ def compute(P: Params) -> Result:
         settings[f"{Path(P.control_model_path).name} (control), "
                  f"{Path(P.category_map or categories.DEFAULT_MAP).stem}"] = (
             control, categories.share_shift(control, UPDATES, eps=P.eps)[2])
+    # the cancellation hypothesis on the main policy's batches (thesis.py): classes, cells, contrasts
+    cls = thesis.classify(tokens)
+    assert (tokens.copy_masked == ((cls == "shared") & (tokens.advantage < 0))).all(), "copies_mask != classify"
+    tcells = thesis.cells(tokens, P.conf_bins)
+    t_cats = [c for c in cats if c in set(tcells.category)]
     return Result("\n".join(lines), tokens, audit, mass, summary, per, shift, table, top, top_labels, occurrences,
                   cats, totals, conf, list(settings), {k: v[1] for k, v in settings.items()},
-                  _compare(settings, P))
+                  _compare(settings, P), tcells, thesis.summary(tcells, t_cats, n_boot=P.n_boot, seed=P.seed))
 
 
 def _top_tokens(tokens: pd.DataFrame, P: Params):
@@ -287,4 +307,68 @@ def claims(R: Result, P: Params) -> list[C.Claim]:
     if P.control_model_path:
         rows += claim_rows(R.setting_shifts[R.settings[-1]], "_fixed_scaffold", "Fig. 4, fixed-scaffold control",
                            " (fixed scaffold)")
-    return rows
+    return rows + thesis_claims(R.thesis)
+
+
+# the thesis rows: (id, pool, category, statistic, sign of the row's value vs shared − specific, paper's sign
+# of the row's value, statement, what would refute)
+THESIS_ROWS = (
+    ("pos_cancellation", "pos", "all", "cancellation", 1, -1,
+     "shared tokens of A>0 rollouts lose more of their positive-only gain under GRPO than success-specific ones "
+     "(Δ_GRPO − Δ_pos-only, shared − specific)", "95% CI > 0 (shared tokens lose less)"),
+    ("pos_net", "pos", "all", "net", -1, 1,
+     "success-specific tokens end with the larger net Δ under GRPO (specific − shared)",
+     "95% CI < 0 (shared tokens end higher)"),
+    ("neg_cancellation", "neg", "all", "cancellation", 1, 1,
+     "mirror: shared tokens of A<0 rollouts lose more of their negative-only suppression under GRPO than "
+     "failure-specific ones (Δ_GRPO − Δ_neg-only, shared − specific)", "95% CI < 0"),
+    ("neg_net", "neg", "all", "net", -1, -1,
+     "mirror: failure-specific tokens end with the lower net Δ under GRPO (specific − shared)",
+     "95% CI > 0 (failure-specific tokens end higher)"),
+    ("pos_masked", "pos", "all", "mask_effect", 1, 1,
+     "falsification: masking the opposite-sign copies (same id in the group's A<0 rollouts) shrinks the "
+     "shared − specific cancellation contrast (matched contrast, masked GRPO − GRPO)",
+     "95% CI < 0: the contrast grows without the opposite-sign copies, so they do not carry it"),
+)
+
+
+def thesis_claims(T: pd.DataFrame) -> list[C.Claim]:
+    """The cancellation hypothesis (App. E.1 protocol): one row per pool and statistic on the
+    contrast matched on token id × confidence bin (the raw contrast in the detail), the
+    falsification row, and the A>0 cancellation per token category."""
+    def get(pool, cat, stat, how):
+        d = T[(T.pool == pool) & (T.category == cat) & (T.statistic == stat) & (T.estimator == how)]
+        return d.iloc[0] if len(d) else None
+
+    rows = list(THESIS_ROWS) + [(f"pos_cancellation_{c.lower()}", "pos", c, "cancellation", 1, -1,
+                                 f"shared tokens of A>0 rollouts lose more under GRPO than success-specific ones, "
+                                 f"{c} tokens only", "95% CI > 0")
+                                for c in sorted(set(T.category) - {"all"}) if get("pos", c, "cancellation", "matched")
+                                is not None]
+    out = []
+    for cid, pool, cat, stat, flip, sign, statement, refutes in rows:
+        r, raw = get(pool, cat, stat, "matched"), get(pool, cat, stat, "raw")
+        if r is None:
+            continue
+        m, (lo, hi) = flip * r.contrast, sorted((flip * r.lo, flip * r.hi))
+        means = "" if np.isnan(r.mean_shared) else (f"; class means shared {r.mean_shared:+.3g}, specific "
+                                                    f"{r.mean_specific:+.3g}")
+        if stat == "net":  # how much of the net contrast the single-sign step alone already gives (matched is linear)
+            alone = flip * (r.contrast - get(pool, cat, "cancellation", "matched").contrast)
+            means += f"; under {thesis.single(pool).replace('_', '-')} alone the same contrast is {alone:+.3g}"
+        if stat == "mask_effect":  # how much of the negatives the mask removed: the more, the weaker the test
+            mc, neg = get(pool, cat, "masked_cancellation", "raw"), get("neg", "all", "net", "raw")
+            dropped = neg.n_shared / (neg.n_shared + neg.n_specific) if neg is not None else np.nan
+            means = (f"; masked cancellation means shared {mc.mean_shared:+.3g}, specific {mc.mean_specific:+.3g}; "
+                     f"the mask drops {100 * dropped:.0f}% of the A<0 tokens' loss terms (the more, the closer the "
+                     f"masked step is to positive-only and the weaker this test)")
+        out.append(C.Claim(
+            f"fig04_thesis_{cid}", "§3 / App. E.1 (thesis)", statement, "yes", m, lo, hi, n=int(r.batches),
+            unit="Δlog p, matched on token id × confidence bin", rule="direction",
+            params=dict(sign=sign, refutes=refutes),
+            detail=f"raw contrast {flip * raw.contrast:+.3g} [{min(flip * raw.lo, flip * raw.hi):+.3g}, "
+                   f"{max(flip * raw.lo, flip * raw.hi):+.3g}]{means}; {r.n_shared} shared / {r.n_specific} specific "
+                   f"tokens, {r.clusters} groups, {100 * r.matched_share:.0f}% of tokens in matched strata",
+            estimator="matched contrast, percentile cluster bootstrap (batches, then groups in a batch)",
+            resampling="batch × group"))
+    return out
