@@ -6,6 +6,8 @@
 #                  tolerance, every verdict equal; exit 0 when within (A=dir B=dir: any two results folders)
 #   make claims    regenerate README's claims table from data/results/tiny/claims.parquet (+ tiny-table2's)
 #   make test      the test suite (CPU, about 17 min on 2 cores)
+#   make test-fast the tests that run no notebook and train nothing (pytest -m 'not slow')
+#   make lint      ruff check (the rules in pyproject.toml; CI runs it before make test)
 #   make bench     speed-ups and memory vs naive code (B=memory: one benchmark)
 #   make gpu-check on a machine with an NVIDIA GPU: pytest -m gpu, the sampler vs transformers, the card's
 #                  unit costs, dry runs at Qwen3-1.7B's shape; one report in data/scale/measured/ (BUDGET=540 s;
@@ -48,7 +50,7 @@ export PYTHONUNBUFFERED := 1
 export MALLOC_MMAP_THRESHOLD_ ?= 1073741824
 export MALLOC_TRIM_THRESHOLD_ ?= 1073741824
 
-.PHONY: env policy standins figures table2 claims verify test bench gpu-check clean help
+.PHONY: env policy standins figures table2 claims verify test test-fast lint bench gpu-check clean help
 help:
 	@sed -n '/^# Targets/,/^[^#]/{/^#/s/^# \{0,1\}//p}' Makefile
 
@@ -94,6 +96,12 @@ verify: env
 
 test: env
 	$(PY) -m pytest -q -x --durations=10
+
+test-fast: env
+	$(PY) -m pytest -q -x -m "not slow and not golden"
+
+lint: env
+	$(PY) -m ruff check lib tests notebooks examples
 
 bench: env $(POLICIES)
 	$(PY) -m cancellation.bench $(B)

@@ -156,7 +156,7 @@ for p in P.pools:
 print("sign-aware Boost Rate (nonzero pool, lm_head/full): " + ", ".join(
     f"{k} {100 * fig03.signed_boost(R.effects, 'nonzero', k, 'lm_head').mean():.0f}%/"
     f"{100 * fig03.signed_boost(R.effects, 'nonzero', k, 'full').mean():.0f}%" for k in coupling.SET_KINDS))
-print(f"scope agreement of δ (full vs lm_head): " + ", ".join(
+print("scope agreement of δ (full vs lm_head): " + ", ".join(
     f"{p}: Pearson {r.pearson:.3f}, sign {100 * r.sign_agreement:.0f}%" for p, r in R.scope_agree.iterrows()))
 print(f"Fig. 10 sign consistency: mean {cons.mean():.3f} (range {cons.min():.3f}-{cons.max():.3f}); "
       "paper ≈ 0.7")

@@ -6,7 +6,6 @@ import re
 import numpy as np
 import pandas as pd
 import pytest
-import torch
 
 from cancellation import categories as C
 from cancellation import measure, policy, rollout, tasks

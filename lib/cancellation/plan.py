@@ -22,7 +22,6 @@ knob to turn; the runner refuses to start on it (exit 2) unless --no-plan-check.
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 from dataclasses import dataclass, field

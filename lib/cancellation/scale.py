@@ -108,7 +108,7 @@ def probe(shape: str, device: str = "cuda", n_prompts: int = 4, G: int = 8, prom
             continue
         cfg.chunk_rows, cfg.token_chunk, cfg.gradient_checkpointing = chunk_rows, token_chunk, True
         opt = grpo.make_optimizer(model, cfg)
-        step = lambda: grpo.grpo_step(model, batch, cfg, optimizer=opt, old_logp=old)  # noqa: E731
+        step = lambda opt=opt, cfg=cfg: grpo.grpo_step(model, batch, cfg, optimizer=opt, old_logp=old)
         step()                                    # warm-up (allocates Adam state)
         secs, peak, _ = _timed(step, device)
         add(f"grpo_step_{name}", secs, peak, n_tok)

@@ -32,6 +32,7 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -39,6 +40,9 @@ import torch
 
 from . import cache, tasks
 from . import stats as _stats
+
+if TYPE_CHECKING:  # annotations only: grpo imports this module's neighbours
+    from . import grpo
 
 ESTIMATORS = ("paper", "exclude")
 

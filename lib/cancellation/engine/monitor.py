@@ -20,7 +20,7 @@ import torch
 from transformers import TrainerCallback
 
 from .. import measure, rollout
-from ..controls import CONF_BINS, conf_bin
+from ..controls import CONF_BINS, conf_bin  # noqa: F401 - CONF_BINS: re-exported by engine
 
 
 # --------------------------------------------------------------------------- plain functions
