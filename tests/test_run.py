@@ -44,7 +44,7 @@ def test_cli_exits_with_a_clear_message(capsys):
 
 
 def test_every_profile_section_passes_the_schema():
-    for profile in ("tiny", "smoke", "paper", "paper-smoke"):
+    for profile in ("tiny", "smoke", "paper", "paper-smoke", "paper-quick"):
         for nb in run.all_notebooks():
             run.resolve_params(nb, profile)  # types, ranges, choices, constraints (paths not required to exist)
 
@@ -136,9 +136,10 @@ README = run.ROOT / "README.md"
 
 
 def _readme_command(start: str) -> str:
-    """The shell command of README.md that begins with `start`, its `\\` continuations joined."""
+    """The shell command of README.md that begins with `start` (a whole word: `--profile paper` is not
+    `--profile paper-quick`), its `\\` continuations joined."""
     import re
-    m = re.search(re.escape(start) + r"(?:[^\n]*\\\n)*[^\n]*", README.read_text())
+    m = re.search(re.escape(start) + r"(?![\w-])(?:[^\n]*\\\n)*[^\n]*", README.read_text())  # 'paper' is not 'paper-quick'
     assert m, f"README.md no longer shows {start!r}"
     return re.sub(r"\\\n\s*", " ", m.group(0))
 
