@@ -76,7 +76,8 @@ def test_plan_paper_runs_nothing_and_names_the_missing_measurement(standin_paths
     before = {p: p.stat().st_mtime_ns for p in (run.ROOT / "data" / "results").rglob("*") if p.is_file()}
     assert run.main(shlex.split(cmd)[3:] + ["--plan"]) is None
     out = capsys.readouterr().out
-    assert out.count("[plan] ") == len(run.all_notebooks())
+    assert out.count("[plan] ") == len(run.all_notebooks()) + 1   # + the total line
+    assert "no time (no measurement for this device kind" in _total(out)
     assert "no measurement for this device kind" in out and "python -m cancellation.scale --device cuda" in out
     assert "params 0.596 B" in out  # Qwen3-0.6B: 596M parameters (tied)
     assert {p: p.stat().st_mtime_ns for p in (run.ROOT / "data" / "results").rglob("*") if p.is_file()} == before
@@ -85,7 +86,8 @@ def test_plan_paper_runs_nothing_and_names_the_missing_measurement(standin_paths
 @pytest.mark.skipif(not (run.PARAMS / "paper-vocab.yaml").exists(), reason="no paper-vocab profile")
 def test_plan_paper_vocab(canonical_standins, capsys):
     assert run.main(["all", "--profile", "paper-vocab", "--plan"]) is None
-    assert capsys.readouterr().out.count("[plan] ") == len(run.all_notebooks())
+    out = capsys.readouterr().out
+    assert out.count("[plan] ") == len(run.all_notebooks()) + 1 and _total(out).endswith("on one process")
 
 
 def test_absurd_sizes_refuse_at_check_naming_the_knob(capsys):

@@ -515,8 +515,8 @@ def device_memory(device: str) -> int | None:
         return None
 
 
-def load_units(kind: str, scale_dir: Path = SCALE_DIR) -> dict | None:
-    f = Path(scale_dir) / f"{kind}.json"
+def load_units(kind: str, scale_dir: Path | None = None) -> dict | None:
+    f = Path(scale_dir or SCALE_DIR) / f"{kind}.json"
     return json.loads(f.read_text()) if f.is_file() else None
 
 
@@ -623,7 +623,7 @@ def _fmt_s(s: float) -> str:
     return f"{s:.0f} s" if s < 120 else f"{s / 60:.0f} min" if s < 7200 else f"{s / 3600:.1f} h"
 
 
-def make(stem: str, params: dict, root: Path = ROOT, scale_dir: Path = SCALE_DIR, total_memory: int | None = None,
+def make(stem: str, params: dict, root: Path = ROOT, scale_dir: Path | None = None, total_memory: int | None = None,
          units: dict | None = None, kind: str | None = None, procs: int = 1) -> Plan:
     """The plan of one notebook at its resolved parameters (what `run.resolve_params` returns), on this
     host's device, or with `kind` on a device of that kind (data/scale/<kind>.json: its unit costs and
@@ -639,7 +639,7 @@ def make(stem: str, params: dict, root: Path = ROOT, scale_dir: Path = SCALE_DIR
     else:
         units = units if units is not None else load_units(kind, scale_dir)
         if units is None:
-            raise ValueError(f"unknown device kind {kind!r}: no {Path(scale_dir) / (kind + '.json')}; known kinds: "
+            raise ValueError(f"unknown device kind {kind!r}: no {Path(scale_dir or SCALE_DIR) / (kind + '.json')}; known kinds: "
                              f"{', '.join(known_kinds(scale_dir))}")
         total = total_memory if total_memory is not None else kind_memory(kind, units)
     shape = shape_of(P.model_path, root)
