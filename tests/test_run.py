@@ -365,3 +365,14 @@ def test_kernel_starts_with_the_malloc_thresholds_unless_the_user_set_them(tmp_p
     monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "12345")
     run.run_notebook(str(nb), "tiny", out_root=root, log_output=False)
     assert (root / "data/results/tiny/env.txt").read_text() == f"{1 << 30} 12345"
+
+
+def test_bench_sampler_builds_the_stand_in_model_first(monkeypatch, tmp_path):
+    """`make bench B=sampler` on a fresh clone: the CPU bench builds data/standins/ (without the slow
+    paper-vocab model) instead of failing on a missing directory; a built one is reused (build is idempotent)."""
+    from cancellation import bench, standins
+    calls = []
+    monkeypatch.setattr(standins, "build", lambda out, **kw: calls.append((out, kw)) or {"model": str(tmp_path)})
+    assert bench._standin_model() == str(tmp_path)
+    (out, kw), = calls
+    assert out == run.ROOT / "data" / "standins" and kw == {"paper_vocab": False}
