@@ -264,3 +264,5 @@ def test_paper_quick_plans_under_6_hours_on_one_h100_from_this_host(capsys):
     total8 = _total(capsys.readouterr().out)
     each = _hours(total8.split("; ")[1].split(" per process")[0])
     assert each < one and "per process on 8 processes" in total8, total8
+    readme = (run.ROOT / "README.md").read_text()   # the plan README pastes is today's
+    assert total8 in readme and f"planned at {total.split(': ')[1].split(' on one')[0]} on one H100" in readme
