@@ -76,7 +76,8 @@ def test_plan_paper_runs_nothing_and_names_the_missing_measurement(standin_paths
     before = {p: p.stat().st_mtime_ns for p in (run.ROOT / "data" / "results").rglob("*") if p.is_file()}
     assert run.main(shlex.split(cmd)[3:] + ["--plan"]) is None
     out = capsys.readouterr().out
-    assert out.count("[plan] ") == len(run.all_notebooks())
+    assert out.count("[plan] ") == len(run.all_notebooks()) + 1   # + the total line
+    assert "no time (no measurement for this device kind" in _total(out)
     assert "no measurement for this device kind" in out and "python -m cancellation.scale --device cuda" in out
     assert "params 0.596 B" in out  # Qwen3-0.6B: 596M parameters (tied)
     assert {p: p.stat().st_mtime_ns for p in (run.ROOT / "data" / "results").rglob("*") if p.is_file()} == before
@@ -85,7 +86,8 @@ def test_plan_paper_runs_nothing_and_names_the_missing_measurement(standin_paths
 @pytest.mark.skipif(not (run.PARAMS / "paper-vocab.yaml").exists(), reason="no paper-vocab profile")
 def test_plan_paper_vocab(canonical_standins, capsys):
     assert run.main(["all", "--profile", "paper-vocab", "--plan"]) is None
-    assert capsys.readouterr().out.count("[plan] ") == len(run.all_notebooks())
+    out = capsys.readouterr().out
+    assert out.count("[plan] ") == len(run.all_notebooks()) + 1 and _total(out).endswith("on one process")
 
 
 def test_absurd_sizes_refuse_at_check_naming_the_knob(capsys):
@@ -158,3 +160,109 @@ def test_dry_run_at_qwen3_06b_shape_writes_nothing_canonical(qwen3_06b, tmp_path
     assert rec["measured_seconds"] > 0 and rec["peak_rss_gib"] > 0
     assert rec["planned"]["peak_gib"] > 596e6 * 4 / 2 ** 30        # at least the float32 weights
     assert "[dry-run] 04_category_shift: measured" in out and "planned" in out
+
+
+# ------------------------------------------------------------------ --device-kind, --procs, paper-quick (issue 36)
+H100 = "nvidia-h100-80gb-hbm3"
+SHAPE_DIR = "data/shapes/qwen3-1.7b-base"
+
+
+def _hours(text: str) -> float:
+    """A plan time ('12 s', '47 min', '5.5 h') in hours."""
+    n, unit = text.split()
+    return float(n) / {"s": 3600, "min": 60, "h": 1}[unit]
+
+
+def _total(out: str) -> str:
+    return next(ln for ln in out.splitlines() if ln.startswith("[plan] total, "))
+
+
+def test_unknown_device_kind_exits_2_listing_the_known_kinds(capsys):
+    with pytest.raises(SystemExit) as e:
+        run.main(["01", "--plan", "--device-kind", "nvidia-a100"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("error: ") == 1
+    assert "unknown device kind 'nvidia-a100'" in err and "data/scale/nvidia-a100.json" in err
+    assert f"known kinds: {', '.join(plan.known_kinds())}" in err and "cpu" in err and H100 in err
+
+
+@pytest.mark.parametrize("argv, what", [(["--device-kind", H100], "--device-kind"), (["--procs", "2"], "--procs")])
+def test_device_kind_and_procs_plan_only(argv, what, capsys):
+    with pytest.raises(SystemExit) as e:
+        run.main(["01", "--check"] + argv)
+    assert e.value.code == 2 and what in capsys.readouterr().err
+
+
+def test_plan_for_another_device_kind_from_this_host():
+    """The H100's unit costs and total memory (recorded in its scale file), whatever this host is."""
+    units = plan.load_units(H100)
+    assert units["total_memory"] > 79 * 2 ** 30
+    p = run.resolve_params(run.find_notebook("04"), "paper-quick")
+    pl = plan.make("04_category_shift", p, kind=H100)
+    assert pl.kind == H100 and pl.total_memory == units["total_memory"] and pl.seconds > 0
+    assert pl.seconds == plan.seconds(pl.work, pl.shape, units)[0]
+    with pytest.raises(ValueError, match="known kinds"):
+        plan.make("04_category_shift", p, kind="no-such-kind")
+
+
+def test_procs_divide_only_the_splittable_work():
+    p = run.resolve_params(run.find_notebook("06"), "paper-quick")
+    one = plan.make("06_sampling_budget", p, kind=H100)
+    assert one.proc_seconds == pytest.approx(one.seconds) and one.work.parts
+    many = {n: plan.make("06_sampling_budget", p, kind=H100, procs=n).proc_seconds for n in (2, 8, 10 ** 6)}
+    assert one.seconds > many[2] > many[8] > many[10 ** 6]
+    # with a process per unit, each part costs one unit's share; the rest (start, the base batch) in full
+    units = plan.load_units(H100)["units"]
+    part = sum(sum(plan._block_seconds(x["blocks"], one.shape, units).values()) for x in one.work.parts)
+    per_unit = sum(sum(plan._block_seconds(x["blocks"], one.shape, units).values()) / x["units"]
+                   for x in one.work.parts)
+    assert many[10 ** 6] == pytest.approx(one.seconds - part + per_unit)
+    # a notebook with nothing split (02) takes as long on N processes
+    p2 = run.resolve_params(run.find_notebook("02"), "paper-quick")
+    pl = plan.make("02_coupling_heatmaps", p2, kind=H100, procs=8)
+    assert not pl.work.parts and pl.proc_seconds == pytest.approx(pl.seconds)
+
+
+def test_paper_quick_mirrors_paper_key_for_key():
+    import yaml
+    paper, quick = (yaml.safe_load((run.PARAMS / f"{n}.yaml").read_text()) for n in ("paper", "paper-quick"))
+    assert list(paper) == list(quick)
+    for section in paper:
+        assert set(paper[section]) == set(quick[section]), section
+    assert quick["common"]["model_path"] == paper["common"]["model_path"] == "Qwen/Qwen3-1.7B-Base"
+
+
+def test_paper_quick_passes_check(tmp_path, capsys):
+    """--check with the data files given (the paper's own are not in the repository)."""
+    problems, math500 = tmp_path / "dapo.jsonl", tmp_path / "math500.jsonl"
+    problems.write_text(json.dumps({"prompt": "1+1=", "answer": "2"}) + "\n")
+    math500.write_text(json.dumps({"problem": "1+1=", "answer": "2"}) + "\n")
+    assert run.main(["all", "--profile", "paper-quick", "-p", "problems_path", str(problems),
+                     "-p", "eval_sets", f"[{math500}]", "--check"]) is None
+    assert capsys.readouterr().out.count('"profile": "paper-quick"') == len(run.all_notebooks())
+
+
+def test_paper_quick_plans_under_6_hours_on_one_h100_from_this_host(capsys):
+    """Issue 36: README's paper-quick plan, from a CPU host without the data or the weights: every
+    notebook timed on the H100's committed unit costs, <= 6 h in all; 8 processes take less each."""
+    cmd = _readme_command("python -m cancellation.run all --profile paper-quick --plan")
+    assert f"--device-kind {H100}" in cmd
+    assert run.main(shlex.split(cmd)[3:]) is None
+    cap = capsys.readouterr()
+    out = cap.out
+    lines = [ln for ln in out.splitlines() if ln.startswith("[plan] ") and not ln.startswith("[plan] total")]
+    assert len(lines) == len(run.all_notebooks()) and all(f"of 79 GiB ({H100}); time " in ln for ln in lines), lines
+    assert "params 1.72 B" in out
+    total = _total(out)
+    one = _hours(total.split(": ")[1].split(" on one process")[0])
+    assert one <= 6, total
+    assert "problems_path" in cap.err   # said: planned without the data file this host lacks
+    # the shape from Qwen3-1.7B-Base's config.json (data/shapes/) plans the same
+    assert run.main(shlex.split(cmd)[3:] + ["-p", "model_path", SHAPE_DIR, "-p", "models", f"[{SHAPE_DIR}]"]) is None
+    assert _total(capsys.readouterr().out) == total
+    assert run.main(shlex.split(cmd)[3:] + ["--procs", "8"]) is None
+    total8 = _total(capsys.readouterr().out)
+    each = _hours(total8.split("; ")[1].split(" per process")[0])
+    assert each < one and "per process on 8 processes" in total8, total8
+    readme = (run.ROOT / "README.md").read_text()   # the plan README pastes is today's
+    assert total8 in readme and f"planned at {total.split(': ')[1].split(' on one')[0]} on one H100" in readme

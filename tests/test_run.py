@@ -44,7 +44,7 @@ def test_cli_exits_with_a_clear_message(capsys):
 
 
 def test_every_profile_section_passes_the_schema():
-    for profile in ("tiny", "smoke", "paper", "paper-smoke"):
+    for profile in ("tiny", "smoke", "paper", "paper-smoke", "paper-quick"):
         for nb in run.all_notebooks():
             run.resolve_params(nb, profile)  # types, ranges, choices, constraints (paths not required to exist)
 
@@ -136,9 +136,10 @@ README = run.ROOT / "README.md"
 
 
 def _readme_command(start: str) -> str:
-    """The shell command of README.md that begins with `start`, its `\\` continuations joined."""
+    """The shell command of README.md that begins with `start` (a whole word: `--profile paper` is not
+    `--profile paper-quick`), its `\\` continuations joined."""
     import re
-    m = re.search(re.escape(start) + r"(?:[^\n]*\\\n)*[^\n]*", README.read_text())
+    m = re.search(re.escape(start) + r"(?![\w-])(?:[^\n]*\\\n)*[^\n]*", README.read_text())  # 'paper' is not 'paper-quick'
     assert m, f"README.md no longer shows {start!r}"
     return re.sub(r"\\\n\s*", " ", m.group(0))
 
@@ -364,3 +365,14 @@ def test_kernel_starts_with_the_malloc_thresholds_unless_the_user_set_them(tmp_p
     monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "12345")
     run.run_notebook(str(nb), "tiny", out_root=root, log_output=False)
     assert (root / "data/results/tiny/env.txt").read_text() == f"{1 << 30} 12345"
+
+
+def test_bench_sampler_builds_the_stand_in_model_first(monkeypatch, tmp_path):
+    """`make bench B=sampler` on a fresh clone: the CPU bench builds data/standins/ (without the slow
+    paper-vocab model) instead of failing on a missing directory; a built one is reused (build is idempotent)."""
+    from cancellation import bench, standins
+    calls = []
+    monkeypatch.setattr(standins, "build", lambda out, **kw: calls.append((out, kw)) or {"model": str(tmp_path)})
+    assert bench._standin_model() == str(tmp_path)
+    (out, kw), = calls
+    assert out == run.ROOT / "data" / "standins" and kw == {"paper_vocab": False}

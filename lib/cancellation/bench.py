@@ -353,6 +353,18 @@ def _copy_bandwidth(device) -> float:
     return 2 * a.numel() * 4 / scale._best(lambda: b.copy_(a), device, reps=5)
 
 
+def _standin_model() -> str:
+    """data/standins/model, built first on a fresh clone (cancellation.standins, without the slow
+    paper-vocab model: about a minute on one core)."""
+    from pathlib import Path
+
+    from . import standins
+    root = Path(__file__).resolve().parents[2] / "data" / "standins"
+    if not (root / "model" / "config.json").exists():
+        print(f"sampler: building the stand-in model first ({root}; python -m cancellation.standins)", flush=True)
+    return standins.build(root, paper_vocab=False)["model"]
+
+
 @bench
 def sampler(device: str = "auto", shapes: str = "auto", compile: bool = True, eager_gpu: bool = False,
             dynamic: str = "all"):
@@ -371,7 +383,7 @@ def sampler(device: str = "auto", shapes: str = "auto", compile: bool = True, ea
         dims = [(64, 512), (256, 256)]
         what = "Qwen3-1.7B shape, bfloat16, random weights"
     else:
-        model, _ = policy.load_policy("data/standins/model")
+        model, _ = policy.load_policy(_standin_model())
         dims, what = [(16, 64)], "stand-in model, float32"
     if shapes != "auto":
         dims = [tuple(int(x) for x in s.split("x")) for s in str(shapes).split(",")]

@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -128,6 +129,10 @@ def tokenizer_for(model_path: str):
     if Path(model_path).is_dir() and not any((Path(model_path) / f).exists() for f in TOKENIZER_FILES):
         from .standins import build_tokenizer
         return build_tokenizer()
+    if not Path(model_path).is_dir():  # a hub name: only a tokenizer already in the HF cache (never the network)
+        from huggingface_hub import try_to_load_from_cache
+        if not isinstance(try_to_load_from_cache(str(model_path), "tokenizer_config.json"), str):
+            raise FileNotFoundError(f"{model_path}: no tokenizer here (not a directory, not in the HF cache)")
     return load_tokenizer(model_path)
 
 
@@ -167,6 +172,21 @@ class Work:
     kv_rows: int = 0                 # rows decoded at once (KV cache)
     kv_len: int = 0
     notes: list = field(default_factory=list)
+    parts: list = field(default_factory=list)  # the work --procs divides: dict(what, units, blocks)
+
+    @contextmanager
+    def split(self, what: str, units: int):
+        """The blocks added inside are `units` independent pieces of work (Monte Carlo continuations,
+        valued tokens, seeds, batches, masks, runs) that N processes divide, ceil(units / N) each."""
+        before = {k: dict(v) for k, v in self.blocks.items()}
+        yield
+        delta = {}
+        for k, b in self.blocks.items():
+            d = {f: b[f] - before.get(k, {}).get(f, 0) for f in b}
+            if any(d.values()):
+                delta[k] = d
+        if delta and units > 0:
+            self.parts.append(dict(what=what, units=int(units), blocks=delta))
 
     def add(self, block: str, positions=0, head=0, calls=0, steps=0, pairs=0):
         b = self.blocks.setdefault(block, dict(positions=0, head=0, calls=0, steps=0, pairs=0))
@@ -247,10 +267,12 @@ def work01(P, shape, z):
     w.extra_bytes += shape.params * 8   # the float64 (or float32) copy of the round-off check
     w.extra_why.append("a float64 copy of θ (round-off check)")
     runs = 2 + (2 if P.control_model_path else 0) + (1 if getattr(P, "sgd_lr", 0) else 0)
-    _run(w, P, z, rows, runs * P.steps, P.n_minibatches, cr)
     others = sum(1 for m in P.models if not (m == P.model_path and P.fig9_steps <= P.steps))
+    with w.split("the model grid's GRPO runs", runs):
+        _run(w, P, z, rows, runs * P.steps, P.n_minibatches, cr)
     # Fig. 9's other models are counted at this model's shape (they differ: an approximation)
-    _run(w, P, z, rows, others * P.fig9_steps, P.n_minibatches, cr)
+    with w.split("Fig. 9's runs", others):
+        _run(w, P, z, rows, others * P.fig9_steps, P.n_minibatches, cr)
     if others:
         w.notes.append(f"Fig. 9's {others} other model(s) counted at {Path(P.model_path).name}'s shape")
     return w
@@ -295,10 +317,13 @@ def work03(P, shape, z):
     m_rows = min(P.mask_size, rows)
     _step(w, "full", rows, z, cr, times=2 * pools)
     _analysis(w, rows, z, cr, times=4 * pools)
-    w.add("full_step", positions=n_full * m_rows * z.L, head=n_full * m_rows * z.new, calls=n_full * _ceil(m_rows, cr))
-    w.add("analysis", positions=n_full * z.L, head=n_full * z.new, calls=n_full)
+    with w.split("masks (candidates)", n_full):
+        w.add("full_step", positions=n_full * m_rows * z.L, head=n_full * m_rows * z.new,
+              calls=n_full * _ceil(m_rows, cr))
+        w.add("analysis", positions=n_full * z.L, head=n_full * z.new, calls=n_full)
     N = rows * z.new
-    _kernel(w, pools * (P.n_cands * 3 * P.mask_size + P.n_cands * N), shape, 1024, N)  # proxy cosines, top-coupled
+    with w.split("masks (proxy cosines)", pools * P.n_cands):
+        _kernel(w, pools * (P.n_cands * 3 * P.mask_size + P.n_cands * N), shape, 1024, N)  # proxy cosines, top-coupled
     # Fig. 10 run: per step a sample, an analysis, an SGD lm_head and a full step with their analyses, an Adam step
     r10 = P.run_n_prompts * P.run_G
     _sample(w, r10, z, chunk_rows_decode=_sample_rows(P), times=P.run_steps)
@@ -315,11 +340,12 @@ def work04(P, shape, z):
     policies = 1 + (1 if P.control_model_path else 0)
     kind = "full" if P.scope == "full" else "lm_head"
     n = policies * P.n_batches
-    _sample(w, rows, z, chunk_rows_decode=_sample_rows(P), times=n)
-    # before, after each of the two updates, the restore check; the main policy's batches also take the
-    # thesis rows' negative-only and copies-masked GRPO updates, each measured after
-    _analysis(w, rows, z, P.chunk_rows, times=n * 4 + P.n_batches * 2)
-    _step(w, kind, rows, z, P.chunk_rows, times=n * 2 + P.n_batches * 2)
+    with w.split("batches", n):
+        _sample(w, rows, z, chunk_rows_decode=_sample_rows(P), times=n)
+        # before, after each of the two updates, the restore check; the main policy's batches also take the
+        # thesis rows' negative-only and copies-masked GRPO updates, each measured after
+        _analysis(w, rows, z, P.chunk_rows, times=n * 4 + P.n_batches * 2)
+        _step(w, kind, rows, z, P.chunk_rows, times=n * 2 + P.n_batches * 2)
     w.full_grads = kind == "full"
     w.extra_bytes += shape.params * BYTES[P.dtype] * (policies - 1)
     return w
@@ -342,7 +368,8 @@ def work05(P, shape, z):
         _step(w, "full", rows, z, cr)
         valued += 4 * h
     cont = valued * 2 * P.M
-    _sample(w, cont, z, chunk_rows_decode=P.rows_per_chunk)
+    with w.split("valued tokens' Monte Carlo continuations", valued):
+        _sample(w, cont, z, chunk_rows_decode=P.rows_per_chunk)
     w.notes.append("continuations counted at the full response cap (they start mid-response: an upper bound)")
     if P.sample_dtype and P.backend == "hf":
         w.extra_bytes += shape.params * BYTES[P.sample_dtype]
@@ -360,12 +387,14 @@ def work06(P, shape, z):
     # a real grpo_step per setting and seed (step_mode grpo), on the sub-batch of the setting
     settings = [(p * P.n_fixed) for p in P.prompt_sizes] + [P.prompts_fixed * g for g in P.rollout_sizes] + \
         [P.G_comp] * max(P.G_comp - 1, 0)
-    for r in settings:
-        _step(w, "full", r, z, cr, times=P.n_seeds)
-        _analysis(w, r, z, cr, times=P.n_seeds)
+    with w.split("settings x seeds", len(settings) * P.n_seeds):
+        for r in settings:
+            _step(w, "full", r, z, cr, times=P.n_seeds)
+            _analysis(w, r, z, cr, times=P.n_seeds)
     w.full_grads = True
     valued = P.n_seeds * (min(P.prompt_sizes) * P.valued_per_prompt + P.comp_groups * P.G_comp) * P.tokens_per_rollout
-    _sample(w, valued * 2 * P.M, z, chunk_rows_decode=P.rows_per_chunk)
+    with w.split("valued tokens' Monte Carlo continuations", valued):
+        _sample(w, valued * 2 * P.M, z, chunk_rows_decode=P.rows_per_chunk)
     w.notes.append("valued tokens: every seed's counted (the cache shares prefixes across seeds: an upper bound)")
     if P.sample_dtype and P.backend == "hf":
         w.extra_bytes += shape.params * BYTES[P.sample_dtype]
@@ -381,16 +410,18 @@ def work07(P, shape, z):
         w.notes.append("TRL runs counted as the small trainer's (the same blocks)")
     rb = any("RB" in s for s in P.strategies)
     rounds = P.iterations * (2 if rb else 1)          # RB samples extra rounds: about 2 per iteration
-    _sample(w, rows, z, times=runs * rounds)
-    _analysis(w, rows, z, cr, times=runs * P.iterations)
-    _step(w, "full", rows, z, cr, P.n_minibatches, times=runs * P.iterations)
-    evals = runs * (P.iterations // P.eval_every + 1)
-    _sample(w, len(P.eval_sets) * P.eval_n * P.eval_samples, z, times=evals)
+    with w.split("runs (strategy x seed)", runs):
+        _sample(w, rows, z, times=runs * rounds)
+        _analysis(w, rows, z, cr, times=runs * P.iterations)
+        _step(w, "full", rows, z, cr, P.n_minibatches, times=runs * P.iterations)
+        evals = runs * (P.iterations // P.eval_every + 1)
+        _sample(w, len(P.eval_sets) * P.eval_n * P.eval_samples, z, times=evals)
     d = getattr(P, "imbalance_plans", 0)
     if d:  # Eq. 14: each seed's first batch, and 3 plans x d draws + the whole batch of gradients at θ0
-        _sample(w, rows, z, times=len(P.seeds))
-        _analysis(w, rows, z, cr, times=len(P.seeds))
-        _step(w, "full", rows, z, cr, P.n_minibatches, times=len(P.seeds) * (3 * d + 1))
+        with w.split("Eq. 14's seeds", len(P.seeds)):
+            _sample(w, rows, z, times=len(P.seeds))
+            _analysis(w, rows, z, cr, times=len(P.seeds))
+            _step(w, "full", rows, z, cr, P.n_minibatches, times=len(P.seeds) * (3 * d + 1))
         w.notes.append(f"Eq. 14: {len(P.seeds)} batches, {3 * d + 1} gradient passes each")
     w.full_grads = w.adam = True
     if rb:
@@ -485,18 +516,27 @@ def device_memory(device: str) -> int | None:
         return None
 
 
-def load_units(kind: str, scale_dir: Path = SCALE_DIR) -> dict | None:
-    f = Path(scale_dir) / f"{kind}.json"
+def load_units(kind: str, scale_dir: Path | None = None) -> dict | None:
+    f = Path(scale_dir or SCALE_DIR) / f"{kind}.json"
     return json.loads(f.read_text()) if f.is_file() else None
 
 
-def seconds(w: Work, shape: Shape, units: dict) -> tuple[float, dict]:
-    """Predicted wall time and its share per block: the notebook's start (kernel, imports, plots:
-    measured once per device) plus, per block, unit x parameter-tokens + per-call x calls
-    (+ Adam's per-parameter update per optimizer step)."""
-    u = units["units"]
-    out = {"start": u["start"]["seconds"]}
-    for name, b in w.blocks.items():
+def known_kinds(scale_dir: Path | None = None) -> list[str]:
+    """The device kinds with measured unit costs (data/scale/<kind>.json): what --device-kind takes."""
+    return sorted(p.stem for p in Path(scale_dir or SCALE_DIR).glob("*.json"))
+
+
+def kind_memory(kind: str, units: dict | None) -> int | None:
+    """Bytes a device of this kind has: its scale file's `total_memory` (a GPU's, recorded where it was
+    measured), else for 'cpu' this host's RAM; None when nothing says."""
+    if units and units.get("total_memory"):
+        return int(units["total_memory"])
+    return device_memory("cpu") if kind == "cpu" else None
+
+
+def _block_seconds(blocks: dict, shape: Shape, u: dict) -> dict:
+    out = {}
+    for name, b in blocks.items():
         if name == "kernel":
             out[name] = u["kernel"]["s_per_pair_vocab"] * b["pairs"] + u["kernel"]["s_per_call"] * b["calls"]
             continue
@@ -506,7 +546,28 @@ def seconds(w: Work, shape: Shape, units: dict) -> tuple[float, dict]:
         if name == "full_step":
             t += u["adam_update"]["s_per_param"] * shape.params * b["steps"]
         out[name] = t
+    return out
+
+
+def seconds(w: Work, shape: Shape, units: dict) -> tuple[float, dict]:
+    """Predicted wall time and its share per block: the notebook's start (kernel, imports, plots:
+    measured once per device) plus, per block, unit x parameter-tokens + per-call x calls
+    (+ Adam's per-parameter update per optimizer step)."""
+    u = units["units"]
+    out = {"start": u["start"]["seconds"], **_block_seconds(w.blocks, shape, u)}
     return sum(out.values()), out
+
+
+def seconds_per_process(w: Work, shape: Shape, units: dict, procs: int) -> float:
+    """Wall time of each of `procs` processes (one per device) when they divide the work's splittable
+    parts (`Work.split`: ceil(units / procs) of each part's units apiece); the start and every other
+    block run in full on each process."""
+    total, _ = seconds(w, shape, units)
+    for part in w.parts:
+        t = sum(_block_seconds(part["blocks"], shape, units["units"]).values())
+        n = part["units"]
+        total -= t * (1 - _ceil(n, procs) / n)
+    return total
 
 
 # ----------------------------------------------------------------------------- a plan
@@ -523,6 +584,8 @@ class Plan:
     by_block: dict = field(default_factory=dict)
     why_no_time: str = ""
     prompt: str = ""
+    procs: int = 1
+    proc_seconds: float | None = None   # each process's wall time when --procs divides the splittable work
 
     @property
     def peak(self) -> int:
@@ -535,6 +598,8 @@ class Plan:
         mem = f"peak memory {self.peak / GiB:.2f} GiB" + (
             f" of {self.total_memory / GiB:.0f} GiB ({self.kind})" if self.total_memory else f" ({self.kind})")
         t = f"time {_fmt_s(self.seconds)}" if self.seconds is not None else f"time: {self.why_no_time}"
+        if self.seconds is not None and self.procs > 1:
+            t += f" ({_fmt_s(self.proc_seconds)} per process on {self.procs})"
         top = sorted(((k, v) for k, v in self.mem.items() if v), key=lambda kv: -kv[1])[:4]
         out = [f"[plan] {self.stem}: {mem}; {t}",
                f"         params {self.shape.params / 1e9:.3g} B; memory " + ", ".join(
@@ -544,30 +609,42 @@ class Plan:
                f"{w.blocks.get('sgd_lm_head', {}).get('positions', 0):,}, sampled {w.sampled_tokens:,} in "
                f"{w.sampled_rows:,} rows; largest batch {w.largest[0]} x {w.largest[1]} ({self.prompt})"]
         out += [f"         note: {n}" for n in w.notes]
+        if self.procs > 1:
+            split = "; ".join(f"{p['what']} ({p['units']:,})" for p in w.parts)
+            out.append(f"         split over {self.procs} processes: " + (split or "nothing (one process does it all)"))
         return out
 
     def as_dict(self) -> dict:
         return dict(notebook=self.stem, device_kind=self.kind, peak_gib=self.peak / GiB if self.shape else None,
                     predicted_seconds=self.seconds, memory_gib={k: v / GiB for k, v in self.mem.items()},
-                    seconds_by_block=self.by_block)
+                    seconds_by_block=self.by_block, procs=self.procs, seconds_per_process=self.proc_seconds)
 
 
 def _fmt_s(s: float) -> str:
     return f"{s:.0f} s" if s < 120 else f"{s / 60:.0f} min" if s < 7200 else f"{s / 3600:.1f} h"
 
 
-def make(stem: str, params: dict, root: Path = ROOT, scale_dir: Path = SCALE_DIR, total_memory: int | None = None,
-         units: dict | None = None) -> Plan:
-    """The plan of one notebook at its resolved parameters (what `run.resolve_params` returns)."""
+def make(stem: str, params: dict, root: Path = ROOT, scale_dir: Path | None = None, total_memory: int | None = None,
+         units: dict | None = None, kind: str | None = None, procs: int = 1) -> Plan:
+    """The plan of one notebook at its resolved parameters (what `run.resolve_params` returns), on this
+    host's device, or with `kind` on a device of that kind (data/scale/<kind>.json: its unit costs and
+    total memory) wherever the plan is made; `procs` processes divide the splittable work."""
     from .figures.base import FigureParams  # noqa: F401 - the figure modules' Params
     import importlib
     mod = importlib.import_module(f"cancellation.figures.fig{stem[:2]}")
     P = mod.Params(**{k: v for k, v in params.items() if k not in ("profile", "fig_dir", "results_dir")})
     device = getattr(P, "device", "cpu")
-    kind = device_kind(device)
+    if kind is None:
+        kind = device_kind(device)
+        total = total_memory if total_memory is not None else device_memory(device)
+    else:
+        units = units if units is not None else load_units(kind, scale_dir)
+        if units is None:
+            raise ValueError(f"unknown device kind {kind!r}: no {Path(scale_dir or SCALE_DIR) / (kind + '.json')}; known kinds: "
+                             f"{', '.join(known_kinds(scale_dir))}")
+        total = total_memory if total_memory is not None else kind_memory(kind, units)
     shape = shape_of(P.model_path, root)
-    plan = Plan(stem, device, kind, shape, None, total_memory=total_memory if total_memory is not None
-                else device_memory(device))
+    plan = Plan(stem, device, kind, shape, None, total_memory=total, procs=max(int(procs), 1))
     if shape is None:
         plan.why_no_time = str(P.model_path)
         return plan
@@ -582,7 +659,29 @@ def make(stem: str, params: dict, root: Path = ROOT, scale_dir: Path = SCALE_DIR
                             f"--device {device.split(':')[0]} --out data/scale/<kind>.json` on it")
     else:
         plan.seconds, plan.by_block = seconds(plan.work, shape, units)
+        plan.proc_seconds = seconds_per_process(plan.work, shape, units, plan.procs)
     return plan
+
+
+def total_lines(plans: list[Plan]) -> list[str]:
+    """The plan's total: the notebooks' times summed on one process, and with --procs N the wall time of
+    each of the N processes (notebooks one after another, each dividing its splittable work)."""
+    timed = [p for p in plans if p.seconds is not None]
+    if not plans:
+        return []
+    kinds = ", ".join(dict.fromkeys(p.kind for p in plans))
+    head = f"[plan] total, {len(plans)} notebooks ({kinds}): "
+    if not timed:
+        return [head + "no time (no measurement for this device kind; see above)"]
+    one = sum(p.seconds for p in timed)
+    line = head + f"{_fmt_s(one)} on one process"
+    procs = max(p.procs for p in plans)
+    if procs > 1:
+        each = sum(p.proc_seconds for p in timed)
+        line += f"; {_fmt_s(each)} per process on {procs} processes ({_fmt_s(each * procs)} of device time in all)"
+    if len(timed) < len(plans):
+        line += f" (the {len(timed)} notebooks with a time; {len(plans) - len(timed)} without)"
+    return [line]
 
 
 def check(plan: Plan) -> str | None:

@@ -783,6 +783,13 @@ def main(argv=None):
                          "figures/<profile>/runs/<hash>/ ...")
     ap.add_argument("--plan", action="store_true",
                     help="print each notebook's planned peak memory and wall time (cancellation.plan), run nothing")
+    ap.add_argument("--device-kind", metavar="KIND", default=None,
+                    help="with --plan: plan for a device of this kind (data/scale/<KIND>.json: its measured unit costs "
+                         "and total memory), from any host, e.g. nvidia-h100-80gb-hbm3 from a laptop")
+    ap.add_argument("--procs", type=int, default=1, metavar="N",
+                    help="with --plan: N processes (one per device) divide each notebook's independent work (Monte "
+                         "Carlo continuations, valued tokens, seeds, batches, masks, runs); the plan prints each "
+                         "process's wall time (running on N processes is not built yet)")
     ap.add_argument("--no-plan-check", action="store_true",
                     help="start even when the plan's peak memory exceeds the device's")
     ap.add_argument("--dry-run", action="store_true",
@@ -816,6 +823,10 @@ def _main(a) -> int:
         return 2
     cwd = Path.cwd()
     stem = None
+    err = _plan_flags_error(a)
+    if err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     try:
         try:  # every selected notebook is validated before any runs
             overrides = dict(a.p)
@@ -825,14 +836,23 @@ def _main(a) -> int:
             paths = [find_notebook(r) for r in refs]
             share, errors = _per_notebook(paths, overrides)
             resolved = []
+            absent = []
             for nb in paths:
                 try:
                     resolved.append((nb, resolve_params(nb, a.profile, share[nb], cwd=cwd, check_paths=True,
                                                         replace=a.replace)))
                 except ParameterError as e:
-                    errors += str(e).splitlines()
+                    try:  # --plan needs no data file: plan without the ones this host lacks, and say so
+                        if not a.plan:
+                            raise
+                        resolved.append((nb, resolve_params(nb, a.profile, share[nb], cwd=cwd, check_paths=False,
+                                                            replace=a.replace)))
+                        absent += str(e).splitlines()
+                    except ParameterError:
+                        errors += str(e).splitlines()
             if errors:
                 raise ParameterError("\n".join(errors))
+            _print_absent(absent)
         except ParameterError as e:
             _print_errors(e)
             return 2
@@ -963,7 +983,8 @@ def _plans(resolved, a) -> dict | None:
     plans, errors = {}, []
     for nb, params in resolved:
         try:
-            p = plan.make(nb.stem, params, root=ROOT)
+            p = plan.make(nb.stem, params, root=ROOT, kind=getattr(a, "device_kind", None),
+                          procs=getattr(a, "procs", 1))
         except Exception as e:  # noqa: BLE001 - a plan that cannot be made must not stop a run
             if a.plan or a.dry_run:  # asked for: say why there is none; otherwise a run stays quiet about it
                 print(f"[plan] {nb.stem}: no plan ({type(e).__name__}: {e})", file=sys.stderr)
@@ -974,11 +995,43 @@ def _plans(resolved, a) -> dict | None:
         err = plan.check(p)
         if err:
             errors.append(err)
+    if a.plan and len(resolved) > 1:
+        print("\n".join(plan.total_lines(list(plans.values()))), flush=True)
     if errors and not a.no_plan_check:
         for e in errors:
             print(f"error: {e}", file=sys.stderr)
         return None
     return plans
+
+
+def _print_absent(lines: list[str]):
+    """--plan on a host without the data: one line per missing value, with the notebooks that name it."""
+    where: dict = {}
+    for line in lines:
+        m = re.match(r"(\S+): parameter '(\w+)' = (.+?): (element .+?: )?no such file", line)
+        key = f"{m.group(2)} = {m.group(3)}" if m else line
+        where.setdefault(key, []).append(m.group(1)[:2] if m else "")
+    for key, stems in where.items():
+        print(f"[plan] not on this host, planned without it (prompt lengths by default): {key} "
+              f"({', '.join(s for s in dict.fromkeys(stems) if s)})", file=sys.stderr)
+
+
+def _plan_flags_error(a) -> str | None:
+    """--device-kind and --procs plan only; an unknown kind names the known ones."""
+    from cancellation import plan
+    kind = getattr(a, "device_kind", None)
+    if a.procs < 1:
+        return f"--procs {a.procs}: expected a number of processes >= 1"
+    if kind is not None and kind not in plan.known_kinds():
+        return (f"unknown device kind {kind!r} (no {_show(plan.SCALE_DIR / (kind + '.json'))}); known kinds: "
+                f"{', '.join(plan.known_kinds())} (measure one with `python -m cancellation.scale --device cuda "
+                f"--out data/scale/<kind>.json` on it)")
+    if not a.plan and kind is not None:
+        return "--device-kind plans for a device other than this host's: use it with --plan"
+    if not a.plan and a.procs > 1:
+        return ("--procs N plans N processes (with --plan); running a notebook on N processes is not built yet "
+                "(issue 36, item 3)")
+    return None
 
 
 DRY_ROOT = "dry-run"  # under the checkout; git-ignored

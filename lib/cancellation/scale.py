@@ -271,7 +271,7 @@ def measure_units(config, device: str = "cpu", dtype: str = "float32", seed: int
     would not transfer to a large model), else from `config` too. `only` (e.g. ['sample']): just those
     blocks (merged into an existing file by `main --only`). Sampling is timed on a `sample_dtype` copy
     (default: bfloat16 on CUDA, as the paper profile's sample_dtype; the model's dtype on a CPU)."""
-    from .plan import Shape, device_kind
+    from .plan import Shape, device_kind, device_memory
     sample_dtype = sample_dtype or ("bfloat16" if device.startswith("cuda") else dtype)
 
     z = UNIT_SIZES[device.split(":")[0]]
@@ -308,6 +308,7 @@ def measure_units(config, device: str = "cpu", dtype: str = "float32", seed: int
     return dict(device_kind=device_kind(device), device=device,
                 name=torch.cuda.get_device_name() if device.startswith("cuda") else _cpu_name(),
                 threads=torch.get_num_threads(), load_average=os.getloadavg()[0], torch=torch.__version__,
+                total_memory=device_memory(device) if device.startswith("cuda") else None,  # the planner's --device-kind
                 dtype=dtype, sample_dtype=sample_dtype, shape=dict(vars(shape)), slope_shape=dict(vars(big_shape)), params=shape.params,
                 measured=time.strftime("%Y-%m-%d"), units=units, points=points)
 
