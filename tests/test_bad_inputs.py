@@ -109,3 +109,102 @@ def test_checkpoint_with_the_rb_buffer_loads_weights_only(tmp_path):
         warnings.simplefilter("error")
         got = train._load_checkpoint(ck)
     assert got["state"]["buffer"].rows.problems == [tasks.Problem("1+1?", "2")] and got["state"]["buffer"].sampled == 2
+
+
+# ------------------------------------------------------------------ DATA-LOSS: promotion is all or nothing
+def _stage(tmp_path):
+    """A Stage whose final directories hold an earlier run's outputs, with a new run's files staged."""
+    from cancellation import staging
+    root = tmp_path / "repo"
+    final = {"fig_dir": root / "figures/tiny", "results_dir": root / "data/results/tiny",
+             "executed_dir": root / "notebooks/executed/tiny"}
+    for k, name in (("fig_dir", "f.txt"), ("results_dir", "t.csv"), ("executed_dir", "97.ipynb")):
+        final[k].mkdir(parents=True)
+        (final[k] / name).write_text("old")
+    st = staging.Stage(root, "97", final)
+    for k, names in (("fig_dir", ["f.txt", "g.txt"]), ("results_dir", ["t.csv"]), ("executed_dir", ["97.ipynb"])):
+        for n in names:
+            (st.dirs[k] / n).write_text("new")
+    return root, st
+
+
+def _outputs(root):
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*"))
+            if p.is_file() and ".run-staging" not in p.parts}
+
+
+def test_promotion_failing_part_way_puts_back_what_moved(tmp_path, monkeypatch):
+    from cancellation import staging
+    root, st = _stage(tmp_path)
+    before = _outputs(root)
+    real = staging.replace_file
+
+    def fail_on_tables(src, dst):  # a full disk / read-only directory met at the second destination
+        if "results" in dst.parts:
+            raise OSError(28, "No space left on device", str(dst))
+        real(src, dst)
+
+    monkeypatch.setattr(staging, "replace_file", fail_on_tables)
+    with st, pytest.raises(staging.PromotionError) as e:
+        st.promote()
+    msg = str(e.value)
+    assert len(msg.splitlines()) == 1 and "t.csv: No space left on device" in msg and "was put back" in msg, msg
+    assert _outputs(root) == before  # figures moved first are the old ones again; g.txt is gone
+    assert not [p for p in root.rglob("*.bak")]
+    monkeypatch.setattr(staging, "replace_file", real)
+    root2, st2 = _stage(tmp_path / "b")
+    with st2:
+        st2.promote()  # the usual case: all new, no backups left behind
+    assert {k: v for k, v in _outputs(root2).items()} == {
+        "figures/tiny/f.txt": b"new", "figures/tiny/g.txt": b"new", "data/results/tiny/t.csv": b"new",
+        "notebooks/executed/tiny/97.ipynb": b"new"}
+    assert not [p for p in root2.rglob("*.bak")]
+
+
+def test_unwritable_destination_is_found_before_the_first_move(tmp_path, monkeypatch):
+    from cancellation import staging
+    root, st = _stage(tmp_path)
+    res = st.final["results_dir"]
+    if os.geteuid() == 0:   # root writes through chmod: make the directory unwritable another way
+        real = staging.tempfile.mkstemp
+
+        def ro(*a, dir=None, **k):
+            if Path(dir) == res:
+                raise PermissionError(13, "Permission denied")
+            return real(*a, dir=dir, **k)
+        monkeypatch.setattr(staging.tempfile, "mkstemp", ro)
+    else:
+        os.chmod(res, 0o555)
+    before = _outputs(root)
+    try:
+        with st, pytest.raises(staging.PromotionError, match=rf"^{res}: not writable \(Permission denied\)$"):
+            st.promote()
+    finally:
+        os.chmod(res, 0o755)
+    assert _outputs(root) == before
+
+
+def test_runner_reports_a_failed_promotion_in_one_line(tmp_path, monkeypatch, capsys):
+    import papermill
+    from cancellation import run, staging
+
+    def executes(src, dst, **k):
+        Path(dst).write_text(Path(src).read_text())
+
+    def refuse(self, moves=None):
+        raise staging.PromotionError("/x/figures/tiny: not writable (Permission denied)")
+    monkeypatch.setattr(papermill, "execute_notebook", executes)
+    monkeypatch.setattr(staging.Stage, "check_destinations", refuse)
+    root = tmp_path / "repo"
+    (root / "notebooks/params").mkdir(parents=True)
+    (root / "notebooks/params/tiny.yaml").write_text("97_probe:\n  value: 1\n")
+    (root / "notebooks/97_probe.py").write_text('# %% tags=["parameters"]\nprofile = "tiny"\nvalue = 1\n')
+    before = _outputs(root)
+    with pytest.raises(SystemExit) as e:
+        run.main(["97", "--root", str(root)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 1 and len(err) == 1, err
+    assert err[0] == ("error: 97_probe ran through but its outputs could not be promoted: /x/figures/tiny: not "
+                      "writable (Permission denied); its figures, tables and executed notebook are unchanged")
+    assert {k: v for k, v in _outputs(root).items() if not k.startswith("notebooks/executed")} == before
+    assert not list((root / "notebooks/executed").rglob("*.ipynb"))

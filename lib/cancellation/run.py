@@ -681,7 +681,11 @@ def run_notebook(ref: str, profile: str = "tiny", overrides: dict | None = None,
         print(f"[run] {nb_path.name} done in {time.time() - t0:.0f} s", flush=True)
         _strip_volatile(tmp, renames)
         os.chmod(tmp, 0o666 & ~_UMASK)
-        st.promote()  # figures, tables, then the executed notebook: the old outputs or all the new ones
+        try:
+            st.promote()  # figures, tables, then the executed notebook: the old outputs or all the new ones
+        except staging.PromotionError as e:
+            raise NotebookFailed(f"{nb_path.stem} ran through but its outputs could not be promoted: {e}; its "
+                                 f"figures, tables and executed notebook are unchanged") from None
         failed.unlink(missing_ok=True)
     if ov and not replace:
         print(f"[run] a run with overrides {ov}: outputs in {_show(final['executed_dir'])}, {params.get('fig_dir')}, "
