@@ -208,3 +208,59 @@ def test_runner_reports_a_failed_promotion_in_one_line(tmp_path, monkeypatch, ca
                       "writable (Permission denied); its figures, tables and executed notebook are unchanged")
     assert {k: v for k, v in _outputs(root).items() if not k.startswith("notebooks/executed")} == before
     assert not list((root / "notebooks/executed").rglob("*.ipynb"))
+
+
+# ------------------------------------------------------------------ DATA-LOSS: the monitor's parquet parts
+def _monitor(out):
+    from cancellation.engine import monitor
+    mon = monitor.CancellationMonitor(parquet=str(out))
+    mon.trainer = object()  # attached (on_train_begin only reaches for the trainer when it is not)
+    return mon
+
+
+def _begin(mon, step):
+    from transformers import TrainerControl, TrainerState
+    mon.on_train_begin(None, TrainerState(global_step=step), TrainerControl())
+
+
+def _steps(mon, *steps):
+    mon._unwritten = [(s, pd.DataFrame({"step": [s, s], "fraction": [0.5, 0.5]})) for s in steps]
+    mon._flush()
+
+
+def test_monitor_resumed_run_keeps_earlier_steps(tmp_path):
+    from cancellation import engine
+    out = tmp_path / "cancellation"
+    first = _monitor(out)
+    _begin(first, 0)
+    _steps(first, 1, 2)
+    _steps(first, 3, 4, 5)  # flushed after the checkpoint at step 4; the run then died at step 5
+    resumed = _monitor(out)
+    _begin(resumed, 4)      # resume_from_checkpoint=checkpoint-4
+    assert engine.read_parquet(out).step.tolist() == [1, 1, 2, 2, 3, 3, 4, 4]  # steps before the resume kept
+    _steps(resumed, 5, 6)
+    assert engine.read_parquet(out).step.tolist() == [1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6]  # each step once
+    fresh = _monitor(out)
+    _begin(fresh, 0)        # a new run in the same directory replaces the monitor's own parts
+    assert engine.read_parquet(out).empty and sorted(p.name for p in out.iterdir()) == [".monitor-parts.json"]
+
+
+def test_monitor_never_deletes_a_part_file_it_did_not_write(tmp_path):
+    out = tmp_path / "cancellation"
+    out.mkdir()
+    mine = out / "part-000000007.parquet"
+    pd.DataFrame({"step": [7], "note": ["the user's own"]}).to_parquet(mine)
+    data = mine.read_bytes()
+    for step in (0, 3):     # a new run and a resumed one
+        with pytest.raises(FileExistsError) as e:
+            _begin(_monitor(out), step)
+        assert len(str(e.value).splitlines()) == 1
+        assert "part-000000007.parquet not written by the monitor" in str(e.value) and "move it away" in str(e.value)
+        assert mine.read_bytes() == data
+    own = _monitor(tmp_path / "other")
+    _begin(own, 0)
+    _steps(own, 1)
+    (tmp_path / "other" / "part-000000002.parquet").write_bytes(data)  # appears while the run goes on
+    with pytest.raises(FileExistsError, match="part-000000002.parquet: not written by the monitor; not overwritten"):
+        _steps(own, 2)
+    assert (tmp_path / "other" / "part-000000002.parquet").read_bytes() == data
