@@ -264,3 +264,51 @@ def test_monitor_never_deletes_a_part_file_it_did_not_write(tmp_path):
     with pytest.raises(FileExistsError, match="part-000000002.parquet: not written by the monitor; not overwritten"):
         _steps(own, 2)
     assert (tmp_path / "other" / "part-000000002.parquet").read_bytes() == data
+
+
+# ------------------------------------------------------------------ CRASH/SILENT: bad profile YAML
+LAUGHS = "01_token_flipping:\n  x0: &a0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n" + "".join(
+    f"  x{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]\n" for i in range(1, 9))
+
+
+@pytest.mark.parametrize("name, content, expected", [
+    ("syntax", "common:\n  seed: [1, 2\n  lr: 1\n", r"line 3, column \d+: YAML error: while parsing a flow sequence"),
+    ("tag", "common:\n  seed: !!python/object/apply:os.system [echo pwned]\n",
+     r"line 2, column \d+: YAML error: .*unsupported tag 'tag:yaml.org,2002:python/object/apply:os.system'"),
+    ("latin1", "common:\n  seed: 1\n# caf\u00e9\n".encode("latin-1"), r"line 3: not UTF-8 text \(byte 23: b'\\xe9'\)"),
+    ("intsection", "1:\n  seed: 1\n", r"line 1: section name '1' is not a name \(a string\)"),
+    ("intkey", "common:\n  seed: 1\n  7: 2\n", r"line 3: parameter name '7' is not a name \(a string\)"),
+    ("dupsection", "common:\n  seed: 1\n01_token_flipping:\n  steps: 2\ncommon:\n  seed: 2\n",
+     r"line 5: duplicate section 'common' \(first at line 1\); the later one would silently win"),
+    ("dupkey", "01_token_flipping:\n  steps: 2\n  lr: 0.1\n  steps: 3\n",
+     r"line 4: duplicate key 'steps' \(first at line 2\); the later one would silently win"),
+    ("laughs", LAUGHS, r"line \d+: aliases expand to more than 100000 values .*; refused"),
+    ("recursive", "common: &c\n  seed: *c\n", r"line \d+: an alias refers to the node that contains it"),
+])
+def test_bad_profile_is_one_line_naming_file_and_line(tmp_path, monkeypatch, capsys, name, content, expected):
+    import re
+    from cancellation import run
+    params = tmp_path / "params"
+    params.mkdir()
+    f = params / f"{name}.yaml"
+    f.write_bytes(content if isinstance(content, bytes) else content.encode())
+    monkeypatch.setattr(run, "PARAMS", params)
+    marker = Path("pwned")
+    with pytest.raises(SystemExit) as e:
+        run.main(["01", "--check", "--profile", name])
+    out = capsys.readouterr()
+    err = out.err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1 and len(out.err) < 600, out.err[:2000]
+    assert re.search(rf"^error: {re.escape(str(f))}: {expected}", err[0]), err[0]
+    assert "Traceback" not in out.err and not marker.exists()
+
+
+def test_error_lines_are_truncated_and_committed_profiles_load(capsys):
+    from cancellation import run
+    run._print_errors(ValueError("x" * 10_000 + "\nshort"))
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 2 and len(err[0]) < 600 and err[0].endswith("[9500 more characters]")
+    for p in run.known_profiles():
+        assert isinstance(run.load_profile(p), dict)
+    with pytest.raises(run.ParameterError, match="duplicate key 'a'"):
+        run._override_value("{a: 1, a: 2}", {})
