@@ -428,6 +428,15 @@ def _check_rule(value, rule: dict, base: Path, check_paths: bool, default=None) 
     return value, errs
 
 
+SEED_MAX = 2**31 - 1   # seeds are mixed into others (seed * 104_729 + it, ...) that must stay in int64 / uint32
+LR_MAX = 1e3           # a step this large diverges to NaN; no figure uses more than 10
+_ABSURD = [
+    (re.compile(r"(?!n_)(?:[a-z]+_)?seeds?"), lambda x: isinstance(x, int) and 0 <= x <= SEED_MAX,
+     f"an integer seed >= 0 and <= {SEED_MAX}"),
+    (re.compile(r"(?:[a-z]+_)?lrs?"), lambda x: x <= LR_MAX, f"a learning rate <= {LR_MAX:g} (larger ones diverge)"),
+]
+
+
 def _override_value(v, default):
     """A -p value: YAML (1.2 numbers) unless the parameter is a string."""
     if isinstance(v, str) and not isinstance(default, str):
@@ -522,6 +531,17 @@ def resolve_params(nb_path: Path, profile: str = "tiny", overrides: dict | None 
     for k, v in params.items():  # finiteness of every number, with or without a rule
         if k not in rules and isinstance(v, float) and not math.isfinite(v):
             errs.append(f"{stem}: parameter {k!r} = {v!r}: not finite; allowed: a finite number (from {origin[k]})")
+    for k, v in params.items():  # seeds and learning rates: values that pass a type check yet overflow or diverge
+        if any(e.startswith(f"{stem}: parameter {k!r}") for e in errs):
+            continue
+        for rx, ok, allowed in _ABSURD:
+            if rx.fullmatch(k):
+                bad = [x for x in (v if isinstance(v, list) else [v])
+                       if isinstance(x, (int, float)) and not isinstance(x, bool) and not ok(x)]
+                if bad:
+                    el = f"element {_short(repr(bad[0]), 60)}: " if isinstance(v, list) else ""
+                    errs.append(f"{stem}: parameter {k!r} = {_short(repr(v), 80)}: {el}out of range; allowed: "
+                                f"{allowed} (from {origin[k]})")
     if not errs:
         for check, message in constraints:
             try:
