@@ -4,6 +4,12 @@
 |-------------------------------------------------------|--------------------------------------------------------------|
 | planted / tampered pickle in the cache                | never unpickled (HMAC under a per-user key); moved aside, one warning, recomputed |
 | planted object in a training checkpoint               | torch.load(weights_only=True) + allow-list: not executed; moved aside, run restarts |
+| promotion fails part way (full disk, read-only dir)   | destinations checked before the first move; what moved is put back; one line, rc 1 |
+| monitor: resumed run / a user's part-*.parquet        | earlier parts kept up to the checkpoint; only its own parts (manifest) are touched |
+| profile: syntax error, !!python tag, latin-1, int key | one line naming file and line, exit 2, no traceback          |
+| profile: duplicate section or key                     | error naming file, line and the first occurrence             |
+| profile: nested aliases ("billion laughs")            | refused above 100,000 values; every error line truncated     |
+| seed 10**23, lr 1e300                                 | refused at --check naming the value                          |
 """
 import os
 import pickle
