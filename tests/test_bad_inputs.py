@@ -48,6 +48,9 @@ def test_signing_key_is_private_outside_the_cache_and_made_once(tmp_path):
     cache._SECRETS.clear()
     with pytest.raises(cache.CacheKeyError, match=r"cache.key: the cache signing key must be yours and private"):
         cache.secret(p)
+    (tmp_path / "file").write_text("")
+    with pytest.raises(cache.CacheKeyError, match=r"cannot create the cache signing key .* set CANCELLATION_CACHE_KEY"):
+        cache.secret(tmp_path / "file" / "cache.key")
 
 
 @pytest.mark.parametrize("how", ["planted", "tampered", "copied"])

@@ -103,8 +103,12 @@ def secret(path: str | Path | None = None) -> bytes:
     if p in _SECRETS:
         return _SECRETS[p]
     if not p.exists():
-        p.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")  # mode 0600
+        try:
+            p.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")  # mode 0600
+        except OSError as e:
+            raise CacheKeyError(f"{p}: cannot create the cache signing key ({e.strerror or e}); set "
+                                f"CANCELLATION_CACHE_KEY to a path of a private file you can write") from None
         try:
             with os.fdopen(fd, "w") as f:
                 f.write(secrets.token_hex(32) + "\n")
