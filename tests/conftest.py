@@ -9,6 +9,10 @@ import tempfile
 _CACHE = tempfile.mkdtemp(prefix="cancellation-test-cache-")
 os.environ["CANCELLATION_CACHE"] = _CACHE
 atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)
+# ... and its own signing key for pickled entries, outside the cache (never the user's ~/.config one)
+_KEYDIR = tempfile.mkdtemp(prefix="cancellation-test-key-")
+os.environ["CANCELLATION_CACHE_KEY"] = os.path.join(_KEYDIR, "cache.key")
+atexit.register(shutil.rmtree, _KEYDIR, ignore_errors=True)
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

@@ -184,7 +184,7 @@ def valued_tokens(table: pd.DataFrame, rows, per_rollout: int, p_max: float, see
     """`per_rollout` tokens with p_t ≤ p_max drawn at random (fixed by `seed` and the row) from each of
     `rows` (rows of measure.token_table); fewer where a rollout has fewer such tokens."""
     t = table[table.rollout.isin(np.asarray(rows)) & (table.prob <= p_max)]
-    parts = [d.sample(n=min(per_rollout, len(d)), random_state=seed * 100_003 + int(r)) for r, d in t.groupby("rollout")]
+    parts = [d.sample(n=min(per_rollout, len(d)), random_state=(seed * 100_003 + int(r)) % 2**32) for r, d in t.groupby("rollout")]
     return pd.concat(parts).sort_values(["rollout", "position"]).reset_index(drop=True)
 
 

@@ -14,15 +14,26 @@ package, which also writes the absolute path back to the environment so that not
 and workers started from another directory share it), else in data/cache/ of the repository in a
 source checkout, else (an installed package) in the user's cache directory,
 $XDG_CACHE_HOME/cancellation or ~/.cache/cancellation -- never inside site-packages.
+
+Pickled entries cannot run code someone else planted: each is written as a header, an
+HMAC-SHA256 (of the entry's key and the pickle) and the pickle, the HMAC under a per-user secret
+kept outside the cache ($CANCELLATION_CACHE_KEY, else $XDG_CONFIG_HOME/cancellation/cache.key or
+~/.config/cancellation/cache.key, created with mode 0600 on first use). The HMAC is checked
+before anything is unpickled; an entry that fails (tampered with, planted, copied from another
+key, written by another user or before entries were signed) is moved aside with one warning and
+recomputed. A shared cache directory thus needs no trust in its other writers; the key file
+must never be shared. Tables are parquet (data only, no code).
 """
 from __future__ import annotations
 
 import contextlib
 import fcntl
 import hashlib
+import hmac
 import json
 import os
 import pickle
+import secrets
 import tempfile
 import warnings
 from pathlib import Path
@@ -66,6 +77,85 @@ FILE_MODE = 0o666 & ~_umask()  # what open() would give a new file; mkstemp give
 
 class CacheWarning(UserWarning):
     """An unreadable cache entry or checkpoint was moved aside and will be recomputed."""
+
+
+class CacheKeyError(RuntimeError):
+    """The per-user secret that signs cache entries is unusable (readable by others, not ours, too short)."""
+
+
+def key_file(environ=os.environ) -> Path:
+    """Where the secret that signs pickled cache entries lives: $CANCELLATION_CACHE_KEY, else
+    $XDG_CONFIG_HOME/cancellation/cache.key or ~/.config/cancellation/cache.key (never the cache)."""
+    if environ.get("CANCELLATION_CACHE_KEY"):
+        return Path(os.path.abspath(os.path.expanduser(environ["CANCELLATION_CACHE_KEY"])))
+    xdg = environ.get("XDG_CONFIG_HOME", "")
+    base = Path(xdg) if os.path.isabs(xdg) else Path(os.path.expanduser("~")) / ".config"
+    return base / "cancellation" / "cache.key"
+
+
+_SECRETS: dict[Path, bytes] = {}
+
+
+def secret(path: str | Path | None = None) -> bytes:
+    """The per-user signing secret at `path` (default key_file()), created (32 random bytes, hex,
+    mode 0600, atomically: two first runs get the same key) when missing."""
+    p = Path(path) if path else key_file()
+    if p in _SECRETS:
+        return _SECRETS[p]
+    if not p.exists():
+        try:
+            p.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")  # mode 0600
+        except OSError as e:
+            raise CacheKeyError(f"{p}: cannot create the cache signing key ({e.strerror or e}); set "
+                                f"CANCELLATION_CACHE_KEY to a path of a private file you can write") from None
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(secrets.token_hex(32) + "\n")
+            try:
+                os.link(tmp, p)  # fails when another process created it first: use theirs
+            except FileExistsError:
+                pass
+        finally:
+            os.unlink(tmp)
+    st = os.stat(p)
+    if st.st_uid != os.geteuid() or st.st_mode & 0o077:
+        raise CacheKeyError(f"{p}: the cache signing key must be yours and private (mode 0600, owner uid "
+                            f"{os.geteuid()}); it is mode {st.st_mode & 0o777:04o}, owner uid {st.st_uid}. "
+                            f"Remove it (a new one is made; cached pickles are then recomputed) or chmod 600 it")
+    data = p.read_bytes().strip()
+    if len(data) < 32:
+        raise CacheKeyError(f"{p}: the cache signing key is {len(data)} bytes; expected 64 hex digits "
+                            f"(remove it and a new one is made)")
+    _SECRETS[p] = data
+    return data
+
+
+SIGNED = b"cancellation-cache pickle hmac-sha256 v1\n"
+
+
+class Untrusted(ValueError):
+    """A pickled entry without a valid signature under this user's key: never unpickled."""
+
+
+def _mac(k: str, payload: bytes) -> bytes:
+    return hmac.new(secret(), k.encode() + b"\0" + payload, hashlib.sha256).digest()
+
+
+def sign(k: str, payload: bytes) -> bytes:
+    """The bytes of a signed entry for cache key `k`: header, HMAC-SHA256(key name + pickle), pickle."""
+    return SIGNED + _mac(k, payload) + payload
+
+
+def verified(k: str, data: bytes) -> bytes:
+    """The pickle inside a signed entry of key `k`; Untrusted when the signature does not hold."""
+    n = len(SIGNED) + 32
+    if not data.startswith(SIGNED) or len(data) < n:
+        raise Untrusted("not signed: planted, or written before entries were signed; not unpickled")
+    if not hmac.compare_digest(data[len(SIGNED):n], _mac(k, data[n:])):
+        raise Untrusted("signature does not match this user's key: tampered with, copied from another entry, "
+                        "or written by another user; not unpickled")
+    return data[n:]
 
 
 def key(stage: str, params: dict, version: str = CODE_VERSION) -> str:
@@ -125,11 +215,10 @@ def move_aside(path: str | Path, why: str) -> Path:
 MISS = object()
 
 
-def _read(path: Path):
+def _read(path: Path, k: str):
     if path.suffix == ".parquet":
         return pd.read_parquet(path)
-    with open(path, "rb") as f:
-        return pickle.load(f)
+    return pickle.loads(verified(k, path.read_bytes()))  # the HMAC before any byte is unpickled
 
 
 def load(stage: str, params: dict, cache_dir: str | Path | None = None, version: str = CODE_VERSION):
@@ -139,9 +228,11 @@ def load(stage: str, params: dict, cache_dir: str | Path | None = None, version:
     for path in (d / f"{k}.parquet", d / f"{k}.pkl"):
         if path.exists():
             try:
-                return _read(path)
+                return _read(path, k)
             except FileNotFoundError:  # replaced between exists() and open(): read again below
                 continue
+            except Untrusted as e:
+                move_aside(path, str(e))
             except Exception as e:  # truncated/garbled: pickle, pyarrow and EOF errors differ
                 move_aside(path, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}".rstrip(": "))
     return MISS
@@ -151,9 +242,11 @@ def _store(d: Path, k: str, value):
     if isinstance(value, pd.DataFrame):
         atomic_write(d / f"{k}.parquet", lambda t: value.to_parquet(t, index=False))
     else:
+        data = sign(k, pickle.dumps(value))
+
         def w(t):
             with open(t, "wb") as f:
-                pickle.dump(value, f)
+                f.write(data)
         atomic_write(d / f"{k}.pkl", w)
 
 

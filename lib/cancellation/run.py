@@ -141,9 +141,112 @@ def _yaml12_int(loader, node):
 _Yaml12Loader.add_constructor("tag:yaml.org,2002:int", _yaml12_int)
 
 
-def yaml_load(text: str):
-    """Parse YAML text with YAML 1.2 numbers and booleans (profiles, schema, -p values)."""
-    return yaml.load(text, Loader=_Yaml12Loader)
+MAX_YAML_VALUES = 100_000  # values a YAML text may expand to through its aliases (a profile has a few hundred)
+
+
+class YamlInputError(ValueError):
+    """A YAML text the runner refuses (duplicate key, non-string key, alias bomb); `line` is 1-based or None."""
+
+    def __init__(self, message: str, line: int | None = None):
+        super().__init__(message)
+        self.line = line
+
+
+def _check_yaml_tree(root, name_keys_depth: int = 0):
+    """Refuse, before anything is constructed: a mapping with one key twice (the later would silently
+    win), aliases expanding to more than MAX_YAML_VALUES values (a "billion laughs"), recursive
+    aliases, and (in the first `name_keys_depth` levels of mappings: a profile's sections and their
+    parameters) keys that are not plain strings."""
+    size: dict[int, int] = {}
+    busy: set[int] = set()
+    stack = [(root, 0, False)]
+    while stack:  # iterative post-order: nesting depth is no recursion here
+        node, depth, done = stack.pop()
+        if done:
+            busy.discard(id(node))
+            kids = [c for kv in node.value for c in kv] if isinstance(node, yaml.MappingNode) else \
+                node.value if isinstance(node, yaml.SequenceNode) else []
+            size[id(node)] = 1 + sum(size[id(c)] for c in kids)
+            if size[id(node)] > MAX_YAML_VALUES:
+                raise YamlInputError(f"aliases expand to more than {MAX_YAML_VALUES} values (nested anchors "
+                                     f"and aliases); refused", node.start_mark.line + 1)
+            continue
+        if id(node) in size:
+            continue
+        if id(node) in busy:
+            raise YamlInputError("an alias refers to the node that contains it (recursive); refused",
+                                 node.start_mark.line + 1)
+        busy.add(id(node))
+        stack.append((node, depth, True))
+        if isinstance(node, yaml.MappingNode):
+            seen: dict = {}
+            for k, _ in node.value:
+                if depth < name_keys_depth and (not isinstance(k, yaml.ScalarNode) or k.tag != "tag:yaml.org,2002:str"):
+                    what = "section" if depth == 0 else "parameter"
+                    shown = k.value if isinstance(k, yaml.ScalarNode) else type(k).__name__
+                    raise YamlInputError(f"{what} name {str(shown)[:60]!r} is not a name (a string); "
+                                         f"quote it or use a name", k.start_mark.line + 1)
+                if isinstance(k, yaml.ScalarNode) and k.tag != "tag:yaml.org,2002:merge":
+                    ident = (k.tag, k.value)
+                    if ident in seen:
+                        what = "section" if depth == 0 and name_keys_depth else "key"
+                        raise YamlInputError(f"duplicate {what} {k.value[:60]!r} (first at line {seen[ident]}); "
+                                             f"the later one would silently win", k.start_mark.line + 1)
+                    seen[ident] = k.start_mark.line + 1
+            stack += [(c, depth + 1, False) for kv in reversed(node.value) for c in reversed(kv)]
+        elif isinstance(node, yaml.SequenceNode):
+            stack += [(c, depth + 1, False) for c in reversed(node.value)]
+
+
+def yaml_load(text: str, name_keys_depth: int = 0):
+    """Parse YAML text with YAML 1.2 numbers and booleans (profiles, schema, -p values). Duplicate keys,
+    alias bombs and recursive aliases raise YamlInputError (see _check_yaml_tree); bad YAML raises
+    yaml.YAMLError; nothing but plain data is constructed (a safe loader: `!!python/...` is an error)."""
+    loader = _Yaml12Loader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _check_yaml_tree(node, name_keys_depth)
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
+def _short(text: str, n: int = 300) -> str:
+    """`text` cut to `n` characters, saying how much was left out."""
+    return text if len(text) <= n else f"{text[:n]}... [{len(text) - n} more characters]"
+
+
+def read_yaml_file(path: Path, name_keys_depth: int = 0):
+    """The YAML data of `path`; ParameterError, one line naming the file (and line where known), for
+    non-UTF-8 bytes, YAML errors (syntax, unsupported tags such as !!python/...), duplicate keys,
+    non-string names and alias bombs. No traceback, no expanded values."""
+    where = _show(path)
+    raw = path.read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw[:e.start].count(b"\n") + 1
+        raise ParameterError(f"{where}: line {line}: not UTF-8 text (byte {e.start}: {raw[e.start:e.start + 1]!r}); "
+                             f"save it as UTF-8") from None
+    try:
+        return yaml_load(text, name_keys_depth)
+    except YamlInputError as e:
+        raise ParameterError(f"{where}: " + (f"line {e.line}: " if e.line else "") + str(e)) from None
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        what = " ".join(x for x in (e.context, e.problem) if x) or type(e).__name__
+        what = re.sub(r"\s+", " ", what)
+        if "could not determine a constructor for the tag" in what:
+            what = f"unsupported tag {what.split('tag', 1)[1].strip()} (a profile holds plain values only)"
+        raise ParameterError(f"{where}: " + (f"line {mark.line + 1}, column {mark.column + 1}: " if mark else "")
+                             + f"YAML error: {_short(what, 200)}") from None
+    except yaml.YAMLError as e:
+        what = re.sub(r"\s+", " ", str(e))
+        raise ParameterError(f"{where}: YAML error: {_short(what, 200)}") from None
+    except RecursionError:
+        raise ParameterError(f"{where}: nested too deeply to read") from None
 
 
 _PROFILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
@@ -162,7 +265,7 @@ def load_profile(profile: str) -> dict:
     path = PARAMS / f"{profile}.yaml"
     if not path.is_file():
         raise ParameterError(f"unknown profile {profile!r} (no {_show(path)}); known profiles: {known}")
-    prof = yaml_load(path.read_text()) or {}
+    prof = read_yaml_file(path, name_keys_depth=2) or {}
     if not isinstance(prof, dict) or not all(isinstance(v, dict) or v is None for v in prof.values()):
         raise ParameterError(f"{_show(path)}: expected a mapping of sections (common, <notebook>) to "
                              f"mappings of parameter: value")
@@ -325,6 +428,15 @@ def _check_rule(value, rule: dict, base: Path, check_paths: bool, default=None) 
     return value, errs
 
 
+SEED_MAX = 2**31 - 1   # seeds are mixed into others (seed * 104_729 + it, ...) that must stay in int64 / uint32
+LR_MAX = 1e3           # a step this large diverges to NaN; no figure uses more than 10
+_ABSURD = [
+    (re.compile(r"(?!n_)(?:[a-z]+_)?seeds?"), lambda x: isinstance(x, int) and 0 <= x <= SEED_MAX,
+     f"an integer seed >= 0 and <= {SEED_MAX}"),
+    (re.compile(r"(?:[a-z]+_)?lrs?"), lambda x: x <= LR_MAX, f"a learning rate <= {LR_MAX:g} (larger ones diverge)"),
+]
+
+
 def _override_value(v, default):
     """A -p value: YAML (1.2 numbers) unless the parameter is a string."""
     if isinstance(v, str) and not isinstance(default, str):
@@ -333,6 +445,8 @@ def _override_value(v, default):
             if isinstance(out, str) and isinstance(default, float) and out.strip().lower().lstrip("+-") in ("inf", "nan", "infinity"):
                 return float(out)  # reported as not finite, not as a string
             return out
+        except YamlInputError as e:
+            raise ParameterError(f"cannot use {_short(repr(v), 100)}: {e}") from None
         except yaml.YAMLError as e:
             raise ParameterError(f"cannot parse {v!r} as YAML ({str(e).splitlines()[0]})") from None
     return v
@@ -417,6 +531,17 @@ def resolve_params(nb_path: Path, profile: str = "tiny", overrides: dict | None 
     for k, v in params.items():  # finiteness of every number, with or without a rule
         if k not in rules and isinstance(v, float) and not math.isfinite(v):
             errs.append(f"{stem}: parameter {k!r} = {v!r}: not finite; allowed: a finite number (from {origin[k]})")
+    for k, v in params.items():  # seeds and learning rates: values that pass a type check yet overflow or diverge
+        if any(e.startswith(f"{stem}: parameter {k!r}") for e in errs):
+            continue
+        for rx, ok, allowed in _ABSURD:
+            if rx.fullmatch(k):
+                bad = [x for x in (v if isinstance(v, list) else [v])
+                       if isinstance(x, (int, float)) and not isinstance(x, bool) and not ok(x)]
+                if bad:
+                    el = f"element {_short(repr(bad[0]), 60)}: " if isinstance(v, list) else ""
+                    errs.append(f"{stem}: parameter {k!r} = {_short(repr(v), 80)}: {el}out of range; allowed: "
+                                f"{allowed} (from {origin[k]})")
     if not errs:
         for check, message in constraints:
             try:
@@ -681,7 +806,11 @@ def run_notebook(ref: str, profile: str = "tiny", overrides: dict | None = None,
         print(f"[run] {nb_path.name} done in {time.time() - t0:.0f} s", flush=True)
         _strip_volatile(tmp, renames)
         os.chmod(tmp, 0o666 & ~_UMASK)
-        st.promote()  # figures, tables, then the executed notebook: the old outputs or all the new ones
+        try:
+            st.promote()  # figures, tables, then the executed notebook: the old outputs or all the new ones
+        except staging.PromotionError as e:
+            raise NotebookFailed(f"{nb_path.stem} ran through but its outputs could not be promoted: {e}; its "
+                                 f"figures, tables and executed notebook are unchanged") from None
         failed.unlink(missing_ok=True)
     if ov and not replace:
         print(f"[run] a run with overrides {ov}: outputs in {_show(final['executed_dir'])}, {params.get('fig_dir')}, "
@@ -762,7 +891,7 @@ def _per_notebook(paths: list[Path], overrides: dict) -> tuple[dict, list[str]]:
 
 def _print_errors(e: Exception):
     for line in dict.fromkeys(str(e).splitlines()):  # each line once: profile errors repeat per notebook
-        print(f"error: {line}", file=sys.stderr)
+        print(f"error: {_short(line, 500)}", file=sys.stderr)  # a huge value never floods the terminal
 
 
 def main(argv=None):

@@ -5,7 +5,10 @@ A run writes its figures, tables and executed notebook into a staging folder,
 them into the profile's directories only when the notebook ran through; a failure part way
 leaves the committed outputs as they were. The staged results folder starts with a copy of the
 existing `claims.parquet` (claims.record rewrites that registry read-modify-write), and promotion
-merges it with rows that another run promoted meanwhile.
+merges it with rows that another run promoted meanwhile. Promotion itself is all or nothing:
+every destination is checked (writable, room) before the first move, and a move failing part
+way puts back what already moved (PromotionError, one line), so the canonical outputs are never
+a mix of two runs.
 
 The staging folder is removed on every exit of the `with Stage(...)` block; `sigterm_raises`
 turns SIGTERM into an exception so that this cleanup runs when a run is killed politely.
@@ -22,6 +25,7 @@ import secrets
 import shutil
 import signal
 import socket
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -119,6 +123,37 @@ def replace_file(src: Path, dst: Path):
         src.unlink()
 
 
+class PromotionError(OSError):
+    """The outputs of a run that ran through could not be moved into place; none were (one line)."""
+
+
+def _backup(dst: Path) -> Path | None:
+    """A hidden hard link (a copy where links fail) of the file at `dst` beside it, or None."""
+    if not (dst.exists() or dst.is_symlink()):
+        return None
+    b = dst.with_name(f".{dst.name}.{secrets.token_hex(4)}.bak")
+    try:
+        os.link(dst, b, follow_symlinks=False)
+    except OSError:
+        shutil.copy2(dst, b, follow_symlinks=False)
+    return b
+
+
+def _rollback(done: list) -> list[Path]:
+    """Put back what `promote` moved (newest first); the paths that could not be restored."""
+    failed = []
+    for dst, backup in reversed(done):
+        try:
+            if backup is not None:
+                os.replace(backup, dst)
+                backup.unlink(missing_ok=True)  # rename between two links of one file does nothing
+            else:
+                dst.unlink(missing_ok=True)
+        except OSError:
+            failed.append(dst)
+    return failed
+
+
 class Stage:
     """The staging folder of one run: `dirs[name]` (fig_dir, results_dir, executed_dir) stand in for
     `final[name]` until `promote`; everything is removed when the `with` block exits."""
@@ -149,19 +184,67 @@ class Stage:
     def close(self):
         shutil.rmtree(self.dir, ignore_errors=True)
 
+    def _moves(self) -> list[tuple[str, Path, Path]]:
+        """(kind, staged file, final path) of every output, in promotion order (figures, tables and
+        claims, then the executed notebook)."""
+        out = []
+        for k in ("fig_dir", "results_dir", "executed_dir"):
+            src, dst = self.dirs[k], self.final[k]
+            for f in sorted(p for p in src.rglob("*") if p.is_file() or p.is_symlink()):
+                if f.suffix == ".lock":  # a registry's lock file (cache.lock) is no output
+                    continue
+                out.append((k, f, dst / f.relative_to(src)))
+        return out
+
+    def check_destinations(self, moves=None):
+        """PromotionError (one line) unless every destination directory exists or can be made, takes
+        a new file, and (on another filesystem than the staging folder) has room for what goes there."""
+        moves = self._moves() if moves is None else moves
+        need: dict[Path, int] = {self.final[k]: 0 for k in self.NAMES}
+        for _, f, dst in moves:
+            if dst.is_dir() and not dst.is_symlink():
+                raise PromotionError(f"{dst} is a directory; expected a file there")
+            need[dst.parent] = need.get(dst.parent, 0) + (f.lstat().st_size if f.exists() else 0)
+        here = os.stat(self.dir).st_dev
+        for d, size in need.items():
+            try:
+                d.mkdir(parents=True, exist_ok=True)
+                fd, probe = tempfile.mkstemp(dir=d, prefix=".promote-probe.", suffix=".tmp")
+                os.close(fd)
+                os.unlink(probe)
+            except OSError as e:
+                raise PromotionError(f"{d}: not writable ({e.strerror or type(e).__name__})") from None
+            if os.stat(d).st_dev != here:  # moved by copy: the copy needs the room
+                free = shutil.disk_usage(d).free
+                if free < size + (1 << 20):
+                    raise PromotionError(f"{d}: {free} bytes free; the run's outputs there need {size} bytes")
+
     def promote(self):
-        """Move every staged file onto its final path (figures, tables, claims, then the notebook)."""
+        """Move every staged file onto its final path (figures, tables, claims, then the notebook), all
+        or nothing: every destination is checked first (PromotionError, nothing moved), and when a
+        move fails part way the files already moved are put back as they were (PromotionError)."""
         with signals_deferred():
-            for k in ("fig_dir", "results_dir", "executed_dir"):
-                src, dst = self.dirs[k], self.final[k]
-                dst.mkdir(parents=True, exist_ok=True)
-                for f in sorted(p for p in src.rglob("*") if p.is_file() or p.is_symlink()):
-                    if f.suffix == ".lock":  # a registry's lock file (cache.lock) is no output
-                        continue
-                    if k == "results_dir" and f == src / CLAIMS:
-                        self._promote_claims(f, dst / CLAIMS)
+            moves = self._moves()
+            self.check_destinations(moves)
+            done: list[tuple[Path, Path | None]] = []  # (final path, backup of the file it replaced or None)
+            try:
+                for k, f, dst in moves:
+                    backup = _backup(dst)
+                    done.append((dst, backup))
+                    if k == "results_dir" and f == self.dirs[k] / CLAIMS:
+                        self._promote_claims(f, dst)
                     else:
-                        replace_file(f, dst / f.relative_to(src))
+                        replace_file(f, dst)
+            except Exception as e:  # noqa: BLE001 - whatever failed, nothing may stay half promoted
+                failed = _rollback(done)
+                why = f"{getattr(e, 'filename', None) or dst}: {e.strerror or e}" if isinstance(e, OSError) \
+                    else f"{type(e).__name__}: {e}"
+                raise PromotionError(f"moving the outputs into place failed ({why}); every output already moved "
+                                     f"was put back" + (f" except {', '.join(map(str, failed))}" if failed else "")) \
+                    from None
+            for _, backup in done:
+                if backup is not None:
+                    backup.unlink(missing_ok=True)
 
     def _promote_claims(self, staged: Path, final: Path):
         """The staged registry, with the rows of notebooks this run did not record taken from the

@@ -307,9 +307,16 @@ def _save(path, state):
     cache.atomic_write(path, lambda tmp: torch.save(state, tmp))
 
 
+def checkpoint_globals() -> list:
+    """The classes a training checkpoint may hold besides tensors and plain containers (RB's buffer
+    and its rollouts): the allow-list of `torch.load(weights_only=True)`, which executes nothing else."""
+    return [batching.RewardBalancedBuffer, rollout.RolloutBatch, tasks.Problem]
+
+
 def _load_checkpoint(path):
     """The checkpoint at `path`, or None when there is none; an unreadable one (truncated, not a
-    torch file) is moved aside to `<path>.corrupt` with a warning naming it, and the run restarts
+    torch file, or holding an object outside `checkpoint_globals()`: a planted pickle is never
+    executed) is moved aside to `<path>.corrupt` with a warning naming it, and the run restarts
     (a run is a function of its config, so a restart gives the same result)."""
     import os
 
@@ -317,13 +324,25 @@ def _load_checkpoint(path):
     if not path or not os.path.exists(path):
         return None
     try:
-        ck = torch.load(path, weights_only=False)
+        with torch.serialization.safe_globals(checkpoint_globals()):
+            ck = torch.load(path, weights_only=True)
         if not isinstance(ck, dict) or not {"config", "model", "optimizer", "torch_rng", "state"} <= set(ck):
             raise ValueError("not a train_run checkpoint")
         return ck
     except Exception as e:  # torch raises several types for a damaged file
-        cache.move_aside(path, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+        cache.move_aside(path, _load_error(e))
         return None
+
+
+def _load_error(e: Exception) -> str:
+    """One line for a failed checkpoint load (torch's weights-only refusal is a page of advice)."""
+    import re
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(e))
+    if "Weights only load failed" in text:
+        what = [ln.strip() for ln in text.splitlines() if "Unsupported" in ln]
+        return ("holds objects outside the checkpoint allow-list, not executed"
+                + (f" ({what[0][:200]})" if what else ""))
+    return f"{type(e).__name__}: {text.splitlines()[0][:200] if text else ''}"
 
 
 def train_run(model, tok, cfg: TrainConfig, ckpt_path=None, ckpt_every: int = 1, progress: bool = True,

@@ -95,6 +95,45 @@ def measure_step(model, inputs, logp_before, eps: float = 1e-6, conf_threshold: 
     return t, summarize(t)
 
 
+MANIFEST = ".monitor-parts.json"  # the part files a monitor wrote in its parquet= directory (hidden: readers skip it)
+
+
+def _manifest(out: Path) -> list[str]:
+    import json
+    try:
+        return list(json.loads((out / MANIFEST).read_text())["parts"])
+    except FileNotFoundError:
+        return []
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{out / MANIFEST}: unreadable ({type(e).__name__}); the monitor cannot tell its own "
+                         f"parts from others: remove the directory's part files and {MANIFEST}, or choose "
+                         f"another parquet= directory") from None
+
+
+def _atomic(path: Path, write):
+    import os
+    import tempfile
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        write(tmp)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def _write_manifest(out: Path, parts: list[str]):
+    import json
+    out.mkdir(parents=True, exist_ok=True)
+    _atomic(out / MANIFEST, lambda t: Path(t).write_text(json.dumps({"parts": sorted(parts)})))
+
+
+def _first_step(name: str) -> int:
+    return int(name[len("part-"):-len(".parquet")])
+
+
 def read_parquet(path) -> pd.DataFrame:
     """The monitor's parquet output (a directory of part files, one per `flush_every` steps) as
     one table, in step order: the same table as `CancellationMonitor.table()` of that run."""
@@ -196,7 +235,11 @@ class CancellationMonitor(TrainerCallback):
     `parquet`: a directory; the tidy per-step shares go there as part files
     (`part-<first step>.parquet`, one per `flush_every` steps, at checkpoints and at the end of
     training; main process only); `read_parquet(path)` or `pd.read_parquet(path)` reads them
-    back as one table. `keep_tokens`: keep the per-token tables in `self.tokens` (tests, small
+    back as one table. The monitor lists the parts it wrote in the directory's hidden `MANIFEST`
+    and only ever removes or rewrites those: a new run replaces its earlier run's parts, a run
+    resumed from a checkpoint at step S (`resume_from_checkpoint`) keeps the parts of steps <= S,
+    and a `part-*.parquet` it did not write stops the run with an error naming it (never deleted).
+    `keep_tokens`: keep the per-token tables in `self.tokens` (tests, small
     runs). `forward`: 'trainer' (default; the trainer's own log-prob function — TRL's fused LM
     head returns float32 log-probs even for a float64 model — before = the loss forward's, one
     extra forward per step) or 'model' (a plain forward in the model's dtype with positions
@@ -246,12 +289,38 @@ class CancellationMonitor(TrainerCallback):
                                    "call CancellationMonitor(...).attach(trainer) before trainer.train()")
             self.attach(trainer)
         if self.parquet and state.is_world_process_zero:
-            out = Path(self.parquet)
-            if out.is_file():
-                raise FileExistsError(f"{out} is a file; the monitor writes a directory of parquet parts there "
-                                      "(remove it or choose another path)")
-            for p in out.glob("part-*.parquet"):   # a new run: the old run's rows would mix in
-                p.unlink()
+            self._open_parquet(Path(self.parquet), int(state.global_step or 0))
+
+    def _open_parquet(self, out: Path, resumed_at: int):
+        """Make `out` ready for this run's parts, touching only parts the monitor wrote (its manifest,
+        `MANIFEST`): a new run (step 0) removes its earlier run's parts; a run resumed from a
+        checkpoint at step S keeps the parts up to S (and drops rows after S, written after that
+        checkpoint by the run that stopped). A `part-*.parquet` the monitor did not write is an
+        error naming it (it would mix into read_parquet), never removed."""
+        if out.is_file():
+            raise FileExistsError(f"{out} is a file; the monitor writes a directory of parquet parts there "
+                                  "(remove it or choose another path)")
+        own = _manifest(out)
+        foreign = sorted(p.name for p in out.glob("part-*.parquet") if p.name not in own)
+        if foreign:
+            raise FileExistsError(f"{out}: {', '.join(foreign[:5])}{' ...' if len(foreign) > 5 else ''} "
+                                  f"not written by the monitor (no entry in {MANIFEST}); it would mix into this "
+                                  f"run's table: move it away or choose another parquet= directory")
+        keep = []
+        for name in own:
+            p = out / name
+            if not p.exists():
+                continue
+            if resumed_at <= 0 or _first_step(name) > resumed_at:
+                p.unlink()  # a new run replaces its own earlier run; a resumed one redoes steps after S
+                continue
+            part = pd.read_parquet(p)
+            if len(part) and part.step.max() > resumed_at:  # flushed after the checkpoint it resumes from
+                part = part[part.step <= resumed_at].reset_index(drop=True)
+                _atomic(p, lambda t, part=part: part.to_parquet(t, index=False))
+            keep.append(name)
+        if own or keep:
+            _write_manifest(out, keep)
 
     # ---- measuring
     def _forward(self, model, inputs):
@@ -323,7 +392,11 @@ class CancellationMonitor(TrainerCallback):
         self._unwritten = []
         out = Path(self.parquet)
         out.mkdir(parents=True, exist_ok=True)
-        part.to_parquet(out / f"part-{first:09d}.parquet", index=False)
+        name = f"part-{first:09d}.parquet"
+        if (out / name).exists() and name not in _manifest(out):
+            raise FileExistsError(f"{out / name}: not written by the monitor; not overwritten (move it away)")
+        _write_manifest(out, sorted(set(_manifest(out)) | {name}))  # listed before written: always its own
+        _atomic(out / name, lambda t: part.to_parquet(t, index=False))
 
     def on_save(self, args, state, control, **kw):
         self._flush()   # a checkpoint's run can be read up to it
