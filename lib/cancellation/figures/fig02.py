@@ -199,14 +199,16 @@ def claims(R: Result, P: Params) -> list[C.Claim]:
                 f"{R.pairs[R.pairs.pair == 'different'].phi.abs().median():.1e}",
                 estimator="percentile bootstrap over sampled pairs", resampling="pair"),
         C.Claim("fig02_c_entropy", "Fig. 2(c)", "coupling concentrates on high-entropy pairs", "yes",
-                np.log10(top / bottom), n=P.n_entropy_bins ** 2, unit="log10(high×high / low×low)", rule="direction",
-                params=dict(sign=1, point_ok=True),
+                np.log10(top / bottom), n=P.n_entropy_bins ** 2, unit="log10(high×high / low×low)", rule="construction",
+                params=dict(sign=1, point_ok=True, why="φ carries r_j r_k with r = 1 − p, which vanishes as p → 1 on "
+                            "low-entropy tokens"),
                 detail=f"mean |A⟨h,h⟩φ| {top:.2g} vs {bottom:.2g} (every pair of the batch)",
                 estimator="point (every pair of the batch)", resampling="none"),
         *_decomposition_claims(R, P),
         C.Claim("fig02_first_order", "first order (not in paper)", "δ_j predicts Δlog p of an SGD lm_head step", "—",
-                row.pearson, n=len(R.scatter), unit="Pearson", rule="direction",
-                params=dict(sign=1, ref=0.9, point_ok=True),
+                row.pearson, n=len(R.scatter), unit="Pearson", rule="construction",
+                params=dict(sign=1, ref=0.9, point_ok=True, why="δ is Δlog p's first-order term, so at a small step "
+                            "they agree by Taylor's theorem: an implementation check, not a claim of the paper"),
                 detail=f"sign agreement {100 * row.sign_agreement:.1f}% at η = {P.lr:g}",
                 estimator="point (every token)", resampling="none"),
     ]

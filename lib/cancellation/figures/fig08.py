@@ -56,6 +56,9 @@ class Params(base.FigureParams):
     seed: int = base.seed()
 
 
+# Why Fig. 12(b)'s same-token rows cannot fail on φ: the rule text of those rows
+SAME_TOKEN_K = ("same-token pairs have φ ≥ (1−p_j)(1−p_k) ≥ 0 (Eq. 10), so K's sign is ⟨h_j, h_k⟩'s, which "
+                "Fig. 2(a) already tests")
 TABLES = ("fig12_frequency_matched", "fig12_matched_per_step", "fig12_lm_head_kernel", "fig12_full_pairs",
           "fig12_full_summary")
 
@@ -213,8 +216,8 @@ def claims(R: Result, P: Params) -> list[C.Claim]:
     md = R.pooled["different"]
     rows.append(C.Claim(
         "fig12_same_token_K", "Fig. 12(b), LM-head", "same-token cross-sign LM-head inner products are positive",
-        "> 0 (hypothesis)", m, lo, hi, n=n, unit="mean K_jk over all same-token (A>0, A<0) pairs", rule="direction",
-        params=dict(sign=1), **CLUSTER, detail=f"different-token pairs: mean K {md[0]:.3g} [{md[1]:.3g}, {md[2]:.3g}] over "
+        "> 0 (hypothesis)", m, lo, hi, n=n, unit="mean K_jk over all same-token (A>0, A<0) pairs", rule="construction",
+        params=dict(sign=1, why=SAME_TOKEN_K), **CLUSTER, detail=f"different-token pairs: mean K {md[0]:.3g} [{md[1]:.3g}, {md[2]:.3g}] over "
         f"{md[3]} pairs; bootstrap over {R.mixed_groups} mixed groups' positive rollouts"))
     tag = {"p<0.9": "u", "p>=0.9": "c"}
     for bj in controls.CONF_BINS:
@@ -223,7 +226,8 @@ def claims(R: Result, P: Params) -> list[C.Claim]:
             rows.append(C.Claim(
                 f"fig12_same_token_K_{tag[bj]}{tag[bk]}", f"Fig. 12(b), {bj} × {bk}",
                 f"same-token cross-sign K_jk > 0 (j {bj}, k {bk})", "> 0 (hypothesis)", r.mean_K, r.mean_K_lo,
-                r.mean_K_hi, n=r.n_pairs, unit="mean K_jk", rule="direction", params=dict(sign=1), **CLUSTER,
+                r.mean_K_hi, n=r.n_pairs, unit="mean K_jk", rule="construction", params=dict(sign=1, why=SAME_TOKEN_K),
+                **CLUSTER,
                 detail=f"share K > 0 {100 * r.share_positive:.1f}%, mean |K| {r.mean_abs_K:.3g}"))
     fs = R.pairs[R.pairs.pair == "same"].full_inner
     fm = S.bootstrap_mean(fs, P.n_boot, P.seed) if len(fs) else (np.nan, np.nan, np.nan)
