@@ -382,11 +382,15 @@ def test_fig06_within_sign_and_top25_rows_match_the_trends_table():
         assert close(r.measured, d["top25"] - d["all"]) and r.lo <= r.measured <= r.hi
     raw = pd.read_parquet(TINY / "fig06_valued_deltas.parquet")
     n_groups = raw[raw.panel == "composition"].group.nunique()
+    gt = pd.read_parquet(TINY / "fig07b_group_trend.parquet").set_index("subset")
     for cid, r in reg[reg.notebook == "06"].iterrows():  # n counts seeds (or query groups), never tokens
-        if cid.endswith("_groups"):  # 7(b) with the query groups resampled too: same point, n = groups
+        if cid in ("fig07b_all", "fig07b_top25"):  # one row per measurement, query groups resampled too
             t = tr[(tr.panel == "composition") & (tr.subset == cid.split("_")[1])].iloc[0]
-            assert r.resampling == "group" and r.n == n_groups and close(r.measured, t.d), cid
+            g = gt.loc[cid.split("_")[1]]
+            assert r.resampling == "seed × group" and r.n == n_groups == g.n_groups, cid
+            assert close(r.measured, t.d) and close(r.measured, g.d) and close(r.lo, g.d_lo) and close(r.hi, g.d_hi)
             assert r.hi - r.lo >= 0.99 * (t.d_hi - t.d_lo), cid  # more units resampled: never narrower here
+            assert f"seeds only: [{t.d_lo:+.3g}, {t.d_hi:+.3g}]" in r.detail, cid
         else:
             assert r.resampling == "seed" and r.n == tr.n_seeds.iloc[0], cid
 

@@ -234,8 +234,8 @@ def test_06_sampling_budget(side_by_side):
     assert {"fig06_prompts_all", "fig06_rollouts_all", "fig07b_all"} <= set(c.claim)
     seeds = c[c.resampling == "seed"]
     assert (seeds.n == 3).all()  # n counts the seeds resampled (smoke: 3)
-    groups = c[c.resampling == "group"]  # 7(b) with its query groups resampled too: n counts the groups
-    assert set(groups.claim) == {"fig07b_all_groups", "fig07b_top25_groups"} and (groups.n == 2).all()
+    groups = c[c.resampling == "seed × group"]  # 7(b)'s middle − ends: query groups resampled too, n = groups
+    assert set(groups.claim) == {"fig07b_all", "fig07b_top25"} and (groups.n == 2).all()
     assert len(seeds) + len(groups) == len(c)
     assert {"fig06_rollouts_within_sign", "fig06_rollouts_top25_vs_all"} <= set(c.claim)
     assert {"fig05a_exclude_heldout", "fig11_sgd"} <= set(claims.claim)  # 05 and 06 ran at once: both kept their rows
