@@ -343,9 +343,12 @@ def claims(R: Result, P: Params) -> list[C.Claim]:
         rows.append(control_drop(R))
     for name, d in R.fig9[R.fig9.status == "boosted"].groupby("model", sort=False):
         p = d.pivot(index="step", columns="sign", values="fraction")
+        reused = name == Path(P.model_path).name and P.fig9_steps <= P.steps   # as compute() builds fig9
         rows.append(_claim(f"fig09_{name}", "Fig. 9", f"{name}: similar boosted shares for both signs", "all models",
                             *S.t_interval(100 * (p["pos"] - p["neg"])), n=len(p), unit="pts (pos − neg)",
-                            rule="similar", params=dict(tol=10)))
+                            rule="similar", params=dict(tol=10),
+                            detail=(f"the first {P.fig9_steps} steps of this notebook's GRPO run (Fig. 1's), not a "
+                                    "run of its own" if reused else f"a GRPO run of its own, {P.fig9_steps} steps")))
     return rows
 
 
