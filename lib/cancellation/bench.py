@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from . import measure, policy, rollout, scale, tasks
+from . import measure, policy, rollout, scale, standins, tasks
 
 BENCHES = {}
 
@@ -358,7 +358,6 @@ def _standin_model() -> str:
     paper-vocab model: about a minute on one core)."""
     from pathlib import Path
 
-    from . import standins
     root = Path(__file__).resolve().parents[2] / "data" / "standins"
     if not (root / "model" / "config.json").exists():
         print(f"sampler: building the stand-in model first ({root}; python -m cancellation.standins)", flush=True)

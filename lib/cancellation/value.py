@@ -32,17 +32,13 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 import torch
 
-from . import cache, tasks
+from . import cache, grpo, tasks
 from . import stats as _stats
-
-if TYPE_CHECKING:  # annotations only: grpo imports this module's neighbours
-    from . import grpo
 
 ESTIMATORS = ("paper", "exclude")
 
