@@ -235,16 +235,7 @@ plots.save(fig, "fig04_thesis", fig_dir)
 plt.show()
 
 # %%
-for c in TC:
-    print(f"{c.claim.replace('fig04_thesis_', ''):>28}: {c.verdict.upper():>15}  {c.measured:+.3g} "
-          f"[{c.lo:+.3g}, {c.hi:+.3g}]  ({c.detail.split(';')[0]})")
-print("(reproduced: the interval is on the paper's side; not reproduced: on the refuting side; else inconclusive)")
-for pool, base in (("pos", "positive-only"), ("neg", "negative-only")):
-    d = T[(T.pool == pool) & (T.category == "all") & (T.estimator == "raw")].set_index("statistic")
-    for cls in ("shared", "specific") if len(d) else ():
-        net, c = d.loc["net", f"mean_{cls}"], d.loc["cancellation", f"mean_{cls}"]
-        print(f"A{'>' if pool == 'pos' else '<'}0 {cls:>8}: mean Δ {base} {net - c:+.2e} -> GRPO {net:+.2e} "
-              f"(cancellation {c:+.2e})")
+print("\n".join(fig04.thesis_report(R.thesis, TC)))
 
 # %% [markdown]
 # How to read the class means above: a contrast in the paper's direction can come from shared tokens

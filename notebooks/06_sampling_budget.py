@@ -192,9 +192,8 @@ print("\n".join(lines))
 # fixed before this run (the slope per doubling is shown and decides nothing). "Most pronounced
 # for the top-25%" is d(top25) − d(all) on the same seed resamples: −0.025 [−0.135, +0.092] (6(a))
 # and −0.062 [−0.170, +0.032] (6(b)) — the top-25% grow less here, inconclusive. Intervals resample
-# seeds (n = seeds; the valued tokens are in the detail); 7(b)'s middle − ends rows resample its query
-# groups as well (a two-way bootstrap, n = groups); its sparse / saturated split resamples the seeds only,
-# so those intervals are optimistic. In 7(b) the ends and the middle share tokens, and the split of
+# seeds (n = seeds; valued tokens in the detail); 7(b)'s middle − ends rows also resample its query groups
+# (two-way, n = groups), its sparse / saturated split only the seeds (optimistic intervals). In 7(b) the ends and the middle share tokens, and the split of
 # the contrast into its sparse and saturated end says which end makes it.
 
 # %%

@@ -324,24 +324,6 @@ def test_error_lines_are_truncated_and_committed_profiles_load(capsys):
 
 
 # ------------------------------------------------------------------ POOR: absurd numbers refused at --check
-@pytest.mark.parametrize("nb, overrides, expected", [
-    ("01", {"seed": str(10**23)}, f"01_token_flipping: parameter 'seed' = {10**23}: out of range; allowed: an "
-                                  f"integer seed >= 0 and <= 2147483647 (from -p)"),
-    ("07", {"seeds": f"[0, {2**31}]"}, f"parameter 'seeds' = [0, {2**31}]: element {2**31}: out of range"),
-    ("01", {"lr": "1e300"}, "01_token_flipping: parameter 'lr' = 1e+300: out of range; allowed: a learning rate "
-                            "<= 1000 (larger ones diverge) (from -p)"),
-    ("02", {"lrs": "[0.1, 1e5]", "lr": "0.1"}, "parameter 'lrs' = [0.1, 100000.0]: element 100000.0: out of range"),
-])
-def test_absurd_seed_or_lr_is_refused_at_check(nb, overrides, expected, capsys):
-    from cancellation import run
-    argv = [nb, "--check"] + [a for k, v in overrides.items() for a in ("-p", k, v)]
-    with pytest.raises(SystemExit) as e:
-        run.main(argv)
-    assert e.value.code == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and expected in err[0], err
-
-
 def test_largest_seed_and_lr_allowed_pass_check(capsys):
     from cancellation import run
     p = run.resolve_params(run.find_notebook("01"), "tiny", {"seed": str(2**31 - 1), "lr": "1000", "n_prompts": "4"})

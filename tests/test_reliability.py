@@ -134,6 +134,13 @@ def test_non_finite_reward_is_an_error_naming_rollout_and_group(bad):
     ("05", {"device": "cuda:x"}, "05_value_gap: parameter 'device' = 'cuda:x': not a device"),
     ("01", {"models": "[data/policies/tiny-m, data/policies/tiny-m]"},
      "parameter 'models' = ['data/policies/tiny-m', 'data/policies/tiny-m']: must not repeat an element"),
+    # absurd numbers (tests/test_bad_inputs.py has the boundary values that still pass)
+    ("01", {"seed": str(10**23)}, f"01_token_flipping: parameter 'seed' = {10**23}: out of range; allowed: an "
+                                  f"integer seed >= 0 and <= 2147483647 (from -p)"),
+    ("07", {"seeds": f"[0, {2**31}]"}, f"parameter 'seeds' = [0, {2**31}]: element {2**31}: out of range"),
+    ("01", {"lr": "1e300"}, "01_token_flipping: parameter 'lr' = 1e+300: out of range; allowed: a learning rate "
+                            "<= 1000 (larger ones diverge) (from -p)"),
+    ("02", {"lrs": "[0.1, 1e5]", "lr": "0.1"}, "parameter 'lrs' = [0.1, 100000.0]: element 100000.0: out of range"),
 ])
 def test_bad_parameter_is_one_line_naming_notebook_parameter_value_and_allowed(nb, overrides, expected, capsys):
     argv = [nb, "--check"] + [a for k, v in overrides.items() for a in ("-p", k, v)]

@@ -689,21 +689,14 @@ class ProblemSource:
         problems = self.load()
         key = dict(fingerprint=self.fingerprint(), grader=MathVerifier.REVISION)
         check = cache.cached("gold_check", key, lambda: gold_check([p.answer for p in problems]))
-        rows = [(p.answer, why) for why in ("unparseable", "reject_themselves", "constant", "reject_short")
-                for p in problems if p.answer in set(check[why])]
+        whys = ("unparseable", "reject_themselves", "constant", "reject_short")
+        flagged = {g: why for why in whys for g in check[why]}
+        rows = [(i, p.answer, flagged[p.answer]) for i, p in enumerate(problems) if p.answer in flagged]
         ids = None
         if rows:
-            d = Path(out_dir) if out_dir else cache.DEFAULT_DIR
-            d.mkdir(parents=True, exist_ok=True)
-            ids = d / f"golds-{self.fingerprint()[:12]}.csv"
+            ids = Path(out_dir or cache.DEFAULT_DIR) / f"golds-{self.fingerprint()[:12]}.csv"
             buf = io.StringIO()
-            w = csv.writer(buf)
-            w.writerow(["problem", "answer", "why"])
-            index = {p.prompt: i for i, p in enumerate(problems)}
-            for p in problems:
-                for why in ("unparseable", "reject_themselves", "constant", "reject_short"):
-                    if p.answer in check[why]:
-                        w.writerow([index[p.prompt], p.answer, why])
+            csv.writer(buf).writerows([("problem", "answer", "why"), *rows])
             cache.atomic_write(ids, lambda t: Path(t).write_text(buf.getvalue()))
         return gold_line(check, str(ids) if ids else None)
 

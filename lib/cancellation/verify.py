@@ -61,7 +61,7 @@ def compare_table(got: pd.DataFrame, want: pd.DataFrame, trajectory: bool) -> tu
     if sorted(map(str, gc)) != sorted(map(str, wc)):
         return "moved", f"columns differ: {sorted(set(map(str, gc)) ^ set(map(str, wc)))}"
     if len(got) != len(want):
-        return "moved" if not trajectory else "moved", f"rows {len(got)} vs {len(want)}"
+        return "moved", f"rows {len(got)} vs {len(want)}"
     worst, where, text_diff = 0.0, "", []
     for c in wc:
         a, b = got[c], want[c]

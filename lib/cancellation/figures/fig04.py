@@ -332,6 +332,21 @@ THESIS_ROWS = (
 )
 
 
+def thesis_report(T: pd.DataFrame, TC: list[C.Claim]) -> list[str]:
+    """The thesis rows one per line, then each class's mean Δ under the single-sign step and under
+    GRPO (the GRPO mean minus the cancellation): which class the contrast comes from."""
+    out = [f"{c.claim.replace('fig04_thesis_', ''):>28}: {c.verdict.upper():>15}  {c.measured:+.3g} "
+           f"[{c.lo:+.3g}, {c.hi:+.3g}]  ({c.detail.split(';')[0]})" for c in TC]
+    out.append("(reproduced: the interval is on the paper's side; not reproduced: on the refuting side; else inconclusive)")
+    for pool, single in (("pos", "positive-only"), ("neg", "negative-only")):
+        d = T[(T.pool == pool) & (T.category == "all") & (T.estimator == "raw")].set_index("statistic")
+        for cls in ("shared", "specific") if len(d) else ():
+            net, c = d.loc["net", f"mean_{cls}"], d.loc["cancellation", f"mean_{cls}"]
+            out.append(f"A{'>' if pool == 'pos' else '<'}0 {cls:>8}: mean Δ {single} {net - c:+.2e} -> GRPO {net:+.2e} "
+                       f"(cancellation {c:+.2e})")
+    return out
+
+
 def thesis_claims(T: pd.DataFrame) -> list[C.Claim]:
     """The cancellation hypothesis (App. E.1 protocol): one row per pool and statistic on the
     contrast matched on token id × confidence bin (the raw contrast in the detail), the
