@@ -77,8 +77,14 @@ def test_update_readme_between_markers(tmp_path):
 
 def test_committed_readme_table_matches_committed_registry():
     reg = C.readme_registry(ROOT)
-    assert C.readme_table(ROOT / "README.md") == C.table_markdown(reg).strip(), \
-        "README's claims table is stale: run `make claims`"
+    assert C.readme_table(ROOT / C.CLAIMS_DOC) == C.table_markdown(reg).strip(), \
+        "docs/claims.md's table is stale: run `make claims`"
+    summary = C.readme_table(ROOT / "README.md", C.SUMMARY_BEGIN, C.SUMMARY_END)
+    assert summary == C.summary_markdown(ROOT).strip(), "README's claims summary is stale: run `make claims`"
+    # the summary's counts, recounted here from the registry rows (an independent tally)
+    last = summary.splitlines()[-1].split("|")
+    assert int(last[2]) == len(reg)
+    assert [int(c.strip(" *")) for c in last[3:3 + len(C.VERDICTS)]] == [int((reg.verdict == v).sum()) for v in C.VERDICTS]
     for _, r in reg.iterrows():  # every stored verdict follows from its rule and numbers
         assert C.verdict_of(r) == r.verdict, r.claim
     assert set(reg.verdict) <= set(C.VERDICTS)

@@ -6,7 +6,9 @@ A notebook builds `Claim` records from the values it computed (never typed numbe
 notebooks run at once never lose each other's rows. The verdict of a row is `RULES[rule](measured, lo, hi,
 **params)`; `verdict_of(row)` recomputes it from the stored numbers, and the tests check that it
 equals the stored verdict. `python -m cancellation.claims readme` writes the tiny profile's table
-(and the full Table 2 run's, `make table2`) into README.md between `<!-- claims:begin -->` and `<!-- claims:end -->`.
+(and the full Table 2 run's, `make table2`) into docs/claims.md between `<!-- claims:begin -->` and
+`<!-- claims:end -->`, and its counts per notebook into README.md between `<!-- claims-summary:begin -->`
+and `<!-- claims-summary:end -->`.
 
 Rules (all on the measured value m and its interval [lo, hi]; NaN bounds mean "no interval"):
 - direction(sign, ref=0, paper=None, point_ok=False, refutes=""): the paper says sign·(m − ref) > 0.
@@ -47,7 +49,9 @@ BY_CONSTRUCTION = "holds by construction"
 VERDICTS = (REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE, BY_CONSTRUCTION)
 UNITS = ("token", "token id", "pair", "candidate", "rollout", "group", "prompt", "batch", "step", "seed", "run",
          "none")
-BEGIN, END = "<!-- claims:begin -->", "<!-- claims:end -->"
+BEGIN, END = "<!-- claims:begin -->", "<!-- claims:end -->"  # the full table (docs/claims.md)
+SUMMARY_BEGIN, SUMMARY_END = "<!-- claims-summary:begin -->", "<!-- claims-summary:end -->"  # counts (README.md)
+CLAIMS_DOC = "docs/claims.md"
 COLUMNS = ["notebook", "claim", "figure", "statement", "paper", "measured", "lo", "hi", "n", "unit", "rule",
            "params", "rule_text", "detail", "verdict", "estimator", "resampling"]
 LATER_COLUMNS = ("estimator", "resampling")  # added to the registry later; empty in an older registry's rows
@@ -260,24 +264,51 @@ def readme_registry(root=".", registries=README_REGISTRIES) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)
 
 
-def update_readme(readme="README.md", registry=None) -> bool:
-    """Write the table between the markers (of `registry`, a claims.parquet path, or by default
-    `readme_registry` beside the README); returns True when the file changed."""
+def summary_markdown(root=".", registries=README_REGISTRIES) -> str:
+    """README's summary: claims per notebook and verdict, one row per notebook of each registry."""
+    lines = ["| notebook | claims | " + " | ".join(VERDICTS) + " |", "|---|" + "---|" * (len(VERDICTS) + 1)]
+    total = pd.Series(0, index=list(VERDICTS))
+    for path, tag in registries:
+        if not (Path(root) / path).exists():
+            continue
+        reg = read_registry(Path(root) / path)
+        for nb, g in reg.groupby("notebook", sort=True):
+            counts = g.verdict.value_counts().reindex(list(VERDICTS), fill_value=0)
+            total += counts
+            lines.append(f"| {nb}{tag} | {len(g)} | " + " | ".join(str(counts[v]) for v in VERDICTS) + " |")
+    lines.append(f"| all | {int(total.sum())} | " + " | ".join(f"**{total[v]}**" for v in VERDICTS) + " |")
+    return "\n".join(lines)
+
+
+def _between(text: str, begin: str, end: str, body: str) -> str:
+    return re.sub(re.escape(begin) + r".*?" + re.escape(end), lambda _: f"{begin}\n{body}\n{end}", text, flags=re.S)
+
+
+def update_readme(readme="README.md", registry=None, root=None) -> bool:
+    """Write the full table between BEGIN/END and the summary between SUMMARY_BEGIN/SUMMARY_END, whichever
+    markers `readme` has (of `registry`, a claims.parquet path, or by default the README's registries
+    under `root`, default the file's folder); returns True when the file changed."""
     readme = Path(readme)
+    root = Path(root) if root is not None else readme.resolve().parent
     text = readme.read_text()
-    if BEGIN not in text or END not in text:
+    full, summary = BEGIN in text and END in text, SUMMARY_BEGIN in text and SUMMARY_END in text
+    if not (full or summary):
         raise ClaimsError(f"{readme}: markers {BEGIN} / {END} not found")
-    reg = read_registry(registry) if registry else readme_registry(readme.resolve().parent)
-    table = table_markdown(reg)
-    new = re.sub(re.escape(BEGIN) + r".*?" + re.escape(END), lambda _: f"{BEGIN}\n{table}\n{END}", text, flags=re.S)
+    new = text
+    if full:
+        reg = read_registry(registry) if registry else readme_registry(root)
+        new = _between(new, BEGIN, END, table_markdown(reg))
+    if summary:
+        regs = ((str(Path(registry).resolve()), ""),) if registry else README_REGISTRIES
+        new = _between(new, SUMMARY_BEGIN, SUMMARY_END, summary_markdown(root, regs))
     if new != text:
         readme.write_text(new)
     return new != text
 
 
-def readme_table(readme="README.md") -> str:
+def readme_table(readme="README.md", begin=BEGIN, end=END) -> str:
     text = Path(readme).read_text()
-    return text[text.index(BEGIN) + len(BEGIN):text.index(END)].strip()
+    return text[text.index(begin) + len(begin):text.index(end)].strip()
 
 
 def main(argv=None):
@@ -288,9 +319,12 @@ def main(argv=None):
     a = ap.parse_args(argv)
     try:
         if a.command == "readme":
-            changed = update_readme(a.readme, a.registry)
-            src = a.registry or ", ".join(p for p, _ in README_REGISTRIES if (Path(a.readme).resolve().parent / p).exists())
-            print(f"{a.readme}: claims table {'updated' if changed else 'unchanged'} from {src}")
+            root = Path(a.readme).resolve().parent
+            src = a.registry or ", ".join(p for p, _ in README_REGISTRIES if (root / p).exists())
+            targets = [Path(a.readme)] + ([root / CLAIMS_DOC] if a.registry is None and (root / CLAIMS_DOC).exists() else [])
+            for t in targets:
+                changed = update_readme(t, a.registry, root)
+                print(f"{t}: claims {'updated' if changed else 'unchanged'} from {src}")
         else:
             print(table_markdown(read_registry(a.registry) if a.registry else readme_registry()))
     except (ClaimsError, FileNotFoundError) as e:  # one line naming the file, no traceback
