@@ -266,3 +266,14 @@ def test_paper_quick_plans_under_6_hours_on_one_h100_from_this_host(capsys):
     assert each < one and "per process on 8 processes" in total8, total8
     readme = (run.ROOT / "README.md").read_text()   # the plan README pastes is today's
     assert total8 in readme and f"planned at {total.split(': ')[1].split(' on one')[0]} on one H100" in readme
+
+
+def test_workloads_match_the_pinned_counts():
+    """Every notebook's planned work and memory on tiny, paper-quick and paper, as pinned in
+    tests/golden/plans.json before the workloads moved beside each figure's compute() (issue 34)."""
+    from tests.golden import plans
+    pinned = json.loads(plans.FILE.read_text())
+    now = plans.snapshot()
+    assert sorted(now) == sorted(pinned)
+    for key in pinned:
+        assert now[key] == pinned[key], key
