@@ -2,8 +2,8 @@
 
 A plan is (what the notebook runs) x (what each building block costs on this device):
 
-- `WORKLOADS[stem](P, shape, lengths)` counts the building blocks a notebook runs at its Params,
-  read off its figure module's `compute` (approximations are stated where they are made):
+- `WORKLOADS[stem](P, shape, lengths)`, each figure module's own `workload` (declared beside its
+  `compute`, from `cancellation.workload`'s blocks), counts the building blocks a notebook runs at its Params (approximations are stated where they are made):
   positions through analysis forwards, full-parameter and lm_head steps, sampled rows and
   tokens, pairs of the coupling kernel, per-token full gradients, and the largest batch.
 - `Shape` is the model's architecture from its `config.json` (parameter count in closed form).
@@ -23,77 +23,19 @@ from __future__ import annotations
 
 import json
 import os
-import re
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .figures import fig01, fig02, fig03, fig04, fig05, fig06, fig07, fig08
+from .shapes import Shape, device_kind, device_memory, known_shape
+from .workload import BYTES, Sizes, Work, ceil
+
 ROOT = Path(__file__).resolve().parents[2]
 SCALE_DIR = ROOT / "data" / "scale"
-BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2, "": 4}
 GiB = 2 ** 30
 
 
 # ----------------------------------------------------------------------------- the model's shape
-@dataclass(frozen=True)
-class Shape:
-    """What costs depend on, from a Hugging Face config.json (Qwen2/Qwen3/Llama-style decoders)."""
-    layers: int
-    hidden: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    intermediate: int
-    vocab: int
-    tied: bool
-    qkv_bias: bool = False
-    qk_norm: bool = False
-    source: str = ""
-
-    @classmethod
-    def from_config(cls, cfg: dict, source: str = "") -> "Shape":
-        heads = cfg["num_attention_heads"]
-        mt = cfg.get("model_type", "")
-        return cls(layers=cfg["num_hidden_layers"], hidden=cfg["hidden_size"], heads=heads,
-                   kv_heads=cfg.get("num_key_value_heads") or heads,
-                   head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
-                   intermediate=cfg["intermediate_size"], vocab=cfg["vocab_size"],
-                   tied=bool(cfg.get("tie_word_embeddings", False)),
-                   # Qwen2 always has q/k/v biases (no config key); others say so with attention_bias
-                   qkv_bias=mt == "qwen2" or bool(cfg.get("attention_bias", False)),
-                   qk_norm=mt == "qwen3", source=source)
-
-    @property
-    def layer_params(self) -> int:
-        d, hd = self.hidden, self.head_dim
-        attn = d * self.heads * hd + 2 * d * self.kv_heads * hd + self.heads * hd * d
-        bias = (self.heads + 2 * self.kv_heads) * hd if self.qkv_bias else 0
-        norms = 2 * d + (2 * hd if self.qk_norm else 0)
-        return attn + bias + 3 * d * self.intermediate + norms
-
-    @property
-    def body(self) -> int:
-        """Parameters every position runs through (the layers; the embedding is a lookup)."""
-        return self.layers * self.layer_params + self.hidden
-
-    @property
-    def head(self) -> int:
-        """The LM head's matmul parameters (run at response positions only)."""
-        return self.vocab * self.hidden
-
-    @property
-    def params(self) -> int:
-        """Stored parameters (== sum(p.numel()) of the built model)."""
-        return self.vocab * self.hidden + self.body + (0 if self.tied else self.head)
-
-
-def _known_shape(name: str):
-    """A hub name of the paper's models: the architecture cancellation.scale copied from its config.json."""
-    from .scale import SHAPES
-    key = str(name).lower().split("/")[-1].removesuffix("-base").replace("-instruct", "")
-    return SHAPES.get(key)
-
-
 def shape_of(model_path: str, root: Path = ROOT) -> Shape | None:
     """The shape of a local model directory, a hub model in the local HF cache, or a paper model by
     name; None when nothing says (the plan then gives no numbers)."""
@@ -108,7 +50,7 @@ def shape_of(model_path: str, root: Path = ROOT) -> Shape | None:
             return Shape.from_config(json.loads(Path(hit).read_text()), hit)
     except Exception:  # noqa: BLE001 - no hub library, a malformed name: fall through
         pass
-    kw = _known_shape(model_path)
+    kw = known_shape(model_path)
     if kw:
         kw = dict(kw)
         arch = kw.pop("arch")
@@ -155,301 +97,11 @@ def prompt_lengths(P, root: Path = ROOT) -> tuple[int, int, str]:
         return d, d, "default (tokenizer or problems not readable here)"
 
 
-# ----------------------------------------------------------------------------- workloads
-@dataclass
-class Work:
-    """Counts of the building blocks one notebook runs. A block's entry: body `positions` (rows x
-    padded length), `head` positions (response tokens through the LM head), `calls` (body forwards,
-    decode steps or kernel blocks) and `steps` (optimizer steps, for Adam's per-parameter cost)."""
-    blocks: dict = field(default_factory=dict)
-    sampled_rows: int = 0
-    sampled_tokens: int = 0
-    largest: tuple = (0, 0)          # (rows, length) of the largest batch held at once
-    full_grads: bool = False         # gradients of every parameter (else lm_head only)
-    adam: bool = False               # Adam state of every parameter
-    extra_bytes: int = 0             # copies of θ, per-token gradients: what the notebook holds beside
-    extra_why: list = field(default_factory=list)
-    kv_rows: int = 0                 # rows decoded at once (KV cache)
-    kv_len: int = 0
-    notes: list = field(default_factory=list)
-    parts: list = field(default_factory=list)  # the work --procs divides: dict(what, units, blocks)
-
-    @contextmanager
-    def split(self, what: str, units: int):
-        """The blocks added inside are `units` independent pieces of work (Monte Carlo continuations,
-        valued tokens, seeds, batches, masks, runs) that N processes divide, ceil(units / N) each."""
-        before = {k: dict(v) for k, v in self.blocks.items()}
-        yield
-        delta = {}
-        for k, b in self.blocks.items():
-            d = {f: b[f] - before.get(k, {}).get(f, 0) for f in b}
-            if any(d.values()):
-                delta[k] = d
-        if delta and units > 0:
-            self.parts.append(dict(what=what, units=int(units), blocks=delta))
-
-    def add(self, block: str, positions=0, head=0, calls=0, steps=0, pairs=0):
-        b = self.blocks.setdefault(block, dict(positions=0, head=0, calls=0, steps=0, pairs=0))
-        for k, v in dict(positions=positions, head=head, calls=calls, steps=steps, pairs=pairs).items():
-            b[k] += int(v)
-
-    def batch(self, rows, L):
-        if rows * L > self.largest[0] * self.largest[1]:
-            self.largest = (int(rows), int(L))
-
-
-class Sizes:
-    """Lengths of one batch of `rows` rollouts: a response runs to max_new_tokens (an upper bound:
-    rows stop at a stop id, but a batch decodes until its last row stops)."""
-
-    def __init__(self, prompt_mean: int, prompt_max: int, new: int):
-        self.prompt, self.prompt_max, self.new = prompt_mean, prompt_max, new
-        self.L = prompt_mean + new
-
-
-def _ceil(a, b):
-    return -(-int(a) // max(int(b), 1))
-
-
-def _sample_rows(P) -> int | None:
-    """Rollouts per HF sampler call of a notebook that samples through base.sample_config (its KV cache rows)."""
-    return getattr(P, "sample_rows", None)
-
-
-def _sample(w: Work, rows: int, z: Sizes, chunk_rows_decode: int | None = None, times: int = 1):
-    """HF KV-cache sampling of `rows` rows: prefill of the prompts, then one decode step per new token."""
-    w.add("sample", positions=times * rows * (z.prompt + z.new), head=times * rows * z.new,
-          calls=times * _ceil(rows, chunk_rows_decode or rows) * z.new)
-    w.sampled_rows += times * rows
-    w.sampled_tokens += times * rows * z.new
-    # the static-cache sampler preallocates its cache for the whole bucket: rows padded to a power of
-    # two, prompt + new tokens rounded up to a multiple of 256 (sampler.py)
-    from .sampler import bucket_len, bucket_rows
-    w.kv_rows = max(w.kv_rows, bucket_rows(min(rows, chunk_rows_decode or rows)))
-    w.kv_len = max(w.kv_len, bucket_len(z.prompt_max + z.new))
-    w.batch(rows, z.prompt_max + z.new)
-
-
-def _analysis(w: Work, rows: int, z: Sizes, cr: int, times: int = 1):
-    """measure.token_stats: the body on every position, chunk_rows rows a call; the head on responses."""
-    w.add("analysis", positions=times * rows * z.L, head=times * rows * z.new, calls=times * _ceil(rows, cr))
-
-
-def _step(w: Work, kind: str, rows: int, z: Sizes, cr: int, minibatches: int = 1, times: int = 1):
-    """grpo.grpo_step over `rows` rows split into `minibatches` optimizer steps. kind: 'full' (body
-    forward+backward; Adam's update counted per step) or 'lm_head' (body without graph, head fwd+bwd)."""
-    block = "sgd_lm_head" if kind == "lm_head" else "full_step"
-    w.add(block, positions=times * rows * z.L, head=times * rows * z.new,
-          calls=times * max(_ceil(rows, cr), minibatches), steps=times * minibatches)
-
-
-def _kernel(w: Work, pairs: float, shape: Shape, chunk: int, n_tokens: int):
-    """Coupling-kernel blocks: per pair ⟨π_j,π_k⟩ over the vocabulary, plus the probabilities of both
-    sides recomputed per block (2·d·V per token per block): V·(1 + 2d/c) per pair, c = block size."""
-    c = max(min(chunk, n_tokens), 1)
-    w.add("kernel", pairs=pairs * shape.vocab * (1 + 2 * shape.hidden / c), calls=_ceil(pairs, c * c))
-
-
-def _run(w: Work, P, z: Sizes, rows: int, steps: int, minibatches: int, cr: int, analyses: int = 2):
-    """train.delta_run: per step sample, analysis before (θ_old) and after, one Adam GRPO step."""
-    _sample(w, rows, z, times=steps)
-    _analysis(w, rows, z, cr, times=analyses * steps)
-    _step(w, "full", rows, z, cr, minibatches, times=steps)
-    w.full_grads = w.adam = True
-
-
-def work01(P, shape, z):
-    w, rows, cr = Work(), P.n_prompts * P.G, P.chunk_rows
-    # noise floor: a probe batch, 2 analyses + a zero-weight Adam step + 1 analysis, 2 round-off analyses
-    _sample(w, rows, z)
-    _analysis(w, rows, z, cr, times=5)
-    _step(w, "full", rows, z, cr)
-    w.extra_bytes += shape.params * 8   # the float64 (or float32) copy of the round-off check
-    w.extra_why.append("a float64 copy of θ (round-off check)")
-    runs = 2 + (2 if P.control_model_path else 0) + (1 if getattr(P, "sgd_lr", 0) else 0)
-    others = sum(1 for m in P.models if not (m == P.model_path and P.fig9_steps <= P.steps))
-    with w.split("the model grid's GRPO runs", runs):
-        _run(w, P, z, rows, runs * P.steps, P.n_minibatches, cr)
-    # Fig. 9's other models are counted at this model's shape (they differ: an approximation)
-    with w.split("Fig. 9's runs", others):
-        _run(w, P, z, rows, others * P.fig9_steps, P.n_minibatches, cr)
-    if others:
-        w.notes.append(f"Fig. 9's {others} other model(s) counted at {Path(P.model_path).name}'s shape")
-    return w
-
-
-def _features(w: Work, P, shape, z, rows):
-    """coupling.features: one analysis with hidden states kept for the whole batch, and the
-    log-sum-exp of every response token over the vocabulary (an extra head pass)."""
-    _analysis(w, rows, z, P.chunk_rows)
-    w.add("analysis", head=rows * z.new)
-    w.extra_bytes += rows * z.L * shape.hidden * BYTES[P.dtype]
-    w.extra_why.append("hidden states of the whole batch")
-
-
-def work02(P, shape, z):
-    w, rows = Work(), P.n_prompts * P.G
-    N = rows * z.new                                  # response tokens (upper bound: every row at the cap)
-    _sample(w, rows, z, chunk_rows_decode=_sample_rows(P))
-    _features(w, P, shape, z, rows)
-    _kernel(w, 2 * P.n_pairs, shape, P.chunk, N)      # (a), (b): sampled pairs
-    _kernel(w, 2 * N * N, shape, P.chunk, N)          # (c) entropy bins and the first-order δ: every pair, twice
-    for _ in P.lrs:                                   # a real SGD lm_head step and a forward per lr
-        _step(w, "lm_head", rows, z, P.chunk_rows)
-        _analysis(w, rows, z, P.chunk_rows)
-    return w
-
-
-def work03(P, shape, z):
-    w, rows, cr = Work(), P.n_prompts * P.G, P.chunk_rows
-    _sample(w, rows, z, chunk_rows_decode=_sample_rows(P))
-    _analysis(w, rows, z, cr)                         # features
-    # precision check: per copy (stock norms, exact) an analysis, a full SGD step and an analysis
-    _analysis(w, rows, z, cr, times=4)
-    _step(w, "full", rows, z, cr, times=2)
-    w.extra_bytes += shape.params * BYTES[P.dtype] * 3  # the stock-norms copy, θ and θ' of the masked steps
-    w.extra_why.append("a second copy of the policy and two snapshots of θ")
-    w.full_grads = True
-    pools = len(P.pools)
-    n_full = pools * 3 * min(P.n_cands_full, P.n_cands) + pools * len(P.topk_full_sizes) * P.n_cands_topk_full
-    # masked full effects: per call a full step + analysis, then per candidate a backward over the rows
-    # holding M (≈ mask_size rows, at most the batch) and a one-row forward
-    m_rows = min(P.mask_size, rows)
-    _step(w, "full", rows, z, cr, times=2 * pools)
-    _analysis(w, rows, z, cr, times=4 * pools)
-    with w.split("masks (candidates)", n_full):
-        w.add("full_step", positions=n_full * m_rows * z.L, head=n_full * m_rows * z.new,
-              calls=n_full * _ceil(m_rows, cr))
-        w.add("analysis", positions=n_full * z.L, head=n_full * z.new, calls=n_full)
-    N = rows * z.new
-    with w.split("masks (proxy cosines)", pools * P.n_cands):
-        _kernel(w, pools * (P.n_cands * 3 * P.mask_size + P.n_cands * N), shape, 1024, N)  # proxy cosines, top-coupled
-    # Fig. 10 run: per step a sample, an analysis, an SGD lm_head and a full step with their analyses, an Adam step
-    r10 = P.run_n_prompts * P.run_G
-    _sample(w, r10, z, chunk_rows_decode=_sample_rows(P), times=P.run_steps)
-    _analysis(w, r10, z, cr, times=3 * P.run_steps)
-    _step(w, "lm_head", r10, z, cr, times=P.run_steps)
-    _step(w, "full", r10, z, cr, times=2 * P.run_steps)
-    w.adam = True
-    _step(w, "full", rows, z, cr)                     # App. D.3: Adam's first step
-    return w
-
-
-def work04(P, shape, z):
-    w, rows = Work(), P.n_prompts * P.G
-    policies = 1 + (1 if P.control_model_path else 0)
-    kind = "full" if P.scope == "full" else "lm_head"
-    n = policies * P.n_batches
-    with w.split("batches", n):
-        _sample(w, rows, z, chunk_rows_decode=_sample_rows(P), times=n)
-        # before, after each of the two updates, the restore check; the main policy's batches also take the
-        # thesis rows' negative-only and copies-masked GRPO updates, each measured after
-        _analysis(w, rows, z, P.chunk_rows, times=n * 4 + P.n_batches * 2)
-        _step(w, kind, rows, z, P.chunk_rows, times=n * 2 + P.n_batches * 2)
-    w.full_grads = kind == "full"
-    w.extra_bytes += shape.params * BYTES[P.dtype] * (policies - 1)
-    return w
-
-
-def work05(P, shape, z):
-    w, rows, cr = Work(), P.n_prompts * P.G, P.chunk_rows
-    _sample(w, rows, z, chunk_rows_decode=_sample_rows(P))
-    steps = len(P.sgd_lrs) + len(P.adam_lrs)          # repeated steps: K steps per optimizer and lr
-    _step(w, "full", rows, z, cr, times=steps * P.repeat_steps + 1)
-    _analysis(w, rows, z, cr, times=steps * P.repeat_steps + 3)
-    w.full_grads, w.adam = True, bool(P.adam_lrs)
-    # Monte Carlo values: per valued token and branch M continuations of up to max_new_tokens;
-    # 4 cells x n_per_cell tokens, n_pool11 per sign again, 2 branches, each estimator
-    valued = (4 * P.n_per_cell + 2 * P.n_pool11) * len(P.estimators)
-    h = getattr(P, "heldout_per_cell", 0)
-    if h:  # held-out states: a second batch, its forward before and after one step, 4 cells valued
-        _sample(w, rows, z, chunk_rows_decode=_sample_rows(P))
-        _analysis(w, rows, z, cr, times=3)
-        _step(w, "full", rows, z, cr)
-        valued += 4 * h
-    cont = valued * 2 * P.M
-    with w.split("valued tokens' Monte Carlo continuations", valued):
-        _sample(w, cont, z, chunk_rows_decode=P.rows_per_chunk)
-    w.notes.append("continuations counted at the full response cap (they start mid-response: an upper bound)")
-    if P.sample_dtype and P.backend == "hf":
-        w.extra_bytes += shape.params * BYTES[P.sample_dtype]
-        w.extra_why.append(f"the {P.sample_dtype} sampler copy")
-    return w
-
-
-def work06(P, shape, z):
-    w, cr = Work(), P.chunk_rows
-    rows, crows = P.n_prompts * P.G, P.comp_prompts * P.comp_G
-    _sample(w, rows, z, chunk_rows_decode=_sample_rows(P))
-    _sample(w, crows, z, chunk_rows_decode=_sample_rows(P))
-    _analysis(w, rows, z, cr)
-    _analysis(w, P.comp_groups * P.G_comp, z, cr)
-    # a real grpo_step per setting and seed (step_mode grpo), on the sub-batch of the setting
-    settings = [(p * P.n_fixed) for p in P.prompt_sizes] + [P.prompts_fixed * g for g in P.rollout_sizes] + \
-        [P.G_comp] * max(P.G_comp - 1, 0)
-    with w.split("settings x seeds", len(settings) * P.n_seeds):
-        for r in settings:
-            _step(w, "full", r, z, cr, times=P.n_seeds)
-            _analysis(w, r, z, cr, times=P.n_seeds)
-    w.full_grads = True
-    valued = P.n_seeds * (min(P.prompt_sizes) * P.valued_per_prompt + P.comp_groups * P.G_comp) * P.tokens_per_rollout
-    with w.split("valued tokens' Monte Carlo continuations", valued):
-        _sample(w, valued * 2 * P.M, z, chunk_rows_decode=P.rows_per_chunk)
-    w.notes.append("valued tokens: every seed's counted (the cache shares prefixes across seeds: an upper bound)")
-    if P.sample_dtype and P.backend == "hf":
-        w.extra_bytes += shape.params * BYTES[P.sample_dtype]
-    return w
-
-
-def work07(P, shape, z):
-    w, rows, cr = Work(), P.n_prompts * P.G, P.chunk_rows
-    runs = len(P.strategies) * len(P.seeds) + len(P.probe_lrs) * len(P.probe_strategies) * len(P.probe_seeds)
-    runs += len(getattr(P, "budget_strategies", [])) * len(P.seeds)   # equal-rollout arm: at most as many rounds
-    if P.engine == "trl":
-        runs = len(P.strategies) * len(P.seeds) + len(P.probe_lrs) * len(P.probe_strategies) * len(P.probe_seeds)
-        w.notes.append("TRL runs counted as the small trainer's (the same blocks)")
-    rb = any("RB" in s for s in P.strategies)
-    rounds = P.iterations * (2 if rb else 1)          # RB samples extra rounds: about 2 per iteration
-    with w.split("runs (strategy x seed)", runs):
-        _sample(w, rows, z, times=runs * rounds)
-        _analysis(w, rows, z, cr, times=runs * P.iterations)
-        _step(w, "full", rows, z, cr, P.n_minibatches, times=runs * P.iterations)
-        evals = runs * (P.iterations // P.eval_every + 1)
-        _sample(w, len(P.eval_sets) * P.eval_n * P.eval_samples, z, times=evals)
-    d = getattr(P, "imbalance_plans", 0)
-    if d:  # Eq. 14: each seed's first batch, and 3 plans x d draws + the whole batch of gradients at θ0
-        with w.split("Eq. 14's seeds", len(P.seeds)):
-            _sample(w, rows, z, times=len(P.seeds))
-            _analysis(w, rows, z, cr, times=len(P.seeds))
-            _step(w, "full", rows, z, cr, P.n_minibatches, times=len(P.seeds) * (3 * d + 1))
-        w.notes.append(f"Eq. 14: {len(P.seeds)} batches, {3 * d + 1} gradient passes each")
-    w.full_grads = w.adam = True
-    if rb:
-        w.notes.append("RB: about two sampling rounds per iteration")
-    return w
-
-
-def work08(P, shape, z):
-    w, rows, cr = Work(), P.n_prompts * P.G, P.chunk_rows
-    _run(w, P, z, rows, P.steps, P.n_minibatches, cr)   # (a) notebook 01's run (read from the cache when 01 ran)
-    w.notes.append("(a) counts notebook 01's GRPO run, which a previous run of 01 leaves in the cache")
-    _sample(w, rows, z, chunk_rows_decode=_sample_rows(P))
-    _features(w, P, shape, z, rows)
-    N = rows * z.new
-    _kernel(w, N * N / 2 + N * N, shape, P.chunk, N)   # cross-sign pairs, then the same-token pools
-    n = P.n_full_tokens // 2
-    # (b) per-token full gradients: J's once, K's again for every chunk of J; one backward each,
-    # through its row (one forward per row; the backward dominates)
-    grads = n + _ceil(n, P.grad_chunk) * n
-    w.add("full_step", positions=grads * z.L, head=grads, calls=grads)
-    w.extra_bytes += 2 * min(P.grad_chunk, n) * shape.params * BYTES[P.dtype]
-    w.extra_why.append(f"2 x grad_chunk = {2 * min(P.grad_chunk, n)} flattened full gradients")
-    return w
-
-
-WORKLOADS = {"01_token_flipping": work01, "02_coupling_heatmaps": work02, "03_masked_updates": work03,
-             "04_category_shift": work04, "05_value_gap": work05, "06_sampling_budget": work06,
-             "07_batching": work07, "08_referee_controls": work08}
+# Each figure declares its own workload beside its compute(): a new Params field reaches the plan there.
+MODULES = {"01_token_flipping": fig01, "02_coupling_heatmaps": fig02, "03_masked_updates": fig03,
+           "04_category_shift": fig04, "05_value_gap": fig05, "06_sampling_budget": fig06,
+           "07_batching": fig07, "08_referee_controls": fig08}
+WORKLOADS = {stem: mod.workload for stem, mod in MODULES.items()}
 
 # What to turn when a term is too big (named in the refusal)
 KNOBS = {"weights": "dtype (a smaller model_path)", "grads": "dtype", "adam": "dtype (or an lm_head-scope notebook)",
@@ -491,31 +143,6 @@ def memory(P, shape: Shape, w: Work, device_total: int | None = None) -> dict:
 
 
 # ----------------------------------------------------------------------------- units and devices
-def device_kind(device: str) -> str:
-    """'cpu', or the CUDA device's name as a file name ('nvidia-h100-80gb-hbm3'); 'cuda' when no CUDA
-    device is visible here."""
-    if not device.startswith("cuda"):
-        return device.split(":")[0]
-    import torch
-    if not torch.cuda.is_available():
-        return "cuda"
-    idx = int(device.split(":")[1]) if ":" in device else 0
-    return re.sub(r"[^a-z0-9]+", "-", torch.cuda.get_device_name(idx).lower()).strip("-")
-
-
-def device_memory(device: str) -> int | None:
-    """Bytes the device has: a CUDA device's total memory, the CPU's physical RAM (None: unknown here)."""
-    if device.startswith("cuda"):
-        import torch
-        if not torch.cuda.is_available():
-            return None
-        return torch.cuda.get_device_properties(int(device.split(":")[1]) if ":" in device else 0).total_memory
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return None
-
-
 def load_units(kind: str, scale_dir: Path | None = None) -> dict | None:
     f = Path(scale_dir or SCALE_DIR) / f"{kind}.json"
     return json.loads(f.read_text()) if f.is_file() else None
@@ -566,7 +193,7 @@ def seconds_per_process(w: Work, shape: Shape, units: dict, procs: int) -> float
     for part in w.parts:
         t = sum(_block_seconds(part["blocks"], shape, units["units"]).values())
         n = part["units"]
-        total -= t * (1 - _ceil(n, procs) / n)
+        total -= t * (1 - ceil(n, procs) / n)
     return total
 
 
@@ -629,10 +256,7 @@ def make(stem: str, params: dict, root: Path = ROOT, scale_dir: Path | None = No
     """The plan of one notebook at its resolved parameters (what `run.resolve_params` returns), on this
     host's device, or with `kind` on a device of that kind (data/scale/<kind>.json: its unit costs and
     total memory) wherever the plan is made; `procs` processes divide the splittable work."""
-    from .figures.base import FigureParams  # noqa: F401 - the figure modules' Params
-    import importlib
-    mod = importlib.import_module(f"cancellation.figures.fig{stem[:2]}")
-    P = mod.Params(**{k: v for k, v in params.items() if k not in ("profile", "fig_dir", "results_dir")})
+    P = MODULES[stem].Params(**{k: v for k, v in params.items() if k not in ("profile", "fig_dir", "results_dir")})
     device = getattr(P, "device", "cpu")
     if kind is None:
         kind = device_kind(device)

@@ -27,18 +27,7 @@ import time
 import torch
 
 from . import grpo, measure, policy, rollout
-
-# Architectures copied from the models' hub config.json files (Qwen3-1.7B-Base, Qwen3-4B-Base, Qwen2.5-Math-7B).
-SHAPES = {
-    "qwen3-1.7b": dict(arch="qwen3", vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_hidden_layers=28,
-                       num_attention_heads=16, num_key_value_heads=8, head_dim=128, tie_word_embeddings=True),
-    "qwen3-4b": dict(arch="qwen3", vocab_size=151936, hidden_size=2560, intermediate_size=9728, num_hidden_layers=36,
-                     num_attention_heads=32, num_key_value_heads=8, head_dim=128, tie_word_embeddings=True),
-    "qwen2.5-math-7b": dict(arch="qwen2", vocab_size=152064, hidden_size=3584, intermediate_size=18944,
-                            num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4,
-                            tie_word_embeddings=False),
-}
-
+from .shapes import SHAPES, Shape, device_kind, device_memory
 
 def build(shape: str, dtype=torch.float32, device: str = "cuda", seed: int = 0):
     """A random model of the named shape (initialised on `device`: 1.7B float32 is 7 GB)."""
@@ -209,7 +198,6 @@ def _time_blocks(model, z: dict, device: str, dtype: str, seed: int, only=None, 
     sample_dtype: on CUDA bfloat16, which `rollout.generate` samples with the captured static-cache path)."""
     from . import coupling
     from .compute import Compute
-    from .plan import Shape
 
     shape = Shape.from_config(model.config.to_dict())
     assert shape.params == policy.n_params(model), "plan.Shape's closed form disagrees with the model"
@@ -271,7 +259,6 @@ def measure_units(config, device: str = "cpu", dtype: str = "float32", seed: int
     would not transfer to a large model), else from `config` too. `only` (e.g. ['sample']): just those
     blocks (merged into an existing file by `main --only`). Sampling is timed on a `sample_dtype` copy
     (default: bfloat16 on CUDA, as the paper profile's sample_dtype; the model's dtype on a CPU)."""
-    from .plan import Shape, device_kind, device_memory
     sample_dtype = sample_dtype or ("bfloat16" if device.startswith("cuda") else dtype)
 
     z = UNIT_SIZES[device.split(":")[0]]

@@ -19,6 +19,7 @@ import torch
 
 from .. import cache, categories, grpo, measure, policy, rollout, tasks, train
 from .. import claims as C
+from .. import workload as W
 from .. import stats as S
 from . import base
 from .base import param
@@ -385,3 +386,25 @@ def _sgd_claims(R: Result, P: Params) -> list[C.Claim]:
                        *S.t_interval(signed_mean_gap(signed, "grpo_sgd")), n=n, unit="mean Δlog p, pos − neg",
                        rule="direction", params=dict(sign=1)))
     return rows
+
+
+# ----------------------------------------------------------------------------- the planner's workload
+def workload(P: Params, shape, z: W.Sizes) -> W.Work:
+    """What the planner counts for this notebook at P (read off compute(); approximations stated)."""
+    w, rows, cr = W.Work(), P.n_prompts * P.G, P.chunk_rows
+    # noise floor: a probe batch, 2 analyses + a zero-weight Adam step + 1 analysis, 2 round-off analyses
+    W.sample(w, rows, z)
+    W.analysis(w, rows, z, cr, times=5)
+    W.step(w, "full", rows, z, cr)
+    w.extra_bytes += shape.params * 8   # the float64 (or float32) copy of the round-off check
+    w.extra_why.append("a float64 copy of θ (round-off check)")
+    runs = 2 + (2 if P.control_model_path else 0) + (1 if getattr(P, "sgd_lr", 0) else 0)
+    others = sum(1 for m in P.models if not (m == P.model_path and P.fig9_steps <= P.steps))
+    with w.split("the model grid's GRPO runs", runs):
+        W.delta_run(w, P, z, rows, runs * P.steps, P.n_minibatches, cr)
+    # Fig. 9's other models are counted at this model's shape (they differ: an approximation)
+    with w.split("Fig. 9's runs", others):
+        W.delta_run(w, P, z, rows, others * P.fig9_steps, P.n_minibatches, cr)
+    if others:
+        w.notes.append(f"Fig. 9's {others} other model(s) counted at {Path(P.model_path).name}'s shape")
+    return w

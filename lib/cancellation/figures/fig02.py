@@ -19,6 +19,7 @@ from scipy import stats
 
 from .. import cache, coupling, grpo, policy, rollout
 from .. import claims as C
+from .. import workload as W
 from .. import stats as S
 from . import base
 from .base import param
@@ -261,3 +262,18 @@ def _same_pair_share(t: pd.DataFrame) -> float:
     """Share of ordered pairs j ≠ k of the batch that are same-token pairs: Σ_id n_id (n_id − 1) / N (N − 1)."""
     n = t.o.value_counts().to_numpy().astype(float)
     return float((n * (n - 1)).sum() / (len(t) * (len(t) - 1)))
+
+
+# ----------------------------------------------------------------------------- the planner's workload
+def workload(P: Params, shape, z: W.Sizes) -> W.Work:
+    """What the planner counts for this notebook at P (read off compute(); approximations stated)."""
+    w, rows = W.Work(), P.n_prompts * P.G
+    N = rows * z.new                                  # response tokens (upper bound: every row at the cap)
+    W.sample(w, rows, z, chunk_rows_decode=W.sample_rows(P))
+    W.features(w, P, shape, z, rows)
+    W.kernel(w, 2 * P.n_pairs, shape, P.chunk, N)      # (a), (b): sampled pairs
+    W.kernel(w, 2 * N * N, shape, P.chunk, N)          # (c) entropy bins and the first-order δ: every pair, twice
+    for _ in P.lrs:                                   # a real SGD lm_head step and a forward per lr
+        W.step(w, "lm_head", rows, z, P.chunk_rows)
+        W.analysis(w, rows, z, P.chunk_rows)
+    return w

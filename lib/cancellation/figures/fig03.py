@@ -22,6 +22,7 @@ import torch
 
 from .. import cache, coupling, grpo, policy, rollout, train
 from .. import claims as C
+from .. import workload as W
 from .. import stats as S
 from ..compute import Compute
 from . import base
@@ -401,3 +402,40 @@ def claims(R: Result, P: Params) -> list[C.Claim]:
                         detail=f"{100 * adam['share_above_0.99'][0]:.1f}% of elements within 1%",
                         estimator="point (median over parameter elements)", resampling="none"))
     return rows
+
+
+# ----------------------------------------------------------------------------- the planner's workload
+def workload(P: Params, shape, z: W.Sizes) -> W.Work:
+    """What the planner counts for this notebook at P (read off compute(); approximations stated)."""
+    w, rows, cr = W.Work(), P.n_prompts * P.G, P.chunk_rows
+    W.sample(w, rows, z, chunk_rows_decode=W.sample_rows(P))
+    W.analysis(w, rows, z, cr)                         # features
+    # precision check: per copy (stock norms, exact) an analysis, a full SGD step and an analysis
+    W.analysis(w, rows, z, cr, times=4)
+    W.step(w, "full", rows, z, cr, times=2)
+    w.extra_bytes += shape.params * W.BYTES[P.dtype] * 3  # the stock-norms copy, θ and θ' of the masked steps
+    w.extra_why.append("a second copy of the policy and two snapshots of θ")
+    w.full_grads = True
+    pools = len(P.pools)
+    n_full = pools * 3 * min(P.n_cands_full, P.n_cands) + pools * len(P.topk_full_sizes) * P.n_cands_topk_full
+    # masked full effects: per call a full step + analysis, then per candidate a backward over the rows
+    # holding M (≈ mask_size rows, at most the batch) and a one-row forward
+    m_rows = min(P.mask_size, rows)
+    W.step(w, "full", rows, z, cr, times=2 * pools)
+    W.analysis(w, rows, z, cr, times=4 * pools)
+    with w.split("masks (candidates)", n_full):
+        w.add("full_step", positions=n_full * m_rows * z.L, head=n_full * m_rows * z.new,
+              calls=n_full * W.ceil(m_rows, cr))
+        w.add("analysis", positions=n_full * z.L, head=n_full * z.new, calls=n_full)
+    N = rows * z.new
+    with w.split("masks (proxy cosines)", pools * P.n_cands):
+        W.kernel(w, pools * (P.n_cands * 3 * P.mask_size + P.n_cands * N), shape, 1024, N)  # proxy cosines, top-coupled
+    # Fig. 10 run: per step a sample, an analysis, an SGD lm_head and a full step with their analyses, an Adam step
+    r10 = P.run_n_prompts * P.run_G
+    W.sample(w, r10, z, chunk_rows_decode=W.sample_rows(P), times=P.run_steps)
+    W.analysis(w, r10, z, cr, times=3 * P.run_steps)
+    W.step(w, "lm_head", r10, z, cr, times=P.run_steps)
+    W.step(w, "full", r10, z, cr, times=2 * P.run_steps)
+    w.adam = True
+    W.step(w, "full", rows, z, cr)                     # App. D.3: Adam's first step
+    return w

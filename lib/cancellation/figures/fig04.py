@@ -23,6 +23,7 @@ from tqdm import tqdm
 
 from .. import cache, categories, grpo, measure, policy, rollout, thesis
 from .. import claims as C
+from .. import workload as W
 from .. import stats as S
 from . import base
 from .base import param
@@ -387,3 +388,21 @@ def thesis_claims(T: pd.DataFrame) -> list[C.Claim]:
             estimator="matched contrast, percentile cluster bootstrap (batches, then groups in a batch)",
             resampling="batch × group"))
     return out
+
+
+# ----------------------------------------------------------------------------- the planner's workload
+def workload(P: Params, shape, z: W.Sizes) -> W.Work:
+    """What the planner counts for this notebook at P (read off compute(); approximations stated)."""
+    w, rows = W.Work(), P.n_prompts * P.G
+    policies = 1 + (1 if P.control_model_path else 0)
+    kind = "full" if P.scope == "full" else "lm_head"
+    n = policies * P.n_batches
+    with w.split("batches", n):
+        W.sample(w, rows, z, chunk_rows_decode=W.sample_rows(P), times=n)
+        # before, after each of the two updates, the restore check; the main policy's batches also take the
+        # thesis rows' negative-only and copies-masked GRPO updates, each measured after
+        W.analysis(w, rows, z, P.chunk_rows, times=n * 4 + P.n_batches * 2)
+        W.step(w, kind, rows, z, P.chunk_rows, times=n * 2 + P.n_batches * 2)
+    w.full_grads = kind == "full"
+    w.extra_bytes += shape.params * W.BYTES[P.dtype] * (policies - 1)
+    return w

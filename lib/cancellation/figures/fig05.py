@@ -24,6 +24,7 @@ import pandas as pd
 
 from .. import cache, categories, measure, policy, rollout, value
 from .. import claims as C
+from .. import workload as W
 from .. import stats as S
 from . import base
 from .base import param
@@ -428,3 +429,31 @@ def claims(R: Result, P: Params) -> list[C.Claim]:
                             detail=f"{int(r.n_boosted)} boosted, {int(r.n_suppressed)} suppressed of the Fig. 11 pool"
                             + ("; the lr the Fig. 11 row reads" if R.chosen.get(o) == lr_ else "")))
     return rows
+
+
+# ----------------------------------------------------------------------------- the planner's workload
+def workload(P: Params, shape, z: W.Sizes) -> W.Work:
+    """What the planner counts for this notebook at P (read off compute(); approximations stated)."""
+    w, rows, cr = W.Work(), P.n_prompts * P.G, P.chunk_rows
+    W.sample(w, rows, z, chunk_rows_decode=W.sample_rows(P))
+    steps = len(P.sgd_lrs) + len(P.adam_lrs)          # repeated steps: K steps per optimizer and lr
+    W.step(w, "full", rows, z, cr, times=steps * P.repeat_steps + 1)
+    W.analysis(w, rows, z, cr, times=steps * P.repeat_steps + 3)
+    w.full_grads, w.adam = True, bool(P.adam_lrs)
+    # Monte Carlo values: per valued token and branch M continuations of up to max_new_tokens;
+    # 4 cells x n_per_cell tokens, n_pool11 per sign again, 2 branches, each estimator
+    valued = (4 * P.n_per_cell + 2 * P.n_pool11) * len(P.estimators)
+    h = getattr(P, "heldout_per_cell", 0)
+    if h:  # held-out states: a second batch, its forward before and after one step, 4 cells valued
+        W.sample(w, rows, z, chunk_rows_decode=W.sample_rows(P))
+        W.analysis(w, rows, z, cr, times=3)
+        W.step(w, "full", rows, z, cr)
+        valued += 4 * h
+    cont = valued * 2 * P.M
+    with w.split("valued tokens' Monte Carlo continuations", valued):
+        W.sample(w, cont, z, chunk_rows_decode=P.rows_per_chunk)
+    w.notes.append("continuations counted at the full response cap (they start mid-response: an upper bound)")
+    if P.sample_dtype and P.backend == "hf":
+        w.extra_bytes += shape.params * W.BYTES[P.sample_dtype]
+        w.extra_why.append(f"the {P.sample_dtype} sampler copy")
+    return w

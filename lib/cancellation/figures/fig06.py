@@ -27,6 +27,7 @@ import torch
 
 from .. import budget, cache, measure, policy, rollout, value
 from .. import claims as C
+from .. import workload as W
 from . import base
 from .base import param
 
@@ -328,3 +329,29 @@ def claims(R: Result, P: Params) -> list[C.Claim]:
                                         "groups, not resampled here (seeds only: optimistic; the two-way interval "
                                         "is computed for middle − ends)"))
     return rows
+
+
+# ----------------------------------------------------------------------------- the planner's workload
+def workload(P: Params, shape, z: W.Sizes) -> W.Work:
+    """What the planner counts for this notebook at P (read off compute(); approximations stated)."""
+    w, cr = W.Work(), P.chunk_rows
+    rows, crows = P.n_prompts * P.G, P.comp_prompts * P.comp_G
+    W.sample(w, rows, z, chunk_rows_decode=W.sample_rows(P))
+    W.sample(w, crows, z, chunk_rows_decode=W.sample_rows(P))
+    W.analysis(w, rows, z, cr)
+    W.analysis(w, P.comp_groups * P.G_comp, z, cr)
+    # a real grpo_step per setting and seed (step_mode grpo), on the sub-batch of the setting
+    settings = [(p * P.n_fixed) for p in P.prompt_sizes] + [P.prompts_fixed * g for g in P.rollout_sizes] + \
+        [P.G_comp] * max(P.G_comp - 1, 0)
+    with w.split("settings x seeds", len(settings) * P.n_seeds):
+        for r in settings:
+            W.step(w, "full", r, z, cr, times=P.n_seeds)
+            W.analysis(w, r, z, cr, times=P.n_seeds)
+    w.full_grads = True
+    valued = P.n_seeds * (min(P.prompt_sizes) * P.valued_per_prompt + P.comp_groups * P.G_comp) * P.tokens_per_rollout
+    with w.split("valued tokens' Monte Carlo continuations", valued):
+        W.sample(w, valued * 2 * P.M, z, chunk_rows_decode=P.rows_per_chunk)
+    w.notes.append("valued tokens: every seed's counted (the cache shares prefixes across seeds: an upper bound)")
+    if P.sample_dtype and P.backend == "hf":
+        w.extra_bytes += shape.params * W.BYTES[P.sample_dtype]
+    return w

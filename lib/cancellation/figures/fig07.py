@@ -23,6 +23,7 @@ from scipy import stats
 
 from .. import cache, policy, train
 from .. import claims as C
+from .. import workload as W
 from .. import stats as ST
 from . import base
 from .base import param
@@ -723,7 +724,7 @@ def _imbalance_rows(R: Result, P: Params) -> list[C.Claim]:
 def result_from_tables(results_dir, P: Params) -> Result:
     """The part of a Result that `claims` reads, rebuilt from the tables `Result.write` committed
     (final accuracies, the start, iterations, Table 2 and the lr sweep): a registry's notebook-07 rows
-    are re-derived without retraining (`python -m cancellation.figures.fig07 PROFILE`)."""
+    are re-derived without retraining (`python -m cancellation.rerecord 07 PROFILE`)."""
     d = Path(results_dir)
     curves = pd.read_parquet(d / "fig08_training_curves.parquet")
     iters = pd.read_parquet(d / "fig08_iterations.parquet")
@@ -740,19 +741,31 @@ def result_from_tables(results_dir, P: Params) -> Result:
                   none, none, none, none, budget, imb)
 
 
-def main(argv=None):
-    """Re-record notebook 07's claims of a profile from its committed tables (no training)."""
-    import argparse
-
-    from .. import run
-    ap = argparse.ArgumentParser(prog="python -m cancellation.figures.fig07")
-    ap.add_argument("profile", help="tiny or tiny-table2")
-    a = ap.parse_args(argv)
-    params = run.resolve_params(run.find_notebook("07"), a.profile)
-    P = Params(**{k: v for k, v in params.items() if k in Params.defaults()})
-    results_dir = run.ROOT / params["results_dir"]
-    C.record(results_dir, "07", claims(result_from_tables(results_dir, P), P))
-
-
-if __name__ == "__main__":
-    main()
+# ----------------------------------------------------------------------------- the planner's workload
+def workload(P: Params, shape, z: W.Sizes) -> W.Work:
+    """What the planner counts for this notebook at P (read off compute(); approximations stated)."""
+    w, rows, cr = W.Work(), P.n_prompts * P.G, P.chunk_rows
+    runs = len(P.strategies) * len(P.seeds) + len(P.probe_lrs) * len(P.probe_strategies) * len(P.probe_seeds)
+    runs += len(getattr(P, "budget_strategies", [])) * len(P.seeds)   # equal-rollout arm: at most as many rounds
+    if P.engine == "trl":
+        runs = len(P.strategies) * len(P.seeds) + len(P.probe_lrs) * len(P.probe_strategies) * len(P.probe_seeds)
+        w.notes.append("TRL runs counted as the small trainer's (the same blocks)")
+    rb = any("RB" in s for s in P.strategies)
+    rounds = P.iterations * (2 if rb else 1)          # RB samples extra rounds: about 2 per iteration
+    with w.split("runs (strategy x seed)", runs):
+        W.sample(w, rows, z, times=runs * rounds)
+        W.analysis(w, rows, z, cr, times=runs * P.iterations)
+        W.step(w, "full", rows, z, cr, P.n_minibatches, times=runs * P.iterations)
+        evals = runs * (P.iterations // P.eval_every + 1)
+        W.sample(w, len(P.eval_sets) * P.eval_n * P.eval_samples, z, times=evals)
+    d = getattr(P, "imbalance_plans", 0)
+    if d:  # Eq. 14: each seed's first batch, and 3 plans x d draws + the whole batch of gradients at θ0
+        with w.split("Eq. 14's seeds", len(P.seeds)):
+            W.sample(w, rows, z, times=len(P.seeds))
+            W.analysis(w, rows, z, cr, times=len(P.seeds))
+            W.step(w, "full", rows, z, cr, P.n_minibatches, times=len(P.seeds) * (3 * d + 1))
+        w.notes.append(f"Eq. 14: {len(P.seeds)} batches, {3 * d + 1} gradient passes each")
+    w.full_grads = w.adam = True
+    if rb:
+        w.notes.append("RB: about two sampling rounds per iteration")
+    return w

@@ -19,6 +19,7 @@ import torch
 
 from .. import cache, controls, coupling, measure, policy, rollout, train
 from .. import claims as C
+from .. import workload as W
 from .. import stats as S
 from . import base, fig01
 from .base import param
@@ -238,3 +239,23 @@ def claims(R: Result, P: Params) -> list[C.Claim]:
         detail=f"share > 0 {100 * (fs > 0).mean():.1f}%; corr with LM-head K {R.corr:.2f} over {len(R.pairs)} pairs "
                f"(pairs share tokens: the interval is optimistic)"))
     return rows
+
+
+# ----------------------------------------------------------------------------- the planner's workload
+def workload(P: Params, shape, z: W.Sizes) -> W.Work:
+    """What the planner counts for this notebook at P (read off compute(); approximations stated)."""
+    w, rows, cr = W.Work(), P.n_prompts * P.G, P.chunk_rows
+    W.delta_run(w, P, z, rows, P.steps, P.n_minibatches, cr)   # (a) notebook 01's run (read from the cache when 01 ran)
+    w.notes.append("(a) counts notebook 01's GRPO run, which a previous run of 01 leaves in the cache")
+    W.sample(w, rows, z, chunk_rows_decode=W.sample_rows(P))
+    W.features(w, P, shape, z, rows)
+    N = rows * z.new
+    W.kernel(w, N * N / 2 + N * N, shape, P.chunk, N)   # cross-sign pairs, then the same-token pools
+    n = P.n_full_tokens // 2
+    # (b) per-token full gradients: J's once, K's again for every chunk of J; one backward each,
+    # through its row (one forward per row; the backward dominates)
+    grads = n + W.ceil(n, P.grad_chunk) * n
+    w.add("full_step", positions=grads * z.L, head=grads, calls=grads)
+    w.extra_bytes += 2 * min(P.grad_chunk, n) * shape.params * W.BYTES[P.dtype]
+    w.extra_why.append(f"2 x grad_chunk = {2 * min(P.grad_chunk, n)} flattened full gradients")
+    return w

@@ -1,0 +1,33 @@
+"""Re-record a notebook's claims from its committed tables, without rerunning it.
+
+    python -m cancellation.rerecord 07 tiny-table2
+
+Notebook 07 only (its training runs take hours for `tiny-table2`): the claims come from the tables
+`fig07.result_from_tables` reads back, so a changed claim rule reaches the registry without retraining.
+A top-layer tool: it reads the profile through the runner, as the notebook would.
+"""
+from __future__ import annotations
+
+import argparse
+
+from . import claims as C
+from . import run
+from .figures import fig07
+
+REREADERS = {"07": fig07}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m cancellation.rerecord")
+    ap.add_argument("notebook", choices=sorted(REREADERS))
+    ap.add_argument("profile", help="tiny or tiny-table2")
+    a = ap.parse_args(argv)
+    mod = REREADERS[a.notebook]
+    params = run.resolve_params(run.find_notebook(a.notebook), a.profile)
+    P = mod.Params(**{k: v for k, v in params.items() if k in mod.Params.defaults()})
+    results_dir = run.ROOT / params["results_dir"]
+    C.record(results_dir, a.notebook, mod.claims(mod.result_from_tables(results_dir, P), P))
+
+
+if __name__ == "__main__":
+    main()
