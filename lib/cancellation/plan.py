@@ -26,8 +26,11 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import tasks
 from .figures import fig01, fig02, fig03, fig04, fig05, fig06, fig07, fig08
+from .policy import TOKENIZER_FILES, load_tokenizer
 from .shapes import Shape, device_kind, device_memory, known_shape
+from .standins import build_tokenizer
 from .workload import BYTES, Sizes, Work, ceil
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -67,9 +70,7 @@ def _local(path: str, root: Path = ROOT) -> str:
 
 def tokenizer_for(model_path: str):
     """The model's tokenizer; under a dry run without one, the stand-in tokenizer (policy.load_tokenizer)."""
-    from .policy import TOKENIZER_FILES, load_tokenizer
     if Path(model_path).is_dir() and not any((Path(model_path) / f).exists() for f in TOKENIZER_FILES):
-        from .standins import build_tokenizer
         return build_tokenizer()
     if not Path(model_path).is_dir():  # a hub name: only a tokenizer already in the HF cache (never the network)
         from huggingface_hub import try_to_load_from_cache
@@ -84,7 +85,6 @@ DEFAULT_PROMPT = {"generated": 48, "file": 256}  # only when the tokenizer or th
 def prompt_lengths(P, root: Path = ROOT) -> tuple[int, int, str]:
     """(mean, max) prompt tokens of the notebook's problems, rendered as its runs render them (first
     512 problems of a file; 256 generated ones), and how they were found."""
-    from . import tasks
     path = getattr(P, "problems_path", "")
     try:
         tok = tokenizer_for(_local(P.model_path, root))

@@ -18,6 +18,7 @@ import pandas as pd
 import torch
 
 from . import batching, grpo, measure, rollout, tasks
+from . import cache, coupling, policy
 from .compute import Compute
 
 log = logging.getLogger(__name__)
@@ -139,7 +140,6 @@ def cached_delta_run(model_path, cfg: RunConfig, dtype: str = "float64", device:
     every notebook asking for the same run (01's GRPO run, 08's frequency-matched control) reads
     one cache entry.
     """
-    from . import cache, policy
 
     def compute():
         model, tok = policy.load_policy(model_path, dtype=dtype, device=device)
@@ -154,7 +154,6 @@ def sign_consistency_run(model, tokenizer, cfg: RunConfig, sgd_lr: float, progre
     step with an SGD full step on that step's batch (Fig. 10). Trains `model` in place."""
     from tqdm import tqdm
 
-    from . import coupling
 
     opt = grpo.make_optimizer(model, cfg.update)
     cfg.source.load()
@@ -303,7 +302,6 @@ def minibatch_update(model, batch, plan, old_logp, optimizer, cfg: grpo.UpdateCo
 def _save(path, state):
     """Write a checkpoint atomically under a unique temporary name (cache.atomic_write): an
     interruption never leaves a half-written checkpoint, two runs never share a temporary file."""
-    from . import cache
     cache.atomic_write(path, lambda tmp: torch.save(state, tmp))
 
 
@@ -320,7 +318,6 @@ def _load_checkpoint(path):
     (a run is a function of its config, so a restart gives the same result)."""
     import os
 
-    from . import cache
     if not path or not os.path.exists(path):
         return None
     try:
@@ -364,7 +361,6 @@ def train_run(model, tok, cfg: TrainConfig, ckpt_path=None, ckpt_every: int = 1,
     """
     import contextlib
 
-    from . import cache
 
     opt = grpo.make_optimizer(model, cfg.update)
     cfg.source.load()  # a bad problem file fails here, before any sampling
@@ -466,7 +462,6 @@ def _train_run(model, tok, cfg, opt, sampler, ckpt_path, ckpt_every, progress, o
 
 # --------------------------------------------------------------------------- cached runs, in parallel
 def _train_key(model_path, cfg: TrainConfig, dtype: str, device: str, threads: int) -> dict:
-    from . import policy
     return dict(model=policy.fingerprint(model_path), dtype=dtype, device=device, threads=threads, **run_params(cfg))
 
 
@@ -478,7 +473,6 @@ def cached_train(model_path, cfg: TrainConfig, dtype: str = "float32", device: s
     them) and the config. The run is checkpointed every iteration under the cache's ckpt/ folder,
     so an interrupted run resumes; the checkpoint is deleted once the result is cached.
     """
-    from . import cache, policy
     params = _train_key(model_path, cfg, dtype, device, threads)
     ckpt_dir = cache.DEFAULT_DIR / "ckpt"
     ckpt_dir.mkdir(parents=True, exist_ok=True)
@@ -533,7 +527,6 @@ def cached_train_many(model_path, cfgs: list[TrainConfig], workers: int = 1, dty
 
     from tqdm import tqdm
 
-    from . import cache
     kw = dict(dtype=dtype, device=device, threads=threads)
     if workers > 1:
         todo = [c for c in cfgs if cache.load("train_run", _train_key(model_path, c, **kw)) is cache.MISS]
