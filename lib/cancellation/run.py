@@ -50,6 +50,7 @@ ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "notebooks"
 PARAMS = NOTEBOOKS / "params"
 INJECTED = ("profile", "fig_dir", "results_dir")  # set by the runner from the profile
+ONE_LINE_STOPS = ("NoSignal", "UnrewardableGolds")  # notebook errors whose message is the whole outcome
 
 
 class ParameterError(ValueError):
@@ -794,8 +795,8 @@ def run_notebook(ref: str, profile: str = "tiny", overrides: dict | None = None,
             raise NotebookInterrupted(_interrupt_summary(nb_path.stem, e, kept),
                                       143 if isinstance(e, staging.Terminated) else 130) from None
         except Exception as e:  # noqa: BLE001 - papermill, kernel death
-            if isinstance(e, PapermillExecutionError) and getattr(e, "ename", "") == "NoSignal":
-                _keep_failed(tmp, failed, renames)   # a batch without reward signal: its one line is the outcome
+            if isinstance(e, PapermillExecutionError) and getattr(e, "ename", "") in ONE_LINE_STOPS:
+                _keep_failed(tmp, failed, renames)   # no reward signal, golds refused: its one line is the outcome
                 raise NotebookFailed(f"{nb_path.stem} stopped: {_ANSI.sub('', str(e.evalue)).strip()}") from None
             msg = _failure_summary(nb_path.stem, e, _keep_failed(tmp, failed, renames))
             if isinstance(e, PapermillExecutionError):
