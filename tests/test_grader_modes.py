@@ -180,3 +180,18 @@ def test_a_figure_refuses_before_any_model_loads(tmp_path):
     P = fig02.Params(problems_path=str(_golds_file(tmp_path)), model_path=str(tmp_path / "no-model"))
     with pytest.raises(tasks.UnrewardableGolds, match="2 of 5 problems"):
         fig02.compute(P)       # the model path does not exist: the refusal comes first
+
+
+@pytest.mark.slow
+def test_runner_prints_the_refusal_alone_and_promotes_nothing(tmp_path):
+    import subprocess
+    import sys
+    f = _golds_file(tmp_path)
+    p = subprocess.run([sys.executable, "-m", "cancellation.run", "02", "--profile", "paper-smoke",
+                        "-p", "problems_path", str(f)], capture_output=True, text=True, cwd=run.ROOT)
+    assert p.returncode == 1
+    err = [line for line in p.stderr.splitlines() if line.strip()]
+    assert err[-1].startswith(f"error: 02_coupling_heatmaps stopped: {f}: 2 of 5 problems have a gold the reward "
+                              "can never credit as written (listed in ")
+    assert "Traceback" not in p.stderr and " cell" not in p.stderr     # no failing-cell listing
+    assert not [x for x in p.stdout.splitlines() if "outputs in" in x]   # nothing promoted
