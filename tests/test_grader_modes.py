@@ -195,3 +195,14 @@ def test_runner_prints_the_refusal_alone_and_promotes_nothing(tmp_path):
                               "can never credit as written (listed in ")
     assert "Traceback" not in p.stderr and " cell" not in p.stderr     # no failing-cell listing
     assert not [x for x in p.stdout.splitlines() if "outputs in" in x]   # nothing promoted
+
+
+def test_a_profiles_common_answer_mode_reaches_every_notebook(tmp_path, monkeypatch):
+    from test_run import _profile
+    _profile(tmp_path, monkeypatch, "common:\n  answer_mode: last_sentence\n  unrewardable_golds: skip\n")
+    for nb in ("01", "02", "03", "04", "05", "06", "07", "08"):
+        p = run.resolve_params(run.find_notebook(nb), "mine")
+        assert (p["answer_mode"], p["unrewardable_golds"]) == ("last_sentence", "skip"), nb
+    _profile(tmp_path / "b", monkeypatch, "common:\n  answer_mode: last_line\n")
+    with pytest.raises(run.ParameterError, match="answer_mode"):
+        run.resolve_params(run.find_notebook("01"), "mine")
