@@ -39,20 +39,61 @@ GiB = 2 ** 30
 
 
 # ----------------------------------------------------------------------------- the model's shape
+class ConfigError(ValueError):
+    """A model's config.json that cannot shape a plan: unreadable, not a JSON object, or a size field
+    missing, of the wrong type or not positive. One line naming the file (and the field and value)."""
+
+
+_SIZE_FIELDS = ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "vocab_size")
+_OPTIONAL_SIZE_FIELDS = ("num_key_value_heads", "head_dim")
+
+
+def _positive_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 1
+
+
+def read_config(path: str | Path) -> dict:
+    """A config.json as a dict whose size fields are positive integers; ConfigError naming the file otherwise."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: cannot read the model's config.json ({type(e).__name__}: {e})") from None
+    try:
+        cfg = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{path}: the model's config.json is not valid JSON ({e.msg} at line {e.lineno} column "
+                          f"{e.colno}); a truncated or corrupt download? fetch the model again") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: the model's config.json is nested too deeply to read") from None
+    if not isinstance(cfg, dict):
+        raise ConfigError(f"{path}: the model's config.json holds a JSON {type(cfg).__name__}, not an object of "
+                          "model settings")
+    for k in _SIZE_FIELDS:
+        if k not in cfg:
+            raise ConfigError(f"{path}: the model's config.json has no {k} (a Qwen2/Qwen3/Llama-style decoder "
+                              f"config has {', '.join(_SIZE_FIELDS)})")
+    for k in _SIZE_FIELDS + _OPTIONAL_SIZE_FIELDS:
+        v = cfg.get(k)
+        if (k in _SIZE_FIELDS or v is not None) and not _positive_int(v):
+            raise ConfigError(f"{path}: {k} is {json.dumps(v)[:60]} in the model's config.json; expected a positive "
+                              "integer")
+    return cfg
+
+
 def shape_of(model_path: str, root: Path = ROOT) -> Shape | None:
     """The shape of a local model directory, a hub model in the local HF cache, or a paper model by
     name; None when nothing says (the plan then gives no numbers)."""
     p = Path(os.path.expanduser(str(model_path)))
     p = p if p.is_absolute() else root / p
     if (p / "config.json").is_file():
-        return Shape.from_config(json.loads((p / "config.json").read_text()), str(p / "config.json"))
+        return Shape.from_config(read_config(p / "config.json"), str(p / "config.json"))
     try:  # a hub name already in the HF cache (never downloads)
         from huggingface_hub import try_to_load_from_cache
         hit = try_to_load_from_cache(str(model_path), "config.json")
-        if isinstance(hit, str):
-            return Shape.from_config(json.loads(Path(hit).read_text()), hit)
     except Exception:  # noqa: BLE001 - no hub library, a malformed name: fall through
-        pass
+        hit = None
+    if isinstance(hit, str):
+        return Shape.from_config(read_config(hit), hit)
     kw = known_shape(model_path)
     if kw:
         kw = dict(kw)

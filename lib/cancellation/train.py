@@ -247,9 +247,10 @@ def set_name(name: str) -> str:
 def eval_source(name: str, like: tasks.ProblemSource | None = None) -> tasks.ProblemSource:
     """The source of a held-out set: a difficulty of the generated task, or a problem file
     (rendered like the training source `like`)."""
+    mode = like.answer_mode if like else "auto"   # graded as the training rewards are
     if name in tasks.DIFFICULTIES:
-        return tasks.ProblemSource()
-    return tasks.ProblemSource(path=name, prompt_format=like.prompt_format if like else "auto")
+        return tasks.ProblemSource(answer_mode=mode)
+    return tasks.ProblemSource(path=name, prompt_format=like.prompt_format if like else "auto", answer_mode=mode)
 
 
 def eval_problems(name: str, n: int, like: tasks.ProblemSource | None = None) -> list:
@@ -276,7 +277,7 @@ def evaluate(model, tok, sets, n: int, samples: int = 1, temperature: float = 1.
     gen = [d for d in sets if d in tasks.DIFFICULTIES]
     if gen:
         problems = [p for d in gen for p in eval_problems(d, n)]
-        b = rollout.sample(model, tok, scfg(tasks.ProblemSource()), problems=problems, seed=4242)
+        b = rollout.sample(model, tok, scfg(eval_source(gen[0], like)), problems=problems, seed=4242)
         acc = b.reward.reshape(len(gen), -1).mean(1)
         out.update({d: float(a) for d, a in zip(gen, acc)})
     for d in sets:

@@ -47,6 +47,8 @@ class Params(base.FigureParams):
     vocab_chunk: int = param(8192, "vocabulary entries per block (bounds memory for large vocabularies)", min=1)
     problems_path: str = base.problems_path()
     prompt_format: str = base.prompt_format()
+    answer_mode: str = base.answer_mode()
+    unrewardable_golds: str = base.unrewardable_golds()
     chunk_rows: int = base.chunk_rows()
     token_chunk: int = base.token_chunk()
     sample_rows: int = base.sample_rows()

@@ -66,6 +66,8 @@ class Params(base.FigureParams):
     adam_lr: float = param(1e-4, "Fig. 10 training optimizer and App. D.3 Adam step", gt=0)
     problems_path: str = base.problems_path()
     prompt_format: str = base.prompt_format()
+    answer_mode: str = base.answer_mode()
+    unrewardable_golds: str = base.unrewardable_golds()
     chunk_rows: int = base.chunk_rows()
     token_chunk: int = base.token_chunk()
     sample_rows: int = base.sample_rows()
