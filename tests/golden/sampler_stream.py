@@ -32,12 +32,13 @@ def _batch(model, tok, seed, **cfg):
     return b.input_ids.tolist()
 
 
-def _random_prompts(V, rows, P, seed):
+def _random_prompts(V, rows, P, seed, pad=True):
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(3, V, (rows, P), generator=g)
     mask = torch.ones_like(ids)
-    mask[1::3, : P // 2] = 0          # left padding on every third row
-    ids[1::3, : P // 2] = 0
+    if pad:   # left padding on every third row (no padding: attention runs without a mask)
+        mask[1::3, : P // 2] = 0
+        ids[1::3, : P // 2] = 0
     return ids, mask
 
 
@@ -82,6 +83,12 @@ def cases() -> dict:
     out["stand-in f32 generate static=True no stop"] = lambda: rollout.generate(
         _load(STANDIN, "float32")[0], *_random_prompts(1088, 16, 24, 2), 24, 1.0, [-1], 0,
         generator=torch.Generator().manual_seed(2), static=True).tolist()
+    # prompts of one length: no attention mask at all (and SDPA's grouped-query path on the stand-in)
+    for path, dtype, V in ((TINY_M, "float64", 53), (STANDIN, "float32", 1088)):
+        for static in (False, True):
+            out[f"{Path(path).name} {dtype} unpadded static={static}"] = lambda p=path, d=dtype, v=V, st=static: \
+                rollout.generate(_load(p, d)[0], *_random_prompts(v, 12, 10, 4, pad=False), 30, 1.0, [1, 1000], 0,
+                                 generator=torch.Generator().manual_seed(4), static=st).tolist()
     return out
 
 
