@@ -218,6 +218,9 @@ def generate(model, input_ids, attention_mask, max_new_tokens: int, temperature:
     if static:
         return sampler.generate_static(model, input_ids, attention_mask, max_new_tokens, temperature, stop, pad_id,
                                        generator=generator, token_chunk=token_chunk, capture=dev.type == "cuda")
+    if dev.type == "cpu" and sampler.lean_supported(model):   # the same tokens, without transformers' per-step overhead
+        return sampler.generate_lean(model, input_ids, attention_mask, max_new_tokens, temperature, stop, pad_id,
+                                     generator=generator, token_chunk=token_chunk)
     stop = torch.as_tensor([stop] if isinstance(stop, int) else list(stop), dtype=torch.long, device=dev)
     B = input_ids.shape[0]
 
