@@ -506,20 +506,27 @@ class LeanStep:
         return F.linear(out.reshape(*h.shape[:-1], -1).contiguous(), *ly.o)
 
 
-@torch.no_grad()
 def generate_lean(model, input_ids, attention_mask, max_new_tokens: int, temperature: float, stop, pad_id: int,
                   generator: torch.Generator | None = None, token_chunk: int = 4096) -> torch.Tensor:
     """`rollout.generate`'s eager loop with the lean step: the same prefill, the same multinomial draws
     from the same generator (every row drawn every step, so the generator's stream is unchanged), the
     same attention masks (none when no prompt is padded, else the padding mask as a bool), and the same
-    stop rule: (B, T) new tokens, pad after the first stop id, as many columns as steps drawn."""
+    stop rule: (B, T) new tokens, pad after the first stop id, as many columns as steps drawn.
+    Runs under inference mode (no autograd bookkeeping per op: ~7% of a stand-in step); the tokens
+    come back as an ordinary tensor."""
+    with torch.inference_mode():
+        out = _lean_loop(model, input_ids, attention_mask, max_new_tokens, temperature, stop, pad_id, generator,
+                         token_chunk)
+    return out.clone()
+
+
+def _lean_loop(model, input_ids, attention_mask, T, temperature, stop, pad_id, generator, token_chunk):
     from transformers import DynamicCache
 
     from .rollout import draw_chunked, last_hidden
     dev = input_ids.device
     stop = torch.as_tensor([stop] if isinstance(stop, int) else list(stop), dtype=torch.long, device=dev)
     B, P = input_ids.shape
-    T = max_new_tokens
     pos = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     h, kv = last_hidden(model, DynamicCache(), input_ids=input_ids, attention_mask=attention_mask, position_ids=pos)
     step = LeanStep(model)
@@ -538,14 +545,12 @@ def generate_lean(model, input_ids, attention_mask, max_new_tokens: int, tempera
     def draw(logits, rows):
         return _draw_multinomial(logits, temperature, generator)
 
-    n = T
     for k in range(T):
         tok = torch.where(done, pad, draw_chunked(model, h, token_chunk, draw))
         out[:, k] = tok
         done |= torch.isin(tok, stop)
         if k == T - 1 or bool(done.all()):
-            n = k + 1
-            break
+            return out[:, :k + 1]
         h = step(tok, next_pos, P + k, mask)
         next_pos = next_pos + 1
-    return out[:, :n]
+    return out[:, :0]   # T = 0: no step drawn
