@@ -459,6 +459,12 @@ class LeanStep:
     0..col with `mask` (None, or a (rows, 1, 1, >= col + 1) bool or additive mask, sliced here) and
     returns the final norm's hidden states (rows, d): what `body(...).last_hidden_state[:, -1]` gives,
     bit for bit (the same functions on the same tensors in the same order as the modules' forward).
+
+    Attention on live rows only: after `drop(done)`, rows that have stopped leave the cache and the
+    attention (`live`: the rows still in it). Attention is computed per (row, head), so the live rows'
+    outputs do not change; the stopped rows get zeros and are never read (their tokens are pad).
+    Every other op keeps all rows: a matmul's rows round differently with the row count (float64
+    MKL, measured), and the multinomial draw must see every row to consume the generator as before.
     """
 
     def __init__(self, model):
@@ -469,6 +475,7 @@ class LeanStep:
         self.rope = rope
         self.attention = functions.get_interface(model.config._attn_implementation, eager)
         self.keys = self.values = None
+        self.live = None     # indices of the rows still in the cache and the attention (None: all)
 
     def fill(self, kv, L: int):
         """Copy the prefill's keys/values (rows, kv heads, P, D) into buffers of L columns."""
@@ -479,6 +486,16 @@ class LeanStep:
                 buf = src.new_empty(B, H, L, D)
                 buf[:, :, :P] = src
                 bufs.append(buf)
+
+    def drop(self, done: torch.Tensor, mask):
+        """Take the rows that have stopped (`done`, over all rows) out of the cache and the attention;
+        returns the attention mask of the rows that stay (None stays None)."""
+        live = self.live if self.live is not None else torch.arange(len(done), device=done.device)
+        keep = (~done[live]).nonzero().squeeze(1)
+        self.keys = [K.index_select(0, keep) for K in self.keys]
+        self.values = [V.index_select(0, keep) for V in self.values]
+        self.live = live.index_select(0, keep)
+        return None if mask is None else mask.index_select(0, keep)
 
     def __call__(self, tok, pos, col: int, mask):
         x = self.embed(tok[:, None])
@@ -498,29 +515,36 @@ class LeanStep:
             q, k = ly.q_norm(q), ly.k_norm(k)
         q, k = self.rope(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
         v = F.linear(h, *ly.v).view(shape).transpose(1, 2)
+        if self.live is not None:
+            q, k, v = (t.index_select(0, self.live) for t in (q, k, v))
         K, V = self.keys[i], self.values[i]
         K[:, :, col] = k[:, :, 0]    # written in place: no per-step concatenation of the whole cache
         V[:, :, col] = v[:, :, 0]
         out, _ = self.attention(ly.attn, q, K[:, :, :col + 1], V[:, :, :col + 1], mask, dropout=0.0,
                                 scaling=ly.scaling, sliding_window=None)
+        if self.live is not None:   # stopped rows: zeros (finite, never read)
+            out = out.new_zeros(h.shape[0], *out.shape[1:]).index_copy_(0, self.live, out)
         return F.linear(out.reshape(*h.shape[:-1], -1).contiguous(), *ly.o)
 
 
 def generate_lean(model, input_ids, attention_mask, max_new_tokens: int, temperature: float, stop, pad_id: int,
-                  generator: torch.Generator | None = None, token_chunk: int = 4096) -> torch.Tensor:
+                  generator: torch.Generator | None = None, token_chunk: int = 4096,
+                  drop_rows: bool = True) -> torch.Tensor:
     """`rollout.generate`'s eager loop with the lean step: the same prefill, the same multinomial draws
     from the same generator (every row drawn every step, so the generator's stream is unchanged), the
     same attention masks (none when no prompt is padded, else the padding mask as a bool), and the same
     stop rule: (B, T) new tokens, pad after the first stop id, as many columns as steps drawn.
     Runs under inference mode (no autograd bookkeeping per op: ~7% of a stand-in step); the tokens
-    come back as an ordinary tensor."""
+    come back as an ordinary tensor. drop_rows: once a quarter of the live rows have stopped, attend
+    over the live rows only (`LeanStep.drop`; the same tokens)."""
     with torch.inference_mode():
         out = _lean_loop(model, input_ids, attention_mask, max_new_tokens, temperature, stop, pad_id, generator,
-                         token_chunk)
+                         token_chunk, drop_rows)
     return out.clone()
 
 
-def _lean_loop(model, input_ids, attention_mask, T, temperature, stop, pad_id, generator, token_chunk):
+def _lean_loop(model, input_ids, attention_mask, T, temperature, stop, pad_id, generator, token_chunk,
+               drop_rows=True):
     from transformers import DynamicCache
 
     from .rollout import draw_chunked, last_hidden
@@ -545,12 +569,17 @@ def _lean_loop(model, input_ids, attention_mask, T, temperature, stop, pad_id, g
     def draw(logits, rows):
         return _draw_multinomial(logits, temperature, generator)
 
+    live = B
     for k in range(T):
         tok = torch.where(done, pad, draw_chunked(model, h, token_chunk, draw))
         out[:, k] = tok
         done |= torch.isin(tok, stop)
-        if k == T - 1 or bool(done.all()):
+        n_done = int(done.sum())
+        if k == T - 1 or n_done == B:
             return out[:, :k + 1]
+        if drop_rows and B - n_done <= 0.75 * live:   # a quarter of the live rows stopped: attend without them
+            mask = step.drop(done, mask)
+            live = B - n_done
         h = step(tok, next_pos, P + k, mask)
         next_pos = next_pos + 1
     return out[:, :0]   # T = 0: no step drawn
