@@ -369,22 +369,18 @@ def sampler(device: str = "auto", shapes: str = "auto", compile: bool = True, ea
     """Sampling tokens/s: ours (static KV cache; decode step captured as a CUDA graph on GPU) vs our eager
     DynamicCache loop vs transformers `generate` (dynamic cache; static cache + torch.compile on GPU) vs
     the weight-read limit (parameter bytes over the device copy bandwidth measured here). GPU: Qwen3-1.7B's
-    shape, bfloat16, random weights, 64 x 512 and 256 x 256 new tokens. CPU: the stand-in model, float32,
-    16 x 64 (ours runs eagerly there: no graphs on a CPU). No stop ids: every row runs to the cap.
+    shape, bfloat16, random weights, 64 x 512 and 256 x 256 new tokens. CPU: `sampler_cpu` (the tiny
+    policy in float64 and the stand-in in float32, ours = the lean step). No stop ids: every row runs to the cap.
     On a GPU the old eager loop is timed only with eager_gpu=True, and static + compile only at the
     first shape (each costs about a minute of device time). dynamic: the shapes ('64x512,...') at which
     transformers' dynamic-cache generate is timed, or 'all' (on an H100 it runs at ~430 tokens/s at
-    64 x 512: 76 s a call). On a CPU: `sampler_cpu` (every shape, ours vs transformers, alternating rounds)."""
+    64 x 512: 76 s a call). repeats, threads: `sampler_cpu`'s."""
     device = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
     if device == "cpu":
         return sampler_cpu(shapes=shapes, repeats=repeats, threads=threads)
-    if device == "cuda":
-        model = scale.build("qwen3-1.7b", dtype=torch.bfloat16, device="cuda")
-        dims = [(64, 512), (256, 256)]
-        what = "Qwen3-1.7B shape, bfloat16, random weights"
-    else:
-        model, _ = policy.load_policy(_standin_model())
-        dims, what = [(16, 64)], "stand-in model, float32"
+    model = scale.build("qwen3-1.7b", dtype=torch.bfloat16, device=device)
+    dims = [(64, 512), (256, 256)]
+    what = "Qwen3-1.7B shape, bfloat16, random weights"
     if shapes != "auto":
         dims = [tuple(int(x) for x in s.split("x")) for s in str(shapes).split(",")]
     model.eval()
