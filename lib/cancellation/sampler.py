@@ -410,11 +410,14 @@ LEAN_TYPES = ("qwen2", "qwen3")    # the decoder layouts we ship (tiny policies:
 
 def lean_supported(model) -> bool:
     """Whether the lean step reproduces this model's forward: a Qwen2/Qwen3 decoder with full attention
-    only, stock attention functions, and no forward hooks (the lean step calls modules' forward directly)."""
+    only, stock attention functions, no attention dropout in training mode, and no forward hooks (the
+    lean step calls modules' forward directly)."""
     cfg = model.config
     if getattr(cfg, "model_type", None) not in LEAN_TYPES or not supported(model):
         return False
     if getattr(cfg, "_attn_implementation", None) not in ("sdpa", "eager"):
+        return False
+    if model.training and getattr(cfg, "attention_dropout", 0.0):   # the lean step never drops attention
         return False
     return not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
 
