@@ -321,6 +321,8 @@ def median_shift(x, axis=0):
 def topk_pairs(topk_effects: pd.DataFrame, pool: str, scope: str) -> tuple[int, int, pd.DataFrame]:
     """(smallest k, largest k, per candidate δ at both) for Fig. 3(c)'s paired comparison."""
     t = topk_effects[(topk_effects.pool == pool) & (topk_effects.scope == scope)]
+    if t.k.nunique() < 2:  # no sizes in this scope (topk_full_sizes empty) or a single one: nothing to compare
+        return 0, 0, t.iloc[:0][["cand", "delta"]]
     k0, k1 = int(t.k.min()), int(t.k.max())
     m = t[t.k == k0][["cand", "delta"]].merge(t[t.k == k1][["cand", "delta"]], on="cand", suffixes=("_lo", "_hi"))
     return k0, k1, m
@@ -578,4 +580,8 @@ def reading(rows: list[C.Claim], R: Result) -> list[str]:
             f"{cite('fig03c_nonzero_lm_head_mean_rises', 1, '+.2e')}, Boost Rate change "
             f"{cite('fig03c_nonzero_lm_head_rate_rises')} pts",
             f"Fig. 10 fitted drift of the same-sign share over the run: {cite('fig10_stable', 1, '+.3f')}"]
+    small = [c for c in rows if c.verdict == C.INCONCLUSIVE and 0 < c.n < 30]
+    if small:
+        out.append("too few units on this profile to decide (inconclusive at their n): "
+                   + ", ".join(f"{c.claim} (n = {c.n})" for c in small))
     return out
