@@ -170,6 +170,16 @@ class Claim:
                 + (f"\n    {self.detail}" if self.detail else ""))
 
 
+def cite(claims: list[Claim], claim_id: str, scale: float = 1.0, fmt: str = "+.3g") -> str:
+    """One claim of `claims` for a sentence of a notebook's reading: "m [lo, hi] (verdict)", the numbers
+    times `scale` (100 for points), so no reading types a number that goes stale on another profile."""
+    c = next((c for c in claims if c.claim == claim_id), None)
+    if c is None:
+        raise KeyError(f"no claim {claim_id!r} among {[c.claim for c in claims]}")
+    ci = "" if _nan(c.lo) else f" [{scale * c.lo:{fmt}}, {scale * c.hi:{fmt}}]"
+    return f"{scale * c.measured:{fmt}}{ci} ({c.verdict})"
+
+
 def resampling_ok(resampling: str) -> bool:
     """A known unit, or known units (not "none") joined by " × " (a multi-stage bootstrap)."""
     parts = str(resampling).split(" × ")
