@@ -52,6 +52,7 @@ UNITS = ("token", "token id", "pair", "candidate", "rollout", "group", "prompt",
 BEGIN, END = "<!-- claims:begin -->", "<!-- claims:end -->"  # the full table (docs/claims.md)
 SUMMARY_BEGIN, SUMMARY_END = "<!-- claims-summary:begin -->", "<!-- claims-summary:end -->"  # counts (README.md)
 CLAIMS_DOC = "docs/claims.md"
+THESIS_PREFIX = "fig04_thesis_"  # the rows README lists one by one
 COLUMNS = ["notebook", "claim", "figure", "statement", "paper", "measured", "lo", "hi", "n", "unit", "rule",
            "params", "rule_text", "detail", "verdict", "estimator", "resampling"]
 LATER_COLUMNS = ("estimator", "resampling")  # added to the registry later; empty in an older registry's rows
@@ -287,6 +288,16 @@ def summary_markdown(root=".", registries=README_REGISTRIES) -> str:
             total += counts
             lines.append(f"| {nb}{tag} | {len(g)} | " + " | ".join(str(counts[v]) for v in VERDICTS) + " |")
     lines.append(f"| all | {int(total.sum())} | " + " | ".join(f"**{total[v]}**" for v in VERDICTS) + " |")
+    thesis = [r for path, _ in registries[:1] if (Path(root) / path).exists()
+              for _, r in read_registry(Path(root) / path).iterrows() if r.claim.startswith(THESIS_PREFIX)]
+    if thesis:  # the paper's thesis itself, row by row: what a reader looks for first
+        lines += ["", "The thesis itself (notebook 04, Algorithm 2 on one batch and θ₀ at a time; "
+                  "what would refute it is in each row's rule):", "",
+                  "| claim | measured [95% CI] | verdict |", "|---|---|---|"]
+        for r in thesis:
+            ci = "" if _nan(r.lo) else f" [{_fmt(r.lo)}, {_fmt(r.hi)}]"
+            cells = [r.statement, f"{_fmt(r.measured)}{ci}", f"**{r.verdict}**"]
+            lines.append("| " + " | ".join(c.replace("|", "\\|").replace("\n", " ") for c in cells) + " |")
     return "\n".join(lines)
 
 
