@@ -185,16 +185,20 @@ print(f"M = {P.M}; median per-token SE: " + ", ".join(f"{e} {v:.3f}" for e, v in
 
 # %% [markdown]
 # **Reading.** Both estimators target the same Δ; Eq. 20 divides by 1 − p_t, so tokens with p_t
-# in 0.99–0.999 give it a heavy-tailed SE at small M: read the exclude numbers. In negative
-# rollouts the GRPO step, which pushes every token down at the sequence level, raises the better
-# tokens — the paper's hidden credit assignment. Fig. 5(b): here the highest-entropy tokens are
-# the randomised scaffold words, whose value is 0 whatever the update does; the value-carrying
-# decisions sit at intermediate entropy. "Rises then falls" is also tested as gap(peak k) −
-# gap(all): +0.043 [−0.013, +0.102], inconclusive (tiny run). Fig. 11: SGD at small lr stays
-# first-order (step 1's statuses kept, a flat gap built in), so the claim is read where the share of changed
-# statuses reaches `nonlinear_share`; a paired interval of gap(K) − gap(1) handles shared tokens. The step-1 gap is recorded for every optimizer and lr: at Adam lr 1e-2 it is
-# −0.117 [−0.202, −0.024], against Fig. 5(a). On held-out states (new prompts, split by the step on the
-# first batch) the gap is smaller but holds: +0.106 [+0.018, +0.196]. The claims:
+# in 0.99–0.999 give it a heavy-tailed SE at small M: read the exclude numbers. The main text's Â_M
+# (§3, no 1/(1 − p_t)) weighs each token's value by 1 − p_t and is recorded too. In negative
+# rollouts the GRPO step, which pushes every token down at the sequence level, raises the tokens
+# with higher value: the association the paper reads as hidden credit assignment (no row here
+# tests that cancellation causes it). Fig. 5(b): the highest-entropy tokens are the randomised
+# scaffold words, whose value is 0 whatever the update does; the peak row reads a peak at the
+# valued pool's last k as 100% (no fall inside the pool). Fig. 11: SGD at small lr stays
+# first-order (step 1's statuses kept, a flat gap built in), so the claim is read where the share
+# of changed statuses reaches `nonlinear_share`; a paired interval of gap(K) − gap(1) handles shared
+# tokens. A step-1 row whose split equals a smaller lr's later step (the same measurement) is not
+# recorded twice. Held-out states (new prompts, split by the step on the first batch) are reported
+# per sign. The numbers, from the rows below:
 
 # %%
-claims.record(results_dir, "05", fig05.claims(R, P));
+rows = fig05.claims(R, P)
+print(fig05.reading(rows, R, P))
+claims.record(results_dir, "05", rows);
