@@ -184,19 +184,13 @@ print(f"M = {P.M}; median per-token SE: " + ", ".join(f"{e} {v:.3f}" for e, v in
       + f"; computed in {R.seconds:.0f} s", fig05.heldout_text(R, P), sep="\n")
 
 # %% [markdown]
-# **Reading.** Both estimators target the same Δ; Eq. 20 divides by 1 − p_t, so tokens with p_t
-# in 0.99–0.999 give it a heavy-tailed SE at small M: read the exclude numbers. The main text's Â_M
-# (§3, no 1/(1 − p_t)) weighs each token's value by 1 − p_t and is recorded too. In negative
-# rollouts the GRPO step, which pushes every token down at the sequence level, raises the tokens
-# with higher value: the association the paper reads as hidden credit assignment (no row here
-# tests that cancellation causes it). Fig. 5(b): the highest-entropy tokens are the randomised
-# scaffold words, whose value is 0 whatever the update does; the peak row reads a peak at the
-# valued pool's last k as 100% (no fall inside the pool). Fig. 11: SGD at small lr stays
-# first-order (step 1's statuses kept, a flat gap built in), so the claim is read where the share
-# of changed statuses reaches `nonlinear_share`; a paired interval of gap(K) − gap(1) handles shared
-# tokens. A step-1 row whose split equals a smaller lr's later step (the same measurement) is not
-# recorded twice. Held-out states (new prompts, split by the step on the first batch) are reported
-# per sign. The numbers, from the rows below:
+# **Reading.** Both estimators target Δ; Eq. 20's 1/(1 − p_t) gives p_t near 1 a heavy-tailed SE at
+# small M: read exclude. §3's Â_M (no 1/(1 − p_t)) weighs value by 1 − p_t. In negative rollouts the
+# step raises the higher-value tokens: the association the paper reads as hidden credit assignment
+# (no row tests that cancellation causes it). 5(b): a peak at the valued pool's last k reads 100%
+# (no fall inside the pool). Fig. 11: small-lr SGD stays first-order (a flat gap built in), so the
+# claim reads the lr where `nonlinear_share` of statuses changed; a step-1 split equal to a smaller
+# lr's later step is not recorded twice. Held-out states are reported per sign. From the rows:
 
 # %%
 rows = fig05.claims(R, P)

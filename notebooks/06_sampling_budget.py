@@ -184,18 +184,13 @@ if "composition" in set(R.trends.panel):
 print("\n".join(lines))
 
 # %% [markdown]
-# **Reading.** Every gap is measured on tokens inside the update it is computed for, the same
-# tokens at every budget of a seed, so a difference between budgets comes from the update alone.
-# The tokens' own advantage decides much of their direction: at n = 1 only positive rollouts are
-# pushed, so the all-token gap there includes the difference between tokens of positive and
-# negative rollouts; the within-sign rows remove it. The claims use d = gap(largest) −
-# gap(smallest), fixed before this run (the slope per doubling is shown and decides nothing);
-# "most pronounced for the top-25%" is d(top25) − d(all) on the same resamples. The valued tokens
-# (one per valued rollout) stay fixed across seeds, so every row's interval resamples their query
-# groups as well as the seeds (two-way, n = query groups; the seeds-only interval is in each row's
-# detail): in 7(b) too, for middle − ends and for each end alone. In 7(b) the ends and the middle
-# share tokens, and the split of the contrast into its sparse and saturated end says which end
-# makes it. The rows' numbers:
+# **Reading.** Every gap is measured on tokens inside its update, the same tokens at every budget of
+# a seed, so a difference between budgets comes from the update alone. At n = 1 only positive
+# rollouts are pushed, so the all-token gap includes the positive − negative difference; the
+# within-sign rows remove it. d = gap(largest) − gap(smallest) was fixed before this run (the slope
+# decides nothing); "most pronounced for the top-25%" is d(top25) − d(all). The valued tokens stay
+# fixed across seeds, so every row resamples their query groups with the seeds (two-way, n = groups;
+# seeds-only interval in the detail), 7(b)'s middle − ends and each end alone included. From the rows:
 
 # %%
 rows = fig06.claims(R, P)
