@@ -235,7 +235,7 @@ def test_06_sampling_budget(side_by_side):
     # every row resamples the seeds and the query groups of its valued tokens (two-way), n = query groups
     assert (c.resampling == "seed × group").all()
     assert (c[c.claim.str.startswith("fig07b")].n == 2).all()
-    assert all("seeds only: [" in d and "x 3 seeds" in d for d in c.detail)  # smoke: n_seeds 3
+    assert all("x 3 seeds, both resampled" in d for d in c.detail)  # smoke: n_seeds 3
     assert {"fig06_rollouts_within_sign", "fig06_rollouts_top25_vs_all"} <= set(c.claim)
     assert {"fig05a_exclude_heldout", "fig11_sgd"} <= set(claims.claim)  # 05 and 06 ran at once: both kept their rows
 
