@@ -205,11 +205,17 @@ def test_fisher_rule_against_scipy():
                 assert C.exact(k / n - j / n_ref, NAN, NAN, k=k, n=n, k_ref=j, n_ref=n_ref, sign=-1) == want
 
 
-def test_record_refuses_a_rule_that_cannot_pass_at_its_n(tmp_path):
-    with pytest.raises(C.CannotPass, match="cannot pass"):
-        C.record(tmp_path, "07", [Claim("stable", "T2", "no collapse", "yes", 0.0, 0.0, 0.7, n=3, rule="direction",
-                                        params=dict(sign=-1, ref=0.1), estimator="Clopper–Pearson", resampling="run")])
-    assert not (tmp_path / "claims.parquet").exists()
+def test_record_refuses_a_rule_that_cannot_pass_at_its_n(tmp_path, capsys):
+    """Not recorded, and one printed line names the row and says why; the other rows are recorded."""
+    out = C.record(tmp_path, "07", [
+        Claim("stable", "T2", "no collapse", "yes", 0.0, 0.0, 0.7, n=3, rule="direction",
+              params=dict(sign=-1, ref=0.1), estimator="Clopper–Pearson", resampling="run"),
+        Claim("one_seed", "T2", "up", "yes", 1.0, n=1),
+        Claim("fine", "T2", "up", "yes", 0.2, 0.1, 0.3, n=5)])
+    assert list(out.claim) == ["fine"] and list(C.read_registry(tmp_path / "claims.parquet").claim) == ["fine"]
+    printed = capsys.readouterr().out
+    assert "not recorded: stable" in printed and "needs at least 36" in printed
+    assert "not recorded: one_seed" in printed and "n = 1" in printed
 
 
 # rows of the parallel work on notebook 03 that predate the check (strict: an XPASS says remove the entry)

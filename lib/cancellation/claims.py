@@ -28,8 +28,9 @@ Rules (all on the measured value m and its interval [lo, hi]; NaN bounds mean "n
   not reproduced if the test the other way gives p ≤ alpha, else inconclusive.
 
 `record` refuses a row whose rule cannot read "reproduced" at its n with its estimator, whatever
-the data (`can_pass`: a Clopper–Pearson bound that no count reaches, a t interval over one unit, a
-Fisher test no counts can pass): such a row tests nothing, so the notebook drops it and says why.
+the data (`can_pass`: a Clopper–Pearson bound that no count reaches, a t interval or a bootstrap over
+one unit, a Fisher test no counts can pass): such a row tests nothing at this profile's n, so it is
+not recorded, and a printed line (in the notebook's output) names it and says why.
 
 Every Claim also states its `estimator` (how the interval is computed: "t over steps",
 "percentile bootstrap over candidates", "Clopper–Pearson", "point (no interval)", ...) and its
@@ -248,10 +249,6 @@ def can_pass(rule: str, params: dict, n: int, estimator: str) -> tuple[bool, str
     return True, ""
 
 
-class CannotPass(ValueError):
-    """A claim whose rule cannot read "reproduced" at its n (can_pass)."""
-
-
 def resampling_ok(resampling: str) -> bool:
     """A known unit, or known units (not "none") joined by " × " (a multi-stage bootstrap)."""
     parts = str(resampling).split(" × ")
@@ -292,9 +289,12 @@ def record(results_dir, notebook: str, claims: list[Claim]) -> pd.DataFrame:
     the same time waits), and the write is atomic (readers see the old table or the new one).
     """
     path = Path(results_dir) / "claims.parquet"
-    bad = [f"{c.claim}: {why}" for c in claims for ok, why in [can_pass(c.rule, c.params, c.n, c.estimator)] if not ok]
-    if bad:  # a row that cannot pass at its n tests nothing: the notebook drops it and says why
-        raise CannotPass(f"record({notebook}): rules that cannot pass at their n: " + "; ".join(bad))
+    left_out = []  # a row that cannot pass at its n tests nothing: not recorded, one printed line says why
+    for c in claims:
+        ok, why = can_pass(c.rule, c.params, c.n, c.estimator)
+        if not ok:
+            left_out.append(f"not recorded: {c.claim} ({c.figure}: {c.statement}) cannot pass at n = {c.n}: {why}")
+    claims = [c for c in claims if can_pass(c.rule, c.params, c.n, c.estimator)[0]]
     new = pd.DataFrame([c.row(notebook) for c in claims], columns=COLUMNS)
     ids = new.claim.tolist()
     if len(set(ids)) != len(ids):
@@ -307,6 +307,8 @@ def record(results_dir, notebook: str, claims: list[Claim]) -> pd.DataFrame:
         cache.write_table(out[COLUMNS], path)
     for c in claims:
         print(c.line())
+    for line in left_out:
+        print(line)
     return out
 
 
