@@ -184,17 +184,15 @@ print(f"M = {P.M}; median per-token SE: " + ", ".join(f"{e} {v:.3f}" for e, v in
       + f"; computed in {R.seconds:.0f} s", fig05.heldout_text(R, P), sep="\n")
 
 # %% [markdown]
-# **Reading.** Both estimators target the same Δ; Eq. 20 divides by 1 − p_t, so tokens with p_t
-# in 0.99–0.999 give it a heavy-tailed SE at small M: read the exclude numbers. In negative
-# rollouts the GRPO step, which pushes every token down at the sequence level, raises the better
-# tokens — the paper's hidden credit assignment. Fig. 5(b): here the highest-entropy tokens are
-# the randomised scaffold words, whose value is 0 whatever the update does; the value-carrying
-# decisions sit at intermediate entropy. "Rises then falls" is also tested as gap(peak k) −
-# gap(all): +0.043 [−0.013, +0.102], inconclusive (tiny run). Fig. 11: SGD at small lr stays
-# first-order (step 1's statuses kept, a flat gap built in), so the claim is read where the share of changed
-# statuses reaches `nonlinear_share`; a paired interval of gap(K) − gap(1) handles shared tokens. The step-1 gap is recorded for every optimizer and lr: at Adam lr 1e-2 it is
-# −0.117 [−0.202, −0.024], against Fig. 5(a). On held-out states (new prompts, split by the step on the
-# first batch) the gap is smaller but holds: +0.106 [+0.018, +0.196]. The claims:
+# **Reading.** Both estimators target Δ; Eq. 20's 1/(1 − p_t) gives p_t near 1 a heavy-tailed SE at
+# small M: read exclude. §3's Â_M (no 1/(1 − p_t)) weighs value by 1 − p_t. In negative rollouts the
+# step raises the higher-value tokens: the association the paper reads as hidden credit assignment
+# (no row tests that cancellation causes it). 5(b): a peak at the valued pool's last k reads 100%
+# (no fall inside the pool). Fig. 11: small-lr SGD stays first-order (a flat gap built in), so the
+# claim reads the lr where `nonlinear_share` of statuses changed; a step-1 split equal to a smaller
+# lr's later step is not recorded twice. Held-out states are reported per sign. From the rows:
 
 # %%
-claims.record(results_dir, "05", fig05.claims(R, P));
+rows = fig05.claims(R, P)
+print(fig05.reading(rows, R, P))
+claims.record(results_dir, "05", rows);

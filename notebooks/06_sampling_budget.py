@@ -37,7 +37,8 @@
 # each sub-batch (a group of one rollout gets A = r: n = 1 is positive-only training). One
 # plain-SGD GRPO step (full scope, lr 0.1, float64, as Fig. 5) per setting and seed; its Δlog p
 # on the seed's valued tokens gives the split. The gap of a setting pools the (seed, token)
-# instances of all seeds; intervals resample seeds (paired across the settings of a panel).
+# instances of all seeds; the tables' intervals resample seeds (paired across a panel's settings),
+# the claim rows' seeds and query groups (two-way: the valued tokens are fixed across seeds).
 # Each step is exact: from per-rollout scores (`step_mode: scores`) or a real `grpo_step` (`grpo`).
 
 # %% tags=["parameters"]
@@ -183,18 +184,16 @@ if "composition" in set(R.trends.panel):
 print("\n".join(lines))
 
 # %% [markdown]
-# **Reading.** Every gap is measured on tokens inside the update it is computed for, the same
-# tokens at every budget of a seed, so a difference between budgets comes from the update alone.
-# The tokens' own advantage decides much of their direction: at n = 1 only positive rollouts are
-# pushed, so the all-token gap there includes the difference between tokens of positive and
-# negative rollouts; the within-sign rows remove it (tiny run: 6(b) +0.102 [+0.019, +0.189],
-# reproduced; 6(a) +0.005 [−0.108, +0.118]). The claims use d = gap(largest) − gap(smallest),
-# fixed before this run (the slope per doubling is shown and decides nothing). "Most pronounced
-# for the top-25%" is d(top25) − d(all) on the same seed resamples: −0.025 [−0.135, +0.092] (6(a))
-# and −0.062 [−0.170, +0.032] (6(b)) — the top-25% grow less here, inconclusive. Intervals resample
-# seeds (n = seeds; valued tokens in the detail); 7(b)'s middle − ends rows also resample its query groups
-# (two-way, n = groups), its sparse / saturated split only the seeds (optimistic intervals). In 7(b) the ends and the middle share tokens, and the split of
-# the contrast into its sparse and saturated end says which end makes it.
+# **Reading.** Every gap is measured on tokens inside its update, the same tokens at every budget of
+# a seed, so a difference between budgets comes from the update alone. At n = 1 only positive
+# rollouts are pushed, so the all-token gap includes the positive − negative difference; the
+# within-sign rows remove it. d = gap(largest) − gap(smallest) was fixed before this run (the slope
+# decides nothing); "most pronounced for the top-25%" is d(top25) − d(all). The valued tokens stay
+# fixed across seeds, so every row resamples their query groups with the seeds (two-way, n = groups;
+# seeds-only interval in the detail), 7(b)'s middle − ends and each end alone included. From the rows:
 
 # %%
-claims.record(results_dir, "06", fig06.claims(R, P));
+rows = fig06.claims(R, P)
+print("\n".join(f"{r.claim}: {r.measured:+.3f} [{r.lo:+.3f}, {r.hi:+.3f}] ({r.resampling}, n = {r.n}) -> {r.verdict}"
+                for r in rows))
+claims.record(results_dir, "06", rows);

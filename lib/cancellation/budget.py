@@ -425,7 +425,9 @@ def composition_trend_groups(sw: pd.DataFrame, tokens: pd.DataFrame, group_of_to
     """Fig. 7(b)'s trend d = mean gap of the middle compositions − that of the two ends (as trend_table),
     with an interval that resamples query groups as well as seeds: replicate b weights the instance
     (seed s, token of group g) by c_seed[b, s] · c_group[b, g], both bootstrap counts (seeds drawn
-    first, then groups, from one generator); the gaps of every k use the same weights (paired)."""
+    first, then groups, from one generator); the gaps of every k use the same weights (paired). Also
+    middle − each end alone (d_sparse, d_saturated) and each end's own gap (gap_sparse, gap_saturated)
+    on the same replicates."""
     d = sw[sw.panel == "composition"]
     if not len(d):
         return pd.DataFrame()
@@ -452,9 +454,65 @@ def composition_trend_groups(sw: pd.DataFrame, tokens: pd.DataFrame, group_of_to
         G0, R = np.array(gaps), np.stack(reps)
         ends, mid = [0, len(xs) - 1], list(range(1, len(xs) - 1)) or [0]
         lo, hi = interval(R[mid].mean(0) - R[ends].mean(0))
-        rows.append(dict(subset=name, d=float(G0[mid].mean() - G0[ends].mean()), d_lo=lo, d_hi=hi,
-                         n_seeds=len(seeds), n_groups=len(groups)))
+        row = dict(subset=name, d=float(G0[mid].mean() - G0[ends].mean()), d_lo=lo, d_hi=hi,
+                   n_seeds=len(seeds), n_groups=len(groups))
+        for e, i in (("sparse", 0), ("saturated", len(xs) - 1)):  # middle − each end alone, same replicates
+            lo, hi = interval(R[mid].mean(0) - R[i])
+            row.update({f"d_{e}": float(G0[mid].mean() - G0[i]), f"d_{e}_lo": lo, f"d_{e}_hi": hi})
+            lo, hi = interval(R[i])  # the end's own gap ("diminishes or even becomes negative")
+            row.update({f"gap_{e}": float(G0[i]), f"gap_{e}_lo": lo, f"gap_{e}_hi": hi})
+        rows.append(row)
     return pd.DataFrame(rows)
+
+
+def trend_two_way(sw: pd.DataFrame, tokens: pd.DataFrame, panel: str, cluster_of_tok: np.ndarray, subsets: dict,
+                  n_boot: int = 1000, seed: int = 0) -> tuple[pd.DataFrame, dict]:
+    """Fig. 6 (a)/(b)'s trend d = gap(largest budget) − gap(smallest) (as trend_table) with an interval
+    that resamples the clusters of the valued tokens (`cluster_of_tok`, one label per row of `tokens`:
+    the token itself, its rollout or its query) as well as the seeds: replicate b weights the instance
+    (seed s, token of cluster c) by c_seed[b, s] · c_cluster[b, c] (seeds drawn first, then clusters,
+    from one generator; the same weights for both budgets: paired). Per subset and 'within_sign' (the
+    mean of the gaps inside positive and inside negative rollouts). Returns (rows, replicates of d by
+    name): d, d_lo, d_hi, n_seeds, n_clusters."""
+    d = sw[sw.panel == panel]
+    if not len(d):
+        return pd.DataFrame(), {}
+    seeds = np.sort(d.seed.unique())
+    labels = np.asarray(cluster_of_tok)
+    clusters = np.unique(labels[np.unique(d.tok.to_numpy())])
+    rng = np.random.default_rng(seed)
+    cs = np.stack([np.bincount(i, minlength=len(seeds)) for i in rng.integers(0, len(seeds), (n_boot, len(seeds)))])
+    cc = np.stack([np.bincount(i, minlength=len(clusters))
+                   for i in rng.integers(0, len(clusters), (n_boot, len(clusters)))])
+    v_all = tokens.delta_hat.to_numpy()
+    pos = (tokens.reward > 0.5).to_numpy()
+    xs = np.sort(d.x.unique())
+    ends = (xs[0], xs[-1])
+
+    def gap_and_reps(x, keep):
+        dx = d[d.x == x]
+        tok = dx.tok.to_numpy()
+        sel = keep[tok]
+        tok, st = tok[sel], dx.status.to_numpy()[sel]
+        si, ci = np.searchsorted(seeds, dx.seed.to_numpy()[sel]), np.searchsorted(clusters, labels[tok])
+        sums = seed_sums(v_all[tok], st, si * len(clusters) + ci, len(seeds) * len(clusters)).reshape(
+            len(seeds), len(clusters), 4)
+        return pooled_gap(v_all[tok], st), _gap_of(np.einsum("bs,bc,sck->bk", cs, cc, sums))
+
+    rows, reps = [], {}
+    for name in list(subsets) + ["within_sign"]:
+        if name == "within_sign":
+            parts = [[gap_and_reps(x, pos == sgn) for sgn in (True, False)] for x in ends]
+            g = [(a[0] + b[0]) / 2 for a, b in parts]
+            r = [(a[1] + b[1]) / 2 for a, b in parts]
+        else:
+            m = np.asarray(subsets[name], bool)
+            g, r = zip(*[gap_and_reps(x, m) for x in ends])
+        reps[name] = r[1] - r[0]
+        lo, hi = interval(reps[name])
+        rows.append(dict(panel=panel, subset=name, d=float(g[1] - g[0]), d_lo=lo, d_hi=hi, n_seeds=len(seeds),
+                         n_clusters=len(clusters)))
+    return pd.DataFrame(rows), reps
 
 
 def needed(nb: dict, S: int, M: int, N: int, target: float | None = None, z: float = 2.0) -> dict:

@@ -25,6 +25,15 @@ Rules (all on the measured value m and its interval [lo, hi]; NaN bounds mean "n
   direction() would say reproduced, else direction()'s verdict (a broken construction shows).
   Never "reproduced".
 
+- exact(k, n, k_ref, n_ref, sign=-1, alpha=0.05): counts in an arm against a reference arm (e.g.
+  collapsed runs), Fisher's exact test, one-sided in the paper's direction: reproduced at p ≤ alpha,
+  not reproduced if the test the other way gives p ≤ alpha, else inconclusive.
+
+`record` refuses a row whose rule cannot read "reproduced" at its n with its estimator, whatever
+the data (`can_pass`: a Clopper–Pearson bound that no count reaches, a t interval or a bootstrap over
+one unit, a Fisher test no counts can pass): such a row tests nothing at this profile's n, so it is
+not recorded, and a printed line (in the notebook's output) names it and says why.
+
 Every Claim also states its `estimator` (how the interval is computed: "t over steps",
 "percentile bootstrap over candidates", "Clopper–Pearson", "point (no interval)", ...) and its
 `resampling` unit (what one draw of the interval is: token, token id, pair, candidate, rollout, group,
@@ -38,6 +47,7 @@ import json
 import math
 import re
 from dataclasses import asdict, dataclass, field
+from fractions import Fraction
 from pathlib import Path
 
 import pandas as pd
@@ -100,7 +110,36 @@ def construction(m, lo, hi, why: str, sign: int = 1, ref: float = 0.0, point_ok:
     return BY_CONSTRUCTION if d == REPRODUCED else d
 
 
-RULES = {"direction": direction, "similar": similar, "construction": construction}
+def _fisher_p(k: int, n: int, k_ref: int, n_ref: int, lower: bool = True) -> Fraction:
+    K, N = k + k_ref, n + n_ref
+    total = math.comb(N, n)
+    return sum((Fraction(math.comb(K, x) * math.comb(N - K, n - x), total)
+                for x in range(max(0, n - (N - K)), min(K, n) + 1) if (x <= k if lower else x >= k)), Fraction(0))
+
+
+def fisher_p(k: int, n: int, k_ref: int, n_ref: int, lower: bool = True) -> float:
+    """One-sided Fisher's exact p of k/n against k_ref/n_ref (the hypergeometric tail of k given both
+    margins): lower=True tests k/n < k_ref/n_ref (P(X ≤ k)), else k/n > k_ref/n_ref (P(X ≥ k)).
+    Computed in exact rational arithmetic (`exact` compares it with alpha exactly: 0/3 vs 3/3 is 1/20)."""
+    return float(_fisher_p(k, n, k_ref, n_ref, lower))
+
+
+def exact(m, lo, hi, k: int, n: int, k_ref: int, n_ref: int, sign: int = -1, alpha: float = 0.05) -> str:
+    """Counts of an event (e.g. collapsed runs) in an arm (k of n) against a reference arm (k_ref of
+    n_ref), Fisher's exact test, one-sided: the paper says sign·(k/n − k_ref/n_ref) > 0. reproduced if
+    the test in the paper's direction gives p ≤ alpha, not reproduced if the test the other way does,
+    else inconclusive. m, lo, hi are shown only (the verdict reads the counts)."""
+    if n <= 0 or n_ref <= 0:
+        return INCONCLUSIVE
+    a = Fraction(str(alpha))
+    if _fisher_p(k, n, k_ref, n_ref, lower=sign < 0) <= a:
+        return REPRODUCED
+    if _fisher_p(k, n, k_ref, n_ref, lower=sign >= 0) <= a:
+        return NOT_REPRODUCED
+    return INCONCLUSIVE
+
+
+RULES = {"direction": direction, "similar": similar, "construction": construction, "exact": exact}
 
 
 def rule_text(rule: str, params: dict) -> str:
@@ -117,6 +156,11 @@ def rule_text(rule: str, params: dict) -> str:
     if rule == "similar":
         t, tol = p.get("target", 0.0), p["tol"]
         return f"95% CI within {t:g} ± {tol:g}{pt}"
+    if rule == "exact":
+        side = "<" if p.get("sign", -1) < 0 else ">"
+        return (f"Fisher's exact test, one-sided: share {side} the reference's at p ≤ {p.get('alpha', 0.05):g} "
+                f"({p['k']}/{p['n']} vs {p['k_ref']}/{p['n_ref']}); not if the test the other way gives p ≤ "
+                f"{p.get('alpha', 0.05):g}")
     if rule == "construction":
         side = ">" if p.get("sign", 1) >= 0 else "<"
         return f"built in ({p['why']}): 95% CI {side} {p.get('ref', 0.0):g}{pt} holds by construction, never 'reproduced'"
@@ -181,6 +225,45 @@ def cite(claims: list[Claim], claim_id: str, scale: float = 1.0, fmt: str = "+.3
     return f"{scale * c.measured:{fmt}}{ci} ({c.verdict})"
 
 
+def can_pass(rule: str, params: dict, n: int, estimator: str) -> tuple[bool, str]:
+    """Whether a rule can read "reproduced" at its n with its estimator, given the best outcome the
+    data could have: (True, "") or (False, why, with the n that would be needed where one exists).
+    - construction: never "reproduced" by design (it reports "holds by construction"): exempt.
+    - exact: every pair of counts (0..n, 0..n_ref) is tried.
+    - Clopper–Pearson: every count k = 0..n is tried with its exact interval.
+    - a point estimator (no interval): only with point_ok.
+    - t intervals and bootstraps need at least 2 units (n = 1 has no spread: a t interval is
+      undefined and a bootstrap of one unit is that unit); OLS at least 3 rows.
+    The bound of a continuous measure is not known here: beyond these, a rule is taken to be able to
+    pass (the interval can sit anywhere)."""
+    p = dict(params)
+    est = str(estimator)
+    if rule == "construction":
+        return True, ""
+    if rule == "exact":
+        k_max, r_max = p["n"], p["n_ref"]
+        if any(exact(math.nan, math.nan, math.nan, k, k_max, j, r_max, p.get("sign", -1), p.get("alpha", 0.05))
+               == REPRODUCED for k in range(k_max + 1) for j in range(r_max + 1)):
+            return True, ""
+        return False, (f"Fisher's exact test at {k_max} vs {r_max} runs cannot reach p ≤ {p.get('alpha', 0.05):g} "
+                       "even at the most extreme counts")
+    if "Clopper" in est:
+        from .stats import clopper_pearson
+        if any(RULES[rule](k / n, *clopper_pearson(k, n), **p) == REPRODUCED for k in range(n + 1)) if n > 0 else False:
+            return True, ""
+        need = next((m for m in range(max(n, 1) + 1, 1000)
+                     if any(RULES[rule](k / m, *clopper_pearson(k, m), **p) == REPRODUCED for k in range(m + 1))), None)
+        return False, (f"a Clopper–Pearson interval over {n} runs cannot pass '{rule_text(rule, p)}' at any count"
+                       + (f"; it needs at least {need}" if need else ""))
+    if est.startswith("point"):
+        return (True, "") if p.get("point_ok") else (False, "no interval, and the rule does not decide on the point")
+    if "OLS" in est:
+        return (True, "") if n >= 3 else (False, f"OLS over {n} rows has no interval (needs at least 3)")
+    if n < 2:
+        return False, f"{est} over n = {n} has no spread, so no interval (needs at least 2)"
+    return True, ""
+
+
 def resampling_ok(resampling: str) -> bool:
     """A known unit, or known units (not "none") joined by " × " (a multi-stage bootstrap)."""
     parts = str(resampling).split(" × ")
@@ -221,6 +304,12 @@ def record(results_dir, notebook: str, claims: list[Claim]) -> pd.DataFrame:
     the same time waits), and the write is atomic (readers see the old table or the new one).
     """
     path = Path(results_dir) / "claims.parquet"
+    left_out = []  # a row that cannot pass at its n tests nothing: not recorded, one printed line says why
+    for c in claims:
+        ok, why = can_pass(c.rule, c.params, c.n, c.estimator)
+        if not ok:
+            left_out.append(f"not recorded: {c.claim} ({c.figure}: {c.statement}) cannot pass at n = {c.n}: {why}")
+    claims = [c for c in claims if can_pass(c.rule, c.params, c.n, c.estimator)[0]]
     new = pd.DataFrame([c.row(notebook) for c in claims], columns=COLUMNS)
     ids = new.claim.tolist()
     if len(set(ids)) != len(ids):
@@ -233,6 +322,8 @@ def record(results_dir, notebook: str, claims: list[Claim]) -> pd.DataFrame:
         cache.write_table(out[COLUMNS], path)
     for c in claims:
         print(c.line())
+    for line in left_out:
+        print(line)
     return out
 
 

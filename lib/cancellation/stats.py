@@ -184,10 +184,11 @@ def paired_gap_change(values, sign, status_a, status_b, n_boot: int = 2000, seed
 
 
 def bootstrap_peak(values, sign, status, score, ks, n_boot: int = 1000, seed: int = 0,
-                   alpha: float = 0.05) -> tuple[float, float, float]:
+                   alpha: float = 0.05, to=None) -> tuple[float, float, float]:
     """Where the sign-balanced gap peaks over top-k% subsets by `score` (Fig. 5(b): k of the
     highest-entropy tokens), with a percentile bootstrap of the argmax: each replicate resamples
-    the tokens, keeps the score thresholds of the full pool, and finds its own peak k."""
+    the tokens, keeps the score thresholds of the full pool, and finds its own peak k. `to` (a
+    function of k) maps the point and every replicate's k before the percentiles are read."""
     values, sign, status, score = _arr(values), np.asarray(sign), np.asarray(status), _arr(score)
     ks = list(ks)
     thr = [np.quantile(score, 1 - k / 100) for k in ks]
@@ -195,7 +196,8 @@ def bootstrap_peak(values, sign, status, score, ks, n_boot: int = 1000, seed: in
     def peak(i):
         g = [sign_balanced_gap(values[i][score[i] >= t], sign[i][score[i] >= t], status[i][score[i] >= t])
              for t in thr]
-        return ks[int(np.nanargmax(g))] if np.isfinite(g).any() else np.nan
+        k = ks[int(np.nanargmax(g))] if np.isfinite(g).any() else np.nan
+        return to(k) if to is not None and np.isfinite(k) else k
 
     point = peak(np.arange(len(values)))
     rng = np.random.default_rng(seed)

@@ -137,7 +137,8 @@ def compute(P: Params) -> Result:
     source = base.problem_source(P)
     tagger = categories.Categorizer(P.category_map or None, tagger=P.tagger).tagger  # 'auto' resolved
     return base.cached("fig05", P, source, lambda: _compute(P, source),
-                       categories=category_fingerprint(P.category_map), tagger_used=tagger)
+                       categories=category_fingerprint(P.category_map), tagger_used=tagger,
+                       revision=2)  # 2: Fig. 5(b)'s peak at the pool's end reads 100% (a rule that can fail)
 
 
 def _compute(P: Params, source) -> Result:
@@ -281,8 +282,22 @@ def _peak(v0, signed, P: Params) -> dict:
     tokens of mixed groups above it (monotone in k)."""
     kmax, klo, khi = S.bootstrap_peak(v0.delta_hat, v0.sign, v0.status, v0.entropy, P.entropy_k,
                                       min(P.n_boot, 1000), P.seed)
-    to_all = lambda k: 100 * float((signed.entropy >= v0.entropy.quantile(1 - k / 100)).mean())  # noqa: E731
-    return dict(k=kmax, lo=klo, hi=khi, all=to_all(kmax), all_lo=to_all(klo), all_hi=to_all(khi), n=len(v0))
+    a, a_lo, a_hi = S.bootstrap_peak(v0.delta_hat, v0.sign, v0.status, v0.entropy, P.entropy_k,
+                                     min(P.n_boot, 1000), P.seed, to=lambda k: to_all(signed.entropy, v0.entropy, k,
+                                                                                      max(P.entropy_k)))
+    return dict(k=kmax, lo=klo, hi=khi, all=a, all_lo=a_lo, all_hi=a_hi, n=len(v0),
+                reach=to_all(signed.entropy, v0.entropy, max(P.entropy_k) - 1e-9, max(P.entropy_k)))
+
+
+def to_all(all_entropy, pool_entropy, k, k_end):
+    """Fig. 5(b)'s k of the valued pool as the paper's k (% of all response tokens of mixed groups at
+    or above the pool's entropy threshold at k). A peak at the pool's last k (`k_end`) has no fall
+    inside the pool, so it reads k = 100% of all tokens: a gap that grows to the pool's end fails the
+    peak rule on the high side (the pool holds only the top ~half of tokens by entropy, so mapped
+    literally even k = 100% of the pool would land near 40%)."""
+    if k >= k_end:
+        return 100.0
+    return 100 * float((np.asarray(all_entropy) >= np.quantile(np.asarray(pool_entropy), 1 - k / 100)).mean())
 
 
 def _confidence_gaps(v0, P: Params) -> pd.DataFrame:
@@ -321,6 +336,47 @@ def id_matched_gaps(values: pd.DataFrame) -> pd.DataFrame:
                          "n_suppressed": g["size"]["suppressed"]}).reset_index()
 
 
+def id_cluster_bootstrap(cells: pd.DataFrame, n_boot: int = 2000, seed: int = 0,
+                         alpha: float = 0.05) -> tuple[float, float, float]:
+    """The unweighted mean gap over (token id, sign) cells with a percentile interval that resamples
+    token ids (a drawn id brings all of its cells: its two signs share the id's identity)."""
+    ids = np.unique(cells.token_id.to_numpy())
+    by = {i: cells.gap.to_numpy()[cells.token_id.to_numpy() == i] for i in ids}
+    rng = np.random.default_rng(seed)
+    reps = np.array([np.concatenate([by[i] for i in ids[rng.integers(0, len(ids), len(ids))]]).mean()
+                     for _ in range(n_boot)])
+    lo, hi = np.quantile(reps, [alpha / 2, 1 - alpha / 2])
+    return float(cells.gap.mean()), float(lo), float(hi)
+
+
+def main_text_gaps(R: Result, P: Params) -> list[dict]:
+    """The value gap per rollout sign under §3's estimator Â_M = avg₀ − avg₋₁ (continuations of
+    s_t ⊕ o_t and of s_t; no 1/(1 − p_t) factor), on the tokens and continuations of the Eq. 20
+    ('paper') estimator; [] when that estimator was not run."""
+    v = R.values[R.values.estimator == "paper"]
+    if not len(v):
+        return []
+    v = v.assign(main=v.avg0 - v.avg1)
+    return [r for r in value.sign_gaps(v, P.n_boot, P.seed, value_col="main") if r["sign"] != "all"]
+
+
+def step1_duplicates(repeated: pd.DataFrame) -> dict:
+    """Fig. 11's step-1 rows that repeat a measurement: (optimizer, lr) → (lr', step) of a smaller lr of
+    the same optimizer whose split at that step gives the same gap, interval and counts (the gap is a
+    function of the pool's split only). Plain SGD's step moves log p by lr times a first-order term,
+    so a larger lr's first step can split the pool as a smaller lr's k-th step does."""
+    cols = ["gap", "lo", "hi", "n_boosted", "n_suppressed"]
+    out = {}
+    for o, d in repeated.groupby("optimizer", sort=False):
+        for lr_ in sorted(d.lr.unique()):
+            one = d[(d.lr == lr_) & (d.step == 1)][cols].iloc[0]
+            for _, r in d[d.lr < lr_].iterrows():
+                if all(np.isclose(r[c], one[c], rtol=0, atol=1e-12) for c in cols):
+                    out[(o, lr_)] = (float(r.lr), int(r.step))
+                    break
+    return out
+
+
 def claims(R: Result, P: Params) -> list[C.Claim]:
     est0 = P.estimators[0]
     rows = []
@@ -335,6 +391,15 @@ def claims(R: Result, P: Params) -> list[C.Claim]:
                                 rule="direction", params=dict(sign=1), **TOK,
                                 detail=f"boosted {cm.get((sign, 'boosted'), np.nan):+.2f}, suppressed "
                                 f"{cm.get((sign, 'suppressed'), np.nan):+.2f}; median SE {R.se.loc[est, '50%']:.2f}"))
+    for r in main_text_gaps(R, P):  # the main text's Â_M (paper line 131): no 1/(1 − p) factor
+        label = {"pos": "A > 0", "neg": "A < 0"}[r["sign"]]
+        rows.append(C.Claim(f"fig05a_maintext_{r['sign']}", "Fig. 5(a), main-text estimator Â_M",
+                            f"boosted tokens have higher value than suppressed ({label})", "yes",
+                            r["gap"], r["lo"], r["hi"], n=int(r["n_boosted"] + r["n_suppressed"]),
+                            unit="value gap of avg₀ − avg₋₁", rule="direction", params=dict(sign=1), **TOK,
+                            detail=f"§3's Â_M = mean reward from s_t ⊕ o_t − mean reward from s_t (M = {P.M} each), "
+                            "the same continuations as the Eq. 20 row without its 1/(1 − p_t) factor: it weighs a "
+                            "token's value by its improbability (Â_M = (1 − p_t)·Δ), so confident tokens count little"))
     if R.heldout is not None and len(R.heldout):  # the referee's control: values on states the step never saw
         g = {r["sign"]: r for r in value.sign_gaps(R.heldout, P.n_boot, P.seed + 9)}
         a = g["all"]
@@ -352,9 +417,12 @@ def claims(R: Result, P: Params) -> list[C.Claim]:
     rows.append(C.Claim("fig05b_peak", f"Fig. 5(b), {est0}", "the gap peaks at intermediate entropy", "k ≈ 40%",
                         pk["all"], pk["all_lo"], pk["all_hi"], n=pk["n"], unit="top-% of all tokens at the peak",
                         rule="similar", params=dict(target=40, tol=15), estimator="percentile bootstrap over "
-                        "tokens (argmax per replicate)", resampling="token",
-                        detail=f"peak at k = {pk['k']:.0f}% [{pk['lo']:.0f}, {pk['hi']:.0f}] of the valued pool; "
-                        "balanced-draw gaps by k: " + ", ".join(f"{k}%: {x:+.2f}" for k, x in zip(b.k, b.gap))))
+                        "tokens (argmax per replicate; a peak at the pool's last k reads 100%)", resampling="token",
+                        detail=f"peak at k = {pk['k']:.0f}% [{pk['lo']:.0f}, {pk['hi']:.0f}] of the valued pool; the "
+                        f"pool reaches {pk.get('reach', np.nan):.0f}% of all tokens, so a peak at its last k "
+                        f"(k = {max(P.entropy_k)}%: no fall inside the pool) reads 100% and fails the rule on the "
+                        "high side; balanced-draw gaps by k: "
+                        + ", ".join(f"{k}%: {x:+.2f}" for k, x in zip(b.k, b.gap))))
     v0 = R.values[R.values.estimator == est0]
     d, lo, hi, kp = S.bootstrap_peak_minus_end(v0.delta_hat, v0.sign, v0.status, v0.entropy, P.entropy_k,
                                            min(P.n_boot, 1000), P.seed)
@@ -378,15 +446,17 @@ def claims(R: Result, P: Params) -> list[C.Claim]:
                             detail=f"Δ̂ ~ 1[boosted] + p + entropy + position + sign over {len(bs)} boosted and "
                             f"suppressed tokens; SE {se:.3f}; the raw gap rows above have no such control"))
     cells = id_matched_gaps(v0)
-    if len(cells) >= 2:  # the same token id on both sides: frequency and identity cannot make the gap
-        m, lo, hi = S.bootstrap_mean(cells.gap.to_numpy(), min(P.n_boot, 2000), P.seed)
+    if cells.token_id.nunique() >= 2:  # the same token id on both sides: frequency and identity cannot make the gap
+        m, lo, hi = id_cluster_bootstrap(cells, min(P.n_boot, 2000), P.seed)
         rows.append(C.Claim(f"fig05a_{est0}_id_matched", f"Fig. 5(a), {est0}, within token id",
                             "boosted tokens have higher value than suppressed tokens of the same id (and sign)", "yes",
-                            m, lo, hi, n=len(cells), unit="value gap, mean over (token id, sign) cells",
+                            m, lo, hi, n=cells.token_id.nunique(), unit="value gap, mean over (token id, sign) cells",
                             rule="direction", params=dict(sign=1),
-                            estimator="percentile bootstrap over (token id, sign) cells", resampling="token id",
-                            detail=f"{len(cells)} cells holding {int(cells.n_boosted.sum())} boosted and "
-                            f"{int(cells.n_suppressed.sum())} suppressed tokens (of {len(v0)}); unweighted mean"))
+                            estimator="percentile bootstrap over token ids (each drawn id brings all its (id, sign) "
+                            "cells)", resampling="token id",
+                            detail=f"{len(cells)} (id, sign) cells of {cells.token_id.nunique()} token ids holding "
+                            f"{int(cells.n_boosted.sum())} boosted and {int(cells.n_suppressed.sum())} suppressed "
+                            f"tokens (of {len(v0)}); unweighted mean over cells"))
     for _, r in R.strata[(R.strata.by == "category") & (R.strata.sign == "all")].iterrows():  # by token class
         nb_ = dict(n=int(r.n_boosted + r.n_suppressed), unit="value gap (sign-balanced)", **TOK,
                    detail=f"{int(r.n_boosted)} boosted, {int(r.n_suppressed)} suppressed tokens of class {r.level}")
@@ -423,14 +493,52 @@ def claims(R: Result, P: Params) -> list[C.Claim]:
                             n=len(R.pool11), unit=unit, rule="direction", params=dict(sign=1), **PAIRED,
                             detail=f"{100 * x.changed_status:.0f}% of statuses changed; gap {first:+.2f} → "
                             f"{x.gap:+.2f}; grid: {others}"))
+    dup = step1_duplicates(R.repeated)  # one measurement, one row
     for (o, lr_), r in R.repeated[R.repeated.step == 1].set_index(["optimizer", "lr"]).iterrows():  # every run
+        if (o, lr_) in dup:
+            continue
+        same = [f"lr {b:g}'s step-1 split is lr {lr_:g}'s step-{k} split (the same gap, interval and counts: "
+                f"plain SGD's first-order step scales with lr), so it has no row of its own"
+                for (oo, b), (a, k) in dup.items() if oo == o and a == lr_]
         rows.append(C.Claim(f"fig11_step1_{o}_lr{lr_:g}", f"Fig. 11 / 5(a) ({o} lr {lr_:g}, {est0}, step 1)",
                             "boosted tokens have higher value than suppressed after one step", "yes", r.gap, r.lo,
                             r.hi, n=len(R.pool11), unit="value gap (sign-balanced), step 1", rule="direction",
                             params=dict(sign=1), **TOK,
                             detail=f"{int(r.n_boosted)} boosted, {int(r.n_suppressed)} suppressed of the Fig. 11 pool"
-                            + ("; the lr the Fig. 11 row reads" if R.chosen.get(o) == lr_ else "")))
+                            + ("; the lr the Fig. 11 row reads" if R.chosen.get(o) == lr_ else "")
+                            + "".join(f"; {x}" for x in same)))
     return rows
+
+
+def reading(rows: list[C.Claim], R: Result, P: Params) -> str:
+    """The Reading's numbers, from the claim rows just built (nothing typed by hand)."""
+    by = {r.claim: r for r in rows}
+    est0 = P.estimators[0]
+
+    def f(cid):
+        r = by.get(cid)
+        if r is None or _nan(r.measured):
+            return "not measured"
+        ci = "" if _nan(r.lo) else f" [{r.lo:+.3f}, {r.hi:+.3f}]"
+        return f"{r.measured:+.3f}{ci}, {r.verdict}"
+
+    out = [f"step-1 gap ({est0}): A > 0 {f(f'fig05a_{est0}_pos')}; A < 0 {f(f'fig05a_{est0}_neg')}",
+           f"main-text Â_M (no 1/(1 − p)): A > 0 {f('fig05a_maintext_pos')}; A < 0 {f('fig05a_maintext_neg')}",
+           f"rises then falls, gap(peak) − gap(all): {f('fig05b_peak_minus_end')}; peak (% of all tokens): "
+           f"{f('fig05b_peak')}"]
+    if R.heldout is not None and len(R.heldout):
+        g = {r["sign"]: r for r in value.sign_gaps(R.heldout, P.n_boot, P.seed + 9)}
+        out.append(f"held-out states: balanced {f(f'fig05a_{est0}_heldout')}; per sign " + ", ".join(
+            f"{s_} {g[s_]['gap']:+.3f} [{g[s_]['lo']:+.3f}, {g[s_]['hi']:+.3f}]"
+            + ("" if g[s_]["lo"] > 0 else " (its interval holds 0)") for s_ in ("pos", "neg")))
+    out.append("Fig. 11 step-1 gap per run: " + "; ".join(
+        f"{r.claim.removeprefix('fig11_step1_').replace('_', ' ')} {f(r.claim)}"
+        for r in rows if r.claim.startswith("fig11_step1_")))
+    return "\n".join(out)
+
+
+def _nan(x) -> bool:
+    return x is None or (isinstance(x, float) and np.isnan(x))
 
 
 # ----------------------------------------------------------------------------- the planner's workload

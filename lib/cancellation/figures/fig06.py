@@ -111,6 +111,7 @@ class Result:
     n_comp_groups: int        # query groups of 7(b)
     group_trend: pd.DataFrame  # 7(b)'s trend per subset with query groups resampled as well as seeds
     seconds: dict             # wall time: values, sweep, total (of the first run, when cached)
+    panel_trend: pd.DataFrame | None = None  # 6(a)/(b)'s trends with query groups resampled as well as seeds
 
     def write(self, results_dir) -> None:
         d = Path(results_dir)
@@ -120,6 +121,8 @@ class Result:
                   self.group_trend)
         for name, df in zip(TABLES, tables):
             cache.write_table(df, d / f"{name}.parquet")
+        if self.panel_trend is not None:
+            cache.write_table(self.panel_trend, d / "fig06_group_trend.parquet")
 
     def at(self, panel, x, scope="valued", subset="all") -> pd.Series:
         """The gap row of one setting."""
@@ -140,7 +143,36 @@ def resolved(t) -> str:
 
 def compute(P: Params) -> Result:
     source = base.problem_source(P)
-    return base.cached("fig06", P, source, lambda: _compute(P, source), revision=2)  # 2: groups resampled
+    R = base.cached("fig06", P, source, lambda: _compute(P, source), revision=2)  # 2: groups resampled
+    # the two-way intervals (seeds × query groups) of every trend row, from the cached sweep (fast)
+    subsets = token_subsets(R.valued, P.top_fracs)
+    R.group_trend = budget.composition_trend_groups(R.sweep, R.valued, R.valued.group.to_numpy(), subsets,
+                                                    P.n_boot, P.seed)
+    R.panel_trend = panel_trends(R, P)
+    return R
+
+
+def panel_trends(R: Result, P: Params) -> pd.DataFrame:
+    """6(a)/(b)'s trends d = gap(largest) − gap(smallest) per subset and within sign, and d(top25) −
+    d(all), with intervals that resample the query groups as well as the seeds (budget.trend_two_way:
+    a valued token's cluster is its query; each valued rollout gives one token, so tokens, rollouts
+    and queries nest)."""
+    subsets = token_subsets(R.valued, P.top_fracs)
+    cluster = (R.valued.batch.astype(str) + ":" + R.valued.group.astype(str)).to_numpy()
+    out = []
+    for panel in ("prompts", "rollouts"):
+        rows, reps = budget.trend_two_way(R.sweep, R.valued, panel, cluster, subsets, P.n_boot, P.seed)
+        if not len(rows):
+            continue
+        if "top25" in reps:
+            lo, hi = budget.interval(reps["top25"] - reps["all"])
+            t = rows.set_index("subset")
+            rows = pd.concat([rows, pd.DataFrame([dict(panel=panel, subset="top25_vs_all",
+                                                       d=float(t.d["top25"] - t.d["all"]), d_lo=lo, d_hi=hi,
+                                                       n_seeds=int(t.n_seeds.iloc[0]),
+                                                       n_clusters=int(t.n_clusters.iloc[0]))])], ignore_index=True)
+        out.append(rows)
+    return pd.concat(out, ignore_index=True) if out else pd.DataFrame()
 
 
 def _compute(P: Params, source) -> Result:
@@ -272,20 +304,29 @@ GROUPS = dict(estimator="two-way percentile bootstrap over seeds and query group
 
 
 def claims(R: Result, P: Params) -> list[C.Claim]:
-    """Intervals resample the seeds (nested sub-batches; every setting of a panel on the same
-    resamples); n is the number of seeds, the valued tokens are in the detail. 7(b)'s middle − ends
-    rows resample the query groups too (two-way; n is the number of groups)."""
+    """Every interval resamples the seeds (nested sub-batches; every setting of a panel on the same
+    resamples) and the query groups of the valued tokens (two-way: the tokens, their rollouts and
+    queries stay fixed across seeds, so seeds alone are optimistic); n is the number of query groups,
+    the seeds, valued tokens and the seeds-only interval are in the detail."""
     trends, gaps = R.trends, R.gaps
+    pt = R.panel_trend.set_index(["panel", "subset"]) if R.panel_trend is not None and len(R.panel_trend) else None
     rows = []
 
     def n_tok(panel, subset, scope="valued"):
         return int(gaps[(gaps.panel == panel) & (gaps.subset == subset) & (gaps.scope == scope)].n_tokens.max())
 
+    def two_way(panel, subset, seeds_lo, seeds_hi, **kw):
+        g = pt.loc[(panel, subset)]
+        return dict(measured=g.d, lo=g.d_lo, hi=g.d_hi, n=int(g.n_clusters), **GROUPS,
+                    detail=f"{kw.pop('tokens')} valued tokens from {int(g.n_clusters)} query groups x "
+                    f"{int(g.n_seeds)} seeds, both resampled; seeds only: [{seeds_lo:+.3g}, {seeds_hi:+.3g}]"
+                    + kw.pop("extra", ""))
+
     for panel, (fig, what) in PANELS.items():
         for _, t in trends[(trends.panel == panel) & trends.subset.isin(["all", "top25"])].iterrows():
             stmt = (f"the gap grows with {what}" if panel != "composition"
                     else "the gap is smallest for sparse / saturated groups (middle − ends > 0)")
-            extra = f"; |d| = 2 SE needs {t.need_seeds:g} seeds" if np.isfinite(t.se) else ""
+            extra = f"; |d| = 2 SE needs {t.need_seeds:g} seeds (seeds only)" if np.isfinite(t.se) else ""
             unit = f"gap({t.to}) − gap({t.frm}), tokens inside every update"
             if panel == "composition":
                 # one measurement, one row: the valued tokens come from a few query groups, so the
@@ -297,39 +338,52 @@ def claims(R: Result, P: Params) -> list[C.Claim]:
                                     f"groups x {int(g.n_seeds)} seeds, both resampled; seeds only: "
                                     f"[{t.d_lo:+.3g}, {t.d_hi:+.3g}]{extra}"))
                 continue
-            rows.append(C.Claim(f"fig06_{panel}_{t.subset}",
-                                f"{fig}, {t.subset}", stmt, "yes", t.d, t.d_lo, t.d_hi, n=int(t.n_seeds),
-                                unit=unit, rule="direction", params=dict(sign=1), **SEEDS,
-                                detail=f"{n_tok(panel, t.subset)} valued tokens{extra}"))
+            rows.append(C.Claim(f"fig06_{panel}_{t.subset}", f"{fig}, {t.subset}", stmt, "yes", unit=unit,
+                                rule="direction", params=dict(sign=1),
+                                **two_way(panel, t.subset, t.d_lo, t.d_hi, tokens=n_tok(panel, t.subset),
+                                          extra=extra)))
         if panel != "composition":
             w = trends[(trends.panel == panel) & (trends.subset == "within_sign")]
             if len(w):
                 t = w.iloc[0]
                 rows.append(C.Claim(f"fig06_{panel}_within_sign", f"{fig}, within sign", f"the gap grows with {what} "
-                                    "(mean of the gaps inside positive and inside negative rollouts)", "yes", t.d,
-                                    t.d_lo, t.d_hi, n=int(t.n_seeds),
+                                    "(mean of the gaps inside positive and inside negative rollouts)", "yes",
                                     unit=f"gap({t.to}) − gap({t.frm}), within-sign", rule="direction",
-                                    params=dict(sign=1), **SEEDS,
-                                    detail=f"{n_tok(panel, 'all', 'within_sign')} valued tokens; free of 'tokens of "
-                                    "positive rollouts have higher Δ̂'"))
+                                    params=dict(sign=1),
+                                    **two_way(panel, "within_sign", t.d_lo, t.d_hi,
+                                              tokens=n_tok(panel, "all", "within_sign"),
+                                              extra="; free of 'tokens of positive rollouts have higher Δ̂'")))
             if "top25" in R.subsets:
+                s_lo, s_hi = top_minus_all(R, P, panel)[1:]
                 rows.append(C.Claim(f"fig06_{panel}_top25_vs_all", f"{fig}, top25 − all",
                                     "the growth is most pronounced for the top-25% highest-value tokens", "yes",
-                                    *top_minus_all(R, P, panel), n=int(trends[trends.panel == panel].n_seeds.iloc[0]),
-                                    unit="d(top25) − d(all)", rule="direction", params=dict(sign=1), **SEEDS,
-                                    detail=f"d(top25) {trends[(trends.panel == panel) & (trends.subset == 'top25')].d.iloc[0]:+.3f}, "
-                                    f"d(all) {trends[(trends.panel == panel) & (trends.subset == 'all')].d.iloc[0]:+.3f}"))
+                                    unit="d(top25) − d(all)", rule="direction", params=dict(sign=1),
+                                    **two_way(panel, "top25_vs_all", s_lo, s_hi, tokens=n_tok(panel, "all"),
+                                              extra=f"; d(top25) {pt.loc[(panel, 'top25')].d:+.3f}, d(all) "
+                                              f"{pt.loc[(panel, 'all')].d:+.3f}")))
         if panel == "composition":  # the paper's statement names both ends: each end against the middle on its own
             for _, t in trends[(trends.panel == panel) & trends.subset.isin(["all", "top25"])].iterrows():
+                g = R.group_trend[R.group_trend.subset == t.subset].iloc[0]
                 for end, k in (("sparse", 1), ("saturated", P.G_comp - 1)):
                     rows.append(C.Claim(f"fig07b_{end}_{t.subset}", f"{fig}, {t.subset}",
                                         f"the gap is smaller when reward is {end} (middle − k = {k})", "yes",
-                                        t[f"d_{end}"], t[f"d_{end}_lo"], t[f"d_{end}_hi"], n=int(t.n_seeds),
+                                        g[f"d_{end}"], g[f"d_{end}_lo"], g[f"d_{end}_hi"], n=int(g.n_groups),
                                         unit=f"gap(middle) − gap(k = {k}), tokens inside every update",
-                                        rule="direction", params=dict(sign=1), **SEEDS,
-                                        detail=f"{n_tok(panel, t.subset)} valued tokens; {R.n_comp_groups} query "
-                                        "groups, not resampled here (seeds only: optimistic; the two-way interval "
-                                        "is computed for middle − ends)"))
+                                        rule="direction", params=dict(sign=1), **GROUPS,
+                                        detail=f"{n_tok(panel, t.subset)} valued tokens from {int(g.n_groups)} query "
+                                        f"groups x {int(g.n_seeds)} seeds, both resampled; seeds only: "
+                                        f"[{t[f'd_{end}_lo']:+.3g}, {t[f'd_{end}_hi']:+.3g}]"))
+            g = R.group_trend[R.group_trend.subset == "all"].iloc[0]
+            for end, k in (("sparse", 1), ("saturated", P.G_comp - 1)):  # "... or even becomes negative"
+                rows.append(C.Claim(f"fig07b_{end}_negative", f"{fig}, all", f"under {end} reward (k = {k}) the value "
+                                    "gap even becomes negative", "diminishes or even becomes negative",
+                                    g[f"gap_{end}"], g[f"gap_{end}_lo"], g[f"gap_{end}_hi"], n=int(g.n_groups),
+                                    unit=f"gap(k = {k}), tokens inside every update", rule="direction",
+                                    params=dict(sign=-1), **GROUPS,
+                                    detail=f"{n_tok(panel, 'all')} valued tokens from {int(g.n_groups)} query groups x "
+                                    f"{int(g.n_seeds)} seeds, both resampled; the paper hedges ('or even'): a gap "
+                                    "above 0 here refutes only the 'negative' half, the 'diminishes' half is "
+                                    f"fig07b_{end}_all"))
     return rows
 
 
