@@ -21,7 +21,8 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[2]
 PINS = Path(__file__).with_name("tiny.json")
 PROFILES = ("tiny", "tiny-table2")
-# wall-clock columns and tables: they change with every run and carry no result
+# wall-clock seconds live under <results>/timing/ (not pinned: they change with every cold run); these
+# names only matter for a results folder written before they moved there
 VOLATILE_COLUMNS = {"t_sample", "t_update", "seconds"}
 VOLATILE_TABLES = {"table2_timing.csv"}
 RTOL, ATOL = 1e-10, 1e-12

@@ -107,6 +107,19 @@ class Params(base.FigureParams):
     trl_seeds: list = param([0], "seeds of the TRL runs", min=0, distinct=True)
 
 
+TIMING_DIR = "timing"   # <results_dir>/timing/: the runs' wall-clock seconds, which change with every cold run
+SECONDS = ("t_sample", "t_update", "seconds")
+KEYS = ("strategy", "lr", "seed", "iteration", "set")
+
+
+def split_seconds(df: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(the table without its wall-clock columns, those columns with the row's keys): results stay
+    identical across reruns, the seconds go to <results_dir>/timing/."""
+    keys = [c for c in KEYS if c in df.columns]
+    secs = [c for c in SECONDS if c in df.columns]
+    return df.drop(columns=secs), df[keys + secs]
+
+
 @dataclass
 class Result:
     """What Fig. 7(a), Fig. 8 and Table 2 plot and read."""
@@ -139,13 +152,19 @@ class Result:
     def write(self, results_dir) -> None:
         d = Path(results_dir)
         d.mkdir(parents=True, exist_ok=True)
+        t = d / TIMING_DIR   # wall-clock seconds apart from the results: a rerun moves only these
+        t.mkdir(exist_ok=True)
         cache.write_table(self.curves, d / "fig08_training_curves.parquet")
-        cache.write_table(self.iters, d / "fig08_iterations.parquet")
+        results, seconds = split_seconds(self.iters)
+        cache.write_table(results, d / "fig08_iterations.parquet")
+        cache.write_table(seconds, t / "fig08_iterations_seconds.parquet")
         cache.write_table(self.minibatches.drop(columns=["composition"]), d / "fig07a_minibatches.parquet")
-        cache.write_table(self.timing.reset_index(), d / "table2_timing.csv")
+        cache.write_table(self.timing.reset_index(), t / "table2_timing.csv")
         cache.write_table(self.table2.round(3), d / "table2_batching.csv")
         if self.probe_evals is not None:
-            cache.write_table(self.probe_evals, d / "fig08_probe_evals.parquet")
+            results, seconds = split_seconds(self.probe_evals)
+            cache.write_table(results, d / "fig08_probe_evals.parquet")
+            cache.write_table(seconds, t / "fig08_probe_evals_seconds.parquet")
             cache.write_table(self.sweep, d / "table2_lr_sweep.csv")
         if self.trl_evals is not None:
             cache.write_table(self.trl_evals, d / "fig08_trl_curves.parquet")
