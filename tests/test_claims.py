@@ -229,15 +229,8 @@ def test_record_refuses_a_rule_that_cannot_pass_at_its_n(tmp_path, capsys):
     assert "not recorded: one_seed" in printed and "n = 1" in printed
 
 
-# rows of the parallel work on notebook 03 that predate the check (strict: an XPASS says remove the entry)
-CANNOT_PASS_KNOWN = {("tiny", "table1_nonzero_full_random_rate"):
-                     "notebook 03: 'within 0.5 ± 0.1' by Clopper–Pearson over 44 masks needs at least 104"}
-
-
 @pytest.mark.parametrize("profile, claim", [
-    pytest.param(p.parent.name, c, marks=[pytest.mark.xfail(strict=True, reason=CANNOT_PASS_KNOWN[(p.parent.name, c)])]
-                 if (p.parent.name, c) in CANNOT_PASS_KNOWN else [])
-    for p in [ROOT / q for q, _ in C.README_REGISTRIES if (ROOT / q).exists()]
+    (p.parent.name, c) for p in [ROOT / q for q, _ in C.README_REGISTRIES if (ROOT / q).exists()]
     for c in pd.read_parquet(p).claim])
 def test_every_committed_rule_can_pass_at_its_n(profile, claim):
     """The registry check over the committed registries: no row whose rule cannot read 'reproduced'
