@@ -379,6 +379,9 @@ def total_lines(plans: list[Plan]) -> list[str]:
         line += f"; {_fmt_s(each)} per process on {procs} processes ({_fmt_s(each * procs)} of device time in all)"
     if len(timed) < len(plans):
         line += f" (the {len(timed)} notebooks with a time; {len(plans) - len(timed)} without)"
+    short = [p.stem[:2] for p in timed if any(v is None for v in p.missing.values())]
+    if short:
+        line += f"; low for {', '.join(short)}: blocks with no measurement on this kind are left out (see above)"
     return [line]
 
 

@@ -261,7 +261,7 @@ TRL_OVERHEAD = ("trl_run", "trl_optimizer_step", "trl_log")
 # a whole TRL run on the stand-in at paper-smoke's 07 sizes (its `iterations` at two counts, so a line
 # through the residuals separates the per-run from the per-step cost, and once without logging)
 TRL_RUN = dict(n_prompts=2, G=4, n_minibatches=2, max_new_tokens=24, token_chunk=64, chunk_rows=4,
-               gradient_checkpointing=True, iterations=(1, 3), reps=2)
+               gradient_checkpointing=True, iterations=(1, 5), reps=3, threads=1)   # threads: fig07.Params.threads
 
 
 def trl_fused(device) -> bool:
@@ -277,6 +277,17 @@ def _time_trl_blocks(model, batches, z, device, seed, shape, only=None) -> dict:
     from trl.trainer.utils import add_fused_lm_head
 
     add_fused_lm_head(model, outputs=("log_probs", "entropy"))
+    threads = torch.get_num_threads()
+    if str(device).startswith("cpu"):   # notebook 07 trains with `threads` torch threads (1): time TRL's blocks so
+        torch.set_num_threads(TRL_RUN["threads"])
+    try:
+        return _trl_points(model, batches, z, device, seed, shape, only)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _trl_points(model, batches, z, device, seed, shape, only) -> dict:
+    from transformers import GenerationConfig
     cr, out = z["chunk_rows"], {}
     compact = trl_fused(device)
 
@@ -355,9 +366,11 @@ def measure_trl_overhead(model_dir, units: dict, device: str = "cpu", dtype: str
     pm, px, _ = plan.prompt_lengths(P)
     z = Sizes(pm, px, r["max_new_tokens"])
     model_units = {"start": {"seconds": 0.0}, **{k: v for k, v in units.items() if k not in TRL_OVERHEAD}}
+    threads = torch.get_num_threads()
 
     def run(iterations, logging_steps):
         best = float("inf")
+        torch.set_num_threads(r["threads"] if device.startswith("cpu") else torch.get_num_threads())
         for _ in range(r["reps"]):
             with tempfile.TemporaryDirectory() as d:
                 t = time.perf_counter()
@@ -379,11 +392,14 @@ def measure_trl_overhead(model_dir, units: dict, device: str = "cpu", dtype: str
     log = max((r3 - q3) / s3, 0.0)
     step = max((r3 - r1) / (s3 - s1) - log, 0.0)
     per_run = max(r1 - s1 * (step + log), 0.0)
+    torch.set_num_threads(threads)
     return {"trl_run": dict(s_per_param_token=0.0, s_per_call=per_run),
             "trl_optimizer_step": dict(s_per_param_token=0.0, s_per_call=step),
             "trl_log": dict(s_per_param_token=0.0, s_per_call=log)}, \
         dict(sizes={k: list(v) if isinstance(v, tuple) else v for k, v in r.items()}, prompt=[pm, px],
-             residual_seconds=dict(run_1=r1, run_3=r3, run_3_nolog=q3))
+             load_average=os.getloadavg()[0], residual_seconds={
+                 f"run_{r['iterations'][0]}": r1, f"run_{r['iterations'][1]}": r3,
+                 f"run_{r['iterations'][1]}_without_logging": q3})
 
 
 def has_tokenizer(config) -> bool:

@@ -759,7 +759,9 @@ def workload(P: Params, shape, z: W.Sizes) -> W.Work:
         w.notes.append("TRL runs: transformers' generate, TRL's fused-head log-prob and loss forwards, the "
                        "Trainer's per-run/step/log overhead (workload.trl_run); RB: about two sampling rounds "
                        "per iteration; " + ("the fused head on completions only (Triton)" if W.trl_compact(P)
-                                            else "the fused head on every position of the rows (no Triton: CPU)"))
+                                            else "the fused head on every position of the rows (no Triton: CPU)")
+                       + ("; backend vllm: TRL's colocated vLLM generates, timed as trl_generate (an upper bound)"
+                          if P.backend == "vllm" else ""))
     else:
         runs = len(P.strategies) * len(P.seeds) + len(P.probe_lrs) * len(P.probe_strategies) * len(P.probe_seeds)
         runs += len(getattr(P, "budget_strategies", [])) * len(P.seeds)   # equal-rollout arm: at most as many rounds
