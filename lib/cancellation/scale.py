@@ -272,8 +272,8 @@ def trl_fused(device) -> bool:
 
 def _time_trl_blocks(model, batches, z, device, seed, shape, only=None) -> dict:
     """Two timing points of each of TRL's model blocks on `model` (patched with TRL's fused LM head,
-    which leaves its other forwards as they were): block -> [(seconds, parameter-tokens, calls)]."""
-    from transformers import GenerationConfig
+    which leaves its other forwards as they were): block -> [(seconds, parameter-tokens, calls)]. On a CPU
+    at notebook 07's torch threads (TRL_RUN's)."""
     from trl.trainer.utils import add_fused_lm_head
 
     add_fused_lm_head(model, outputs=("log_probs", "entropy"))
@@ -333,7 +333,7 @@ def _trl_points(model, batches, z, device, seed, shape, only) -> dict:
 
 def trl_run_work(P, shape, z, runs: int = 1, iterations: int | None = None, rb: bool = False, monitor: bool = True,
                  logging_steps: int = 1):
-    """The planner's Work of `runs` TRL runs at P (workload.trl_run), for the residual fit below and fig07."""
+    """The planner's Work of `runs` TRL runs at P (workload.trl_run): what the residual fit below subtracts."""
     from . import workload as W
     w = W.Work()
     W.trl_run(w, P, z, runs=runs, iterations=iterations, rb=rb, monitor=monitor, logging_steps=logging_steps)
@@ -343,8 +343,9 @@ def trl_run_work(P, shape, z, runs: int = 1, iterations: int | None = None, rb: 
 def measure_trl_overhead(model_dir, units: dict, device: str = "cpu", dtype: str = "float32", seed: int = 0) -> dict:
     """TRL's Trainer overhead: whole `engine.train_trl` runs on `model_dir` (a policy with a tokenizer, the
     stand-in) at TRL_RUN's sizes, every completion forced to max_new_tokens (so the blocks' counts are exact),
-    minus what `units` (this device's, TRL's model blocks included) predict for the same runs' blocks. The
-    residual of `iterations` 1 and 3 with a log line per optimizer step, and of 3 without logging, gives
+    minus what `units` (this device's, TRL's model blocks included) predict for the same runs' blocks (the
+    fastest of `reps`). The residual of TRL_RUN's two `iterations` counts with a log line per optimizer step,
+    and of the larger without logging, gives
     seconds per run (policy load, trainer construction, the dataloader, `train()`'s set-up), per optimizer
     step (the Trainer's loop, callbacks, the step recorder and cancellation monitor's tables, skipped
     accumulation steps) and per logging step."""
