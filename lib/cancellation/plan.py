@@ -295,6 +295,11 @@ class Plan:
                f"{w.blocks.get('full_step', {}).get('positions', 0):,}, lm_head steps "
                f"{w.blocks.get('sgd_lm_head', {}).get('positions', 0):,}, sampled {w.sampled_tokens:,} in "
                f"{w.sampled_rows:,} rows; largest batch {w.largest[0]} x {w.largest[1]} ({self.prompt})"]
+        if "trl_step" in w.blocks:
+            out.append(f"         TRL: loss steps {w.blocks['trl_step']['positions']:,} tokens in "
+                       f"{w.blocks['trl_optimizer_step']['calls']:,} optimizer steps, log-prob forwards "
+                       f"{w.blocks.get('trl_logp', {}).get('positions', 0):,}, generated "
+                       f"{w.blocks['trl_generate']['head']:,} tokens, {w.blocks['trl_run']['calls']} runs")
         out += [f"         note: {n}" for n in w.notes]
         if self.missing:
             timed = [f"{k} as {v}" for k, v in self.missing.items() if v]
