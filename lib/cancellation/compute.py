@@ -86,18 +86,22 @@ def guard_knobs() -> dict | None:
     return json.loads(raw) if raw else None
 
 
-_TALLY = {"head_positions": 0, "head_calls": 0, "head_max": 0, "body_max": 0, "batch_max": 0, "vocab": 0}
+_TALLY = {"head_positions": 0, "head_calls": 0, "head_max": 0, "body_positions": 0, "body_calls": 0, "body_max": 0,
+          "batch_max": 0, "vocab": 0}
 
 
 def _tally(log: str | None, **new) -> None:
     """Add one call to the guard's tally and rewrite it to `log` (JSON): what the paper-vocab test
-    reads back from the notebook's kernel: positions through the LM head (total, largest call), and
+    reads back from the notebook's kernel: positions through the LM head (total, largest call), positions
+    through the body (total: what the planner's workload is held against, tests/test_plan_tally.py), and
     the largest body forward in positions, whose logits would have been built whole without chunking."""
     if not log:
         return
     _TALLY["head_positions"] += new.get("head", 0)
     _TALLY["head_calls"] += 1 if "head" in new else 0
     _TALLY["head_max"] = max(_TALLY["head_max"], new.get("head", 0))
+    _TALLY["body_positions"] += new.get("body", 0)
+    _TALLY["body_calls"] += 1 if "body" in new else 0
     _TALLY["body_max"] = max(_TALLY["body_max"], new.get("body", 0))
     _TALLY["batch_max"] = max(_TALLY["batch_max"], new.get("batch", 0))
     _TALLY["vocab"] = max(_TALLY["vocab"], new.get("vocab", 0))
@@ -113,6 +117,15 @@ def tally_batch(positions: int) -> None:
     knobs = guard_knobs()
     if knobs and knobs.get("log"):
         _tally(knobs["log"], batch=int(positions))
+
+
+def _fused_compact(device) -> bool:
+    """Whether TRL's fused LM head scores only the labelled positions on `device` (its `_use_triton`: Triton on
+    a CUDA/XPU device) rather than every position of the rows."""
+    if device.type not in ("cuda", "xpu"):
+        return False
+    import importlib.util
+    return importlib.util.find_spec("triton") is not None
 
 
 def guard_lm_head(model, token_chunk: int, log: str | None = None):
@@ -146,7 +159,9 @@ def guard_lm_head(model, token_chunk: int, log: str | None = None):
         if kwargs.get("fused_lm_head") and labels is not None:
             lab = labels[:, 1:] if kwargs.get("shift_labels") is None else kwargs["shift_labels"]
             n = int((lab != -100).any(0).sum()) * lab.shape[0]
-            _tally(log, head=n, vocab=vocab)
+            # what the head projects: on a CUDA/XPU device with Triton only the labelled positions, elsewhere
+            # (a CPU) every position of the rows (TRL's `_use_triton`): the tally counts those; the bound, the labels
+            _tally(log, head=n if _fused_compact(lab.device) else lab.numel(), vocab=vocab)
             if n > token_chunk:
                 raise MemoryBoundError(f"fused LM head (TRL) called on {n} positions at once; token_chunk is "
                                        f"{token_chunk} ({lab.shape[0]} rows x {n // max(lab.shape[0], 1)} positions)")

@@ -202,16 +202,33 @@ def kind_memory(kind: str, units: dict | None) -> int | None:
     return device_memory("cpu") if kind == "cpu" else None
 
 
+# A block a device kind's file has no measurement for (TRL's, measured on the CPU stand-ins only so far)
+# is timed with the unit of the block it stands in for, and the plan says so; one with no stand-in is
+# left out of the time, and the plan says that too (`unmeasured`): never a number typed here.
+STAND_IN_UNITS = {"trl_generate": "sample", "trl_logp": "analysis", "trl_step": "full_step"}
+ADAM_BLOCKS = ("full_step", "trl_step")   # blocks whose `steps` are Adam updates of every parameter
+
+
+def unmeasured(blocks: dict, u: dict) -> dict:
+    """The blocks of a Work this device's units do not measure: block -> the block whose unit times it
+    instead, or None (left out of the time)."""
+    return {name: (STAND_IN_UNITS.get(name) if STAND_IN_UNITS.get(name) in u else None)
+            for name in blocks if name not in u}
+
+
 def _block_seconds(blocks: dict, shape: Shape, u: dict) -> dict:
     out = {}
+    stand_in = unmeasured(blocks, u)
     for name, b in blocks.items():
         if name == "kernel":
             out[name] = u["kernel"]["s_per_pair_vocab"] * b["pairs"] + u["kernel"]["s_per_call"] * b["calls"]
             continue
-        unit = u[name]
+        if name in stand_in and stand_in[name] is None:
+            continue
+        unit = u[stand_in.get(name) or name]
         t = unit["s_per_param_token"] * (b["positions"] * shape.body + b["head"] * shape.head)
         t += unit["s_per_call"] * b["calls"]
-        if name == "full_step":
+        if name in ADAM_BLOCKS:
             t += u["adam_update"]["s_per_param"] * shape.params * b["steps"]
         out[name] = t
     return out
@@ -220,7 +237,8 @@ def _block_seconds(blocks: dict, shape: Shape, u: dict) -> dict:
 def seconds(w: Work, shape: Shape, units: dict) -> tuple[float, dict]:
     """Predicted wall time and its share per block: the notebook's start (kernel, imports, plots:
     measured once per device) plus, per block, unit x parameter-tokens + per-call x calls
-    (+ Adam's per-parameter update per optimizer step)."""
+    (+ Adam's per-parameter update per optimizer step). A block the device's units lack is timed by
+    its stand-in's unit or left out (`unmeasured`; the plan's lines name both)."""
     u = units["units"]
     out = {"start": u["start"]["seconds"], **_block_seconds(w.blocks, shape, u)}
     return sum(out.values()), out
@@ -254,6 +272,7 @@ class Plan:
     prompt: str = ""
     procs: int = 1
     proc_seconds: float | None = None   # each process's wall time when --procs divides the splittable work
+    missing: dict = field(default_factory=dict)   # blocks this kind's units lack -> the stand-in timing them, or None
 
     @property
     def peak(self) -> int:
@@ -276,7 +295,19 @@ class Plan:
                f"{w.blocks.get('full_step', {}).get('positions', 0):,}, lm_head steps "
                f"{w.blocks.get('sgd_lm_head', {}).get('positions', 0):,}, sampled {w.sampled_tokens:,} in "
                f"{w.sampled_rows:,} rows; largest batch {w.largest[0]} x {w.largest[1]} ({self.prompt})"]
+        if "trl_step" in w.blocks:
+            out.append(f"         TRL: loss steps {w.blocks['trl_step']['positions']:,} tokens in "
+                       f"{w.blocks['trl_optimizer_step']['calls']:,} optimizer steps, log-prob forwards "
+                       f"{w.blocks.get('trl_logp', {}).get('positions', 0):,}, generated "
+                       f"{w.blocks['trl_generate']['head']:,} tokens, {w.blocks['trl_run']['calls']} runs")
         out += [f"         note: {n}" for n in w.notes]
+        if self.missing:
+            timed = [f"{k} as {v}" for k, v in self.missing.items() if v]
+            left = [k for k, v in self.missing.items() if not v]
+            out.append(f"         no measurement on {self.kind} for " + "; ".join(
+                ([f"{', '.join(timed)} (timed with that block's unit)"] if timed else [])
+                + ([f"{', '.join(left)} (left out of the time: it is low by their share)"] if left else []))
+                + f"; measure them with `python -m cancellation.scale --only {' '.join(_scale_only(self.missing))}`")
         if self.procs > 1:
             split = "; ".join(f"{p['what']} ({p['units']:,})" for p in w.parts)
             out.append(f"         split over {self.procs} processes: " + (split or "nothing (one process does it all)"))
@@ -285,7 +316,13 @@ class Plan:
     def as_dict(self) -> dict:
         return dict(notebook=self.stem, device_kind=self.kind, peak_gib=self.peak / GiB if self.shape else None,
                     predicted_seconds=self.seconds, memory_gib={k: v / GiB for k, v in self.mem.items()},
-                    seconds_by_block=self.by_block, procs=self.procs, seconds_per_process=self.proc_seconds)
+                    seconds_by_block=self.by_block, procs=self.procs, seconds_per_process=self.proc_seconds,
+                    unmeasured_blocks=self.missing)
+
+
+def _scale_only(blocks) -> list[str]:
+    """`cancellation.scale --only` names of blocks: TRL's Trainer costs are measured together (trl_overhead)."""
+    return sorted({"trl_overhead" if b in ("trl_run", "trl_optimizer_step", "trl_log") else b for b in blocks})
 
 
 def _fmt_s(s: float) -> str:
@@ -324,6 +361,7 @@ def make(stem: str, params: dict, root: Path = ROOT, scale_dir: Path | None = No
                             f"--device {device.split(':')[0]} --out data/scale/<kind>.json` on it")
     else:
         plan.seconds, plan.by_block = seconds(plan.work, shape, units)
+        plan.missing = unmeasured(plan.work.blocks, units["units"])
         plan.proc_seconds = seconds_per_process(plan.work, shape, units, plan.procs)
     return plan
 
@@ -346,6 +384,9 @@ def total_lines(plans: list[Plan]) -> list[str]:
         line += f"; {_fmt_s(each)} per process on {procs} processes ({_fmt_s(each * procs)} of device time in all)"
     if len(timed) < len(plans):
         line += f" (the {len(timed)} notebooks with a time; {len(plans) - len(timed)} without)"
+    short = [p.stem[:2] for p in timed if any(v is None for v in p.missing.values())]
+    if short:
+        line += f"; low for {', '.join(short)}: blocks with no measurement on this kind are left out (see above)"
     return [line]
 
 

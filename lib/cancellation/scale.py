@@ -235,6 +235,8 @@ def _time_blocks(model, z: dict, device: str, dtype: str, seed: int, only=None, 
             pts.append((t, rows * (z["prompt"] + new) * shape.body + rows * new * shape.head, new))
         out["sample"] = pts
         del sm
+    if only is None or set(TRL_BLOCKS) & set(only):
+        out.update(_time_trl_blocks(model, batches, z, device, seed, shape, only))
     if only is not None:
         return out
     pts = []
@@ -246,6 +248,166 @@ def _time_blocks(model, z: dict, device: str, dtype: str, seed: int, only=None, 
         pts.append((t, len(f) ** 2 * V * (1 + 2 * shape.hidden / c), (-(-len(f) // c)) ** 2))
     out["kernel"] = pts
     return out
+
+
+# ----------------------------------------------------------------------------- TRL's blocks (notebook 07, engine 'trl')
+# What TRL's GRPOTrainer runs instead of our sampler and grpo_step (docs/paper.md, 07's row): transformers'
+# `generate` (as TRL configures it: sampling, top_k 0, a dynamic cache, the training model's dtype), the
+# fused-LM-head forward TRL computes log-probs with (`add_fused_lm_head`: without Triton, a CPU, every
+# position of the rows goes through the head; with it only the labelled ones), with and without a graph, and
+# the Trainer's own cost per run, per optimizer step and per logging step (`trl_overhead`).
+TRL_BLOCKS = ("trl_generate", "trl_logp", "trl_step")
+TRL_OVERHEAD = ("trl_run", "trl_optimizer_step", "trl_log")
+# a whole TRL run on the stand-in at paper-smoke's 07 sizes (its `iterations` at two counts, so a line
+# through the residuals separates the per-run from the per-step cost, and once without logging)
+TRL_RUN = dict(n_prompts=2, G=4, n_minibatches=2, max_new_tokens=24, token_chunk=64, chunk_rows=4,
+               gradient_checkpointing=True, iterations=(1, 5), reps=3, threads=1)   # threads: fig07.Params.threads
+
+
+def trl_fused(device) -> bool:
+    """Whether TRL's fused LM head scores only the labelled positions on `device` (Triton on CUDA/XPU)."""
+    from .compute import _fused_compact
+    return _fused_compact(torch.device(device) if isinstance(device, str) else device)
+
+
+def _time_trl_blocks(model, batches, z, device, seed, shape, only=None) -> dict:
+    """Two timing points of each of TRL's model blocks on `model` (patched with TRL's fused LM head,
+    which leaves its other forwards as they were): block -> [(seconds, parameter-tokens, calls)]. On a CPU
+    at notebook 07's torch threads (TRL_RUN's)."""
+    from trl.trainer.utils import add_fused_lm_head
+
+    add_fused_lm_head(model, outputs=("log_probs", "entropy"))
+    threads = torch.get_num_threads()
+    if str(device).startswith("cpu"):   # notebook 07 trains with `threads` torch threads (1): time TRL's blocks so
+        torch.set_num_threads(TRL_RUN["threads"])
+    try:
+        return _trl_points(model, batches, z, device, seed, shape, only)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _trl_points(model, batches, z, device, seed, shape, only) -> dict:
+    from transformers import GenerationConfig
+    cr, out = z["chunk_rows"], {}
+    compact = trl_fused(device)
+
+    def head(b):    # positions the fused head projects: the labelled ones (Triton), else every shifted position
+        return int(b.response_mask.sum()) if compact else b.input_ids.shape[0] * (b.input_ids.shape[1] - 1)
+
+    def fused(b, grad):
+        def run():
+            for i in range(0, len(b.input_ids), cr):
+                ids, am = b.input_ids[i:i + cr].to(device), b.attention_mask[i:i + cr].to(device)
+                labels = ids.masked_fill(~b.response_mask[i:i + cr].to(device), -100)
+                with torch.set_grad_enabled(grad):
+                    o = model(input_ids=ids, attention_mask=am, labels=labels, fused_lm_head=True)
+                    if grad:
+                        o.log_probs.sum().backward()
+            model.zero_grad(set_to_none=True)
+        return run
+
+    if only is None or "trl_logp" in only:
+        out["trl_logp"] = [(_best(fused(b, False), device), len(b.input_ids) * b.input_ids.shape[1] * shape.body
+                            + head(b) * shape.head, -(-len(b.input_ids) // cr)) for b in batches]
+    if only is None or "trl_step" in only:
+        model.gradient_checkpointing_enable()
+        model.train()
+        out["trl_step"] = [(_best(fused(b, True), device), len(b.input_ids) * b.input_ids.shape[1] * shape.body
+                            + head(b) * shape.head, -(-len(b.input_ids) // cr)) for b in batches]
+        model.gradient_checkpointing_disable()
+        model.eval()
+    if only is None or "trl_generate" in only:
+        new, pts = z["sample_new"], []
+        gc = GenerationConfig(max_new_tokens=new, min_new_tokens=new, do_sample=True, temperature=1.0, top_p=1.0,
+                              top_k=0, pad_token_id=0, eos_token_id=None, disable_compile=True)
+        for rows in z["sample_rows"]:
+            ids = batches[0].input_ids[:1, :z["prompt"]].repeat(rows, 1).to(device)
+            torch.manual_seed(seed)
+            with torch.no_grad():
+                t = _best(lambda: model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
+                                                 generation_config=gc), device)
+            pts.append((t, rows * (z["prompt"] + new) * shape.body + rows * new * shape.head, new))
+        out["trl_generate"] = pts
+    return out
+
+
+def trl_run_work(P, shape, z, runs: int = 1, iterations: int | None = None, rb: bool = False, monitor: bool = True,
+                 logging_steps: int = 1):
+    """The planner's Work of `runs` TRL runs at P (workload.trl_run): what the residual fit below subtracts."""
+    from . import workload as W
+    w = W.Work()
+    W.trl_run(w, P, z, runs=runs, iterations=iterations, rb=rb, monitor=monitor, logging_steps=logging_steps)
+    return w
+
+
+def measure_trl_overhead(model_dir, units: dict, device: str = "cpu", dtype: str = "float32", seed: int = 0) -> dict:
+    """TRL's Trainer overhead: whole `engine.train_trl` runs on `model_dir` (a policy with a tokenizer, the
+    stand-in) at TRL_RUN's sizes, every completion forced to max_new_tokens (so the blocks' counts are exact),
+    minus what `units` (this device's, TRL's model blocks included) predict for the same runs' blocks (the
+    fastest of `reps`). The residual of TRL_RUN's two `iterations` counts with a log line per optimizer step,
+    and of the larger without logging, gives
+    seconds per run (policy load, trainer construction, the dataloader, `train()`'s set-up), per optimizer
+    step (the Trainer's loop, callbacks, the step recorder and cancellation monitor's tables, skipped
+    accumulation steps) and per logging step."""
+    import tempfile
+    from types import SimpleNamespace
+
+    from . import engine, plan, tasks
+    from .compute import Compute
+    from .workload import Sizes
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    src = tasks.ProblemSource(path=os.path.join(root, "data", "standins", "dapo-math-17k.parquet"))
+    r = dict(TRL_RUN)
+    cc = Compute(device=device, dtype=dtype, chunk_rows=r["chunk_rows"], token_chunk=r["token_chunk"],
+                 gradient_checkpointing=r["gradient_checkpointing"])
+    shape = Shape.from_config(json.load(open(os.path.join(model_dir, "config.json"))))
+    P = SimpleNamespace(n_prompts=r["n_prompts"], G=r["G"], n_minibatches=r["n_minibatches"],
+                        max_new_tokens=r["max_new_tokens"], token_chunk=r["token_chunk"], chunk_rows=r["chunk_rows"],
+                        device=device, model_path=model_dir, problems_path=src.path, prompt_format="auto")
+    pm, px, _ = plan.prompt_lengths(P)
+    z = Sizes(pm, px, r["max_new_tokens"])
+    model_units = {"start": {"seconds": 0.0}, **{k: v for k, v in units.items() if k not in TRL_OVERHEAD}}
+    threads = torch.get_num_threads()
+
+    def run(iterations, logging_steps):
+        best = float("inf")
+        torch.set_num_threads(r["threads"] if device.startswith("cpu") else torch.get_num_threads())
+        for _ in range(r["reps"]):
+            with tempfile.TemporaryDirectory() as d:
+                t = time.perf_counter()
+                m, tk = policy.load_policy(model_dir, dtype=dtype, device=device)
+                engine.train_trl(model_dir, src, "random", output_dir=d, model=m, tokenizer=tk, iterations=iterations,
+                                 n_prompts=r["n_prompts"], G=r["G"], n_minibatches=r["n_minibatches"], seed=seed,
+                                 max_new_tokens=r["max_new_tokens"], dtype=dtype, compute=cc,
+                                 gradient_checkpointing=r["gradient_checkpointing"], logging_steps=logging_steps,
+                                 generation_kwargs={"min_new_tokens": r["max_new_tokens"]})
+                best = min(best, time.perf_counter() - t)
+        w = trl_run_work(P, shape, z, iterations=iterations, logging_steps=logging_steps)
+        blocks = {k: v for k, v in w.blocks.items() if k not in TRL_OVERHEAD}
+        planned = sum(plan._block_seconds(blocks, shape, model_units).values())
+        print(f"TRL run, {iterations} iterations, logging every {logging_steps}: {best:.2f} s, its blocks "
+              f"{planned:.2f} s planned", flush=True)
+        return best - planned, iterations * r["n_minibatches"]
+
+    (r1, s1), (r3, s3), (q3, _) = run(r["iterations"][0], 1), run(r["iterations"][1], 1), run(r["iterations"][1], 10**6)
+    log = max((r3 - q3) / s3, 0.0)
+    step = max((r3 - r1) / (s3 - s1) - log, 0.0)
+    per_run = max(r1 - s1 * (step + log), 0.0)
+    torch.set_num_threads(threads)
+    return {"trl_run": dict(s_per_param_token=0.0, s_per_call=per_run),
+            "trl_optimizer_step": dict(s_per_param_token=0.0, s_per_call=step),
+            "trl_log": dict(s_per_param_token=0.0, s_per_call=log)}, \
+        dict(sizes={k: list(v) if isinstance(v, tuple) else v for k, v in r.items()}, prompt=[pm, px],
+             load_average=os.getloadavg()[0], residual_seconds={
+                 f"run_{r['iterations'][0]}": r1, f"run_{r['iterations'][1]}": r3,
+                 f"run_{r['iterations'][1]}_without_logging": q3})
+
+
+def has_tokenizer(config) -> bool:
+    """A policy directory TRL can train (a config.json directory with a tokenizer: the stand-in)."""
+    from .policy import TOKENIZER_FILES
+    return isinstance(config, str) and os.path.isdir(config) and any(
+        os.path.exists(os.path.join(config, f)) for f in TOKENIZER_FILES)
 
 
 def measure_units(config, device: str = "cpu", dtype: str = "float32", seed: int = 0, slope_config=None,
@@ -273,7 +435,7 @@ def measure_units(config, device: str = "cpu", dtype: str = "float32", seed: int
         big = _time_blocks(m, z, device, dtype, seed, only, sample_dtype)
         del m
     units = {}
-    for name in ("analysis", "full_step", "sgd_lm_head", "sample"):
+    for name in ("analysis", "full_step", "sgd_lm_head", "sample") + TRL_BLOCKS:
         if name not in big:
             continue
         (t1, w1, c), (t2, w2, _) = big[name]
@@ -286,6 +448,10 @@ def measure_units(config, device: str = "cpu", dtype: str = "float32", seed: int
                             for which, res in (("config", small), ("slope", big if big is not small else {}))
                             for k, pts in res.items() for p in pts])
     units["adam_update"] = dict(s_per_param=big["adam_update"])
+    trl_fit = None
+    if has_tokenizer(config):  # TRL's Trainer overhead: whole runs on a policy TRL can train (the stand-in)
+        over, trl_fit = measure_trl_overhead(config, units, device, dtype, seed)
+        units.update(over)
     (t, w, _) = big["kernel"][-1]
     units["kernel"] = dict(s_per_pair_vocab=t / w, s_per_call=0.0)
     units["start"] = dict(seconds=time_start(device))
@@ -297,7 +463,8 @@ def measure_units(config, device: str = "cpu", dtype: str = "float32", seed: int
                 threads=torch.get_num_threads(), load_average=os.getloadavg()[0], torch=torch.__version__,
                 total_memory=device_memory(device) if device.startswith("cuda") else None,  # the planner's --device-kind
                 dtype=dtype, sample_dtype=sample_dtype, shape=dict(vars(shape)), slope_shape=dict(vars(big_shape)), params=shape.params,
-                measured=time.strftime("%Y-%m-%d"), units=units, points=points)
+                measured=time.strftime("%Y-%m-%d"), units=units, points=points,
+                **({"trl_overhead": trl_fit} if trl_fit else {}))
 
 
 def _cpu_name() -> str:
@@ -324,8 +491,10 @@ def main(argv=None):
     ap.add_argument("--sample-rows", type=int, default=64)
     ap.add_argument("--steps", nargs="+", default=["analysis", "adam_full", "sgd_lm_head", "sample"])
     ap.add_argument("--out", default=None, help="write the JSON here (unit costs: data/scale/<device kind>.json)")
-    ap.add_argument("--only", nargs="+", default=None, choices=["analysis", "full_step", "sgd_lm_head", "sample"],
-                    help="re-measure just these blocks and merge them into the existing --out file")
+    ap.add_argument("--only", nargs="+", default=None,
+                    choices=["analysis", "full_step", "sgd_lm_head", "sample", *TRL_BLOCKS, "trl_overhead"],
+                    help="re-measure just these blocks and merge them into the existing --out file (trl_overhead: "
+                         "TRL's Trainer per run, optimizer step and logging step, fitted against the file's units)")
     a = ap.parse_args(argv)
     if a.shape:  # the rows of the paper shapes' blocks (as before)
         rows = []
@@ -338,18 +507,26 @@ def main(argv=None):
         from pathlib import Path
         root = Path(__file__).resolve().parents[2]
         config = a.config or (str(root / "data" / "standins" / "model") if a.device == "cpu" else "qwen3-1.7b")
+        if a.only and not (a.out and os.path.isfile(a.out)):
+            raise SystemExit("--only merges into an existing --out file of unit costs")
+        model_only = [b for b in a.only if b != "trl_overhead"] if a.only else None
         out = measure_units(config, a.device, a.dtype, slope_config=CPU_SLOPE_SHAPE if a.device == "cpu" else None,
-                            only=a.only)
-        print(json.dumps(out["units"], indent=1))
+                            only=model_only) if model_only is None or model_only else None
         if a.only:
-            if not (a.out and os.path.isfile(a.out)):
-                raise SystemExit("--only merges into an existing --out file of unit costs")
             old = json.load(open(a.out))
-            old["units"].update(out["units"])
-            old["points"] = [p for p in old["points"] if p["block"] not in a.only] + out["points"]
-            old["sample_dtype"] = out["sample_dtype"]
+            if out is not None:
+                old["units"].update(out["units"])
+                old["points"] = [p for p in old["points"] if p["block"] not in a.only] + out["points"]
+                old["sample_dtype"] = out["sample_dtype"]
+            if "trl_overhead" in a.only:
+                if not has_tokenizer(config):
+                    raise SystemExit(f"trl_overhead needs a policy TRL can train (a directory with a tokenizer), not {config}")
+                over, fit = measure_trl_overhead(config, old["units"], a.device, a.dtype)
+                old["units"].update(over)
+                old["trl_overhead"] = fit
             old.setdefault("remeasured", {}).update({b: time.strftime("%Y-%m-%d") for b in a.only})
             out = old
+        print(json.dumps(out["units"], indent=1))
     if a.out:
         with open(a.out, "w") as f:
             json.dump(out, f, indent=1)

@@ -123,3 +123,54 @@ def features(w: Work, P, shape, z, rows):
     w.add("analysis", head=rows * z.new)
     w.extra_bytes += rows * z.L * shape.hidden * BYTES[P.dtype]
     w.extra_why.append("hidden states of the whole batch")
+
+
+def trl_compact(P) -> bool:
+    """Whether TRL's fused LM head scores only the completion positions (Triton on a CUDA/XPU device, assumed
+    there) or every position of the rows (elsewhere: a CPU), as `trl.trainer.utils.add_fused_lm_head` does."""
+    return str(getattr(P, "device", "cpu")).startswith(("cuda", "xpu"))
+
+
+def trl_run(w: Work, P, z: Sizes, runs: int = 1, iterations: int | None = None, rb: bool = False,
+            monitor: bool = True, logging_steps: int = 1):
+    """engine.train_trl, `runs` runs of `iterations` (P.iterations) generation batches of n_prompts x G rows
+    on TRL's GRPOTrainer (BatchingGRPOTrainer), block by block:
+
+    - trl_generate: transformers' `generate` of every sampling round (RB: about two per iteration), every row
+      to max_new_tokens (an upper bound), a dynamic KV cache of the whole batch;
+    - trl_logp: TRL's fused-LM-head forward without a graph: θ_old's log-probs of every round when an
+      iteration takes more than one optimizer step (micro-batch rows a call), RB's recomputation on the
+      released batch, and the cancellation monitor's after-step forward of every micro-batch;
+    - trl_step: the loss forward (fused head, with a graph) and backward of every micro-batch, Adam's update
+      per optimizer step;
+    - trl_run, trl_optimizer_step, trl_log: the Trainer's own cost per run (policy load, construction,
+      set-up), per optimizer step (its loop, callbacks, the step record and monitor tables, empty
+      accumulation steps) and per logging step (logging_steps 1: every optimizer step).
+    Positions through the fused head: every position of the rows on a CPU, the completions on a GPU (Triton)."""
+    from .engine.data import micro_batch, micro_rows
+    its = P.iterations if iterations is None else iterations
+    rows, nmb = P.n_prompts * P.G, P.n_minibatches
+    micro = micro_batch(P.n_prompts, P.G, nmb, P.max_new_tokens, P.token_chunk)
+    ga = rows // nmb // micro
+    per_mb = 1 if ga == 1 else min(ga, ceil(rows // nmb, micro_rows(P.max_new_tokens, P.token_chunk)))
+    rounds = its * (2 if rb else 1)
+    L = z.prompt + z.new
+    hl = z.new if trl_compact(P) else L
+    w.add("trl_run", calls=runs)
+    w.add("trl_generate", positions=runs * rounds * rows * L, head=runs * rounds * rows * z.new,
+          calls=runs * rounds * z.new)
+    w.sampled_rows += runs * rounds * rows
+    w.sampled_tokens += runs * rounds * rows * z.new
+    w.kv_rows = max(w.kv_rows, rows)                   # transformers' dynamic cache: the batch, unpadded
+    w.kv_len = max(w.kv_len, z.prompt_max + z.new)
+    w.batch(rows, z.prompt_max + z.new)
+    passes = (rounds + (its if rb else 0)) if nmb > 1 else 0       # θ_old per round; RB: the released batch again
+    w.add("trl_logp", positions=runs * passes * rows * L, head=runs * passes * rows * hl,
+          calls=runs * passes * ceil(rows, micro))
+    if monitor:
+        w.add("trl_logp", positions=runs * its * rows * L, head=runs * its * rows * hl, calls=runs * its * nmb * per_mb)
+    w.add("trl_step", positions=runs * its * rows * L, head=runs * its * rows * hl, calls=runs * its * nmb * per_mb,
+          steps=runs * its * nmb)
+    w.add("trl_optimizer_step", calls=runs * its * nmb)
+    w.add("trl_log", calls=runs * (its * nmb // max(int(logging_steps), 1)))
+    w.full_grads = w.adam = True

@@ -813,19 +813,40 @@ def result_from_tables(results_dir, P: Params) -> Result:
 def workload(P: Params, shape, z: W.Sizes) -> W.Work:
     """What the planner counts for this notebook at P (read off compute(); approximations stated)."""
     w, rows, cr = W.Work(), P.n_prompts * P.G, P.chunk_rows
-    runs = len(P.strategies) * len(P.seeds) + len(P.probe_lrs) * len(P.probe_strategies) * len(P.probe_seeds)
-    runs += len(getattr(P, "budget_strategies", [])) * len(P.seeds)   # equal-rollout arm: at most as many rounds
-    if P.engine == "trl":
+    evals_per_run = P.iterations // P.eval_every + 1
+    eval_rows = len(P.eval_sets) * P.eval_n * P.eval_samples
+    if P.engine == "trl":   # every run on TRL's GRPOTrainer (engine.train_trl): its own blocks (workload.trl_run)
+        jobs = [s for s in P.strategies for _ in P.seeds] + \
+            [s for _ in P.probe_lrs for s in P.probe_strategies for _ in P.probe_seeds]
+        with w.split("runs (strategy x seed)", len(jobs)):
+            for s in jobs:
+                W.trl_run(w, P, z, rb="RB" in s)
+                W.sample(w, eval_rows, z, times=evals_per_run)   # evaluation: train.evaluate, our sampler
+        w.notes.append("TRL runs: transformers' generate, TRL's fused-head log-prob and loss forwards, the "
+                       "Trainer's per-run/step/log overhead (workload.trl_run); RB: about two sampling rounds "
+                       "per iteration; " + ("the fused head on completions only (Triton)" if W.trl_compact(P)
+                                            else "the fused head on every position of the rows (no Triton: CPU)")
+                       + ("; backend vllm: TRL's colocated vLLM generates, timed as trl_generate (an upper bound)"
+                          if P.backend == "vllm" else ""))
+    else:
         runs = len(P.strategies) * len(P.seeds) + len(P.probe_lrs) * len(P.probe_strategies) * len(P.probe_seeds)
-        w.notes.append("TRL runs counted as the small trainer's (the same blocks)")
-    rb = any("RB" in s for s in P.strategies)
-    rounds = P.iterations * (2 if rb else 1)          # RB samples extra rounds: about 2 per iteration
-    with w.split("runs (strategy x seed)", runs):
-        W.sample(w, rows, z, times=runs * rounds)
-        W.analysis(w, rows, z, cr, times=runs * P.iterations)
-        W.step(w, "full", rows, z, cr, P.n_minibatches, times=runs * P.iterations)
-        evals = runs * (P.iterations // P.eval_every + 1)
-        W.sample(w, len(P.eval_sets) * P.eval_n * P.eval_samples, z, times=evals)
+        runs += len(getattr(P, "budget_strategies", [])) * len(P.seeds)   # equal-rollout arm: at most as many rounds
+        rb = any("RB" in s for s in P.strategies)
+        rounds = P.iterations * (2 if rb else 1)          # RB samples extra rounds: about 2 per iteration
+        with w.split("runs (strategy x seed)", runs):
+            W.sample(w, rows, z, times=runs * rounds)
+            W.analysis(w, rows, z, cr, times=runs * P.iterations)
+            W.step(w, "full", rows, z, cr, P.n_minibatches, times=runs * P.iterations)
+            W.sample(w, eval_rows, z, times=runs * evals_per_run)
+        if rb:
+            w.notes.append("RB: about two sampling rounds per iteration")
+        trl = [s for s in P.trl_strategies for _ in P.trl_seeds]
+        if trl:   # the TRL cross-check runs beside the small trainer's
+            with w.split("TRL cross-check runs", len(trl)):
+                for s in trl:
+                    W.trl_run(w, P, z, rb="RB" in s)
+                    W.sample(w, eval_rows, z, times=evals_per_run)
+            w.notes.append(f"{len(trl)} TRL cross-check runs (workload.trl_run)")
     d = getattr(P, "imbalance_plans", 0)
     if d:  # Eq. 14: each seed's first batch, and 3 plans x d draws + the whole batch of gradients at θ0
         with w.split("Eq. 14's seeds", len(P.seeds)):
@@ -834,6 +855,4 @@ def workload(P: Params, shape, z: W.Sizes) -> W.Work:
             W.step(w, "full", rows, z, cr, P.n_minibatches, times=len(P.seeds) * (3 * d + 1))
         w.notes.append(f"Eq. 14: {len(P.seeds)} batches, {3 * d + 1} gradient passes each")
     w.full_grads = w.adam = True
-    if rb:
-        w.notes.append("RB: about two sampling rounds per iteration")
     return w
