@@ -295,6 +295,53 @@ def sweep_deltas(model, batch, plan: list[dict], tokens: pd.DataFrame, cfg: grpo
     return pd.concat(out, ignore_index=True)
 
 
+def sweep_deltas_split(model, batch, plan: list[dict], tokens: pd.DataFrame, cfg: grpo.UpdateConfig,
+                       old_logp: torch.Tensor) -> pd.DataFrame:
+    """`sweep_deltas` without scores (a real grpo_step per setting, step_mode 'grpo') with its seeds
+    split over $CANCELLATION_PROCS ranks (procs.fan_out; `_rank_sweep`): a unit is one seed's run of
+    consecutive plan entries, whose steps are each taken from θ and undone (grpo.trial), so a unit
+    gives the same rows whichever rank takes it and whatever it took before; the rows come back in
+    plan order, as on one process. Needs a model from rollout.load_sampler (it carries its recipe);
+    without one, or on one process, it is `sweep_deltas` here."""
+    from . import procs
+    from .value import model_id
+
+    recipe = getattr(model, "cancellation_recipe", None)
+    units: list[list[dict]] = []
+    for e in plan:
+        if units and units[-1][0]["seed"] == e["seed"]:
+            units[-1].append(e)
+        else:
+            units.append([e])
+    if recipe is None or procs.count() <= 1 or len(units) <= 1:
+        return sweep_deltas(model, batch, plan, tokens, cfg, old_logp)
+    dev = next(model.parameters()).device
+    shared = dict(recipe=recipe, model_id=model_id(model), batch=batch.to("cpu"), tokens=tokens, cfg=cfg,
+                  old_logp=old_logp.cpu())
+    parts = procs.fan_out("cancellation.budget:_rank_sweep", shared, units, cuda=dev.type == "cuda",
+                          what="settings x seeds (grpo steps)")
+    return pd.concat(parts, ignore_index=True)
+
+
+def _rank_sweep(shared: dict, units: list, local_rank: int | None) -> list:
+    """One rank's seeds of `sweep_deltas_split`: the float policy rebuilt from its recipe (on the
+    rank's own GPU) and checked against the caller's weights, one frame per unit."""
+    from .policy import load_policy
+    from .value import model_id
+
+    recipe = shared["recipe"]
+    device = f"cuda:{local_rank}" if local_rank is not None else recipe["device"]
+    torch.manual_seed(recipe["seed"])
+    if device == "cpu":
+        torch.set_num_threads(recipe.get("threads", 1))
+    model, _ = load_policy(recipe["model_path"], dtype=recipe["dtype"], device=device)
+    if model_id(model) != shared["model_id"]:
+        raise RuntimeError(f"the policy rebuilt from {recipe['model_path']} holds other weights than the caller's "
+                           "(updated after loading?): its sweep cannot be split over processes")
+    batch, old_logp = shared["batch"].to(device), shared["old_logp"].to(device)
+    return [sweep_deltas(model, batch, u, shared["tokens"], shared["cfg"], old_logp) for u in units]
+
+
 # --------------------------------------------------------------------------- the pooled gap over seeds
 def seed_sums(values: np.ndarray, status: np.ndarray, seed_idx: np.ndarray, n_seeds: int) -> np.ndarray:
     """(n_seeds, 4): per seed, [#boosted, Σ value boosted, #suppressed, Σ value suppressed]."""

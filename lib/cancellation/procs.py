@@ -7,7 +7,8 @@ worker function's name, what every rank shares, the units) into a private tempor
 starts PyTorch's own launcher, `python -m torch.distributed.run --standalone --nproc_per_node N
 -m cancellation.procs JOB`, as a child of the kernel. Rank r computes units r, r + N, r + 2N, ...;
 rank 0 gathers every rank's results (`torch.distributed.gather_object`; gloo on CPU, NCCL with one
-rank per GPU, `cuda:LOCAL_RANK`) and alone writes them, atomically (cache.atomic_write), to the
+rank per GPU: CUDA_VISIBLE_DEVICES narrowed to LOCAL_RANK's device, so torch and vLLM in the rank
+both see it as cuda:0) and alone writes them, atomically (cache.atomic_write), to the
 job's result file, which the kernel reads back in unit order. Everything before and after the
 fanned-out stage (the batches, the GRPO steps, the analysis, tables, figures, the claims
 registry) runs once, in the kernel, exactly as on one process.
@@ -84,8 +85,10 @@ def fan_out(fn: str, shared, units: list, n: int | None = None, cuda: bool = Fal
     """`fn(shared, my_units, local_rank)` over `units` on N ranks; one result per unit, in unit order.
 
     `fn` is "module:function" (importable by the ranks); it returns one result per unit it gets.
-    `local_rank` is None on one process and on CPU ranks, the GPU index with `cuda`. With N ≤ 1 or
-    at most one unit, fn runs here on every unit. Never more ranks than units."""
+    `local_rank` is None on one process and on CPU ranks; with `cuda` it is 0: each rank sees only
+    its own GPU (CUDA_VISIBLE_DEVICES narrowed to LOCAL_RANK's device). Units are pickled: keep their
+    tensors on the CPU. With N ≤ 1 or at most one unit, fn runs here on every unit. Never more ranks
+    than units."""
     n = min(count() if n is None else n, len(units))
     if n <= 1:
         return list(_resolve(fn)(shared, list(units), None))
@@ -155,15 +158,17 @@ def _worker(job: Path) -> None:
         spec = pickle.load(f)
     rank, world, local = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_RANK"])
     os.environ[RANK_ENV] = str(rank)
-    if spec["cuda"]:
-        torch.cuda.set_device(local)
+    if spec["cuda"]:  # this rank sees only its own GPU (before CUDA starts): vLLM and torch both use cuda:0
+        visible = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+        os.environ["CUDA_VISIBLE_DEVICES"] = visible[local] if local < len(visible) else str(local)
+        torch.cuda.set_device(0)
     dist.init_process_group("nccl" if spec["cuda"] else "gloo")
     if os.environ.get(KILL_ENV, "") == str(rank):
         os.kill(os.getpid(), signal.SIGKILL)
     units = spec["units"]
     mine = list(range(rank, len(units), world))
     try:
-        res = list(_resolve(spec["fn"])(spec["shared"], [units[i] for i in mine], local if spec["cuda"] else None))
+        res = list(_resolve(spec["fn"])(spec["shared"], [units[i] for i in mine], 0 if spec["cuda"] else None))
         if len(res) != len(mine):
             raise RuntimeError(f"{spec['fn']} returned {len(res)} results for {len(mine)} units")
     except BaseException as e:

@@ -407,7 +407,7 @@ def load_sampler(recipe: dict):
     model, tok = load_policy(recipe["model_path"], dtype=recipe["dtype"], device=recipe["device"])
     sampler = make_sampler(model, recipe["model_path"], recipe["backend"], recipe["sample_dtype"], recipe["seed"],
                            recipe["gpu_memory_utilization"])
-    sampler.cancellation_recipe = dict(recipe)
+    model.cancellation_recipe = sampler.cancellation_recipe = dict(recipe)
     return model, tok, sampler
 
 

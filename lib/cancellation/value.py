@@ -276,13 +276,13 @@ def _rewards(model, tokenizer, batch, reqs: list[Request], cfg: ValueConfig, ver
 
 def _rank_rewards(shared: dict, units: list, local_rank: int | None) -> list:
     """One rank's share of `_rewards`' sampler batches (procs.fan_out): it rebuilds the sampler from
-    its recipe (on cuda:local_rank for GPU ranks), checks it holds the caller's weights, samples
+    its recipe (on the rank's own GPU for GPU ranks), checks it holds the caller's weights, samples
     each batch, writes its cache entries, and returns per batch (rewards, the verifier's tally)."""
     from .rollout import load_sampler, stop_ids
 
     recipe = dict(shared["recipe"])
     if local_rank is not None:
-        recipe["device"] = f"cuda:{local_rank}"
+        recipe["device"] = f"cuda:{local_rank}"  # its own GPU
     model, tok, sampler = load_sampler(recipe)
     hf = getattr(sampler, "hf_model", sampler)
     if hf is not model:
