@@ -63,8 +63,11 @@ def test_fan_out_on_two_ranks(monkeypatch):
 
 # Every sampler batch holds rows_per_chunk // M = 4 prefixes, so each notebook's Monte Carlo calls hold
 # several batches (6 to 12) to split: the smoke profile's default (1024 rows) makes one batch per call,
-# which --procs leaves on one process.
-SPLIT = {"rows_per_chunk": 16}
+# which --procs leaves on one process. 06 takes a real GRPO step per setting (step_mode grpo), whose
+# seeds are split too.
+SPLIT = {"05": {"rows_per_chunk": 16}, "06": {"rows_per_chunk": 16, "step_mode": "grpo"}}
+SHOWN = {"05": ["MC continuations (M=4): 12 units on 2 processes"],
+         "06": ["MC continuations (M=4): 12 units on 2 processes", "settings x seeds (grpo steps): 3 units on 2"]}
 TABLES = {"05": ("fig05_token_values", "fig05_cell_means", "fig05_entropy_gap", "fig05_strata_gap",
                  "fig11_repeated_gap", "fig05_heldout_values"),
           "06": ("fig06_valued_deltas", "fig06_value_gap", "fig07b_reward_composition", "fig06_trends",
@@ -74,7 +77,7 @@ TABLES = {"05": ("fig05_token_values", "fig05_cell_means", "fig05_entropy_gap", 
 def _run(ref, root: Path, monkeypatch, n: int):
     monkeypatch.setenv("CANCELLATION_CACHE", str(root / "cache"))   # nothing computed before: every value sampled
     monkeypatch.setenv(procs.PROCS_ENV, str(n))
-    out = run.run_notebook(ref, "smoke", dict(SPLIT), out_root=root, log_output=False)
+    out = run.run_notebook(ref, "smoke", dict(SPLIT[ref]), out_root=root, log_output=False)
     return out, next((root / "data" / "results" / "smoke" / "runs").iterdir())
 
 
@@ -82,13 +85,14 @@ def _run(ref, root: Path, monkeypatch, n: int):
 @pytest.mark.parametrize("ref", ["05", "06"])
 def test_two_processes_write_the_same_tables(ref, tmp_path, monkeypatch):
     """Whole notebooks on the smoke profile (fresh caches): 1 process, then 2 ranks; every table and the
-    notebook's claim rows equal byte for byte, and the executed notebook shows the split happened."""
+    claims registry equal byte for byte, and the executed notebook shows the splits happened."""
     _, one = _run(ref, tmp_path / "one", monkeypatch, 1)
     nb, two = _run(ref, tmp_path / "two", monkeypatch, 2)
     for name in TABLES[ref] + ("claims",):
         a, b = (one / f"{name}.parquet").read_bytes(), (two / f"{name}.parquet").read_bytes()
         assert a == b, f"{ref}: {name}.parquet differs between 1 and 2 processes"
-    assert "units on 2 processes" in nb.read_text()
+    text = nb.read_text()
+    assert all(line in text for line in SHOWN[ref]), [ln for ln in text.split("\\n") if "[procs]" in ln]
 
 
 @pytest.mark.slow
