@@ -67,7 +67,8 @@ def test_fan_out_on_two_ranks(monkeypatch):
 # seeds are split too.
 SPLIT = {"05": {"rows_per_chunk": 16}, "06": {"rows_per_chunk": 16, "step_mode": "grpo"}}
 SHOWN = {"05": ["MC continuations (M=4): 12 units on 2 processes"],
-         "06": ["MC continuations (M=4): 12 units on 2 processes", "settings x seeds (grpo steps): 3 units on 2"]}
+         "06": ["MC continuations (M=4): 12 units on 2 processes", "settings x seeds (grpo steps): 12 units on 2",
+                "settings x seeds (grpo steps): 6 units on 2"]}
 TABLES = {"05": ("fig05_token_values", "fig05_cell_means", "fig05_entropy_gap", "fig05_strata_gap",
                  "fig11_repeated_gap", "fig05_heldout_values"),
           "06": ("fig06_valued_deltas", "fig06_value_gap", "fig07b_reward_composition", "fig06_trends",

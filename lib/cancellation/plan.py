@@ -237,7 +237,10 @@ class Plan:
                f"{w.sampled_rows:,} rows; largest batch {w.largest[0]} x {w.largest[1]} ({self.prompt})"]
         out += [f"         note: {n}" for n in w.notes]
         if self.procs > 1:
-            split = "; ".join(f"{p['what']} ({p['units']:,})" for p in w.parts)
+            from .procs import BUILT
+            split = "; ".join(f"{p['what']} ({p['units']:,}; "
+                              + (f"built, {BUILT[(self.stem, p['what'])]}" if (self.stem, p["what"]) in BUILT
+                                 else "planned, not split yet") + ")" for p in w.parts)
             out.append(f"         split over {self.procs} processes: " + (split or "nothing (one process does it all)"))
         return out
 
