@@ -128,19 +128,30 @@ print(f"first order at eta={P.lr}: Pearson {row.pearson:.6f}, sign agreement {10
 print(fig02.decomposition_summary(R))
 
 # %% [markdown]
-# Reading. Same-token pairs have far more aligned hidden states than different-token pairs (a);
-# different-token hidden states are positively aligned only barely more often than not (tiny run:
-# 51.8% [51.1, 52.5] of pairs, mean cos +0.02) — a majority, as the "generally positive" row reads
-# it, but hardly "generally". φ is essentially zero for different-token pairs and sizeable only for same-token pairs,
-# as Eq. 10 predicts (b: |φ| > 0.01 for 21.7% of same-token vs 0.7% of different-token pairs); the coupling mass sits in the highest-entropy × highest-entropy corner
-# (c), because near-certain tokens have r_j = e_o − π_j ≈ 0. Beyond the paper, the first-order
-# prediction δ_j explains an SGD lm_head step at the paper's η almost perfectly (d).
+# Reading (numbers below, from this run's claim rows). Same-token pairs have far more aligned hidden
+# states than different-token pairs (a); whether different-token hidden states are positively
+# aligned for a majority of pairs ("generally positive") is decided by the interval that resamples
+# the rollouts the pairs come from together with the pairs: a pair shares its two rollouts with
+# hundreds of other sampled pairs, so a pair-level interval is far too narrow. Most φ are negligible
+# (§2: "most of them are zero"; none is exactly 0 in float64), and the non-negligible ones sit on
+# same-token pairs, as Eq. 10 predicts (b); the coupling mass sits in the highest-entropy ×
+# highest-entropy corner (c), because near-certain tokens have r_j = e_o − π_j ≈ 0 (a row that holds
+# by construction), and among same-token pairs low-confidence ones couple orders of magnitude more
+# strongly than confident ones. Beyond the paper, the first-order prediction δ_j explains an SGD
+# lm_head step at the paper's η almost perfectly (d: an implementation check, not a claim).
 #
 # Splitting δ_j ∝ A_j K_jj + Σ_{same token} A_k K_jk + Σ_{different token} A_k K_jk (the referees'
 # control): same-token pairs are a few percent of all pairs yet hold about half of the coupling mass
-# Σ|A_k K_jk| — half, so "primarily" stays open here; the coupling terms overrule the token's own
+# Σ|A_k K_jk| (its row says whether more than half); the coupling terms overrule the token's own
 # term (A_j's sign) for nearly half of the tokens, the first-order form of token flipping, and where
-# they do, the same-token pairs alone usually suffice. The claims, with the numbers of this run:
+# they do, the same-token pairs alone usually suffice.
 
 # %%
-claims.record(results_dir, "02", fig02.claims(R, P));
+rows = fig02.claims(R, P)
+print("\n".join(fig02.reading(rows)))
+
+# %% [markdown]
+# The claims, with the numbers of this run (pair rows: two-way cluster bootstrap, rollouts then pairs):
+
+# %%
+claims.record(results_dir, "02", rows);

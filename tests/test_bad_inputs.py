@@ -92,6 +92,59 @@ def test_entries_signed_under_another_users_key_are_recomputed(tmp_path, monkeyp
     assert cache.cached("s", {"b": 1}, lambda: pd.DataFrame({"a": [1]}), d).a.tolist() == [1]  # tables: parquet
 
 
+@pytest.mark.parametrize("how", ["planted", "edited", "copied", "pickle-signature"])
+def test_planted_or_edited_table_in_the_cache_is_never_read_and_is_recomputed(tmp_path, how):
+    """Tables carry no code, but a planted or edited one would be served as a result: they are signed too."""
+    d = tmp_path / "shared"
+    true = pd.DataFrame({"delta": [0.25, -0.5]})
+    k = cache.key("stage", {"x": 1})
+    cache.cached("stage", {"x": 1}, lambda: true, d)
+    genuine = (d / f"{k}.parquet").read_bytes()
+    assert genuine.startswith(cache.SIGNED_TABLE)
+    assert cache.cached("stage", {"x": 1}, lambda: 1 / 0, d).equals(true)     # served from the signed entry
+    fake = pd.DataFrame({"delta": [9.0, 9.0]})
+    if how == "planted":       # a plain parquet file, as any writer of a shared cache could drop in
+        fake.to_parquet(d / f"{k}.parquet", index=False)
+    elif how == "edited":      # the genuine entry's table swapped, its signature kept
+        import io
+        buf = io.BytesIO()
+        fake.to_parquet(buf, index=False)
+        (d / f"{k}.parquet").write_bytes(genuine[:len(cache.SIGNED_TABLE) + 32] + buf.getvalue())
+    elif how == "copied":      # a genuine signed table of another key
+        cache.cached("stage", {"x": 2}, lambda: fake, d)
+        (d / f"{k}.parquet").write_bytes((d / f"{cache.key('stage', {'x': 2})}.parquet").read_bytes())
+    else:                      # a pickle entry's valid signature on a table (same key, other kind)
+        import io
+        buf = io.BytesIO()
+        fake.to_parquet(buf, index=False)
+        signed = cache.sign(k, buf.getvalue())
+        (d / f"{k}.parquet").write_bytes(cache.SIGNED_TABLE + signed[len(cache.SIGNED):])
+    planted = (d / f"{k}.parquet").read_bytes()
+    with pytest.warns(cache.CacheWarning) as w:
+        got = cache.cached("stage", {"x": 1}, lambda: true, d)
+    msgs = [str(x.message) for x in w if issubclass(x.category, cache.CacheWarning)]
+    assert len(msgs) == 1 and f"{k}.parquet: unreadable (" in msgs[0] and "not read" in msgs[0], msgs
+    assert got.equals(true) and (d / f"{k}.parquet.corrupt").read_bytes() == planted
+
+
+def test_sign_tables_migrates_a_private_cache_once(tmp_path, capsys):
+    """Unsigned tables written before tables were signed: `python -m cancellation.cache sign-tables DIR`
+    signs the user's own (no recompute); garbage stays unsigned; a signed entry is not signed twice."""
+    d = tmp_path / "mine"
+    d.mkdir()
+    old = pd.DataFrame({"v": [1.5, 2.5]})
+    k = cache.key("stage", {"x": 1})
+    old.to_parquet(d / f"{k}.parquet", index=False)                         # as the cache wrote them before
+    (d / f"{cache.key('stage', {'x': 2})}.parquet").write_bytes(b"PAR1 not a table")
+    cache.main(["sign-tables", str(d)])
+    assert capsys.readouterr().out.strip() == (f"signed 1 unsigned table entries in {d}; left 1 unsigned (not your "
+                                               "file, or not a parquet table): they are recomputed when next used")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert cache.cached("stage", {"x": 1}, lambda: 1 / 0, d).equals(old)   # read, not recomputed
+    assert cache.sign_tables(d) == (0, 1)
+
+
 def test_planted_object_in_a_checkpoint_is_not_executed_and_the_run_restarts(tmp_path):
     marker = tmp_path / "pwned"
     ck = tmp_path / "run.pt"

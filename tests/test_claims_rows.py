@@ -113,29 +113,7 @@ def test_within_id_uncertain_row_is_a_loop_over_ids():
     assert r.verdict == C.similar(m, lo, hi, tol=10)
 
 
-# ----------------------------------------------------------------------------- notebook 02 (sampled pairs)
-def test_fig02_generally_positive_is_clopper_pearson_over_pairs():
-    pairs = pd.read_parquet(TINY / "fig02_pairs.parquet")
-    k = n = 0
-    for kind, h in zip(pairs.pair, pairs.hdot):
-        if kind == "different":
-            n += 1
-            k += h > 0
-    r = registry().loc["fig02_a_generally_positive"]
-    assert close(r.measured, k / n) and r.n == n
-    assert close(r.lo, stats.beta.ppf(0.025, k, n - k + 1)) and close(r.hi, stats.beta.ppf(0.975, k + 1, n - k))
-
-
-def test_fig02b_phi_row_point_and_interval():
-    pairs = pd.read_parquet(TINY / "fig02_pairs.parquet")
-    big = {"same": [], "different": []}
-    for kind, phi in zip(pairs.pair, pairs.phi):
-        big[kind].append(abs(phi) > 1e-2)
-    a, b = np.mean(big["same"]), np.mean(big["different"])
-    se = math.sqrt(a * (1 - a) / len(big["same"]) + b * (1 - b) / len(big["different"]))
-    near_normal(registry().loc["fig02_b_phi_same_token"], a - b, se)
-
-
+# ----------------------------------------------------------------------------- notebook 02 (sampled pairs): below, issue 33
 # ----------------------------------------------------------------------------- notebook 03 (per-candidate δ)
 def test_table1_paired_rows_are_loops_over_candidates():
     e = pd.read_parquet(TINY / "fig03_masking_effects.parquet")
@@ -647,3 +625,237 @@ def test_fig05a_heldout_row_point_is_a_loop_and_its_interval_near_normal():
     r = registry().loc["fig05a_exclude_heldout"]
     near_normal(r, float(np.mean(gaps)), 0.5 * math.sqrt(var))
     assert r.n == len(v)
+
+
+# ----------------------------------------------------------------------------- issue 33: notebooks 02, 03, 08
+def pigeonhole_se(u, rj, rk, pairs=True):
+    """Standard error of a linearized statistic Σ_i u_i·(weight_i − 1) under the two-way bootstrap that
+    draws rollouts (a pair weighs w(rollout of j)·w(rollout of k)) and, when `pairs`, the pairs too
+    (weight × m_i), with the draw counts taken as independent Poisson(1) (multinomial for large n):
+    w_a w_b m − 1 = (w_a − 1) + (w_b − 1) + (w_a − 1)(w_b − 1) + w_a w_b (m − 1), orthogonal terms, so
+    the variance is Σ_r U_r² + Σ_{a<b} D_ab² + 4 Σ_i u_i² (the last only when pairs are drawn), with
+    U_r the sum of u over the pairs that touch rollout r and D_ab over the pairs joining rollouts a, b."""
+    u = np.asarray(u, float)
+    U, D = defaultdict(float), defaultdict(float)
+    for ui, a, b in zip(u, rj, rk):
+        U[a] += ui
+        U[b] += ui
+        if a != b:
+            D[(min(a, b), max(a, b))] += ui
+    v = sum(x * x for x in U.values()) + sum(x * x for x in D.values()) + (4 * float((u * u).sum()) if pairs else 0.0)
+    return math.sqrt(v)
+
+
+def _fig02_pairs():
+    pairs = pd.read_parquet(TINY / "fig02_pairs.parquet")
+    terms = pd.read_parquet(TINY / "fig02_kernel_terms.parquet")
+    rows = terms.row.tolist()
+    return pairs, terms, [rows[j] for j in pairs.j], [rows[k] for k in pairs.k]
+
+
+def _mean_u(x, m):
+    """Influence of a subset mean: (x_i − mean)/n_subset on the subset, 0 elsewhere; and the mean."""
+    x, m = np.asarray(x, float), np.asarray(m, bool)
+    mu = x[m].mean()
+    return np.where(m, (x - mu) / m.sum(), 0.0), mu
+
+
+def test_fig02_pair_rows_resample_rollouts_and_pairs_together():
+    """Fig. 2's pair rows: the point a loop over the sampled pairs, the interval near the linearized
+    two-way (rollout × pair) standard error; and the rollout × pair interval is wider than the old
+    pair-only one would be."""
+    pairs, terms, rj, rk = _fig02_pairs()
+    reg = registry()
+    same = (pairs.pair == "same").to_numpy()
+    # (a) cos gap
+    ua, ma = _mean_u(pairs.hcos, same)
+    ub, mb = _mean_u(pairs.hcos, ~same)
+    r = reg.loc["fig02_a_same_token"]
+    assert r.resampling == "rollout × pair"
+    near_normal(r, ma - mb, pigeonhole_se(ua - ub, rj, rk), slack=0.5)
+    # (a) different-token ⟨h, h⟩ > 0
+    pos = (pairs.hdot > 0).to_numpy(float)
+    u, m = _mean_u(pos, ~same)
+    r = reg.loc["fig02_a_generally_positive"]
+    near_normal(r, m, pigeonhole_se(u, rj, rk), slack=0.5)
+    assert (r.hi - r.lo) > 2 * 1.96 * math.sqrt(m * (1 - m) / (~same).sum())  # wider than pairs alone
+    # (b) |φ| > 1e-2, same − different
+    big = (pairs.phi.abs() > 1e-2).to_numpy(float)
+    ua, ma = _mean_u(big, same)
+    ub, mb = _mean_u(big, ~same)
+    near_normal(reg.loc["fig02_b_phi_same_token"], ma - mb, pigeonhole_se(ua - ub, rj, rk), slack=0.5)
+
+
+def test_fig02_most_phi_zero_and_confidence_contrast_are_loops():
+    pairs, terms, rj, rk = _fig02_pairs()
+    reg = registry()
+    same = (pairs.pair == "same").to_numpy()
+    counts = terms.o.value_counts().to_numpy().astype(float)
+    ws = float((counts * (counts - 1)).sum() / (len(terms) * (len(terms) - 1)))  # same-token share of all pairs
+    neg = (pairs.phi.abs() <= 1e-2).to_numpy(float)
+    ua, ma = _mean_u(neg, same)
+    ub, mb = _mean_u(neg, ~same)
+    r = reg.loc["fig02_b_phi_mostly_zero"]
+    near_normal(r, ws * ma + (1 - ws) * mb, pigeonhole_se(ws * ua + (1 - ws) * ub, rj, rk), slack=0.5)
+    assert r.lo > 0.5 and r.verdict == C.REPRODUCED
+    p = terms.p.to_numpy()
+    pj, pk = p[pairs.j], p[pairs.k]
+    k = pairs.kernel.abs().to_numpy()
+    lo_m, hi_m = same & (pj < 0.9) & (pk < 0.9), same & (pj >= 0.9) & (pk >= 0.9)
+    ul, a = _mean_u(k, lo_m)
+    uh, b = _mean_u(k, hi_m)
+    r = reg.loc["fig02_low_vs_high_confidence"]
+    assert r.n == lo_m.sum() + hi_m.sum()
+    near_normal(r, math.log10(a / b), pigeonhole_se((ul / a - uh / b) / math.log(10), rj, rk), slack=0.5)
+
+
+def test_fig12_kernel_rows_are_two_way_over_the_committed_rollout_cells():
+    """Fig. 12(b)'s same-token K rows: the point Σ K / n over the per-(rollout j, rollout k) cells, equal
+    to the kernel table's mean; the interval near the linearized two-way rollout standard error."""
+    cells = pd.read_parquet(TINY / "fig12_kernel_cells.parquet")
+    lm = pd.read_parquet(TINY / "fig12_lm_head_kernel.parquet")
+    reg = registry()
+    tag = {"p<0.9": "u", "p>=0.9": "c"}
+
+    def check(sub, row):
+        n, s = sub.n_pairs.sum(), sub.sum_K.sum()
+        theta = s / n
+        u = ((sub.sum_K - theta * sub.n_pairs) / n).to_numpy()
+        near_normal(row, theta, pigeonhole_se(u, sub.row_j.tolist(), sub.row_k.tolist(), pairs=False), slack=0.5)
+        assert row.n == n and row.resampling == "rollout" and "two-way" in row.estimator
+
+    for bj, tj in tag.items():
+        for bk, tk in tag.items():
+            sub = cells[(cells.bin_j == bj) & (cells.bin_k == bk) & (cells.pair == "same")]
+            t = lm[(lm.bin_j == bj) & (lm.bin_k == bk) & (lm.pair == "same")].iloc[0]
+            assert close(t.mean_K, sub.sum_K.sum() / sub.n_pairs.sum())
+            check(sub, reg.loc[f"fig12_same_token_K_{tj}{tk}"])
+    check(cells[cells.pair == "same"], reg.loc["fig12_same_token_K"])
+    assert (reg.loc[[c for c in reg.index if c.startswith("fig12_same_token_K")]].verdict != C.REPRODUCED).all()
+
+
+def test_fig12c_full_row_is_two_way_over_rollouts():
+    pairs = pd.read_parquet(TINY / "fig12_full_pairs.parquet")
+    s = pairs[pairs.pair == "same"]
+    x = s.full_inner.to_numpy()
+    r = registry().loc["fig12_same_token_full"]
+    assert r.n == len(x)
+    near_normal(r, x.mean(), pigeonhole_se((x - x.mean()) / len(x), s.row_j.tolist(), s.row_k.tolist(), pairs=False),
+                slack=0.5)
+
+
+def test_table1_lm_head_signed_row_holds_by_construction_full_row_tests():
+    reg = registry()
+    lm, full = reg.loc["table1_nonzero_lm_head_signed"], reg.loc["table1_nonzero_full_signed"]
+    assert lm.rule == "construction" and lm.verdict != C.REPRODUCED and "first order" in lm.rule_text
+    assert full.rule == "direction"
+    e = pd.read_parquet(TINY / "fig03_masking_effects.parquet")
+    e = e[(e.pool == "nonzero") & (e.kind == "both")]
+    lmd = dict(zip(e[e.scope == "lm_head"].cand, e[e.scope == "lm_head"].delta))
+    f = e[e.scope == "full"]
+    agree = sum(np.sign(d) == np.sign(lmd[c]) for c, d in zip(f.cand, f.delta))
+    assert f"on {agree} of {len(f)} both masks" in full.detail
+
+
+def test_table1_both_mean_rows_are_loops_over_candidates():
+    e = pd.read_parquet(TINY / "fig03_masking_effects.parquet")
+    reg = registry()
+    for pool in ("nonzero", "positive"):
+        for scope in ("lm_head", "full"):
+            x = e[(e.pool == pool) & (e.kind == "both") & (e.scope == scope)].delta.to_numpy()
+            r = reg.loc[f"table1_{pool}_{scope}_both_mean"]
+            near_normal(r, sum(x) / len(x), x.std(ddof=1) / math.sqrt(len(x)), slack=0.5)
+            assert r.rule == ("construction" if pool == "positive" else "direction")
+
+
+def test_fig03a_right_shift_rows_are_paired_median_differences():
+    e = pd.read_parquet(TINY / "fig03_masking_effects.parquet")
+    reg = registry()
+    rng = np.random.default_rng(12345)  # an independent bootstrap: another generator, a loop
+    for pool in ("nonzero", "positive"):
+        s = e[(e.pool == pool) & (e.scope == "lm_head")]
+        b = dict(zip(s[s.kind == "both"].cand, s[s.kind == "both"].delta))
+        rnd = dict(zip(s[s.kind == "random"].cand, s[s.kind == "random"].delta))
+        cands = [c for c in b if c in rnd]
+        x, y = np.array([b[c] for c in cands]), np.array([rnd[c] for c in cands])
+        r = reg.loc[f"fig03a_{pool}_right_shift"]
+        assert close(r.measured, float(np.median(x) - np.median(y)))
+        reps = []
+        for _ in range(2000):
+            i = rng.integers(0, len(x), len(x))
+            reps.append(np.median(x[i]) - np.median(y[i]))
+        lo, hi = np.quantile(reps, [0.025, 0.975])
+        w = hi - lo
+        assert abs(r.lo - lo) <= 0.25 * w + 1e-15 and abs(r.hi - hi) <= 0.25 * w + 1e-15, (pool, r.lo, r.hi, lo, hi)
+
+
+def test_fig03b_trend_rows_are_ols_slopes_with_a_candidate_cluster_se():
+    e = pd.read_parquet(TINY / "fig03_masking_effects.parquet")
+    e = e[e.pool == "nonzero"]
+    lm = e[e.scope == "lm_head"].proxy_cos.to_numpy()
+    nb = 5
+    edges = np.quantile(lm, np.linspace(0, 1, nb + 1))
+    reg = registry()
+    for scope in ("lm_head", "full"):
+        s = e[e.scope == scope]
+        x = np.array([min(max(int(np.searchsorted(edges[1:-1], c, side="right")), 0), nb - 1) for c in s.proxy_cos],
+                     float)
+        y = (s.delta > 0).to_numpy(float)
+        X = np.column_stack([np.ones(len(x)), x])
+        beta = np.linalg.solve(X.T @ X, X.T @ y)
+        res = y - X @ beta
+        bread = np.linalg.inv(X.T @ X)
+        meat = np.zeros((2, 2))
+        for c in np.unique(s.cand):
+            g = (X[s.cand.to_numpy() == c] * res[s.cand.to_numpy() == c][:, None]).sum(0)
+            meat += np.outer(g, g)
+        se = math.sqrt((bread @ meat @ bread)[1, 1])
+        r = reg.loc[f"fig03b_nonzero_{scope}_trend"]
+        assert close(r.measured, beta[1]) and r.n == len(y)
+        near_normal(r, beta[1], se, slack=0.5)
+        assert r.rule == ("construction" if scope == "lm_head" else "direction")
+
+
+def test_fig03c_change_rows_are_paired_loops_over_the_topk_effects():
+    t = pd.read_parquet(TINY / "fig03_topk_effects.parquet")
+    topk = pd.read_parquet(TINY / "fig03_topk.parquet")
+    reg = registry()
+    checked = 0
+    for (pool, scope), g in t.groupby(["pool", "scope"]):
+        k0, k1 = g.k.min(), g.k.max()
+        a = dict(zip(g[g.k == k0].cand, g[g.k == k0].delta))
+        b = dict(zip(g[g.k == k1].cand, g[g.k == k1].delta))
+        for k in (k0, k1):  # the per-candidate table is the one behind Fig. 3(c)'s summary
+            row = topk[(topk.pool == pool) & (topk.scope == scope) & (topk.k == k)].iloc[0]
+            assert close(row.mean_boost, g[g.k == k].delta.mean())
+        for what, d in (("mean", [b[c] - a[c] for c in a]), ("rate", [float(b[c] > 0) - float(a[c] > 0) for c in a])):
+            cid = f"fig03c_{pool}_{scope}_{what}_rises"
+            if cid not in reg.index:
+                assert what == "rate" and all(v > 0 for v in a.values())  # left out only at a 100% Boost Rate
+                continue
+            d = np.asarray(d)
+            r = reg.loc[cid]
+            if d.std() == 0:
+                assert r.measured == d.mean() and r.lo == r.hi == d.mean()
+            else:
+                near_normal(r, d.mean(), d.std(ddof=1) / math.sqrt(len(d)), slack=0.5)
+            checked += 1
+    assert checked >= 6
+    r = reg.loc["fig03c_nonzero_lm_head_mean_rises"]
+    assert r.verdict == C.NOT_REPRODUCED or r.measured > 0   # tiny: the nonzero pool's Mean Boost falls with k
+
+
+def test_fig10_stable_row_is_an_hc1_ols_slope_over_steps():
+    c = pd.read_parquet(TINY / "fig10_proxy_sign_consistency.parquet")
+    x, y = c.step.to_numpy(float), c.sign_consistency.to_numpy(float)
+    n = len(x)
+    X = np.column_stack([np.ones(n), x])
+    beta = np.linalg.lstsq(X, y, rcond=None)[0]
+    e = y - X @ beta
+    bread = np.linalg.inv(X.T @ X)
+    cov = bread @ (X.T * e ** 2) @ X @ bread * n / (n - 2)
+    h = stats.t.ppf(0.975, n - 2) * math.sqrt(cov[1, 1])
+    span = x.max() - x.min()
+    r = registry().loc["fig10_stable"]
+    assert close(r.measured, beta[1] * span) and close(r.lo, (beta[1] - h) * span) and close(r.hi, (beta[1] + h) * span)
+    assert r.rule == "similar" and r.verdict == C.similar(r.measured, r.lo, r.hi, **json.loads(r.params))

@@ -533,3 +533,35 @@ def test_two_processes_qb_rb_with_monitor(tmp_path):
     assert sorted(p.name for p in (tmp_path / "cancellation0").glob("*.parquet")) == \
         ["part-000000001.parquet", "part-000000002.parquet"]
     assert not (tmp_path / "cancellation1").exists()
+
+
+def test_unscorable_rewards_stop_the_trainer_in_one_line():
+    """A reward function that returns None (TRL: unscorable) for some completions: one line naming the
+    function and the count, not a reward of 0 trained down as wrong nor a NaN advantage; a NaN of one
+    function beside another's number stays TRL's 'does not apply' (summed away)."""
+    from cancellation.engine.trainer import check_rewards
+    nan, inf = float("nan"), float("inf")
+    check_rewards(torch.tensor([[1.0, nan], [nan, 0.0]]), ["a", "b"])      # every row scored by one of them
+    with pytest.raises(ValueError) as e:
+        check_rewards(torch.tensor([[nan, nan], [1.0, nan], [nan, nan], [0.0, inf]]), ["a", "b"])
+    assert str(e.value).startswith("BatchingGRPOTrainer: 2 of 4 completions got no reward (every reward function "
+                                   "returned None/NaN); 1 of 4 completions got an infinite reward [a: 2 NaN, "
+                                   "b: 3 NaN, 1 infinite]; ")
+    model, tok = policy.load_policy(MODEL, dtype="float32")
+    src = tasks.ProblemSource(**SOURCE)
+    correct = engine.reward_function(src)
+
+    def sometimes_none(prompts, completions, **kw):
+        r = correct(prompts, completions, **kw)
+        return [None if i % 4 == 1 else x for i, x in enumerate(r)]    # one of every four: unscorable
+
+    cfg = engine.grpo_config(tempfile.mkdtemp(), n_prompts=4, G=4, n_minibatches=2, iterations=1, max_new_tokens=8)
+    tr = engine.BatchingGRPOTrainer(model=model, processing_class=tok, reward_funcs=[sometimes_none], args=cfg,
+                                    train_dataset=engine.problem_dataset(src, tok, 8))
+    before = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(ValueError) as e:
+        tr.train()
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith("BatchingGRPOTrainer: 4 of 16 completions got no reward")
+    assert "[sometimes_none: 4 NaN]" in msg
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))   # no step was taken

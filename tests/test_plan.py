@@ -160,6 +160,8 @@ def test_dry_run_at_qwen3_06b_shape_writes_nothing_canonical(qwen3_06b, tmp_path
     assert rec["measured_seconds"] > 0 and rec["peak_rss_gib"] > 0
     assert rec["planned"]["peak_gib"] > 596e6 * 4 / 2 ** 30        # at least the float32 weights
     assert "[dry-run] 04_category_shift: measured" in out and "planned" in out
+    # the path it says it writes is the one it wrote (under the dry-run folder, not notebooks/executed/)
+    assert f"profile=paper-smoke -> {run._show(dry / 'notebooks' / 'executed' / 'paper-smoke')}/" in out
 
 
 # ------------------------------------------------------------------ --device-kind, --procs, paper-quick (issue 36)
@@ -277,3 +279,54 @@ def test_workloads_match_the_pinned_counts():
     assert sorted(now) == sorted(pinned)
     for key in pinned:
         assert now[key] == pinned[key], key
+
+
+# ------------------------------------------------------------------ a corrupt or absurd config.json (issue 35)
+def _model_with_config(tmp_path, name, text):
+    """A copy of the tiny policy's files whose config.json is `text`."""
+    import shutil
+    src = run.ROOT / "data" / "policies" / "tiny-m"
+    d = tmp_path / name
+    shutil.copytree(src, d)
+    (d / "config.json").write_text(text)
+    return d
+
+
+def _tiny_config():
+    return json.loads((run.ROOT / "data" / "policies" / "tiny-m" / "config.json").read_text())
+
+
+@pytest.mark.parametrize("case, edit, message", [
+    ("truncated", lambda c: json.dumps(c)[:40], "the model's config.json is not valid JSON (Expecting "),
+    ("typed", lambda c: json.dumps({**c, "hidden_size": "big"}),
+     'hidden_size is "big" in the model\'s config.json; expected a positive integer'),
+    ("negative", lambda c: json.dumps({**c, "num_hidden_layers": -1}),
+     "num_hidden_layers is -1 in the model's config.json; expected a positive integer"),
+    ("zero", lambda c: json.dumps({**c, "hidden_size": 0}),
+     "hidden_size is 0 in the model's config.json; expected a positive integer"),
+    ("bool", lambda c: json.dumps({**c, "num_key_value_heads": True}),
+     "num_key_value_heads is true in the model's config.json; expected a positive integer"),
+    ("missing", lambda c: json.dumps({k: v for k, v in c.items() if k != "vocab_size"}),
+     "the model's config.json has no vocab_size"),
+    ("list", lambda c: "[1, 2]", "the model's config.json holds a JSON list, not an object of model settings"),
+])
+def test_plan_refuses_a_bad_config_json_naming_the_file(case, edit, message, tmp_path, capsys):
+    """--plan (and every run, which plans first) with a corrupt, truncated, wrongly typed or absurd
+    config.json: exit 2 and one line naming the file and the field, not 'no plan (JSONDecodeError...)' at
+    rc 0 nor a plan of '0.01 GiB'."""
+    d = _model_with_config(tmp_path, case, edit(_tiny_config()))
+    with pytest.raises(plan.ConfigError) as e:
+        plan.read_config(d / "config.json")
+    assert str(e.value).startswith(f"{d / 'config.json'}: ") and message in str(e.value)
+    assert "\n" not in str(e.value)
+    with pytest.raises(SystemExit) as ex:
+        run.main(["01", "--profile", "tiny", "--plan", "-p", "model_path", str(d)])
+    assert ex.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: 01_token_flipping: {e.value}"]
+
+
+def test_plan_of_a_good_copy_passes(tmp_path, capsys):
+    d = _model_with_config(tmp_path, "good", json.dumps(_tiny_config()))
+    assert run.main(["01", "--profile", "tiny", "--plan", "-p", "model_path", str(d)]) is None
+    assert "error" not in capsys.readouterr().err

@@ -149,3 +149,89 @@ def test_captured_logprobs_are_teacher_forced_on_cuda():
     resp = batch.response_mask
     got, want = lp.cpu()[resp[:, ids.shape[1]:]], st.logp.cpu()[resp]
     assert torch.allclose(got.double(), want.double(), atol=1e-3), (got - want).abs().max()
+
+
+# --------------------------------------------------------------------------- the lean CPU decode step
+def _body_steps(model, ids, mask, toks):
+    """The hidden states the DynamicCache loop feeds the LM head: prefill, then one body forward per
+    token column of `toks` (rows, n), the 2-D mask grown by a column of ones each step."""
+    from transformers import DynamicCache
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    h, kv = rollout.last_hidden(model, DynamicCache(), input_ids=ids, attention_mask=mask, position_ids=pos)
+    next_pos, hs = pos[:, -1] + 1, []
+    for j in range(toks.shape[1]):
+        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+        h, kv = rollout.last_hidden(model, kv, input_ids=toks[:, j:j + 1], attention_mask=mask,
+                                    position_ids=next_pos[:, None])
+        next_pos = next_pos + 1
+        hs.append(h)
+    return hs
+
+
+def _lean_steps(model, ids, mask, toks, drop_after=None, done=None):
+    """The same hidden states from sampler.LeanStep (optionally dropping the rows `done` from the
+    cache and the attention after step `drop_after`)."""
+    from transformers import DynamicCache
+    B, P = ids.shape
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    _, kv = rollout.last_hidden(model, DynamicCache(), input_ids=ids, attention_mask=mask, position_ids=pos)
+    step = sampler.LeanStep(model)
+    step.fill(kv, P + toks.shape[1])
+    m = None
+    if not bool(mask.bool().all()):
+        m = torch.ones(B, 1, 1, P + toks.shape[1], dtype=torch.bool)
+        m[:, 0, 0, :P] = mask.bool()
+    next_pos, hs = pos[:, -1:] + 1, []
+    for j in range(toks.shape[1]):
+        if j == drop_after:
+            m = step.drop(done, m)
+        hs.append(step(toks[:, j], next_pos, P + j, m))
+        next_pos = next_pos + 1
+    return hs
+
+
+@pytest.fixture(scope="module")
+def standin():
+    return policy.load_policy("data/standins/model")
+
+
+@pytest.mark.parametrize("which", ["tiny-m float64", "stand-in float32"])
+@pytest.mark.parametrize("padded", [True, False])
+def test_lean_step_is_the_body_forward_bit_for_bit(tiny, standin, which, padded):
+    """The lean step's hidden states equal the body forward's over a DynamicCache exactly (Qwen2 in
+    float64; Qwen3 with its q/k norms and grouped-query attention in float32), with and without a
+    padding mask (no mask: SDPA's grouped-query path, as transformers takes it)."""
+    model = tiny[0] if which.startswith("tiny") else standin[0]
+    ids, mask = _batch(model.config.vocab_size, rows=7)
+    if not padded:
+        mask = torch.ones_like(mask)
+    toks = torch.randint(3, 50, (7, 9), generator=torch.Generator().manual_seed(1))
+    for a, b in zip(_body_steps(model, ids, mask, toks), _lean_steps(model, ids, mask, toks)):
+        assert torch.equal(a, b)
+
+
+def test_lean_drop_keeps_the_live_rows_bit_for_bit(tiny):
+    """Rows leaving the cache and the attention (LeanStep.drop) change nothing for the rows that stay."""
+    model, _ = tiny
+    ids, mask = _batch(model.config.vocab_size, rows=8)
+    toks = torch.randint(3, 50, (8, 8), generator=torch.Generator().manual_seed(2))
+    done = torch.tensor([0, 1, 1, 0, 0, 1, 0, 0], dtype=torch.bool)
+    full = _lean_steps(model, ids, mask, toks)
+    dropped = _lean_steps(model, ids, mask, toks, drop_after=3, done=done)
+    for a, b in zip(full, dropped):
+        assert torch.equal(a[~done], b[~done]) and torch.isfinite(b).all()
+
+
+@pytest.mark.parametrize("T", [1, 7, 60])
+def test_lean_generate_draws_the_loops_tokens(tiny, T):
+    """rollout.generate on a CPU (the lean step) against its DynamicCache loop (lean=False): the same
+    tokens with stops, and the generator left in the same state."""
+    model, tok = tiny
+    ids, mask = _batch(model.config.vocab_size, rows=12)
+    stop = rollout.stop_ids(tok, model)
+    ga, gb = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
+    a = rollout.generate(model, ids, mask, T, 1.0, stop, tok.pad_token_id, generator=ga, lean=False)
+    b = rollout.generate(model, ids, mask, T, 1.0, stop, tok.pad_token_id, generator=gb)
+    assert sampler.lean_supported(model)
+    assert a.shape == b.shape and torch.equal(a, b) and not b.is_inference()
+    assert torch.equal(ga.get_state(), gb.get_state())

@@ -15,6 +15,7 @@ import copy
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -356,8 +357,6 @@ def _copy_bandwidth(device) -> float:
 def _standin_model() -> str:
     """data/standins/model, built first on a fresh clone (cancellation.standins, without the slow
     paper-vocab model: about a minute on one core)."""
-    from pathlib import Path
-
     root = Path(__file__).resolve().parents[2] / "data" / "standins"
     if not (root / "model" / "config.json").exists():
         print(f"sampler: building the stand-in model first ({root}; python -m cancellation.standins)", flush=True)
@@ -366,24 +365,22 @@ def _standin_model() -> str:
 
 @bench
 def sampler(device: str = "auto", shapes: str = "auto", compile: bool = True, eager_gpu: bool = False,
-            dynamic: str = "all"):
+            dynamic: str = "all", repeats: int = 5, threads: int = 1):
     """Sampling tokens/s: ours (static KV cache; decode step captured as a CUDA graph on GPU) vs our eager
     DynamicCache loop vs transformers `generate` (dynamic cache; static cache + torch.compile on GPU) vs
     the weight-read limit (parameter bytes over the device copy bandwidth measured here). GPU: Qwen3-1.7B's
-    shape, bfloat16, random weights, 64 x 512 and 256 x 256 new tokens. CPU: the stand-in model, float32,
-    16 x 64 (ours runs eagerly there: no graphs on a CPU). No stop ids: every row runs to the cap.
+    shape, bfloat16, random weights, 64 x 512 and 256 x 256 new tokens. CPU: `sampler_cpu` (the tiny
+    policy in float64 and the stand-in in float32, ours = the lean step). No stop ids: every row runs to the cap.
     On a GPU the old eager loop is timed only with eager_gpu=True, and static + compile only at the
     first shape (each costs about a minute of device time). dynamic: the shapes ('64x512,...') at which
     transformers' dynamic-cache generate is timed, or 'all' (on an H100 it runs at ~430 tokens/s at
-    64 x 512: 76 s a call)."""
+    64 x 512: 76 s a call). repeats, threads: `sampler_cpu`'s."""
     device = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
-    if device == "cuda":
-        model = scale.build("qwen3-1.7b", dtype=torch.bfloat16, device="cuda")
-        dims = [(64, 512), (256, 256)]
-        what = "Qwen3-1.7B shape, bfloat16, random weights"
-    else:
-        model, _ = policy.load_policy(_standin_model())
-        dims, what = [(16, 64)], "stand-in model, float32"
+    if device == "cpu":
+        return sampler_cpu(shapes=shapes, repeats=repeats, threads=threads)
+    model = scale.build("qwen3-1.7b", dtype=torch.bfloat16, device=device)
+    dims = [(64, 512), (256, 256)]
+    what = "Qwen3-1.7B shape, bfloat16, random weights"
     if shapes != "auto":
         dims = [tuple(int(x) for x in s.split("x")) for s in str(shapes).split(",")]
     model.eval()
@@ -443,6 +440,72 @@ def sampler(device: str = "auto", shapes: str = "auto", compile: bool = True, ea
             ("static+compile", "transformers generate, static cache + torch.compile")) if way in r]
         print(f"  {d}: " + ", ".join(parts + [f"{100 * o / r['weight-read limit']:.1f}% of the weight-read limit"]))
     return rows_out
+
+
+CPU_SHAPES = {   # name -> (policy, dtype, rows, new tokens); prompts as described in sampler_cpu
+    "tiny": ("data/policies/tiny-m", "float64", 64, 96),
+    "stand-in": (None, "float32", 16, 64),
+}
+
+
+def _cpu_prompts(name, model, tok, rows):
+    """The tiny profile's prompts (rendered problems, left-padded, 8 rollouts each, as an RB round of
+    64 rollouts samples them) or, for the stand-in, random 64-token prompts (as before)."""
+    if name == "tiny":
+        problems = tasks.ProblemSource().draw(rows // 8, 0)
+        seqs = rollout.encode_prompts(tok, [tasks.ProblemSource().render(p, tok) for p in problems])
+        ids, mask = rollout._left_pad(seqs, tok.pad_token_id)
+        return ids.repeat_interleave(8, 0), mask.repeat_interleave(8, 0)
+    ids = torch.randint(0, model.config.vocab_size, (rows, 64), generator=torch.Generator().manual_seed(0))
+    return ids, torch.ones_like(ids)
+
+
+def sampler_cpu(shapes: str = "auto", repeats: int = 5, threads: int = 1):
+    """CPU sampling tokens/s at every shape, in one run: ours (`rollout.generate`: the lean decode step
+    on a CPU), transformers' `generate` (dynamic cache, the same distribution: top_k 0, top_p 1) and our
+    DynamicCache loop before the lean step. Shapes: the tiny policy (tiny-m) in float64, 64 rows = 8
+    tiny prompts x 8, 96 new tokens (an RB round at the profile's cap), and the stand-in model in float32,
+    16 x 64 new tokens after 64-token prompts. No stop ids: every row runs to the cap. `threads` torch
+    threads for every way (the notebooks sample on 1). Each way warms up once, then the ways alternate
+    for `repeats` rounds (load drift on a shared machine hits them alike): median (min-max)."""
+    from transformers import GenerationConfig
+    names = list(CPU_SHAPES) if shapes == "auto" else str(shapes).split(",")
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    print(f"sampler (CPU, {threads} thread{'s' * (threads != 1)}): tokens/s, median (min-max) of {repeats} "
+          "alternating rounds after one warm-up call each; no stop ids (every row to the cap)")
+    out = {}
+    try:
+        for name in names:
+            path, dtype, rows, new = CPU_SHAPES[name]
+            model, tok = policy.load_policy(path or _standin_model(), dtype=dtype)
+            ids, mask = _cpu_prompts(name, model, tok, rows)
+            g = torch.Generator()
+            gc = GenerationConfig(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=new,
+                                  min_new_tokens=new, eos_token_id=None, pad_token_id=0)
+
+            def ours(lean=True):
+                return rollout.generate(model, ids, mask, new, 1.0, [-1], 0, generator=g.manual_seed(0), lean=lean)
+            ways = {"ours (lean step)": ours,
+                    "transformers generate": lambda: model.generate(input_ids=ids, attention_mask=mask,
+                                                                    generation_config=gc),
+                    "ours before (DynamicCache loop)": lambda: ours(lean=False)}
+            r = paired(ways, repeats)
+            if not torch.equal(r["ours (lean step)"]["out"], r["ours before (DynamicCache loop)"]["out"]):
+                raise AssertionError(f"sampler bench, {name}: the lean step drew other tokens than the loop before it")
+            n = rows * new
+            label = f"{name} ({Path(path).name + ' ' if path else ''}{dtype}), {rows} x {new}, prompt {ids.shape[1]}"
+            print(f"  {label}")
+            for way, res in r.items():
+                print(f"    {way:<32} {spread([n / t for t in res['s']], fmt=',.0f')} tokens/s")
+            ratio = ratios(r["transformers generate"]["s"], r["ours (lean step)"]["s"])
+            vs_before = ratios(r["ours before (DynamicCache loop)"]["s"], r["ours (lean step)"]["s"])
+            print(f"    ours / transformers generate {spread(ratio, fmt='.2f')}x   "
+                  f"ours / before {spread(vs_before, fmt='.2f')}x", flush=True)
+            out[name] = {way: [n / t for t in res["s"]] for way, res in r.items()} | {"ratio": ratio}
+    finally:
+        torch.set_num_threads(before)
+    return out
 
 
 def bench_monitor(model_path="data/policies/tiny-s", steps: int = 4, n_prompts: int = 4, G: int = 4,

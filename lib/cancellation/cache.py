@@ -22,14 +22,21 @@ kept outside the cache ($CANCELLATION_CACHE_KEY, else $XDG_CONFIG_HOME/cancellat
 before anything is unpickled; an entry that fails (tampered with, planted, copied from another
 key, written by another user or before entries were signed) is moved aside with one warning and
 recomputed. A shared cache directory thus needs no trust in its other writers; the key file
-must never be shared. Tables are parquet (data only, no code).
+must never be shared. Tables (DataFrames) are parquet, which holds data, not code, but a planted
+or edited table would be read as a result: they are signed the same way (header, HMAC of the key and
+the parquet bytes, the parquet bytes, in `<key>.parquet`), so the cache's numbers, too, are only ever
+the ones this user computed. Entries written before tables were signed are moved aside and
+recomputed; `python -m cancellation.cache sign-tables [DIR]` signs the unsigned tables of a cache
+only you have written instead (a one-time migration; never run it on a shared cache).
 """
 from __future__ import annotations
 
+import argparse
 import contextlib
 import fcntl
 import hashlib
 import hmac
+import io
 import json
 import os
 import pickle
@@ -132,6 +139,7 @@ def secret(path: str | Path | None = None) -> bytes:
 
 
 SIGNED = b"cancellation-cache pickle hmac-sha256 v1\n"
+SIGNED_TABLE = b"cancellation-cache parquet hmac-sha256 v1\n"
 
 
 class Untrusted(ValueError):
@@ -142,19 +150,25 @@ def _mac(k: str, payload: bytes) -> bytes:
     return hmac.new(secret(), k.encode() + b"\0" + payload, hashlib.sha256).digest()
 
 
-def sign(k: str, payload: bytes) -> bytes:
-    """The bytes of a signed entry for cache key `k`: header, HMAC-SHA256(key name + pickle), pickle."""
-    return SIGNED + _mac(k, payload) + payload
+def sign(k: str, payload: bytes, header: bytes = SIGNED) -> bytes:
+    """The bytes of a signed entry for cache key `k`: header, HMAC-SHA256(key name + payload), payload.
+    A table (header SIGNED_TABLE) is signed under `k` + '.parquet', so no pickle's signature fits it."""
+    return header + _mac(_signed_name(k, header), payload) + payload
 
 
-def verified(k: str, data: bytes) -> bytes:
-    """The pickle inside a signed entry of key `k`; Untrusted when the signature does not hold."""
-    n = len(SIGNED) + 32
-    if not data.startswith(SIGNED) or len(data) < n:
-        raise Untrusted("not signed: planted, or written before entries were signed; not unpickled")
-    if not hmac.compare_digest(data[len(SIGNED):n], _mac(k, data[n:])):
+def _signed_name(k: str, header: bytes) -> str:
+    return k + ".parquet" if header == SIGNED_TABLE else k
+
+
+def verified(k: str, data: bytes, header: bytes = SIGNED) -> bytes:
+    """The payload inside a signed entry of key `k`; Untrusted when the signature does not hold."""
+    what = "not read" if header == SIGNED_TABLE else "not unpickled"
+    n = len(header) + 32
+    if not data.startswith(header) or len(data) < n:
+        raise Untrusted(f"not signed: planted, or written before entries were signed; {what}")
+    if not hmac.compare_digest(data[len(header):n], _mac(_signed_name(k, header), data[n:])):
         raise Untrusted("signature does not match this user's key: tampered with, copied from another entry, "
-                        "or written by another user; not unpickled")
+                        f"or written by another user; {what}")
     return data[n:]
 
 
@@ -216,8 +230,8 @@ MISS = object()
 
 
 def _read(path: Path, k: str):
-    if path.suffix == ".parquet":
-        return pd.read_parquet(path)
+    if path.suffix == ".parquet":   # the HMAC before the table is read
+        return pd.read_parquet(io.BytesIO(verified(k, path.read_bytes(), SIGNED_TABLE)))
     return pickle.loads(verified(k, path.read_bytes()))  # the HMAC before any byte is unpickled
 
 
@@ -240,14 +254,16 @@ def load(stage: str, params: dict, cache_dir: str | Path | None = None, version:
 
 def _store(d: Path, k: str, value):
     if isinstance(value, pd.DataFrame):
-        atomic_write(d / f"{k}.parquet", lambda t: value.to_parquet(t, index=False))
+        buf = io.BytesIO()
+        value.to_parquet(buf, index=False)
+        data, path = sign(k, buf.getvalue(), SIGNED_TABLE), d / f"{k}.parquet"
     else:
-        data = sign(k, pickle.dumps(value))
+        data, path = sign(k, pickle.dumps(value)), d / f"{k}.pkl"
 
-        def w(t):
-            with open(t, "wb") as f:
-                f.write(data)
-        atomic_write(d / f"{k}.pkl", w)
+    def w(t):
+        with open(t, "wb") as f:
+            f.write(data)
+    atomic_write(path, w)
 
 
 def cached(stage: str, params: dict, compute, cache_dir: str | Path | None = None, version: str = CODE_VERSION):
@@ -279,3 +295,50 @@ def write_table(df: pd.DataFrame, path: str | Path):
         atomic_write(path, lambda t: df.to_csv(t, index=False))
     else:
         atomic_write(path, lambda t: df.to_parquet(t, index=False))
+
+
+def sign_tables(cache_dir: str | Path | None = None) -> tuple[int, int]:
+    """Sign, in place, the unsigned table entries (`<key>.parquet` written before tables were signed)
+    of a cache only this user has written: (signed, skipped: not this user's file or not a parquet
+    table). A one-time migration that trusts those files as they are: never on a shared cache."""
+    d = Path(cache_dir or DEFAULT_DIR)
+    signed = skipped = 0
+    for path in sorted(d.glob("*.parquet")):
+        k = path.name[:-len(".parquet")]
+        with lock(d / ".locks" / k):
+            try:
+                data = path.read_bytes()
+                if data.startswith(SIGNED_TABLE):
+                    continue
+                if path.stat().st_uid != os.geteuid():
+                    skipped += 1
+                    continue
+                pd.read_parquet(io.BytesIO(data))   # a table, not garbage
+            except Exception:  # noqa: BLE001 - pyarrow's errors vary; such an entry is just not signed
+                skipped += 1
+                continue
+            signed_bytes = sign(k, data, SIGNED_TABLE)
+
+            def w(t, b=signed_bytes):
+                with open(t, "wb") as f:
+                    f.write(b)
+            atomic_write(path, w)
+            signed += 1
+    return signed, skipped
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m cancellation.cache", description="Cache maintenance.")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    st = sub.add_parser("sign-tables", help="sign the unsigned table entries of a cache only you have written "
+                                           "(written before tables were signed), instead of recomputing them")
+    st.add_argument("dir", nargs="?", default=None, help=f"the cache folder (default {DEFAULT_DIR})")
+    a = ap.parse_args(argv)
+    n, skipped = sign_tables(a.dir)
+    print(f"signed {n} unsigned table entries in {Path(a.dir or DEFAULT_DIR)}"
+          + (f"; left {skipped} unsigned (not your file, or not a parquet table): they are recomputed when next used"
+             if skipped else ""))
+
+
+if __name__ == "__main__":
+    main()

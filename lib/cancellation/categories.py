@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from . import stats
 
 CATEGORIES = ("Math", "Template", "Reasoning", "Other")
 RULES = ("phrase", "word", "regex", "pos", "lexicon", "span", "include")
@@ -428,7 +429,6 @@ def share_shift(tokens: pd.DataFrame, updates=("positive_only", "grpo"), eps: fl
       shift    per batch and category: boosted share under updates[1] minus under updates[0]
                (the paired shift; NaN where a batch has no boosted mass under an update).
     """
-    from . import stats
 
     long = pd.concat([tokens.assign(update=u, delta=tokens[f"delta_{u}"]) for u in updates], ignore_index=True)
     mass = category_mass(long, "delta", by=("update", "batch"), eps=eps)
@@ -443,7 +443,6 @@ def share_shift(tokens: pd.DataFrame, updates=("positive_only", "grpo"), eps: fl
 
 def shift_summary(shift: pd.DataFrame, level: float = 0.95) -> pd.DataFrame:
     """Per category: mean paired shift over batches with its t interval, and the batch count."""
-    from . import stats
 
     return pd.DataFrame([dict(category=c, **dict(zip(("mean", "lo", "hi"), stats.t_interval(shift[c], level))),
                               n=int(shift[c].notna().sum())) for c in shift.columns])

@@ -52,6 +52,7 @@ UNITS = ("token", "token id", "pair", "candidate", "rollout", "group", "prompt",
 BEGIN, END = "<!-- claims:begin -->", "<!-- claims:end -->"  # the full table (docs/claims.md)
 SUMMARY_BEGIN, SUMMARY_END = "<!-- claims-summary:begin -->", "<!-- claims-summary:end -->"  # counts (README.md)
 CLAIMS_DOC = "docs/claims.md"
+THESIS_PREFIX = "fig04_thesis_"  # the rows README lists one by one
 COLUMNS = ["notebook", "claim", "figure", "statement", "paper", "measured", "lo", "hi", "n", "unit", "rule",
            "params", "rule_text", "detail", "verdict", "estimator", "resampling"]
 LATER_COLUMNS = ("estimator", "resampling")  # added to the registry later; empty in an older registry's rows
@@ -170,6 +171,16 @@ class Claim:
                 + (f"\n    {self.detail}" if self.detail else ""))
 
 
+def cite(claims: list[Claim], claim_id: str, scale: float = 1.0, fmt: str = "+.3g") -> str:
+    """One claim of `claims` for a sentence of a notebook's reading: "m [lo, hi] (verdict)", the numbers
+    times `scale` (100 for points), so no reading types a number that goes stale on another profile."""
+    c = next((c for c in claims if c.claim == claim_id), None)
+    if c is None:
+        raise KeyError(f"no claim {claim_id!r} among {[c.claim for c in claims]}")
+    ci = "" if _nan(c.lo) else f" [{scale * c.lo:{fmt}}, {scale * c.hi:{fmt}}]"
+    return f"{scale * c.measured:{fmt}}{ci} ({c.verdict})"
+
+
 def resampling_ok(resampling: str) -> bool:
     """A known unit, or known units (not "none") joined by " × " (a multi-stage bootstrap)."""
     parts = str(resampling).split(" × ")
@@ -277,6 +288,16 @@ def summary_markdown(root=".", registries=README_REGISTRIES) -> str:
             total += counts
             lines.append(f"| {nb}{tag} | {len(g)} | " + " | ".join(str(counts[v]) for v in VERDICTS) + " |")
     lines.append(f"| all | {int(total.sum())} | " + " | ".join(f"**{total[v]}**" for v in VERDICTS) + " |")
+    thesis = [r for path, _ in registries[:1] if (Path(root) / path).exists()
+              for _, r in read_registry(Path(root) / path).iterrows() if r.claim.startswith(THESIS_PREFIX)]
+    if thesis:  # the paper's thesis itself, row by row: what a reader looks for first
+        lines += ["", "The thesis itself (notebook 04, Algorithm 2 on one batch and θ₀ at a time; "
+                  "what would refute it is in each row's rule):", "",
+                  "| claim | measured [95% CI] | verdict |", "|---|---|---|"]
+        for r in thesis:
+            ci = "" if _nan(r.lo) else f" [{_fmt(r.lo)}, {_fmt(r.hi)}]"
+            cells = [r.statement, f"{_fmt(r.measured)}{ci}", f"**{r.verdict}**"]
+            lines.append("| " + " | ".join(c.replace("|", "\\|").replace("\n", " ") for c in cells) + " |")
     return "\n".join(lines)
 
 

@@ -10,8 +10,8 @@
 (b) Gradient inner products across signs. For tokens j of positive rollouts and k of negative
     rollouts, `cross_kernel_summary` summarises the exact LM-head kernel
     K_jk = ⟨h_j,h_k⟩ φ_jk (coupling.blocks, every pair) per (confidence bin of j) × (bin of k) ×
-    (same / different token id): mean K, mean |K|, share K > 0, with a cluster bootstrap over the
-    positive rollouts. `full_grad_inner` gives the full-parameter ⟨∇log p_j, ∇log p_k⟩ from
+    (same / different token id): mean K, mean |K|, share K > 0, with a two-way bootstrap over the
+    rollouts of j and of k (`cross_kernel_cells` keeps the sums per pair of rollouts). `full_grad_inner` gives the full-parameter ⟨∇log p_j, ∇log p_k⟩ from
     per-token autograd gradients, flattened, held `grad_chunk` tokens at a time.
 """
 from __future__ import annotations
@@ -84,70 +84,83 @@ def _cells(bins_j, bins_k, same):
     return bins_j[:, None] * 4 + bins_k[None, :] * 2 + (~same).long()
 
 
-def cross_kernel_summary(f: coupling.Features, threshold: float = 0.9, chunk: int = 1024,
-                         vocab_chunk: int = 8192, n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
-    """K_jk for every pair (j: A_j > 0, k: A_k < 0), per (conf bin j, conf bin k, same/different id):
-    n pairs, mean K, its 95% interval (bootstrap over positive rollouts, the clusters of j), mean |K|
-    and share K > 0."""
+def cross_kernel_cells(f: coupling.Features, threshold: float = 0.9, chunk: int = 1024,
+                       vocab_chunk: int = 8192) -> pd.DataFrame:
+    """K_jk summed over every pair (j: A_j > 0, k: A_k < 0) per (rollout of j, rollout of k, conf bin j,
+    conf bin k, same/different id): n_pairs, sum_K, sum_abs_K, n_positive (cells with no pair left out).
+    The intervals of `cross_kernel_summary` and `pooled_same_token` resample these rollouts."""
     dev = f.h.device
     J = (f.A > 0).nonzero().squeeze(1)
     K = (f.A < 0).nonzero().squeeze(1)
     b = (f.p >= threshold).long()
-    nJ = len(J)
-    acc = {k: torch.zeros(nJ, 8, dtype=torch.float64, device=dev) for k in ("n", "sum", "abs", "pos")}
+    rows = f.rows.to(dev)
+    uniq = torch.unique(rows[torch.cat([J, K])]) if len(J) + len(K) else rows[:0]
+    nr = len(uniq)
+    lut = torch.full((int(rows.max()) + 1 if len(rows) else 1,), -1, dtype=torch.long, device=dev)
+    lut[uniq] = torch.arange(nr, device=dev)
+    acc = {k: torch.zeros(8 * nr * nr, dtype=torch.float64, device=dev) for k in ("n", "sum", "abs", "pos")}
     for a, c, hg, phi in coupling.blocks(f, J, K, chunk, vocab_chunk):
         j, k = J[a:a + hg.shape[0]], K[c:c + hg.shape[1]]
         kb = (hg * phi).double()
         cell = _cells(b[j], b[k], f.o[j][:, None] == f.o[k][None, :])
-        oh = torch.nn.functional.one_hot(cell, 8).double()              # (bj, bk, 8)
-        rows = slice(a, a + hg.shape[0])
-        acc["n"][rows] += oh.sum(1)
-        acc["sum"][rows] += torch.einsum("jk,jkc->jc", kb, oh)
-        acc["abs"][rows] += torch.einsum("jk,jkc->jc", kb.abs(), oh)
-        acc["pos"][rows] += torch.einsum("jk,jkc->jc", (kb > 0).double(), oh)
+        flat = (cell * nr * nr + lut[rows[j]][:, None] * nr + lut[rows[k]][None, :]).reshape(-1)
+        for key, v in (("n", torch.ones_like(kb)), ("sum", kb), ("abs", kb.abs()), ("pos", (kb > 0).double())):
+            acc[key].index_add_(0, flat, v.reshape(-1))
     acc = {k: v.cpu().numpy() for k, v in acc.items()}
-    # clusters: the positive rollouts holding j
-    clusters = pd.factorize(f.rows[J.cpu()].numpy())[0] if nJ else np.zeros(0, int)
-    nc = int(clusters.max()) + 1 if nJ else 0
-    per = {k: np.zeros((nc, 8)) for k in acc}
-    for k in acc:
-        np.add.at(per[k], clusters, acc[k])
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, nc, (n_boot, nc)) if nc else np.zeros((n_boot, 0), int)
-    rows = []
+    keep = np.nonzero(acc["n"] > 0)[0]
+    cell, rj, rk = keep // (nr * nr), (keep // nr) % nr, keep % nr
+    u = uniq.cpu().numpy()
+    return pd.DataFrame({"row_j": u[rj], "row_k": u[rk], "bin_j": np.array(CONF_BINS)[cell // 4],
+                         "bin_k": np.array(CONF_BINS)[(cell // 2) % 2], "pair": np.array(SAME)[cell % 2],
+                         "n_pairs": acc["n"][keep].astype(int), "sum_K": acc["sum"][keep],
+                         "sum_abs_K": acc["abs"][keep], "n_positive": acc["pos"][keep].astype(int)})
+
+
+def rollout_ratio(cells: pd.DataFrame, n_boot: int = 1000, seed: int = 0) -> tuple[float, float, float, int]:
+    """(Σ sum_K / Σ n_pairs, lo, hi, n_rollouts) over `cells` (rows of `cross_kernel_cells`), with the
+    two-way bootstrap over the rollouts of j and of k (`stats.rollout_matrix_ratio`: one draw of the
+    rollouts; a pair counts w(rollout of j)·w(rollout of k) times)."""
+    if not len(cells):
+        return np.nan, np.nan, np.nan, 0
+    lab, uniq = pd.factorize(np.concatenate([cells.row_j.to_numpy(), cells.row_k.to_numpy()]))
+    n = len(cells)
+    S_, N_ = np.zeros((len(uniq), len(uniq))), np.zeros((len(uniq), len(uniq)))
+    np.add.at(S_, (lab[:n], lab[n:]), cells.sum_K.to_numpy())
+    np.add.at(N_, (lab[:n], lab[n:]), cells.n_pairs.to_numpy())
+    return _stats.rollout_matrix_ratio(S_, N_, n_boot, seed)
+
+
+def cross_kernel_summary(f: coupling.Features = None, threshold: float = 0.9, chunk: int = 1024,
+                         vocab_chunk: int = 8192, n_boot: int = 1000, seed: int = 0,
+                         cells: pd.DataFrame | None = None) -> pd.DataFrame:
+    """K_jk for every pair (j: A_j > 0, k: A_k < 0), per (conf bin j, conf bin k, same/different id):
+    n pairs, mean K, its 95% interval (two-way bootstrap over the rollouts of j and of k, `rollout_ratio`),
+    mean |K| and share K > 0. From `cells` (`cross_kernel_cells`) when given, else computed from f."""
+    cells = cross_kernel_cells(f, threshold, chunk, vocab_chunk) if cells is None else cells
+    out = []
     for c in range(8):
-        bj, bk, same = c // 4, (c // 2) % 2, SAME[c % 2]
-        n = per["n"][:, c].sum()
-        with np.errstate(invalid="ignore", divide="ignore"):
-            boot = per["sum"][idx, c].sum(1) / per["n"][idx, c].sum(1)
-            boot = boot[np.isfinite(boot)]
-        rows.append({"bin_j": CONF_BINS[bj], "bin_k": CONF_BINS[bk], "pair": same, "n_pairs": int(n),
-                     "mean_K": per["sum"][:, c].sum() / n if n else np.nan,
-                     "mean_K_lo": float(np.quantile(boot, 0.025)) if len(boot) else np.nan,
-                     "mean_K_hi": float(np.quantile(boot, 0.975)) if len(boot) else np.nan,
-                     "mean_abs_K": per["abs"][:, c].sum() / n if n else np.nan,
-                     "share_positive": per["pos"][:, c].sum() / n if n else np.nan})
-    return pd.DataFrame(rows)
+        bj, bk, same = CONF_BINS[c // 4], CONF_BINS[(c // 2) % 2], SAME[c % 2]
+        x = cells[(cells.bin_j == bj) & (cells.bin_k == bk) & (cells.pair == same)]
+        n = int(x.n_pairs.sum())
+        m, lo, hi, _ = rollout_ratio(x, n_boot, seed)
+        out.append({"bin_j": bj, "bin_k": bk, "pair": same, "n_pairs": n,
+                    "mean_K": x.sum_K.sum() / n if n else np.nan, "mean_K_lo": lo, "mean_K_hi": hi,
+                    "mean_abs_K": x.sum_abs_K.sum() / n if n else np.nan,
+                    "share_positive": x.n_positive.sum() / n if n else np.nan})
+    return pd.DataFrame(out)
 
 
-def pooled_same_token(f: coupling.Features, threshold: float = 0.9, chunk: int = 1024, vocab_chunk: int = 8192,
-                      n_boot: int = 1000, seed: int = 0, pair: str = "same") -> tuple[float, float, float, int]:
+def pooled_same_token(f: coupling.Features = None, threshold: float = 0.9, chunk: int = 1024, vocab_chunk: int = 8192,
+                      n_boot: int = 1000, seed: int = 0, pair: str = "same",
+                      cells: pd.DataFrame | None = None) -> tuple[float, float, float, int]:
     """Mean K over all cross-sign pairs of one kind ('same'/'different' id), all bins pooled, with the
-    cluster-bootstrap interval over positive rollouts: (mean, lo, hi, n_pairs)."""
-    J = (f.A > 0).nonzero().squeeze(1)
-    K = (f.A < 0).nonzero().squeeze(1)
-    s = torch.zeros(len(J), dtype=torch.float64, device=f.h.device)
-    n = torch.zeros_like(s)
-    for a, c, hg, phi in coupling.blocks(f, J, K, chunk, vocab_chunk):
-        j, k = J[a:a + hg.shape[0]], K[c:c + hg.shape[1]]
-        m = (f.o[j][:, None] == f.o[k][None, :])
-        m = m if pair == "same" else ~m
-        s[a:a + len(j)] += ((hg * phi).double() * m).sum(1)
-        n[a:a + len(j)] += m.double().sum(1)
-    tot = int(n.sum())
+    two-way bootstrap interval over the rollouts of j and of k: (mean, lo, hi, n_pairs)."""
+    cells = cross_kernel_cells(f, threshold, chunk, vocab_chunk) if cells is None else cells
+    x = cells[cells.pair == pair]
+    tot = int(x.n_pairs.sum())
     if not tot:
         return np.nan, np.nan, np.nan, 0
-    m, lo, hi, _ = _stats.cluster_ratio(s.cpu().numpy(), n.cpu().numpy(), f.rows[J.cpu()].numpy(), n_boot, seed)
+    m, lo, hi, _ = rollout_ratio(x, n_boot, seed)
     return m, lo, hi, tot
 
 
@@ -238,7 +251,9 @@ def pair_table(f: coupling.Features, J, K, full: torch.Tensor, threshold: float 
     lm = coupling.pair_terms(f, jj.to(dev), kk.to(dev), vocab_chunk=vocab_chunk)["kernel"].cpu().numpy()
     o = f.o.cpu().numpy()
     p = f.p.cpu().numpy()
-    return pd.DataFrame({"j": jj.numpy(), "k": kk.numpy(), "bin_j": conf_bin(p[jj], threshold),
+    r = f.rows.cpu().numpy()
+    return pd.DataFrame({"j": jj.numpy(), "k": kk.numpy(), "row_j": r[jj], "row_k": r[kk],
+                         "bin_j": conf_bin(p[jj], threshold),
                          "bin_k": conf_bin(p[kk], threshold),
                          "pair": np.where(o[jj] == o[kk], "same", "different"),
                          "full_inner": full.reshape(-1).numpy(), "lm_head_K": lm})

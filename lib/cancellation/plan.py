@@ -26,8 +26,11 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import tasks
 from .figures import fig01, fig02, fig03, fig04, fig05, fig06, fig07, fig08
+from .policy import TOKENIZER_FILES, load_tokenizer
 from .shapes import Shape, device_kind, device_memory, known_shape
+from .standins import build_tokenizer
 from .workload import BYTES, Sizes, Work, ceil
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -36,20 +39,61 @@ GiB = 2 ** 30
 
 
 # ----------------------------------------------------------------------------- the model's shape
+class ConfigError(ValueError):
+    """A model's config.json that cannot shape a plan: unreadable, not a JSON object, or a size field
+    missing, of the wrong type or not positive. One line naming the file (and the field and value)."""
+
+
+_SIZE_FIELDS = ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "vocab_size")
+_OPTIONAL_SIZE_FIELDS = ("num_key_value_heads", "head_dim")
+
+
+def _positive_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 1
+
+
+def read_config(path: str | Path) -> dict:
+    """A config.json as a dict whose size fields are positive integers; ConfigError naming the file otherwise."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: cannot read the model's config.json ({type(e).__name__}: {e})") from None
+    try:
+        cfg = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{path}: the model's config.json is not valid JSON ({e.msg} at line {e.lineno} column "
+                          f"{e.colno}); a truncated or corrupt download? fetch the model again") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: the model's config.json is nested too deeply to read") from None
+    if not isinstance(cfg, dict):
+        raise ConfigError(f"{path}: the model's config.json holds a JSON {type(cfg).__name__}, not an object of "
+                          "model settings")
+    for k in _SIZE_FIELDS:
+        if k not in cfg:
+            raise ConfigError(f"{path}: the model's config.json has no {k} (a Qwen2/Qwen3/Llama-style decoder "
+                              f"config has {', '.join(_SIZE_FIELDS)})")
+    for k in _SIZE_FIELDS + _OPTIONAL_SIZE_FIELDS:
+        v = cfg.get(k)
+        if (k in _SIZE_FIELDS or v is not None) and not _positive_int(v):
+            raise ConfigError(f"{path}: {k} is {json.dumps(v)[:60]} in the model's config.json; expected a positive "
+                              "integer")
+    return cfg
+
+
 def shape_of(model_path: str, root: Path = ROOT) -> Shape | None:
     """The shape of a local model directory, a hub model in the local HF cache, or a paper model by
     name; None when nothing says (the plan then gives no numbers)."""
     p = Path(os.path.expanduser(str(model_path)))
     p = p if p.is_absolute() else root / p
     if (p / "config.json").is_file():
-        return Shape.from_config(json.loads((p / "config.json").read_text()), str(p / "config.json"))
+        return Shape.from_config(read_config(p / "config.json"), str(p / "config.json"))
     try:  # a hub name already in the HF cache (never downloads)
         from huggingface_hub import try_to_load_from_cache
         hit = try_to_load_from_cache(str(model_path), "config.json")
-        if isinstance(hit, str):
-            return Shape.from_config(json.loads(Path(hit).read_text()), hit)
     except Exception:  # noqa: BLE001 - no hub library, a malformed name: fall through
-        pass
+        hit = None
+    if isinstance(hit, str):
+        return Shape.from_config(read_config(hit), hit)
     kw = known_shape(model_path)
     if kw:
         kw = dict(kw)
@@ -67,9 +111,7 @@ def _local(path: str, root: Path = ROOT) -> str:
 
 def tokenizer_for(model_path: str):
     """The model's tokenizer; under a dry run without one, the stand-in tokenizer (policy.load_tokenizer)."""
-    from .policy import TOKENIZER_FILES, load_tokenizer
     if Path(model_path).is_dir() and not any((Path(model_path) / f).exists() for f in TOKENIZER_FILES):
-        from .standins import build_tokenizer
         return build_tokenizer()
     if not Path(model_path).is_dir():  # a hub name: only a tokenizer already in the HF cache (never the network)
         from huggingface_hub import try_to_load_from_cache
@@ -84,7 +126,6 @@ DEFAULT_PROMPT = {"generated": 48, "file": 256}  # only when the tokenizer or th
 def prompt_lengths(P, root: Path = ROOT) -> tuple[int, int, str]:
     """(mean, max) prompt tokens of the notebook's problems, rendered as its runs render them (first
     512 problems of a file; 256 generated ones), and how they were found."""
-    from . import tasks
     path = getattr(P, "problems_path", "")
     try:
         tok = tokenizer_for(_local(P.model_path, root))

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import matplotlib
 import matplotlib.pyplot as plt  # inline in notebooks; headless scripts fall back to Agg by themselves
+from .cache import atomic_write  # a temporary name, then rename: never a half-written figure
 
 # Okabe–Ito colour-blind-safe palette.
 PALETTE = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#F0E442", "#000000"]
@@ -36,7 +37,6 @@ def save(fig, name: str, fig_dir: str | Path) -> list[Path]:
     out = Path(fig_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / f"{name}.pdf", out / f"{name}.png"]
-    from .cache import atomic_write  # a temporary name, then rename: never a half-written figure
     atomic_write(paths[0], lambda t: fig.savefig(t, format="pdf", metadata={"CreationDate": None, "ModDate": None,
                                                                              "Producer": None, "Creator": None}))
     atomic_write(paths[1], lambda t: fig.savefig(t, format="png", metadata={"Software": None}))

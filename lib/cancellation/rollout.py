@@ -194,13 +194,16 @@ def draw_chunked(model, h: torch.Tensor, token_chunk: int, draw) -> torch.Tensor
 @torch.no_grad()
 def generate(model, input_ids, attention_mask, max_new_tokens: int, temperature: float, stop, pad_id: int,
              generator: torch.Generator | None = None, token_chunk: int = 4096,
-             static: bool | None = None) -> torch.Tensor:
+             static: bool | None = None, lean: bool | None = None) -> torch.Tensor:
     """Batched ancestral sampling with a KV cache; returns (B, T) new tokens, pad after the first stop id.
 
     On CUDA with bfloat16/float16/float32 weights (`static` None) this is `sampler.generate_static`: a static
     KV cache and a decode step captured as a CUDA graph, drawing by inverse CDF from uniforms of
     `generator` (same law, other draws than the eager path). Otherwise (CPU, float64 on CUDA, or
-    `static=False`) it is the eager DynamicCache loop below, which the tiny profile's tables used.
+    `static=False`) it is the eager DynamicCache loop below, which the tiny profile's tables used; on
+    a CPU, for the decoders `sampler.lean_supported` accepts (Qwen2, Qwen3), that loop runs as
+    `sampler.generate_lean` (`lean` None or True): the same tokens from the same generator, at the
+    CPU's pace (a preallocated cache, no module calls per token). lean=False: the loop below (bench).
 
     `stop`: one stop id or a list. temperature 0 is greedy decoding. `generator` must live on the
     model's device. Logits are computed for the last position only (prefill included) and for at
@@ -218,6 +221,9 @@ def generate(model, input_ids, attention_mask, max_new_tokens: int, temperature:
     if static:
         return sampler.generate_static(model, input_ids, attention_mask, max_new_tokens, temperature, stop, pad_id,
                                        generator=generator, token_chunk=token_chunk, capture=dev.type == "cuda")
+    if (dev.type == "cpu" if lean is None else lean) and sampler.lean_supported(model):   # the same tokens, without transformers' per-step overhead
+        return sampler.generate_lean(model, input_ids, attention_mask, max_new_tokens, temperature, stop, pad_id,
+                                     generator=generator, token_chunk=token_chunk)
     stop = torch.as_tensor([stop] if isinstance(stop, int) else list(stop), dtype=torch.long, device=dev)
     B = input_ids.shape[0]
 

@@ -51,6 +51,7 @@ ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "notebooks"
 PARAMS = NOTEBOOKS / "params"
 INJECTED = ("profile", "fig_dir", "results_dir")  # set by the runner from the profile
+ONE_LINE_STOPS = ("NoSignal", "UnrewardableGolds", "RankFailed")  # notebook errors whose message is the whole outcome
 
 
 class ParameterError(ValueError):
@@ -773,8 +774,8 @@ def run_notebook(ref: str, profile: str = "tiny", overrides: dict | None = None,
                                 "fig_dir": params.get("fig_dir"), "results_dir": params.get("results_dir")},
                  peak_file)
         t0 = time.time()
-        print(f"[run] {nb_path.name} profile={profile} -> {out.relative_to(root) if out.is_relative_to(root) else out}",
-              flush=True)
+        # where it really goes: a dry run's (or another out_root's) notebook is not under notebooks/executed/
+        print(f"[run] {nb_path.name} profile={profile} -> {_show(out)}", flush=True)
         klog = st.dir / "kernel.stderr"
         try:
             for attempt in range(PORT_RETRIES + 1):
@@ -795,8 +796,8 @@ def run_notebook(ref: str, profile: str = "tiny", overrides: dict | None = None,
             raise NotebookInterrupted(_interrupt_summary(nb_path.stem, e, kept),
                                       143 if isinstance(e, staging.Terminated) else 130) from None
         except Exception as e:  # noqa: BLE001 - papermill, kernel death
-            if isinstance(e, PapermillExecutionError) and getattr(e, "ename", "") in ("NoSignal", "RankFailed"):
-                _keep_failed(tmp, failed, renames)   # a batch without reward signal: its one line is the outcome
+            if isinstance(e, PapermillExecutionError) and getattr(e, "ename", "") in ONE_LINE_STOPS:
+                _keep_failed(tmp, failed, renames)   # no reward signal, golds refused, a rank died: one line is the outcome
                 raise NotebookFailed(f"{nb_path.stem} stopped: {_ANSI.sub('', str(e.evalue)).strip()}") from None
             msg = _failure_summary(nb_path.stem, e, _keep_failed(tmp, failed, renames))
             if isinstance(e, PapermillExecutionError):
@@ -1120,11 +1121,14 @@ def _plans(resolved, a) -> dict | None:
     """Each notebook's plan (cancellation.plan), printed with --plan, --dry-run and before a paper-profile
     run; None (after one error line per notebook) when a plan exceeds the device's memory."""
     from cancellation import plan
-    plans, errors = {}, []
+    plans, errors, bad_config = {}, [], []
     for nb, params in resolved:
         try:
             p = plan.make(nb.stem, params, root=ROOT, kind=getattr(a, "device_kind", None),
                           procs=getattr(a, "procs", 1))
+        except plan.ConfigError as e:   # a corrupt or absurd config.json: the model would not load either
+            bad_config.append(f"{nb.stem}: {e}")
+            continue
         except Exception as e:  # noqa: BLE001 - a plan that cannot be made must not stop a run
             if a.plan or a.dry_run:  # asked for: say why there is none; otherwise a run stays quiet about it
                 print(f"[plan] {nb.stem}: no plan ({type(e).__name__}: {e})", file=sys.stderr)
@@ -1137,8 +1141,8 @@ def _plans(resolved, a) -> dict | None:
             errors.append(err)
     if a.plan and len(resolved) > 1:
         print("\n".join(plan.total_lines(list(plans.values()))), flush=True)
-    if errors and not a.no_plan_check:
-        for e in errors:
+    if bad_config or (errors and not a.no_plan_check):   # --no-plan-check passes memory, not a corrupt config
+        for e in bad_config + errors:
             print(f"error: {e}", file=sys.stderr)
         return None
     return plans

@@ -33,6 +33,7 @@ import math
 import time
 
 import torch
+import torch.nn.functional as F
 
 from . import measure
 
@@ -396,3 +397,192 @@ def generate_static(model, input_ids, attention_mask, max_new_tokens: int, tempe
         n = min(int(dec.all_done_at) + 1, T)
     out = dec.out[:n_real, :n].clone()
     return (out, dec.logp[:n_real, :n].clone()) if return_logprobs else out
+
+
+# --------------------------------------------------------------------------- the lean CPU decode step
+# On a CPU a tiny model's decode step is overhead: per token, transformers' DynamicCache concatenates
+# every layer's whole keys/values (the largest share for the tiny policy), builds a 4-D mask, and runs
+# each module through its wrappers. The lean step below calls the same functions on the same tensors
+# in the same order (so every float, and so every draw, is bit for bit what the module forward gives),
+# with a preallocated cache written in place and attended over its written columns only.
+LEAN_TYPES = ("qwen2", "qwen3")    # the decoder layouts we ship (tiny policies: Qwen2; stand-ins, paper: Qwen3)
+
+
+def lean_supported(model) -> bool:
+    """Whether the lean step reproduces this model's forward: a Qwen2/Qwen3 decoder with full attention
+    only, stock attention functions, no attention dropout in training mode, and no forward hooks (the
+    lean step calls modules' forward directly)."""
+    cfg = model.config
+    if getattr(cfg, "model_type", None) not in LEAN_TYPES or not supported(model):
+        return False
+    if getattr(cfg, "_attn_implementation", None) not in ("sdpa", "eager"):
+        return False
+    if model.training and getattr(cfg, "attention_dropout", 0.0):   # the lean step never drops attention
+        return False
+    return not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
+
+
+@functools.cache
+def _attention_functions(module_name: str):
+    """(apply_rotary_pos_emb, the attention interface lookup) of a modeling module: the functions its
+    attention forward calls, so the lean step rounds exactly as it does."""
+    import importlib
+
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+    mod = importlib.import_module(module_name)
+    return mod.apply_rotary_pos_emb, mod.eager_attention_forward, ALL_ATTENTION_FUNCTIONS
+
+
+def _linear(m):
+    """(weight, bias) of an nn.Linear: `F.linear(x, *_linear(m))` is its forward, without the module call."""
+    return m.weight, m.bias
+
+
+class _LeanLayer:
+    """One decoder layer's weights and norms, looked up once: a decode step then makes no module calls
+    (each costs microseconds of Python per token, the same order as the tiny model's arithmetic)."""
+
+    def __init__(self, layer):
+        a, mlp = layer.self_attn, layer.mlp
+        self.attn, self.head_dim, self.scaling = a, a.head_dim, a.scaling
+        # norms through their forward as installed (policy.exact_norms replaces it on float64 models)
+        self.ln1, self.ln2 = layer.input_layernorm.forward, layer.post_attention_layernorm.forward
+        self.q_norm = a.q_norm.forward if hasattr(a, "q_norm") else None   # Qwen3: per-head norms of q and k
+        self.k_norm = a.k_norm.forward if hasattr(a, "k_norm") else None
+        self.q, self.k, self.v, self.o = (_linear(m) for m in (a.q_proj, a.k_proj, a.v_proj, a.o_proj))
+        self.gate, self.up, self.down = (_linear(m) for m in (mlp.gate_proj, mlp.up_proj, mlp.down_proj))
+        self.act = mlp.act_fn.forward
+
+
+class LeanStep:
+    """One decode step of a Qwen2/Qwen3 body over a preallocated KV cache (rows, kv heads, L, head dim).
+
+    `fill` takes the prefill's DynamicCache; `__call__(tok, pos, col, mask)` feeds tokens (rows,) at
+    positions `pos` (rows, 1), writes their keys/values at cache column `col`, attends over columns
+    0..col with `mask` (None, or a (rows, 1, 1, >= col + 1) bool or additive mask, sliced here) and
+    returns the final norm's hidden states (rows, d): what `body(...).last_hidden_state[:, -1]` gives,
+    bit for bit (the same functions on the same tensors in the same order as the modules' forward).
+
+    Attention on live rows only: after `drop(done)`, rows that have stopped leave the cache and the
+    attention (`live`: the rows still in it). Attention is computed per (row, head), so the live rows'
+    outputs do not change; the stopped rows get zeros and are never read (their tokens are pad).
+    Every other op keeps all rows: a matmul's rows round differently with the row count (float64
+    MKL, measured), and the multinomial draw must see every row to consume the generator as before.
+    """
+
+    def __init__(self, model):
+        body = model.get_decoder()
+        self.embed, self.rotary, self.norm = body.embed_tokens, body.rotary_emb, body.norm.forward
+        self.layers = [_LeanLayer(layer) for layer in body.layers]
+        rope, eager, functions = _attention_functions(type(body.layers[0].self_attn).__module__)
+        self.rope = rope
+        self.attention = functions.get_interface(model.config._attn_implementation, eager)
+        self.keys = self.values = None
+        self.live = None     # indices of the rows still in the cache and the attention (None: all)
+
+    def fill(self, kv, L: int):
+        """Copy the prefill's keys/values (rows, kv heads, P, D) into buffers of L columns."""
+        self.keys, self.values = [], []
+        for layer in kv.layers:
+            for bufs, src in ((self.keys, layer.keys), (self.values, layer.values)):
+                B, H, P, D = src.shape
+                buf = src.new_empty(B, H, L, D)
+                buf[:, :, :P] = src
+                bufs.append(buf)
+
+    def drop(self, done: torch.Tensor, mask):
+        """Take the rows that have stopped (`done`, over all rows) out of the cache and the attention;
+        returns the attention mask of the rows that stay (None stays None)."""
+        live = self.live if self.live is not None else torch.arange(len(done), device=done.device)
+        keep = (~done[live]).nonzero().squeeze(1)
+        self.keys = [K.index_select(0, keep) for K in self.keys]
+        self.values = [V.index_select(0, keep) for V in self.values]
+        self.live = live.index_select(0, keep)
+        return None if mask is None else mask.index_select(0, keep)
+
+    def __call__(self, tok, pos, col: int, mask):
+        x = self.embed(tok[:, None])
+        cos, sin = self.rotary(x, pos)
+        m = None if mask is None else mask[..., :col + 1]
+        for i, ly in enumerate(self.layers):
+            x = x + self._attend(ly, ly.ln1(x), cos, sin, i, col, m)
+            h = ly.ln2(x)
+            x = x + F.linear(ly.act(F.linear(h, *ly.gate)) * F.linear(h, *ly.up), *ly.down)
+        return self.norm(x)[:, -1]
+
+    def _attend(self, ly, h, cos, sin, i, col, mask):
+        """Qwen2Attention/Qwen3Attention.forward for one new position, its keys/values written at `col`."""
+        shape = (*h.shape[:-1], -1, ly.head_dim)
+        q, k = F.linear(h, *ly.q).view(shape), F.linear(h, *ly.k).view(shape)
+        if ly.q_norm is not None:
+            q, k = ly.q_norm(q), ly.k_norm(k)
+        q, k = self.rope(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
+        v = F.linear(h, *ly.v).view(shape).transpose(1, 2)
+        if self.live is not None:
+            q, k, v = (t.index_select(0, self.live) for t in (q, k, v))
+        K, V = self.keys[i], self.values[i]
+        K[:, :, col] = k[:, :, 0]    # written in place: no per-step concatenation of the whole cache
+        V[:, :, col] = v[:, :, 0]
+        out, _ = self.attention(ly.attn, q, K[:, :, :col + 1], V[:, :, :col + 1], mask, dropout=0.0,
+                                scaling=ly.scaling, sliding_window=None)
+        if self.live is not None:   # stopped rows: zeros (finite, never read)
+            out = out.new_zeros(h.shape[0], *out.shape[1:]).index_copy_(0, self.live, out)
+        return F.linear(out.reshape(*h.shape[:-1], -1).contiguous(), *ly.o)
+
+
+def generate_lean(model, input_ids, attention_mask, max_new_tokens: int, temperature: float, stop, pad_id: int,
+                  generator: torch.Generator | None = None, token_chunk: int = 4096,
+                  drop_rows: bool = True) -> torch.Tensor:
+    """`rollout.generate`'s eager loop with the lean step: the same prefill, the same multinomial draws
+    from the same generator (every row drawn every step, so the generator's stream is unchanged), the
+    same attention masks (none when no prompt is padded, else the padding mask as a bool), and the same
+    stop rule: (B, T) new tokens, pad after the first stop id, as many columns as steps drawn.
+    Runs under inference mode (no autograd bookkeeping per op: ~7% of a stand-in step); the tokens
+    come back as an ordinary tensor. drop_rows: once a quarter of the live rows have stopped, attend
+    over the live rows only (`LeanStep.drop`; the same tokens)."""
+    with torch.inference_mode():
+        out = _lean_loop(model, input_ids, attention_mask, max_new_tokens, temperature, stop, pad_id, generator,
+                         token_chunk, drop_rows)
+    return out.clone()
+
+
+def _lean_loop(model, input_ids, attention_mask, T, temperature, stop, pad_id, generator, token_chunk,
+               drop_rows=True):
+    from transformers import DynamicCache
+
+    from .rollout import draw_chunked, last_hidden
+    dev = input_ids.device
+    stop = torch.as_tensor([stop] if isinstance(stop, int) else list(stop), dtype=torch.long, device=dev)
+    B, P = input_ids.shape
+    pos = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    h, kv = last_hidden(model, DynamicCache(), input_ids=input_ids, attention_mask=attention_mask, position_ids=pos)
+    step = LeanStep(model)
+    step.fill(kv, P + T)
+    del kv
+    # transformers passes no mask when no prompt is padded (and SDPA then takes its grouped-query path)
+    mask = None
+    if not bool(attention_mask.bool().all()):
+        mask = torch.ones(B, 1, 1, P + T, dtype=torch.bool, device=dev)
+        mask[:, 0, 0, :P] = attention_mask.bool()
+    next_pos = pos[:, -1:] + 1
+    out = torch.full((B, T), pad_id, dtype=torch.long, device=dev)
+    done = torch.zeros(B, dtype=torch.bool, device=dev)
+    pad = torch.full((B,), pad_id, dtype=torch.long, device=dev)
+
+    def draw(logits, rows):
+        return _draw_multinomial(logits, temperature, generator)
+
+    live = B
+    for k in range(T):
+        tok = torch.where(done, pad, draw_chunked(model, h, token_chunk, draw))
+        out[:, k] = tok
+        done |= torch.isin(tok, stop)
+        n_done = int(done.sum())
+        if k == T - 1 or n_done == B:
+            return out[:, :k + 1]
+        if drop_rows and B - n_done <= 0.75 * live:   # a quarter of the live rows stopped: attend without them
+            mask = step.drop(done, mask)
+            live = B - n_done
+        h = step(tok, next_pos, P + k, mask)
+        next_pos = next_pos + 1
+    return out[:, :0]   # T = 0: no step drawn

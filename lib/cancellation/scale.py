@@ -28,6 +28,8 @@ import torch
 
 from . import grpo, measure, policy, rollout
 from .shapes import SHAPES, Shape, device_kind, device_memory
+from . import coupling
+from .compute import Compute
 
 def build(shape: str, dtype=torch.float32, device: str = "cuda", seed: int = 0):
     """A random model of the named shape (initialised on `device`: 1.7B float32 is 7 GB)."""
@@ -196,8 +198,6 @@ def _time_blocks(model, z: dict, device: str, dtype: str, seed: int, only=None, 
     (equal calls, different lengths; sampling: equal decode steps, different rows), plus Adam's update.
     `only`: just these blocks; sampling runs on a `sample_dtype` copy (the notebooks'
     sample_dtype: on CUDA bfloat16, which `rollout.generate` samples with the captured static-cache path)."""
-    from . import coupling
-    from .compute import Compute
 
     shape = Shape.from_config(model.config.to_dict())
     assert shape.params == policy.n_params(model), "plan.Shape's closed form disagrees with the model"

@@ -28,6 +28,7 @@ import socket
 import tempfile
 import threading
 import time
+from . import cache
 from pathlib import Path
 
 STAGING = ".run-staging"  # under the repository root (gitignored)
@@ -252,7 +253,6 @@ class Stage:
         seed = self._seed.read_bytes() if self._seed.exists() else None
         if staged.read_bytes() == seed:
             return  # this run recorded nothing new
-        from cancellation import cache
         with cache.lock(self.root / STAGING / "claims"):
             now = final.read_bytes() if final.exists() else None
             if now == seed:

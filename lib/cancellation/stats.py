@@ -239,3 +239,87 @@ def bootstrap_peak_minus_end(values, sign, status, score, ks, n_boot: int = 1000
     if not len(reps):
         return d, np.nan, np.nan, float(ks[pk])
     return d, float(np.quantile(reps, alpha / 2)), float(np.quantile(reps, 1 - alpha / 2)), float(ks[pk])
+
+
+def rollout_pair_bootstrap(stat, cj, ck, n_boot: int = 1000, seed: int = 0, level: float = 0.95,
+                           pairs: bool = True) -> tuple[float, float, float, int]:
+    """(stat(1), lo, hi, n_rollouts): a percentile bootstrap of a statistic of token pairs (j, k) that
+    share rollouts, resampling the rollouts (and, when `pairs`, the sampled pairs) together.
+
+    `stat(w)` computes the statistic with one weight per pair (w = 1 gives the point). A replicate
+    draws the rollouts of the union of `cj` and `ck` with replacement (w_r = how often rollout r is
+    drawn) and, when `pairs`, the pairs with replacement (m_i); pair i then counts
+    w_{cj_i} · w_{ck_i} · m_i times, so every pair that touches a rollout moves with it (the two-way
+    "pigeonhole" bootstrap of dyadic data). Draws, per replicate from `default_rng(seed)`: the
+    rollouts' `integers(0, n_rollouts, n_rollouts)`, then the pairs' `integers(0, n_pairs, n_pairs)`.
+    Replicates with a non-finite statistic are dropped."""
+    cj, ck = np.asarray(cj), np.asarray(ck)
+    n = len(cj)
+    lab, uniq = pd.factorize(np.concatenate([cj, ck]))
+    lj, lk, nr = lab[:n], lab[n:], len(uniq)
+    point = float(stat(np.ones(n)))
+    if n == 0 or nr == 0:
+        return np.nan, np.nan, np.nan, nr
+    rng = np.random.default_rng(seed)
+    reps = np.empty(n_boot)
+    for b in range(n_boot):
+        w = np.bincount(rng.integers(0, nr, nr), minlength=nr).astype(float)
+        pw = w[lj] * w[lk]
+        if pairs:
+            pw = pw * np.bincount(rng.integers(0, n, n), minlength=n)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            reps[b] = stat(pw)
+    reps = reps[np.isfinite(reps)]
+    if not len(reps):
+        return point, np.nan, np.nan, nr
+    a = (1 - level) / 2
+    return point, float(np.quantile(reps, a)), float(np.quantile(reps, 1 - a)), nr
+
+
+def rollout_matrix_ratio(S, N, n_boot: int = 1000, seed: int = 0,
+                         level: float = 0.95) -> tuple[float, float, float, int]:
+    """(Σ S / Σ N, lo, hi, n_rollouts): a ratio over every pair (j, k), given per (rollout of j,
+    rollout of k) the sums S and counts N as (n, n) matrices over one list of rollouts, with the
+    two-way bootstrap of `rollout_pair_bootstrap` (pairs=False: every pair is in, none sampled):
+    a replicate draws the n rollouts with replacement (`default_rng(seed).integers(0, n, n)` per
+    replicate, weights w) and takes wᵀSw / wᵀNw."""
+    S, N = np.asarray(S, float), np.asarray(N, float)
+    nr = S.shape[0]
+    if nr == 0 or N.sum() == 0:
+        return np.nan, np.nan, np.nan, nr
+    rng = np.random.default_rng(seed)
+    W = np.stack([np.bincount(rng.integers(0, nr, nr), minlength=nr) for _ in range(n_boot)]).astype(float)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        r = np.einsum("bi,ij,bj->b", W, S, W) / np.einsum("bi,ij,bj->b", W, N, W)
+    r = r[np.isfinite(r)]
+    a = (1 - level) / 2
+    return float(S.sum() / N.sum()), float(np.quantile(r, a)), float(np.quantile(r, 1 - a)), nr
+
+
+def cluster_bootstrap(stat, clusters, n_boot: int = 1000, seed: int = 0,
+                      level: float = 0.95) -> tuple[float, float, float, int]:
+    """(stat(all rows), lo, hi, n_clusters): a percentile bootstrap of `stat(idx)` (idx: row positions)
+    resampling whole clusters: clusters numbered in order of first appearance, a replicate draws
+    `default_rng(seed).integers(0, n, (n_boot, n))`'s row of them and takes every row of each drawn
+    cluster. Replicates with a non-finite statistic are dropped."""
+    cl = pd.factorize(np.asarray(clusters))[0]
+    n = int(cl.max()) + 1 if len(cl) else 0
+    if n == 0:
+        return np.nan, np.nan, np.nan, 0
+    members = [np.nonzero(cl == c)[0] for c in range(n)]
+    idx = np.random.default_rng(seed).integers(0, n, (n_boot, n))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        reps = np.array([stat(np.concatenate([members[c] for c in row])) for row in idx], float)
+    reps = reps[np.isfinite(reps)]
+    point = float(stat(np.arange(len(cl))))
+    if not len(reps):
+        return point, np.nan, np.nan, n
+    a = (1 - level) / 2
+    return point, float(np.quantile(reps, a)), float(np.quantile(reps, 1 - a)), n
+
+
+def ols_slope(x, y) -> float:
+    """The least-squares slope of y on x (with an intercept); NaN when x is constant."""
+    x, y = _arr(x), _arr(y)
+    dx = x - x.mean()
+    return float((dx * (y - y.mean())).sum() / (dx ** 2).sum())

@@ -18,6 +18,7 @@ import pandas as pd
 import torch
 
 from . import batching, grpo, measure, rollout, tasks
+from . import cache, coupling, policy
 from .compute import Compute
 
 log = logging.getLogger(__name__)
@@ -139,7 +140,6 @@ def cached_delta_run(model_path, cfg: RunConfig, dtype: str = "float64", device:
     every notebook asking for the same run (01's GRPO run, 08's frequency-matched control) reads
     one cache entry.
     """
-    from . import cache, policy
 
     def compute():
         model, tok = policy.load_policy(model_path, dtype=dtype, device=device)
@@ -154,7 +154,6 @@ def sign_consistency_run(model, tokenizer, cfg: RunConfig, sgd_lr: float, progre
     step with an SGD full step on that step's batch (Fig. 10). Trains `model` in place."""
     from tqdm import tqdm
 
-    from . import coupling
 
     opt = grpo.make_optimizer(model, cfg.update)
     cfg.source.load()
@@ -248,9 +247,10 @@ def set_name(name: str) -> str:
 def eval_source(name: str, like: tasks.ProblemSource | None = None) -> tasks.ProblemSource:
     """The source of a held-out set: a difficulty of the generated task, or a problem file
     (rendered like the training source `like`)."""
+    mode = like.answer_mode if like else "auto"   # graded as the training rewards are
     if name in tasks.DIFFICULTIES:
-        return tasks.ProblemSource()
-    return tasks.ProblemSource(path=name, prompt_format=like.prompt_format if like else "auto")
+        return tasks.ProblemSource(answer_mode=mode)
+    return tasks.ProblemSource(path=name, prompt_format=like.prompt_format if like else "auto", answer_mode=mode)
 
 
 def eval_problems(name: str, n: int, like: tasks.ProblemSource | None = None) -> list:
@@ -277,7 +277,7 @@ def evaluate(model, tok, sets, n: int, samples: int = 1, temperature: float = 1.
     gen = [d for d in sets if d in tasks.DIFFICULTIES]
     if gen:
         problems = [p for d in gen for p in eval_problems(d, n)]
-        b = rollout.sample(model, tok, scfg(tasks.ProblemSource()), problems=problems, seed=4242)
+        b = rollout.sample(model, tok, scfg(eval_source(gen[0], like)), problems=problems, seed=4242)
         acc = b.reward.reshape(len(gen), -1).mean(1)
         out.update({d: float(a) for d, a in zip(gen, acc)})
     for d in sets:
@@ -303,7 +303,6 @@ def minibatch_update(model, batch, plan, old_logp, optimizer, cfg: grpo.UpdateCo
 def _save(path, state):
     """Write a checkpoint atomically under a unique temporary name (cache.atomic_write): an
     interruption never leaves a half-written checkpoint, two runs never share a temporary file."""
-    from . import cache
     cache.atomic_write(path, lambda tmp: torch.save(state, tmp))
 
 
@@ -320,7 +319,6 @@ def _load_checkpoint(path):
     (a run is a function of its config, so a restart gives the same result)."""
     import os
 
-    from . import cache
     if not path or not os.path.exists(path):
         return None
     try:
@@ -364,7 +362,6 @@ def train_run(model, tok, cfg: TrainConfig, ckpt_path=None, ckpt_every: int = 1,
     """
     import contextlib
 
-    from . import cache
 
     opt = grpo.make_optimizer(model, cfg.update)
     cfg.source.load()  # a bad problem file fails here, before any sampling
@@ -466,7 +463,6 @@ def _train_run(model, tok, cfg, opt, sampler, ckpt_path, ckpt_every, progress, o
 
 # --------------------------------------------------------------------------- cached runs, in parallel
 def _train_key(model_path, cfg: TrainConfig, dtype: str, device: str, threads: int) -> dict:
-    from . import policy
     return dict(model=policy.fingerprint(model_path), dtype=dtype, device=device, threads=threads, **run_params(cfg))
 
 
@@ -478,7 +474,6 @@ def cached_train(model_path, cfg: TrainConfig, dtype: str = "float32", device: s
     them) and the config. The run is checkpointed every iteration under the cache's ckpt/ folder,
     so an interrupted run resumes; the checkpoint is deleted once the result is cached.
     """
-    from . import cache, policy
     params = _train_key(model_path, cfg, dtype, device, threads)
     ckpt_dir = cache.DEFAULT_DIR / "ckpt"
     ckpt_dir.mkdir(parents=True, exist_ok=True)
@@ -533,7 +528,6 @@ def cached_train_many(model_path, cfgs: list[TrainConfig], workers: int = 1, dty
 
     from tqdm import tqdm
 
-    from . import cache
     kw = dict(dtype=dtype, device=device, threads=threads)
     if workers > 1:
         todo = [c for c in cfgs if cache.load("train_run", _train_key(model_path, c, **kw)) is cache.MISS]

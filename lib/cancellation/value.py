@@ -324,7 +324,8 @@ def verifier_id(verifier) -> str:
             v = version("math-verify")
         except PackageNotFoundError:  # pragma: no cover
             v = "?"
-        return f"math-verify {v} timeout={verifier.timeout_s} {verifier.REVISION}"
+        mode = f" mode={verifier.mode}" if verifier.mode != tasks.FILE_MODE else ""   # the default keeps its old keys
+        return f"math-verify {v} timeout={verifier.timeout_s} {verifier.REVISION}{mode}"
     f = getattr(verifier, "__func__", verifier)
     return f"{getattr(f, '__module__', '')}.{getattr(f, '__qualname__', type(verifier).__qualname__)}"
 

@@ -12,6 +12,7 @@ import pandas as pd
 import torch
 
 from .. import tasks
+from .. import policy
 from .data import grpo_config, problem_dataset, reward_function
 from .monitor import CancellationMonitor
 from .recorder import StepRecorder
@@ -135,7 +136,6 @@ def train_trl(model_path, source: tasks.ProblemSource, strategy: str = "random",
     """
     from transformers import TrainerCallback
 
-    from .. import policy
 
     if model is None or tokenizer is None:
         dev = device or ("cuda" if torch.cuda.is_available() else "cpu")

@@ -43,6 +43,9 @@ Strategies with fewer mini-batches than `steps_per_generation` in some iteration
 groups than mini-batches, sign partitioning with one sign only, RB when the buffer releases
 nothing) take fewer optimizer steps, as the artifact's trainer does: the missing steps are
 "skip" steps whose parameters keep `grad=None`, which torch's Adam/AdamW leaves untouched.
+Rewards: every completion must get a finite reward (`check_rewards`): a completion for which every
+reward function returned None/NaN (plain TRL: "unscorable", advantage 0) or an infinite reward stops the
+run with one line naming the reward functions and the counts, never a silent 0 or a NaN advantage.
 Single process only for the skip steps and the exact per-mini-batch denominators across ranks
 (multi-GPU: see configs/accelerate_zero2.yaml; the plans then act per rank).
 """
@@ -57,6 +60,36 @@ from .. import batching, rollout
 from .data import STRATEGIES, _import_trl, from_rollout, micro_rows, to_rollout
 
 GRPOTrainer = _import_trl().GRPOTrainer
+
+
+def check_rewards(rewards_per_func: torch.Tensor, names: list[str]) -> None:
+    """Refuse, in one line, completions the strategies cannot place: a row for which every reward function
+    returned None/NaN ("unscorable"), or an infinite reward. A NaN of one function beside a number of another
+    is TRL's "this function does not apply" and is summed away (nansum), as in plain TRL.
+
+    Plain TRL gives an unscorable completion A = 0 and leaves it out of its group's baseline; here its
+    reward would also have to be a number for the RB buffer, the plans and the records (a NaN is never a
+    0, which would train it down as wrong), so the run stops naming the reward functions and the count:
+    return a number for every completion (0.0 for an unreadable answer, as `reward_function` does)."""
+    if not len(rewards_per_func):
+        return
+    nan_rows = torch.isnan(rewards_per_func).all(dim=1)
+    inf = torch.isinf(rewards_per_func)
+    if not (nan_rows.any() or inf.any()):
+        return
+    n = len(rewards_per_func)
+    per_func = ", ".join(f"{name}: {int(torch.isnan(rewards_per_func[:, k]).sum())} NaN"
+                         + (f", {int(inf[:, k].sum())} infinite" if inf[:, k].any() else "")
+                         for k, name in enumerate(names))
+    what = []
+    if nan_rows.any():
+        what.append(f"{int(nan_rows.sum())} of {n} completions got no reward (every reward function returned "
+                    "None/NaN)")
+    if inf.any():
+        what.append(f"{int(inf.any(dim=1).sum())} of {n} completions got an infinite reward")
+    raise ValueError(f"BatchingGRPOTrainer: {'; '.join(what)} [{per_func}]; the strategies need a finite reward "
+                     "for every completion: make the reward function return a number (0.0 for an unreadable answer; "
+                     "plain GRPOTrainer instead gives an unscorable completion advantage 0)")
 
 
 class BatchingGRPOTrainer(GRPOTrainer):
@@ -111,6 +144,7 @@ class BatchingGRPOTrainer(GRPOTrainer):
         """One sampling round: TRL's generation and rewards, verl's advantages, as a RolloutBatch."""
         d = self._generate_and_score_completions(generation_batch)
         rpf = self._last_rewards
+        check_rewards(rpf, self.reward_func_names)
         w = self.reward_weights.to(rpf.device)
         reward = torch.nan_to_num((rpf * w[None]).nansum(1), nan=0.0).double().cpu()
         G = self.num_generations

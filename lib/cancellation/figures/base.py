@@ -102,6 +102,22 @@ def prompt_format():
                  choices=["auto", "chat", "raw"])
 
 
+def answer_mode():
+    return param("auto", "how the reward finds a response's answer: 'answer_line' (DAPO's last Answer: line), 'boxed' "
+                 "(last \\boxed{}), 'last_sentence' (math-verify's extraction over the final sentence) or a '+' "
+                 "combination; 'auto': the paper's (a file: answer_line+boxed; generated arithmetic: exact \\boxed{})",
+                 choices=list(tasks.ANSWER_MODES))
+
+
+def unrewardable_golds():
+    return param("refuse", "a problem file with golds the reward can never credit (the gold check): 'refuse' it, "
+                 "'skip' those problems, or 'allow' them (kept, never rewarded)", choices=list(tasks.GOLD_POLICIES))
+
+
+# Parameters left out of cache keys at their defaults (keys from before they existed stay valid).
+_KEYLESS_DEFAULTS = {"answer_mode": "auto", "unrewardable_golds": "refuse"}
+
+
 @dataclass
 class FigureParams:
     """Base of every figure's Params: the Compute config and the runner's view of the fields."""
@@ -113,8 +129,14 @@ class FigureParams:
         return Compute.from_params(dataclasses.asdict(self))
 
     def key(self) -> dict:
-        """Every parameter, for cache keys (callers add content fingerprints of files and models)."""
-        return dataclasses.asdict(self)
+        """Every parameter, for cache keys (callers add content fingerprints of files and models); the
+        grader's answer_mode and unrewardable_golds only when not at their defaults (they enter through
+        the source's params too)."""
+        d = dataclasses.asdict(self)
+        for k, v in _KEYLESS_DEFAULTS.items():
+            if d.get(k) == v:
+                del d[k]
+        return d
 
     @classmethod
     def defaults(cls) -> dict:
@@ -132,10 +154,12 @@ class FigureParams:
 # ------------------------------------------------------------------ what every compute() starts with
 def problem_source(P) -> tasks.ProblemSource:
     """The figure's problems, loaded now: a malformed problem file stops here, before any model loads."""
-    source = tasks.ProblemSource(path=P.problems_path, prompt_format=P.prompt_format)
+    source = tasks.ProblemSource(path=P.problems_path, prompt_format=P.prompt_format,
+                                 answer_mode=getattr(P, "answer_mode", "auto"),
+                                 unrewardable_golds=getattr(P, "unrewardable_golds", "refuse"))
     source.load()
-    if source.path and policy.dry_run() is None:   # what the reward can never credit, said before the run
-        print(source.check_golds(), flush=True)
+    if source.path and policy.dry_run() is None:   # what the reward can never credit, said (or refused) before the run
+        print(source.admit(), flush=True)
     return source
 
 

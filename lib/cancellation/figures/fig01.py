@@ -51,6 +51,8 @@ class Params(base.FigureParams):
     eps: float = param(1e-6, "boosted/suppressed threshold on Δlog p", gt=0)
     problems_path: str = base.problems_path()
     prompt_format: str = base.prompt_format()
+    answer_mode: str = base.answer_mode()
+    unrewardable_golds: str = base.unrewardable_golds()
     chunk_rows: int = base.chunk_rows()
     token_chunk: int = base.token_chunk()
     gradient_checkpointing: bool = base.gradient_checkpointing()

@@ -47,6 +47,8 @@ class Params(base.FigureParams):
     vocab_chunk: int = param(8192, "vocabulary entries per block (bounds memory for large vocabularies)", min=1)
     problems_path: str = base.problems_path()
     prompt_format: str = base.prompt_format()
+    answer_mode: str = base.answer_mode()
+    unrewardable_golds: str = base.unrewardable_golds()
     chunk_rows: int = base.chunk_rows()
     token_chunk: int = base.token_chunk()
     sample_rows: int = base.sample_rows()
@@ -172,33 +174,93 @@ def coupling_shares(terms: pd.DataFrame) -> dict:
                 same_alone=(np.sign(t.own + t.same) != np.sign(t.A)).to_numpy())
 
 
+PAIRS = dict(estimator="two-way cluster bootstrap: rollouts drawn with replacement, then the sampled pairs; a pair "
+             "counts w(rollout of j)·w(rollout of k)·m(pair) times, so pairs that share a rollout move together",
+             resampling="rollout × pair")
+CONF = 0.9  # low vs high confidence: p below / at or above this (as notebook 08's bins)
+
+
+def pair_rollouts(R: Result) -> tuple[np.ndarray, np.ndarray]:
+    """The rollout (batch row) of each sampled pair's j and k (the pairs index the token table `terms`)."""
+    row = R.terms.row.to_numpy()
+    return row[R.pairs.j.to_numpy()], row[R.pairs.k.to_numpy()]
+
+
+def wmean(w, x, m) -> float:
+    """Σ w·x / Σ w over the pairs where m holds (x, m arrays over the pairs)."""
+    return float((w * x * m).sum() / (w * m).sum())
+
+
+def negligible_share(pairs: pd.DataFrame, same_share: float):
+    """stat(w) of "most φ are zero": the share of all ordered pairs j ≠ k with |φ| ≤ PHI_NEGLIGIBLE, the
+    two sampled strata weighted by their shares of all pairs (same-token pairs: `same_share`)."""
+    neg, same = (pairs.phi.abs() <= PHI_NEGLIGIBLE).to_numpy(float), (pairs.pair == "same").to_numpy(float)
+    return lambda w: same_share * wmean(w, neg, same) + (1 - same_share) * wmean(w, neg, 1 - same)
+
+
+def confidence_contrast(pairs: pd.DataFrame, p: np.ndarray):
+    """stat(w) of the low- vs high-confidence contrast, over the same-token pairs: log10 of mean |K_jk|
+    where both p < CONF over mean |K_jk| where both p ≥ CONF (p: per token, indexed by j and k)."""
+    pj, pk = p[pairs.j.to_numpy()], p[pairs.k.to_numpy()]
+    same = (pairs.pair == "same").to_numpy()
+    lo, hi = (same & (pj < CONF) & (pk < CONF)).astype(float), (same & (pj >= CONF) & (pk >= CONF)).astype(float)
+    k = pairs.kernel.abs().to_numpy()
+    return (lambda w: np.log10(wmean(w, k, lo) / wmean(w, k, hi))), lo, hi
+
+
 def claims(R: Result, P: Params) -> list[C.Claim]:
     same, diff = R.pairs[R.pairs.pair == "same"].hcos, R.pairs[R.pairs.pair == "different"].hcos
     top, bottom = float(R.absolute[-1, -1]), float(R.absolute[0, 0])
     row = R.fidelity.set_index("lr").loc[P.lr]
-    pos, plo, phi_, n_diff = S.proportion(diff > 0)
-    big = R.pairs.assign(big=(R.pairs.phi.abs() > PHI_NEGLIGIBLE).astype(float))
-    b_same, b_diff = big[big.pair == "same"].big, big[big.pair == "different"].big
+    rj, rk = pair_rollouts(R)
+    is_same = (R.pairs.pair == "same").to_numpy(float)
+    hcos, pos = R.pairs.hcos.to_numpy(), (R.pairs.hdot > 0).to_numpy(float)
+    big = (R.pairs.phi.abs() > PHI_NEGLIGIBLE).to_numpy(float)
+    b_same, b_diff = big[is_same == 1], big[is_same == 0]
+
+    def boot(stat):
+        return S.rollout_pair_bootstrap(stat, rj, rk, 1000, P.seed)
+
+    a = boot(lambda w: wmean(w, hcos, is_same) - wmean(w, hcos, 1 - is_same))
+    gp = boot(lambda w: wmean(w, pos, 1 - is_same))
+    bp = boot(lambda w: wmean(w, big, is_same) - wmean(w, big, 1 - is_same))
+    same_share = _same_pair_share(R.terms)
+    nz = boot(negligible_share(R.pairs, same_share))
+    cstat, clo, chi = confidence_contrast(R.pairs, R.terms.p.to_numpy())
+    cc = boot(cstat)
+    k_abs = R.pairs.kernel.abs().to_numpy()
     return [
         C.Claim("fig02_a_same_token", "Fig. 2(a)", "same-token pairs have more aligned hidden states", "yes",
-                *S.bootstrap_gap(same, diff, 1000, P.seed), n=len(R.pairs), unit="cos, same − different",
-                rule="direction", params=dict(sign=1),
-                detail=f"mean cos {same.mean():.2f} (same) vs {diff.mean():.2f} (different)",
-                estimator="percentile bootstrap over sampled pairs", resampling="pair"),
+                *a[:3], n=len(R.pairs), unit="cos, same − different", rule="direction", params=dict(sign=1),
+                detail=f"mean cos {same.mean():.2f} (same) vs {diff.mean():.2f} (different); {a[3]} rollouts", **PAIRS),
         C.Claim("fig02_a_generally_positive", "Fig. 2(a)", "hidden-state similarities are generally positive "
-                "(different-token pairs)", "generally positive", pos, plo, phi_, n=n_diff,
+                "(different-token pairs)", "generally positive", *gp[:3], n=len(diff),
                 unit="share of different-token pairs with ⟨h_j, h_k⟩ > 0", rule="direction",
                 params=dict(sign=1, ref=0.5),
                 detail=f"mean cos {diff.mean():+.3f}; same-token pairs {100 * (same > 0).mean():.1f}% > 0; "
-                "'generally' read as a majority; pairs share tokens, so the interval is optimistic",
-                estimator="Clopper–Pearson", resampling="pair"),
+                f"'generally' read as a majority; {gp[3]} rollouts", **PAIRS),
         C.Claim("fig02_b_phi_same_token", "Fig. 2(b)", "non-negligible φ_jk sits on same-token pairs", "yes",
-                *S.bootstrap_gap(b_same, b_diff, 1000, P.seed), n=len(big),
-                unit=f"share |φ| > {PHI_NEGLIGIBLE:g}, same − different", rule="direction", params=dict(sign=1),
+                *bp[:3], n=len(R.pairs), unit=f"share |φ| > {PHI_NEGLIGIBLE:g}, same − different", rule="direction",
+                params=dict(sign=1),
                 detail=f"{100 * b_same.mean():.1f}% of same-token vs {100 * b_diff.mean():.2f}% of different-token "
                 f"pairs; median |φ| {R.pairs[R.pairs.pair == 'same'].phi.abs().median():.1e} vs "
-                f"{R.pairs[R.pairs.pair == 'different'].phi.abs().median():.1e}",
-                estimator="percentile bootstrap over sampled pairs", resampling="pair"),
+                f"{R.pairs[R.pairs.pair == 'different'].phi.abs().median():.1e}", **PAIRS),
+        C.Claim("fig02_b_phi_mostly_zero", "Fig. 2(b), §2", "most φ_jk are zero", "most of them",
+                *nz[:3], n=len(R.pairs), unit=f"share of all pairs j ≠ k with |φ| ≤ {PHI_NEGLIGIBLE:g}",
+                rule="direction", params=dict(sign=1, ref=0.5),
+                detail=f"'zero' read as negligible (|φ| ≤ {PHI_NEGLIGIBLE:g}, Fig. 2(b)'s cut; exactly 0 in float64: "
+                f"{int((R.pairs.phi == 0).sum())} of {len(R.pairs)} sampled pairs); the sampled same- and "
+                f"different-token pairs weighted by their shares of all pairs ({100 * same_share:.2f}% same-token); "
+                "'most' read as more than half", **PAIRS),
+        C.Claim("fig02_low_vs_high_confidence", "§2 (Eq. 10)", "coupling is stronger between low-confidence than "
+                "between high-confidence same-token pairs", "low-confidence pairs",
+                *cc[:3], n=int(clo.sum() + chi.sum()),
+                unit=f"log10(mean |K| both p < {CONF:g} / both p ≥ {CONF:g}), same-token pairs", rule="direction",
+                params=dict(sign=1),
+                detail=f"mean |K| {k_abs[clo == 1].mean():.3g} over {int(clo.sum())} low- vs {k_abs[chi == 1].mean():.3g} "
+                f"over {int(chi.sum())} high-confidence same-token pairs; Eq. 10 bounds the high side "
+                f"(φ ≤ 2(1−p_j)(1−p_k) for a same-token pair), so the contrast is mostly ⟨h_j, h_k⟩ staying comparable",
+                **PAIRS),
         C.Claim("fig02_c_entropy", "Fig. 2(c)", "coupling concentrates on high-entropy pairs", "yes",
                 np.log10(top / bottom), n=P.n_entropy_bins ** 2, unit="log10(high×high / low×low)", rule="construction",
                 params=dict(sign=1, point_ok=True, why="φ carries r_j r_k with r = 1 − p, which vanishes as p → 1 on "
@@ -262,6 +324,19 @@ def _same_pair_share(t: pd.DataFrame) -> float:
     """Share of ordered pairs j ≠ k of the batch that are same-token pairs: Σ_id n_id (n_id − 1) / N (N − 1)."""
     n = t.o.value_counts().to_numpy().astype(float)
     return float((n * (n - 1)).sum() / (len(t) * (len(t) - 1)))
+
+
+def reading(rows: list[C.Claim]) -> list[str]:
+    """The reading's numbers, from the claim rows (nothing typed that goes stale on another profile)."""
+    return [
+        f"(a) different-token pairs with <h_j,h_k> > 0: {C.cite(rows, 'fig02_a_generally_positive', 100, '.1f')} % "
+        "(pairs that share a rollout resampled together)",
+        f"(b) pairs with negligible phi (all pairs, strata weighted): {C.cite(rows, 'fig02_b_phi_mostly_zero', 100, '.1f')} %; "
+        f"non-negligible phi, same − different token: {C.cite(rows, 'fig02_b_phi_same_token', 100, '+.1f')} pts",
+        f"low- vs high-confidence same-token pairs, log10 mean |K| ratio: "
+        f"{C.cite(rows, 'fig02_low_vs_high_confidence', 1, '+.2f')}",
+        f"same-token share of the coupling mass: {C.cite(rows, 'fig02_same_token_share', 100, '.1f')} %",
+    ]
 
 
 # ----------------------------------------------------------------------------- the planner's workload

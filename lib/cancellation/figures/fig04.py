@@ -63,6 +63,8 @@ class Params(base.FigureParams):
     min_count: int = param(20, "a token type needs this many occurrences to enter that panel", min=1)
     problems_path: str = base.problems_path()
     prompt_format: str = base.prompt_format()
+    answer_mode: str = base.answer_mode()
+    unrewardable_golds: str = base.unrewardable_golds()
     token_chunk: int = base.token_chunk()
     sample_rows: int = base.sample_rows()
     gradient_checkpointing: bool = param(False, "recompute activations in the backward (large models)")

@@ -79,6 +79,8 @@ class Params(base.FigureParams):
     threads: int = base.threads()
     problems_path: str = base.problems_path()
     prompt_format: str = base.prompt_format()
+    answer_mode: str = base.answer_mode()
+    unrewardable_golds: str = base.unrewardable_golds()
     chunk_rows: int = base.chunk_rows()
     token_chunk: int = base.token_chunk()
     sample_rows: int = base.sample_rows()

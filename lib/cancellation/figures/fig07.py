@@ -97,6 +97,8 @@ class Params(base.FigureParams):
     problems_path: str = param("", "training problems (DAPO-Math-17k / MATH-500 / prompt+answer file); empty: "
                                "generated arithmetic", path="file")
     prompt_format: str = base.prompt_format()
+    answer_mode: str = base.answer_mode()
+    unrewardable_golds: str = base.unrewardable_golds()
     chunk_rows: int = base.chunk_rows()
     token_chunk: int = base.token_chunk()
     gradient_checkpointing: bool = param(False, "recompute activations in the backward (large models)")

@@ -50,6 +50,8 @@ class Params(base.FigureParams):
     n_boot: int = param(1000, "bootstrap resamples", min=1)
     problems_path: str = base.problems_path()
     prompt_format: str = base.prompt_format()
+    answer_mode: str = base.answer_mode()
+    unrewardable_golds: str = base.unrewardable_golds()
     chunk_rows: int = base.chunk_rows()
     token_chunk: int = base.token_chunk()
     sample_rows: int = base.sample_rows()
@@ -61,7 +63,7 @@ class Params(base.FigureParams):
 SAME_TOKEN_K = ("same-token pairs have φ ≥ (1−p_j)(1−p_k) ≥ 0 (Eq. 10), so K's sign is ⟨h_j, h_k⟩'s, which "
                 "Fig. 2(a) already tests")
 TABLES = ("fig12_frequency_matched", "fig12_matched_per_step", "fig12_lm_head_kernel", "fig12_full_pairs",
-          "fig12_full_summary")
+          "fig12_full_summary", "fig12_kernel_cells")
 
 
 @dataclass
@@ -79,9 +81,10 @@ class Result:
     corr: float                  # (b) corr(full, LM-head K) over the sampled pairs
     sign_agree: float            # (b) share of sampled pairs where they have the same sign
     seconds: float               # (b) time of the full-parameter gradients when computed
+    cells: pd.DataFrame          # (b) LM-head K summed per (rollout of j, rollout of k, bins, pair): the intervals' data
 
     def write(self, results_dir) -> None:
-        tables = (self.freq, self.per_step.reset_index(), self.lm, self.pairs, self.full)
+        tables = (self.freq, self.per_step.reset_index(), self.lm, self.pairs, self.full, self.cells)
         for name, df in zip(TABLES, tables):
             cache.write_table(df, Path(results_dir) / f"{name}.parquet")
 
@@ -93,7 +96,7 @@ class Result:
 
 def compute(P: Params) -> Result:
     source = base.problem_source(P)
-    return base.cached("fig12", P, source, lambda: _compute(P, source), revision=2)  # 2: matched per conf bin
+    return base.cached("fig12", P, source, lambda: _compute(P, source), revision=3)  # 2: matched per conf bin; 3: two-way rollout intervals
 
 
 def _compute(P: Params, source) -> Result:
@@ -116,9 +119,9 @@ def _compute(P: Params, source) -> Result:
                      f"mixed groups {batch.mixed_groups()}/{P.n_prompts}")
     if source.reward_report():
         batch_summary += "\n" + source.reward_report()
-    lm = controls.cross_kernel_summary(f, P.conf_threshold, P.chunk, P.vocab_chunk, P.n_boot, P.seed)
-    pooled = {p: controls.pooled_same_token(f, P.conf_threshold, P.chunk, P.vocab_chunk, P.n_boot, P.seed, pair=p)
-              for p in controls.SAME}
+    cells = controls.cross_kernel_cells(f, P.conf_threshold, P.chunk, P.vocab_chunk)
+    lm = controls.cross_kernel_summary(n_boot=P.n_boot, seed=P.seed, cells=cells)
+    pooled = {p: controls.pooled_same_token(n_boot=P.n_boot, seed=P.seed, pair=p, cells=cells) for p in controls.SAME}
 
     t1 = time.time()
     J, K = controls.sample_tokens(f, P.n_full_tokens, P.conf_threshold, P.seed)
@@ -128,7 +131,7 @@ def _compute(P: Params, source) -> Result:
     corr = float(np.corrcoef(pairs.full_inner, pairs.lm_head_K)[0, 1])
     sign_agree = float((np.sign(pairs.full_inner) == np.sign(pairs.lm_head_K)).mean())
     return Result(run_summary, freq, per_step, batch_summary, batch.mixed_groups(), lm, pooled, pairs, full, corr,
-                  sign_agree, time.time() - t1)
+                  sign_agree, time.time() - t1, cells)
 
 
 def _frequency_matched(tokens: pd.DataFrame, P: Params):
@@ -168,12 +171,14 @@ def _frequency_matched(tokens: pd.DataFrame, P: Params):
 
 
 TS = dict(estimator="t over steps", resampling="step")
-CLUSTER = dict(estimator="cluster bootstrap over positive rollouts (the clusters of j)", resampling="rollout")
+CLUSTER = dict(estimator="two-way cluster bootstrap over rollouts: one draw of the rollouts, a pair counts "
+               "w(rollout of j)·w(rollout of k) times (j's positive and k's negative rollouts both resampled)",
+               resampling="rollout")
 
 
 def claims(R: Result, P: Params) -> list[C.Claim]:
     """Intervals over training steps are Student-t intervals of the per-step gaps (as in notebook
-    01), the kernel intervals a bootstrap over positive rollouts."""
+    01), the kernel intervals a two-way bootstrap over the rollouts of j and of k."""
     fr = R.row
     rows = []
     for status in ("boosted", "suppressed"):
@@ -219,7 +224,7 @@ def claims(R: Result, P: Params) -> list[C.Claim]:
         "fig12_same_token_K", "Fig. 12(b), LM-head", "same-token cross-sign LM-head inner products are positive",
         "> 0 (hypothesis)", m, lo, hi, n=n, unit="mean K_jk over all same-token (A>0, A<0) pairs", rule="construction",
         params=dict(sign=1, why=SAME_TOKEN_K), **CLUSTER, detail=f"different-token pairs: mean K {md[0]:.3g} [{md[1]:.3g}, {md[2]:.3g}] over "
-        f"{md[3]} pairs; bootstrap over {R.mixed_groups} mixed groups' positive rollouts"))
+        f"{md[3]} pairs; the rollouts of {R.mixed_groups} mixed groups resampled"))
     tag = {"p<0.9": "u", "p>=0.9": "c"}
     for bj in controls.CONF_BINS:
         for bk in controls.CONF_BINS:
@@ -230,14 +235,17 @@ def claims(R: Result, P: Params) -> list[C.Claim]:
                 r.mean_K_hi, n=r.n_pairs, unit="mean K_jk", rule="construction", params=dict(sign=1, why=SAME_TOKEN_K),
                 **CLUSTER,
                 detail=f"share K > 0 {100 * r.share_positive:.1f}%, mean |K| {r.mean_abs_K:.3g}"))
-    fs = R.pairs[R.pairs.pair == "same"].full_inner
-    fm = S.bootstrap_mean(fs, P.n_boot, P.seed) if len(fs) else (np.nan, np.nan, np.nan)
+    same_pairs = R.pairs[R.pairs.pair == "same"]
+    fs = same_pairs.full_inner
+    x = fs.to_numpy()
+    fm = (S.rollout_pair_bootstrap(lambda w: float((w * x).sum() / w.sum()), same_pairs.row_j, same_pairs.row_k,
+                                   P.n_boot, P.seed, pairs=False) if len(fs) else (np.nan, np.nan, np.nan, 0))
     rows.append(C.Claim(
         "fig12_same_token_full", "Fig. 12(c), full parameters", "same-token cross-sign full-parameter inner products "
-        "are positive", "> 0 (hypothesis)", *fm, n=len(fs), unit="mean ⟨∇log p_j, ∇log p_k⟩ (sampled pairs)",
-        rule="direction", params=dict(sign=1), estimator="percentile bootstrap over sampled pairs", resampling="pair",
-        detail=f"share > 0 {100 * (fs > 0).mean():.1f}%; corr with LM-head K {R.corr:.2f} over {len(R.pairs)} pairs "
-               f"(pairs share tokens: the interval is optimistic)"))
+        "are positive", "> 0 (hypothesis)", *fm[:3], n=len(fs), unit="mean ⟨∇log p_j, ∇log p_k⟩ (sampled pairs)",
+        rule="direction", params=dict(sign=1), **CLUSTER,
+        detail=f"share > 0 {100 * (fs > 0).mean():.1f}%; corr with LM-head K {R.corr:.2f} over {len(R.pairs)} pairs; "
+               f"{fm[3]} rollouts (the sampled tokens' pairs are every j × k, so only the rollouts are resampled)"))
     return rows
 
 

@@ -1,0 +1,208 @@
+"""The reward's named answer-extraction modes (`answer_mode`) and the refusal of a problem file whose golds
+the reward can never credit (`unrewardable_golds`): each mode on responses written in each style, the
+default exactly the grader before modes had names (same rewards, same cache keys), the mode reaching every
+reward call (verifier, TRL reward function, value cache id, held-out sets), and one-line errors."""
+import json
+
+import pytest
+
+from cancellation import run, tasks, train, value
+from cancellation.engine import data as engine_data
+from cancellation.figures import base, fig02, fig05
+
+# Responses in the styles real models write, against the gold 12 (and 13 never appears in the
+# final sentence unless it is the claimed answer).
+STYLES = {
+    "answer_line": "Add them up: 7 + 5.\nAnswer: 12",
+    "boxed": "Add them up: 7 + 5 gives $\\boxed{12}$",
+    "sentence": "Adding 7 and 5 gives the total.\nSo the final answer is 12.",
+    "answer_line_boxed": "Work.\nAnswer: $\\boxed{12}$",
+    "wrong_box_right_line": "I first thought \\boxed{13}.\nAnswer: 12\nDone, that was it.",
+    "none": "I am not sure how to do this one",
+}
+# The reward each mode gives each style, written out by hand (not by the code under test).
+EXPECTED = {
+    "answer_line":       {"answer_line": 1, "boxed": 0, "sentence": 0, "answer_line_boxed": 1,
+                          "wrong_box_right_line": 1, "none": 0},
+    "boxed":             {"answer_line": 0, "boxed": 1, "sentence": 0, "answer_line_boxed": 1,
+                          "wrong_box_right_line": 0, "none": 0},
+    "last_sentence":     {"answer_line": 1, "boxed": 1, "sentence": 1, "answer_line_boxed": 1,
+                          "wrong_box_right_line": 0, "none": 0},
+    "answer_line+boxed": {"answer_line": 1, "boxed": 1, "sentence": 0, "answer_line_boxed": 1,
+                          "wrong_box_right_line": 1, "none": 0},
+    "answer_line+boxed+last_sentence": {"answer_line": 1, "boxed": 1, "sentence": 1, "answer_line_boxed": 1,
+                                        "wrong_box_right_line": 1, "none": 0},
+}
+
+# Styles in which a mode finds no answer math-verify can read ('none' everywhere; "Done, that was it." is
+# the last sentence of wrong_box_right_line).
+UNREAD = {"answer_line": 3, "boxed": 3, "last_sentence": 2, "answer_line+boxed": 2, "answer_line+boxed+last_sentence": 1}
+
+
+@pytest.mark.parametrize("mode", list(EXPECTED))
+def test_each_mode_on_each_style(mode):
+    v = tasks.MathVerifier(mode=mode)
+    got = {s: v(tasks.Problem("q", "12"), r) for s, r in STYLES.items()}
+    assert got == EXPECTED[mode]
+    # a wrong answer in the same style is never rewarded
+    for r in STYLES.values():
+        assert v(tasks.Problem("q", "41"), r) == 0.0
+    # coverage: the styles a mode finds no readable answer in (twice: gold 12, then 41), by hand
+    assert v.stats["unparsed_response"] == 2 * UNREAD[mode]
+
+
+def test_auto_is_the_grader_before_modes_had_names():
+    auto, explicit = tasks.MathVerifier(), tasks.MathVerifier(mode="answer_line+boxed")
+    assert auto.mode == explicit.mode == tasks.FILE_MODE == "answer_line+boxed"
+    for r in STYLES.values():
+        assert auto(tasks.Problem("q", "12"), r) == explicit(tasks.Problem("q", "12"), r)
+    # its candidates are the ones answer_candidates always gave
+    assert tasks.answer_candidates("x\nAnswer: $\\frac{1}{2}$.\n") == ["\\boxed{\\frac{1}{2}}"]
+    assert tasks.answer_candidates("Answer: \\boxed{3}") == ["\\boxed{3}"]
+    # cache keys at the default are the old ones: no mode in the verifier id, the source or the params
+    assert "mode=" not in value.verifier_id(auto)
+    assert value.verifier_id(tasks.MathVerifier(mode="boxed")).endswith(" mode=boxed")
+    assert "answer_mode" not in tasks.ProblemSource().params()
+    assert "unrewardable_golds" not in tasks.ProblemSource().params()
+    assert tasks.ProblemSource(answer_mode="boxed").params()["answer_mode"] == "boxed"
+    for mod in (fig02, fig05):
+        assert "answer_mode" not in mod.Params().key() and "unrewardable_golds" not in mod.Params().key()
+        assert mod.Params(answer_mode="last_sentence").key()["answer_mode"] == "last_sentence"
+    # the generated task keeps its exact check
+    assert tasks.ProblemSource().verifier() is tasks.verify
+
+
+def test_words_in_the_last_sentence():
+    v = tasks.MathVerifier(mode="last_sentence")
+    no = tasks.Problem("q", "No")
+    assert v(no, "Checking both cases. So the answer is No.") == 1.0
+    assert v(no, "Checking both cases. So the answer is On.") == 0.0
+    assert v(no, "Checking.\n\\text{No}") == 1.0
+    assert v(no, "There is no such number, so it is impossible. The answer is yes") == 0.0
+
+
+def test_last_sentence_is_the_final_sentence_with_a_letter_or_digit():
+    assert tasks.last_sentence("First. Then 3.5 is it.\n$$\n") == "Then 3.5 is it."
+    assert tasks.last_sentence("  \n$$ \n") is None
+
+
+def test_unknown_mode_is_one_line_listing_the_valid_ones():
+    with pytest.raises(ValueError) as e:
+        tasks.ProblemSource(answer_mode="boxd")
+    msg = str(e.value)
+    assert "\n" not in msg and "'boxd'" in msg
+    assert all(m in msg for m in tasks.ANSWER_MODES)
+    with pytest.raises(ValueError, match="answer_mode='sentence'"):
+        tasks.MathVerifier(mode="sentence")
+    # from the command line / a profile: the runner's schema refuses it before anything runs
+    with pytest.raises(run.ParameterError) as e:
+        run.resolve_params(run.find_notebook("05"), "tiny", {"answer_mode": "boxd"})
+    assert "answer_mode" in str(e.value) and "last_sentence" in str(e.value)
+
+
+def test_the_mode_reaches_every_reward_call(tmp_path):
+    f = tmp_path / "p.jsonl"
+    f.write_text(json.dumps({"prompt": "7+5?", "answer": "12"}) + "\n")
+    # from a profile's parameters to the source the figure builds
+    params = run.resolve_params(run.find_notebook("05"), "tiny", {"answer_mode": "boxed", "problems_path": str(f)})
+    P = fig05.Params(**{k: v for k, v in params.items() if k not in run.INJECTED})
+    src = base.problem_source(P)
+    assert src.answer_mode == "boxed" and src.verifier().mode == "boxed"
+    # the TRL reward function grades with it
+    reward = engine_data.reward_function(src)
+    assert reward(["7+5?"] * 2, ["Answer: 12", "so \\boxed{12}"], ["12"] * 2, ["file"] * 2) == [0.0, 1.0]
+    # the value cache keys on it
+    assert value.verifier_id(src.verifier()) != value.verifier_id(tasks.MathVerifier())
+    # held-out sets, files and generated, are graded as the training rewards are
+    assert train.eval_source(str(f), src).answer_mode == "boxed"
+    assert train.eval_source("easy", src).verifier().mode == "boxed"
+    # the generated task with a named mode is graded by math-verify with that extraction
+    arith = tasks.ProblemSource(answer_mode="answer_line")
+    assert arith.verifier()(tasks.Problem("Q: 7 + 5 = ? A:", "12"), "Answer: 12") == 1.0
+    assert arith.reward_report().startswith("math-verify (answer_mode answer_line): 1 responses graded")
+
+
+# ------------------------------------------------------------------------- golds that can never be rewarded
+def _golds_file(tmp_path):
+    rows = [{"prompt": "a", "answer": "12"}, {"prompt": "b", "answer": "???"},
+            {"prompt": "c", "answer": "3 is the only possible value"}, {"prompt": "d", "answer": "7"},
+            {"prompt": "e", "answer": "No"}]
+    f = tmp_path / "golds.jsonl"
+    f.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return f
+
+
+def test_refuse_is_the_default_and_names_the_count_and_the_file(tmp_path):
+    src = tasks.ProblemSource(str(_golds_file(tmp_path)))
+    assert src.unrewardable_golds == "refuse"
+    with pytest.raises(tasks.UnrewardableGolds) as e:
+        src.admit(out_dir=tmp_path)
+    msg = str(e.value)
+    ids = tmp_path / f"golds-{src.fingerprint()[:12]}.csv"
+    assert "\n" not in msg and msg.startswith(f"{src.path}: 2 of 5 problems have a gold")
+    assert str(ids) in msg and "'skip'" in msg and "'allow'" in msg
+    assert ids.read_text().splitlines() == ["problem,answer,why", "1,???,unparseable",
+                                           "2,3 is the only possible value,reject_short"]
+    assert isinstance(e.value, tasks.ProblemFileError)
+    assert type(e.value).__name__ in run.ONE_LINE_STOPS   # the runner prints it alone, as NoSignal
+
+
+def test_skip_drops_those_problems_and_says_how_many(tmp_path):
+    src = tasks.ProblemSource(str(_golds_file(tmp_path)), unrewardable_golds="skip")
+    line = src.admit(out_dir=tmp_path)
+    assert line.endswith("; unrewardable_golds skip: 2 of 5 problems dropped, 3 left") and "\n" not in line
+    assert [p.answer for p in src.load()] == ["12", "7", "No"]
+    assert sorted(p.answer for p in src.draw(10, seed=0)) == ["12", "7", "No"]
+    assert src.params()["unrewardable_golds"] == "skip"      # other problems: another cache key
+    allow = tasks.ProblemSource(str(_golds_file(tmp_path)), unrewardable_golds="allow")
+    assert allow.admit(out_dir=tmp_path).endswith("2 of 5 problems kept though never rewarded")
+    assert len(allow.load()) == 5 and "unrewardable_golds" not in allow.params()
+    with pytest.raises(ValueError, match="unrewardable_golds='drop'; expected one of refuse, skip, allow"):
+        tasks.ProblemSource(unrewardable_golds="drop")
+
+
+def test_skip_with_nothing_left_is_one_line(tmp_path):
+    f = tmp_path / "bad.jsonl"
+    f.write_text(json.dumps({"prompt": "a", "answer": "???"}) + "\n")
+    with pytest.raises(tasks.UnrewardableGolds, match="left no problem"):
+        tasks.ProblemSource(str(f), unrewardable_golds="skip").load()
+
+
+def test_clean_files_pass_untouched(tmp_path):
+    f = tmp_path / "ok.jsonl"
+    f.write_text(json.dumps({"prompt": "a", "answer": "12"}) + "\n")
+    line = tasks.ProblemSource(str(f)).admit(out_dir=tmp_path)
+    assert line == "gold answers: 1 distinct, 0 compared as words; each one is rewarded against its own text"
+    assert tasks.ProblemSource().admit() == ""
+
+
+def test_a_figure_refuses_before_any_model_loads(tmp_path):
+    P = fig02.Params(problems_path=str(_golds_file(tmp_path)), model_path=str(tmp_path / "no-model"))
+    with pytest.raises(tasks.UnrewardableGolds, match="2 of 5 problems"):
+        fig02.compute(P)       # the model path does not exist: the refusal comes first
+
+
+@pytest.mark.slow
+def test_runner_prints_the_refusal_alone_and_promotes_nothing(tmp_path):
+    import subprocess
+    import sys
+    f = _golds_file(tmp_path)
+    p = subprocess.run([sys.executable, "-m", "cancellation.run", "02", "--profile", "paper-smoke",
+                        "-p", "problems_path", str(f)], capture_output=True, text=True, cwd=run.ROOT)
+    assert p.returncode == 1
+    err = [line for line in p.stderr.splitlines() if line.strip()]
+    assert err[-1].startswith(f"error: 02_coupling_heatmaps stopped: {f}: 2 of 5 problems have a gold the reward "
+                              "can never credit as written (listed in ")
+    assert "Traceback" not in p.stderr and " cell" not in p.stderr     # no failing-cell listing
+    assert not [x for x in p.stdout.splitlines() if "outputs in" in x]   # nothing promoted
+
+
+def test_a_profiles_common_answer_mode_reaches_every_notebook(tmp_path, monkeypatch):
+    from test_run import _profile
+    _profile(tmp_path, monkeypatch, "common:\n  answer_mode: last_sentence\n  unrewardable_golds: skip\n")
+    for nb in ("01", "02", "03", "04", "05", "06", "07", "08"):
+        p = run.resolve_params(run.find_notebook(nb), "mine")
+        assert (p["answer_mode"], p["unrewardable_golds"]) == ("last_sentence", "skip"), nb
+    _profile(tmp_path / "b", monkeypatch, "common:\n  answer_mode: last_line\n")
+    with pytest.raises(run.ParameterError, match="answer_mode"):
+        run.resolve_params(run.find_notebook("01"), "mine")
