@@ -188,7 +188,7 @@ def test_unknown_device_kind_exits_2_listing_the_known_kinds(capsys):
     assert f"known kinds: {', '.join(plan.known_kinds())}" in err and "cpu" in err and H100 in err
 
 
-@pytest.mark.parametrize("argv, what", [(["--device-kind", H100], "--device-kind"), (["--procs", "2"], "--procs")])
+@pytest.mark.parametrize("argv, what", [(["--device-kind", H100], "--device-kind"), (["--procs", "2", "--cores", "2"], "--procs")])
 def test_device_kind_and_procs_plan_only(argv, what, capsys):
     with pytest.raises(SystemExit) as e:
         run.main(["01", "--check"] + argv)

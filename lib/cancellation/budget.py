@@ -242,7 +242,7 @@ def add_to_params(model, u: torch.Tensor):
 
 
 def sweep_deltas(model, batch, plan: list[dict], tokens: pd.DataFrame, cfg: grpo.UpdateConfig, old_logp: torch.Tensor,
-                 H: torch.Tensor | None = None, H_rows=None, block: int = 128) -> pd.DataFrame:
+                 H: torch.Tensor | None = None, H_rows=None, block: int = 128, before: dict | None = None) -> pd.DataFrame:
     """Δlog p of each setting's valued tokens after that setting's plain-SGD GRPO step from θ.
 
     `plan`: budget_plan / composition_plan entries; `tokens`: the valued tokens (rows of
@@ -253,13 +253,13 @@ def sweep_deltas(model, batch, plan: list[dict], tokens: pd.DataFrame, cfg: grpo
     product); without, a real grpo_step on the sub-batch (pool_delta) — the same step, for models
     whose scores do not fit in memory. Either is undone with grpo.trial. Returns rows (panel, x,
     seed, tok, delta) with `tok` the index into `tokens`, plus the update's size (n_rollouts,
-    n_tokens, n_mixed)."""
+    n_tokens, n_mixed). `before` (a dict) keeps the valued tokens' log-probs under θ across calls."""
     if cfg.optimizer != "sgd" or cfg.scope != "full" or cfg.n_minibatches != 1:
         raise ValueError("sweep_deltas: the steps from scores are plain SGD, full scope, one mini-batch")
     lr, chunk_rows, token_chunk = cfg.lr, cfg.chunk_rows, cfg.token_chunk
     index = {int(r): j for j, r in enumerate(torch.as_tensor(H_rows).tolist())} if H is not None else {}
     roll = tokens.rollout.to_numpy()
-    before, out = {}, []
+    before, out = ({} if before is None else before), []
     by_seed: dict[int, list[dict]] = {}
     for e in plan:
         by_seed.setdefault(e["seed"], []).append(e)
@@ -293,6 +293,54 @@ def sweep_deltas(model, batch, plan: list[dict], tokens: pd.DataFrame, cfg: grpo
                                          n_rollouts=len(e["rows"]),
                                          n_tokens=sub.n_tokens, n_mixed=sub.mixed_groups())))
     return pd.concat(out, ignore_index=True)
+
+
+def sweep_deltas_split(model, batch, plan: list[dict], tokens: pd.DataFrame, cfg: grpo.UpdateConfig,
+                       old_logp: torch.Tensor) -> pd.DataFrame:
+    """`sweep_deltas` without scores (a real grpo_step per setting, step_mode 'grpo') with its
+    settings x seeds split over $CANCELLATION_PROCS ranks (procs.fan_out; `_rank_sweep`): a unit is
+    one plan entry (a setting of a seed), whose step is taken from θ and undone (grpo.trial), so a
+    unit gives the same rows whichever rank takes it and whatever it took before; the rows come
+    back in plan order, as on one process. Needs a model from rollout.load_sampler (it carries its
+    recipe); without one, or on one process, it is `sweep_deltas` here."""
+    from . import procs
+    from .value import model_id
+
+    recipe = getattr(model, "cancellation_recipe", None)
+    units = list(plan)
+    if recipe is None or procs.count() <= 1 or len(units) <= 1:
+        return sweep_deltas(model, batch, plan, tokens, cfg, old_logp)
+    dev = next(model.parameters()).device
+    shared = dict(recipe=recipe, model_id=model_id(model), batch=batch.to("cpu"), tokens=tokens, cfg=cfg,
+                  old_logp=old_logp.cpu())
+    parts = procs.fan_out("cancellation.budget:_rank_sweep", shared, units, cuda=dev.type == "cuda",
+                          what="settings x seeds (grpo steps)")
+    return pd.concat([p for p in parts if p is not None], ignore_index=True)
+
+
+def _rank_sweep(shared: dict, units: list, local_rank: int | None) -> list:
+    """One rank's settings x seeds of `sweep_deltas_split`: the float policy rebuilt from its recipe (on the
+    rank's own GPU) and checked against the caller's weights, one frame per unit (None: no valued tokens)."""
+    from .policy import load_policy
+    from .value import model_id
+
+    recipe = shared["recipe"]
+    device = f"cuda:{local_rank}" if local_rank is not None else recipe["device"]
+    torch.manual_seed(recipe["seed"])
+    if device == "cpu":
+        torch.set_num_threads(recipe.get("threads", 1))
+    model, _ = load_policy(recipe["model_path"], dtype=recipe["dtype"], device=device)
+    if model_id(model) != shared["model_id"]:
+        raise RuntimeError(f"the policy rebuilt from {recipe['model_path']} holds other weights than the caller's "
+                           "(updated after loading?): its sweep cannot be split over processes")
+    batch, old_logp = shared["batch"].to(device), shared["old_logp"].to(device)
+    roll, before, out = shared["tokens"].rollout.to_numpy(), {}, []
+    for e in units:  # an entry without valued tokens gives no rows (None), as sweep_deltas skips it
+        if not np.isin(roll, torch.as_tensor(e["valued"]).numpy()).any():
+            out.append(None)
+            continue
+        out.append(sweep_deltas(model, batch, [e], shared["tokens"], shared["cfg"], old_logp, before=before))
+    return out
 
 
 # --------------------------------------------------------------------------- the pooled gap over seeds

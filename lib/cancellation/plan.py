@@ -309,7 +309,10 @@ class Plan:
                 + ([f"{', '.join(left)} (left out of the time: it is low by their share)"] if left else []))
                 + f"; measure them with `python -m cancellation.scale --only {' '.join(_scale_only(self.missing))}`")
         if self.procs > 1:
-            split = "; ".join(f"{p['what']} ({p['units']:,})" for p in w.parts)
+            from .procs import BUILT
+            split = "; ".join(f"{p['what']} ({p['units']:,}; "
+                              + (f"built, {BUILT[(self.stem, p['what'])]}" if (self.stem, p["what"]) in BUILT
+                                 else "planned, not split yet") + ")" for p in w.parts)
             out.append(f"         split over {self.procs} processes: " + (split or "nothing (one process does it all)"))
         return out
 

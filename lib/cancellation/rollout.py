@@ -398,6 +398,25 @@ def make_sampler(model, model_path, backend: str = "hf", dtype: str = "float32",
     return sampler.to(device) if device is not None else sampler
 
 
+def load_sampler(recipe: dict):
+    """(model, tokenizer, sampler) from a recipe: model_path, dtype and device of the float policy
+    (policy.load_policy), backend, sample_dtype, seed and gpu_memory_utilization of the sampler
+    (make_sampler), threads (CPU). Seeds torch with `seed` first. The sampler carries the recipe as
+    `.cancellation_recipe`, so a stage split over processes (procs.py) rebuilds the same sampler
+    in every rank."""
+    import torch
+
+    from .policy import load_policy
+    torch.manual_seed(recipe["seed"])
+    if recipe["device"] == "cpu":
+        torch.set_num_threads(recipe.get("threads", 1))
+    model, tok = load_policy(recipe["model_path"], dtype=recipe["dtype"], device=recipe["device"])
+    sampler = make_sampler(model, recipe["model_path"], recipe["backend"], recipe["sample_dtype"], recipe["seed"],
+                           recipe["gpu_memory_utilization"])
+    model.cancellation_recipe = sampler.cancellation_recipe = dict(recipe)
+    return model, tok, sampler
+
+
 def request_seed(seed: int, *key) -> int:
     """A vLLM request seed (< 2**31) from the batch seed and the request's key (prompt index, ...):
     distinct prompts get distinct random streams, the same call the same ones."""

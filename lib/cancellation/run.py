@@ -27,6 +27,7 @@ machine's core count); the numbers are those of one at a time. Every other noteb
     python -m cancellation.run 07 --set 'eval_sets=[easy, medium]; tau=0.25'
     python -m cancellation.run all --profile tiny
     python -m cancellation.run all --cores 2           # 05 and 06 side by side (one thread each)
+    python -m cancellation.run 05 06 --procs 8         # 05's and 06's Monte Carlo continuations on 8 ranks (GPUs)
 """
 from __future__ import annotations
 
@@ -44,13 +45,13 @@ from pathlib import Path
 
 import yaml
 
-from cancellation import staging
+from cancellation import procs, staging
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "notebooks"
 PARAMS = NOTEBOOKS / "params"
 INJECTED = ("profile", "fig_dir", "results_dir")  # set by the runner from the profile
-ONE_LINE_STOPS = ("NoSignal", "UnrewardableGolds")  # notebook errors whose message is the whole outcome
+ONE_LINE_STOPS = ("NoSignal", "UnrewardableGolds", "RankFailed")  # notebook errors whose message is the whole outcome
 
 
 class ParameterError(ValueError):
@@ -796,7 +797,7 @@ def run_notebook(ref: str, profile: str = "tiny", overrides: dict | None = None,
                                       143 if isinstance(e, staging.Terminated) else 130) from None
         except Exception as e:  # noqa: BLE001 - papermill, kernel death
             if isinstance(e, PapermillExecutionError) and getattr(e, "ename", "") in ONE_LINE_STOPS:
-                _keep_failed(tmp, failed, renames)   # no reward signal, golds refused: its one line is the outcome
+                _keep_failed(tmp, failed, renames)   # no reward signal, golds refused, a rank died: one line is the outcome
                 raise NotebookFailed(f"{nb_path.stem} stopped: {_ANSI.sub('', str(e.evalue)).strip()}") from None
             msg = _failure_summary(nb_path.stem, e, _keep_failed(tmp, failed, renames))
             if isinstance(e, PapermillExecutionError):
@@ -917,9 +918,9 @@ def main(argv=None):
                     help="with --plan: plan for a device of this kind (data/scale/<KIND>.json: its measured unit costs "
                          "and total memory), from any host, e.g. nvidia-h100-80gb-hbm3 from a laptop")
     ap.add_argument("--procs", type=int, default=1, metavar="N",
-                    help="with --plan: N processes (one per device) divide each notebook's independent work (Monte "
-                         "Carlo continuations, valued tokens, seeds, batches, masks, runs); the plan prints each "
-                         "process's wall time (running on N processes is not built yet)")
+                    help="N processes (torchrun: one rank per GPU with NCCL, gloo on CPU) divide a notebook's "
+                         "independent work: built for 05 and 06 (their Monte Carlo continuations; the same tables "
+                         "as one process), the others run on one; with --plan, each process's planned wall time")
     ap.add_argument("--no-plan-check", action="store_true",
                     help="start even when the plan's peak memory exceeds the device's")
     ap.add_argument("--dry-run", action="store_true",
@@ -934,13 +935,20 @@ def main(argv=None):
                          f"are used (default: the checkout this module lives in, {ROOT})")
     a = ap.parse_args(argv)
     saved = (ROOT, NOTEBOOKS, PARAMS)
+    saved_procs = os.environ.get(procs.PROCS_ENV)
     try:
         if a.root:
             set_root(a.root)
+        if a.procs > 1 and not a.plan:  # the notebooks' kernels (and their fanned-out stages) read it
+            os.environ[procs.PROCS_ENV] = str(a.procs)
         with staging.sigterm_raises():
             rc = _main(a)
     finally:  # main() called from Python (tests) leaves the module as it found it
         globals().update(zip(("ROOT", "NOTEBOOKS", "PARAMS"), saved))
+        if saved_procs is None:
+            os.environ.pop(procs.PROCS_ENV, None)
+        else:
+            os.environ[procs.PROCS_ENV] = saved_procs
     if rc:
         sys.exit(rc)
 
@@ -1001,6 +1009,9 @@ def _main(a) -> int:
                 continue
             nb, params = group[0]
             stem = nb.stem
+            if a.procs > 1 and not a.check and nb.stem not in procs.SPLIT:
+                print(f"[run] {nb.stem}: nothing of it is split over processes yet (--procs {a.procs} splits "
+                      f"{', '.join(procs.SPLIT)}); it runs on one", flush=True)
             if a.check:
                 print(json.dumps(params, indent=1))
             elif a.dry_run:
@@ -1161,9 +1172,9 @@ def _plan_flags_error(a) -> str | None:
                 f"--out data/scale/<kind>.json` on it)")
     if not a.plan and kind is not None:
         return "--device-kind plans for a device other than this host's: use it with --plan"
-    if not a.plan and a.procs > 1:
-        return ("--procs N plans N processes (with --plan); running a notebook on N processes is not built yet "
-                "(issue 36, item 3)")
+    if not a.plan and a.procs > 1 and getattr(a, "cores", 1) > 1:
+        return ("--procs N (N ranks per notebook) and --cores N (notebooks side by side) both start processes "
+                "on this host: use one of them")
     return None
 
 

@@ -185,51 +185,122 @@ class Request:
     group: int          # index of the problem in the batch
 
 
+def _chunks(reqs: list[Request], cfg: ValueConfig, stops) -> tuple[list[int], list[list[int]]]:
+    """(complete, batches): the requests whose response is complete already (a constant reward), and
+    the sampler batches of the others: sorted by prefix length (similar lengths share a batch),
+    rows_per_chunk // M prefixes each. The same batches for any number of processes (procs.py)."""
+    done, todo = [], []
+    for i, r in enumerate(reqs):
+        if cfg.max_new_tokens - len(r.response) <= 0 or (r.response and r.response[-1] in stops):
+            done.append(i)
+        else:
+            todo.append(i)
+    todo.sort(key=lambda i: len(reqs[i].prompt) + len(reqs[i].response))  # similar lengths share a batch
+    per = max(1, cfg.rows_per_chunk // cfg.M)
+    return done, [todo[s:s + per] for s in range(0, len(todo), per)]
+
+
+def _sample_chunk(model, tokenizer, problems, chunk: list[Request], cfg: ValueConfig, verifier, stops,
+                  pad: int) -> list:
+    """The rewards (np.uint8, length M) of one sampler batch of requests; `problems[r.group]` is the
+    problem a request's continuations are graded against."""
+    prefixes = [list(r.prompt + r.response) for r in chunk]
+    budgets = [cfg.max_new_tokens - len(r.response) for r in chunk]
+    seeds = [prefix_seed(cfg.seed, p, r.ban) for p, r in zip(prefixes, chunk)]
+    bans = [r.ban for r in chunk]
+    if cfg.backend == "vllm":
+        conts = _sample_vllm(model, prefixes, cfg.M, budgets, seeds, cfg.temperature, bans, stops)
+    else:
+        conts = sample_continuations(model, prefixes, cfg.M, budgets, stops, pad, seeds, cfg.temperature, bans,
+                                     token_chunk=cfg.token_chunk)
+    out = []
+    for r, c, b in zip(chunk, conts, budgets):
+        seqs = []
+        for row in c[:, :b].tolist():  # the response is everything up to and including the first stop id
+            row = [t for t in row if t >= 0]
+            end = next((j + 1 for j, t in enumerate(row) if t in stops), len(row))
+            seqs.append(list(r.response) + row[:end])
+        texts = tokenizer.batch_decode(seqs, skip_special_tokens=True)
+        out.append(np.array([verifier(problems[r.group], t) for t in texts], dtype=np.uint8))
+    return out
+
+
 def _rewards(model, tokenizer, batch, reqs: list[Request], cfg: ValueConfig, verifier, progress: bool,
-             on_done=None) -> list:
+             on_done=None, keys=None, cache_dir=None) -> list:
     """Reward of each of the M continuations of every request (np.uint8 arrays of length M).
 
     `on_done(i, rewards)` is called as each sampler batch finishes (the cache writes there, so an
-    interrupted run resumes)."""
+    interrupted run resumes). With $CANCELLATION_PROCS = N > 1 (`run --procs N`) and a sampler
+    built by rollout.load_sampler (it carries its recipe), the sampler batches are split over N
+    ranks (procs.fan_out; `_rank_rewards`), which write the cache entries `keys` (one per request,
+    in `cache_dir`) as their batches finish; the same batches as on one process, so the same
+    rewards."""
     from tqdm import tqdm
 
+    from . import procs
     from .rollout import stop_ids
 
     hf = getattr(model, "hf_model", model)  # a vllm.LLM from make_sampler carries its HF model
     stops = stop_ids(tokenizer, hf)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stops[0]
     out = [None] * len(reqs)
-    todo = []
-    for i, r in enumerate(reqs):
-        budget = cfg.max_new_tokens - len(r.response)
-        if budget <= 0 or (r.response and r.response[-1] in stops):  # complete already: a constant reward
-            text = tokenizer.decode(list(r.response), skip_special_tokens=True)
-            out[i] = np.full(cfg.M, verifier(batch.problems[r.group], text), dtype=np.uint8)
-        else:
-            todo.append(i)
-    todo.sort(key=lambda i: len(reqs[i].prompt) + len(reqs[i].response))  # similar lengths share a batch
-    per = max(1, cfg.rows_per_chunk // cfg.M)
-    for s in tqdm(range(0, len(todo), per), desc=f"MC continuations (M={cfg.M})", disable=not progress):
-        chunk = [reqs[i] for i in todo[s:s + per]]
-        prefixes = [list(r.prompt + r.response) for r in chunk]
-        budgets = [cfg.max_new_tokens - len(r.response) for r in chunk]
-        seeds = [prefix_seed(cfg.seed, p, r.ban) for p, r in zip(prefixes, chunk)]
-        bans = [r.ban for r in chunk]
-        if cfg.backend == "vllm":
-            conts = _sample_vllm(model, prefixes, cfg.M, budgets, seeds, cfg.temperature, bans, stops)
-        else:
-            conts = sample_continuations(model, prefixes, cfg.M, budgets, stops, pad, seeds, cfg.temperature, bans,
-                                         token_chunk=cfg.token_chunk)
-        for i, r, c, b in zip(todo[s:s + per], chunk, conts, budgets):
-            seqs = []
-            for row in c[:, :b].tolist():  # the response is everything up to and including the first stop id
-                row = [t for t in row if t >= 0]
-                end = next((j + 1 for j, t in enumerate(row) if t in stops), len(row))
-                seqs.append(list(r.response) + row[:end])
-            texts = tokenizer.batch_decode(seqs, skip_special_tokens=True)
-            out[i] = np.array([verifier(batch.problems[r.group], t) for t in texts], dtype=np.uint8)
+    done, chunks = _chunks(reqs, cfg, stops)
+    for i in done:  # complete already: a constant reward
+        text = tokenizer.decode(list(reqs[i].response), skip_special_tokens=True)
+        out[i] = np.full(cfg.M, verifier(batch.problems[reqs[i].group], text), dtype=np.uint8)
+    recipe = getattr(model, "cancellation_recipe", None)
+    if procs.count() > 1 and len(chunks) > 1 and recipe is not None:
+        groups = sorted({reqs[i].group for c in chunks for i in c})
+        shared = dict(recipe=recipe, model_id=model_id(hf), cfg=cfg, verifier=verifier, cache_dir=cache_dir,
+                      problems={g: batch.problems[g] for g in groups})
+        units = [([reqs[i] for i in c], [keys[i] for i in c] if keys is not None else None) for c in chunks]
+        results = procs.fan_out("cancellation.value:_rank_rewards", shared, units, cuda=_device_type(model) == "cuda",
+                                what=f"MC continuations (M={cfg.M})")
+        for c, (rewards, vstats) in zip(chunks, results):
+            for k, v in vstats.items():  # the ranks' grading tallies (MathVerifier.stats) join this one's
+                if isinstance(getattr(verifier, "stats", None), dict):
+                    verifier.stats[k] = verifier.stats.get(k, 0) + v
+            for i, v in zip(c, rewards):
+                out[i] = v
+                if on_done is not None:
+                    on_done(i, v)
+        return out
+    for c in tqdm(chunks, desc=f"MC continuations (M={cfg.M})", disable=not progress):
+        for i, v in zip(c, _sample_chunk(model, tokenizer, batch.problems, [reqs[i] for i in c], cfg, verifier,
+                                         stops, pad)):
+            out[i] = v
             if on_done is not None:
-                on_done(i, out[i])
+                on_done(i, v)
+    return out
+
+
+def _rank_rewards(shared: dict, units: list, local_rank: int | None) -> list:
+    """One rank's share of `_rewards`' sampler batches (procs.fan_out): it rebuilds the sampler from
+    its recipe (on the rank's own GPU for GPU ranks), checks it holds the caller's weights, samples
+    each batch, writes its cache entries, and returns per batch (rewards, the verifier's tally)."""
+    from .rollout import load_sampler, stop_ids
+
+    recipe = dict(shared["recipe"])
+    if local_rank is not None:
+        recipe["device"] = f"cuda:{local_rank}"  # its own GPU
+    model, tok, sampler = load_sampler(recipe)
+    hf = getattr(sampler, "hf_model", sampler)
+    if hf is not model:
+        del model
+    if model_id(hf) != shared["model_id"]:
+        raise RuntimeError(f"the sampler rebuilt from {recipe['model_path']} holds other weights than the caller's "
+                           "(updated after loading?): its Monte Carlo values cannot be split over processes")
+    stops = stop_ids(tok, hf)
+    pad = tok.pad_token_id if tok.pad_token_id is not None else stops[0]
+    cfg, verifier, d = shared["cfg"], shared["verifier"], shared["cache_dir"]
+    out = []
+    for reqs, keys in units:
+        before = dict(getattr(verifier, "stats", None) or {})
+        rewards = _sample_chunk(sampler, tok, shared["problems"], reqs, cfg, verifier, stops, pad)
+        for k, v in zip(keys or [], rewards):
+            cache.cached("mc_rewards", k, lambda v=v: v, d)
+        after = getattr(verifier, "stats", None) or {}
+        out.append((rewards, {k: v - before.get(k, 0) for k, v in after.items() if isinstance(v, (int, float))}))
     return out
 
 
@@ -306,7 +377,8 @@ def cached_rewards(model, tokenizer, batch, reqs, cfg: ValueConfig, mid: str, ve
     if missing:
         sub = [reqs[i] for i in missing]
         new = _rewards(model, tokenizer, batch, sub, cfg, verifier, progress,
-                       on_done=lambda j, v: cache.cached("mc_rewards", kp(sub[j]), lambda: v, d))
+                       on_done=lambda j, v: cache.cached("mc_rewards", kp(sub[j]), lambda: v, d),
+                       keys=[kp(r) for r in sub], cache_dir=d)
         sampled = cfg.M * sum(cfg.max_new_tokens - len(r.response) > 0 and not (r.response and
                               r.response[-1] in stops) for r in sub)
         for i, v in zip(missing, new):

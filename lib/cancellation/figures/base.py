@@ -27,8 +27,6 @@ import dataclasses
 from dataclasses import dataclass, field, fields
 from typing import ClassVar
 
-import torch
-
 from .. import cache, policy, rollout, tasks
 from ..compute import Compute
 
@@ -214,9 +212,6 @@ def load_sampler(P):
     """(model, tokenizer, sampler) for a figure that samples with `backend`/`sample_dtype`: the
     float policy it measures, and a `sample_dtype` copy (hf) or vLLM over the same checkpoint.
     Seeds torch with P.seed first (and sets P.threads CPU threads), so what follows is reproducible."""
-    torch.manual_seed(P.seed)
-    if P.device == "cpu":
-        torch.set_num_threads(P.threads)
-    model, tok = policy.load_policy(P.model_path, dtype=P.dtype, device=P.device)
-    sampler = rollout.make_sampler(model, P.model_path, P.backend, P.sample_dtype, P.seed, P.gpu_memory_utilization)
-    return model, tok, sampler
+    return rollout.load_sampler(dict(model_path=P.model_path, dtype=P.dtype, device=P.device, backend=P.backend,
+                                     sample_dtype=P.sample_dtype, seed=P.seed,
+                                     gpu_memory_utilization=P.gpu_memory_utilization, threads=P.threads))

@@ -241,8 +241,10 @@ def _compute(P: Params, source) -> Result:
         out = []
         for name, b, bf, pl in runs:
             hrows = np.unique(np.concatenate([e["rows"].numpy() for e in pl]))
-            H = (budget.rollout_scores(model, b, hrows, bf.logp, cfg, dtype=getattr(torch, P.score_dtype))
-                 if P.step_mode == "scores" else None)
+            if P.step_mode == "grpo":  # a real step per setting: with --procs N, seeds split over N ranks
+                out.append(budget.sweep_deltas_split(model, b, pl, tokens[name], cfg, bf.logp))
+                continue
+            H = budget.rollout_scores(model, b, hrows, bf.logp, cfg, dtype=getattr(torch, P.score_dtype))
             out.append(budget.sweep_deltas(model, b, pl, tokens[name], cfg, bf.logp, H, hrows))
             del H
         return pd.concat(out, ignore_index=True)

@@ -1,0 +1,210 @@
+"""N processes for a notebook's independent work: `python -m cancellation.run NN --procs N` (issue 36, item 3).
+
+How ranks start. The runner puts N in $CANCELLATION_PROCS for the notebook's kernel; the notebook
+itself is unchanged and runs once, in that one kernel. A stage that holds independent work units
+calls `fan_out(fn, shared, units)`. With N > 1 (and more than one unit) it pickles the job (the
+worker function's name, what every rank shares, the units) into a private temporary folder and
+starts PyTorch's own launcher, `python -m torch.distributed.run --standalone --nproc_per_node N
+-m cancellation.procs JOB`, as a child of the kernel. Rank r computes units r, r + N, r + 2N, ...;
+rank 0 gathers every rank's results (`torch.distributed.gather_object`; gloo on CPU, NCCL with one
+rank per GPU: CUDA_VISIBLE_DEVICES narrowed to LOCAL_RANK's device, so torch and vLLM in the rank
+both see it as cuda:0) and alone writes them, atomically (cache.atomic_write), to the
+job's result file, which the kernel reads back in unit order. Everything before and after the
+fanned-out stage (the batches, the GRPO steps, the analysis, tables, figures, the claims
+registry) runs once, in the kernel, exactly as on one process.
+
+Why this shape rather than the whole notebook under torchrun: papermill, the runner's staging
+folder and its all-or-nothing promotion stay as they are (one kernel, one writer); the ranks live
+only for the heavy stage and load only what it needs; torchrun brings the rendezvous, LOCAL_RANK
+for the GPU and stops every rank when one dies. Running the whole notebook on N ranks would
+sample the batch and take the GRPO steps N times (on N GPUs not bit-equal unless every kernel is
+deterministic) and make every notebook's writes rank-aware.
+
+Results do not depend on N: a unit carries its own seeds (for the Monte Carlo continuations,
+value.prefix_seed of (seed, prefix, banned token) per prefix), and a unit is cut before the
+split, the same way for every N, so a rank computes exactly what one process computes for that
+unit. value.cached_rewards, the one caller so far, makes a unit of each sampler batch of the
+1-process run (the same prefixes in the same order), so its samples are the same bits on any N:
+nothing relies on the sampler's batch invariance, which holds only up to floating-point rounding
+of differently padded batches.
+
+A rank that raises or dies makes torchrun stop the others; `fan_out` raises RankFailed with one
+line (which rank, its exit code or signal, its exception), the notebook fails, and the runner
+promotes nothing.
+
+Test hook: $CANCELLATION_PROCS_KILL=R makes rank R kill itself (SIGKILL) before its first unit.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import pickle
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+PROCS_ENV = "CANCELLATION_PROCS"       # N, set by the runner (--procs N) for the notebook's kernel
+RANK_ENV = "CANCELLATION_PROCS_RANK"   # set inside a rank: a rank never fans out again
+KILL_ENV = "CANCELLATION_PROCS_KILL"   # test hook: this rank kills itself
+
+
+# the notebooks with a stage split over processes, and what is split (the runner names them)
+SPLIT = {"05_value_gap": "Monte Carlo continuations of the valued tokens",
+         "06_sampling_budget": "Monte Carlo continuations of the valued tokens; settings x seeds with step_mode grpo"}
+# the planner's split parts (workload.Work.split) that --procs really divides, per notebook: (what, how)
+BUILT = {("05_value_gap", "valued tokens' Monte Carlo continuations"): "by sampler batch",
+         ("06_sampling_budget", "valued tokens' Monte Carlo continuations"): "by sampler batch",
+         ("06_sampling_budget", "settings x seeds"): "with step_mode grpo"}
+
+
+class RankFailed(RuntimeError):
+    """A rank of a fanned-out stage raised or died; the message is one line."""
+
+
+def count() -> int:
+    """N of $CANCELLATION_PROCS (1 when unset, and always 1 inside a rank)."""
+    if os.environ.get(RANK_ENV):
+        return 1
+    raw = os.environ.get(PROCS_ENV, "").strip()
+    try:
+        n = int(raw) if raw else 1
+    except ValueError:
+        raise ValueError(f"${PROCS_ENV}={raw!r}: expected a number of processes") from None
+    if n < 1:
+        raise ValueError(f"${PROCS_ENV}={n}: expected a number of processes >= 1")
+    return n
+
+
+def _resolve(name: str):
+    mod, _, fn = name.partition(":")
+    return getattr(importlib.import_module(mod), fn)
+
+
+def fan_out(fn: str, shared, units: list, n: int | None = None, cuda: bool = False, what: str = "stage") -> list:
+    """`fn(shared, my_units, local_rank)` over `units` on N ranks; one result per unit, in unit order.
+
+    `fn` is "module:function" (importable by the ranks); it returns one result per unit it gets.
+    `local_rank` is None on one process and on CPU ranks; with `cuda` it is 0: each rank sees only
+    its own GPU (CUDA_VISIBLE_DEVICES narrowed to LOCAL_RANK's device). Units are pickled: keep their
+    tensors on the CPU. With N ≤ 1 or at most one unit, fn runs here on every unit. Never more ranks
+    than units."""
+    n = min(count() if n is None else n, len(units))
+    if n <= 1:
+        return list(_resolve(fn)(shared, list(units), None))
+    job = Path(tempfile.mkdtemp(prefix="cancellation-procs-"))
+    try:
+        with open(job / "job.pkl", "wb") as f:
+            pickle.dump(dict(fn=fn, shared=shared, units=list(units), cuda=bool(cuda)), f)
+        env = dict(os.environ)
+        env.pop(PROCS_ENV, None)
+        pkg = str(Path(__file__).resolve().parents[1])   # the ranks import this very package
+        env["PYTHONPATH"] = os.pathsep.join([pkg] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}",
+               "--max_restarts=0", "-m", "cancellation.procs", str(job)]
+        t0 = time.perf_counter()
+        with open(job / "log.txt", "wb") as log:
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+            try:
+                rc = proc.wait()
+            finally:
+                if proc.poll() is None:   # Ctrl-C / SIGTERM in the kernel: torchrun stops its ranks
+                    proc.terminate()
+                    try:
+                        proc.wait(30)
+                    except subprocess.TimeoutExpired:
+                        proc.kill()
+        if rc != 0 or not (job / "result.pkl").exists():
+            raise RankFailed(_failure_line(job, n, rc, what))
+        with open(job / "result.pkl", "rb") as f:
+            out = pickle.load(f)
+        print(f"[procs] {what}: {len(units)} units on {n} processes, {time.perf_counter() - t0:.0f} s", flush=True)
+        return out
+    finally:
+        shutil.rmtree(job, ignore_errors=True)
+
+
+def _failure_line(job: Path, n: int, rc: int, what: str) -> str:
+    """One line: which rank failed, how, and its exception when it raised one."""
+    errs = sorted(job.glob("rank*.error"))
+    if errs:
+        r = errs[0].stem.removeprefix("rank")
+        return f"{what}: rank {r} of {n} failed: {errs[0].read_text().strip()}; no outputs were written"
+    log = (job / "log.txt").read_text(errors="replace") if (job / "log.txt").exists() else ""
+    root = log[log.find("Root Cause"):] if "Root Cause" in log else log
+    rank = re.search(r"rank\s*:\s*(\d+)", root)
+    code = re.search(r"exitcode\s*:\s*(-?\d+)", root)
+    how = f"exit code {code.group(1)}" if code else f"launcher exit code {rc}"
+    if code and int(code.group(1)) < 0:
+        try:
+            how += f" ({signal.Signals(-int(code.group(1))).name})"
+        except ValueError:
+            pass
+    if rank:
+        return f"{what}: rank {rank.group(1)} of {n} died ({how}); no outputs were written"
+    last = [ln.strip() for ln in log.splitlines() if ln.strip()]
+    return f"{what}: the {n}-process launcher failed ({how}){': ' + last[-1][:200] if last else ''}; " \
+           "no outputs were written"
+
+
+def _worker(job: Path) -> None:
+    """One rank (started by torchrun): its share of the units, gathered on rank 0, which writes them."""
+    import torch
+    import torch.distributed as dist
+
+    from . import cache
+
+    with open(job / "job.pkl", "rb") as f:
+        spec = pickle.load(f)
+    rank, world, local = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_RANK"])
+    os.environ[RANK_ENV] = str(rank)
+    if spec["cuda"]:  # this rank sees only its own GPU (before CUDA starts): vLLM and torch both use cuda:0
+        visible = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+        os.environ["CUDA_VISIBLE_DEVICES"] = visible[local] if local < len(visible) else str(local)
+        torch.cuda.set_device(0)
+    dist.init_process_group("nccl" if spec["cuda"] else "gloo")
+    if os.environ.get(KILL_ENV, "") == str(rank):
+        os.kill(os.getpid(), signal.SIGKILL)
+    units = spec["units"]
+    mine = list(range(rank, len(units), world))
+    try:
+        res = list(_resolve(spec["fn"])(spec["shared"], [units[i] for i in mine], 0 if spec["cuda"] else None))
+        if len(res) != len(mine):
+            raise RuntimeError(f"{spec['fn']} returned {len(res)} results for {len(mine)} units")
+    except BaseException as e:
+        text = str(e).strip().splitlines()
+        line = f"{type(e).__name__}: {text[0] if text else ''}\n"
+        cache.atomic_write(job / f"rank{rank}.error", lambda tmp: Path(tmp).write_text(line))
+        raise
+    got = [None] * world if rank == 0 else None
+    dist.gather_object((mine, res), got, dst=0)
+    if rank == 0:
+        out = [None] * len(units)
+        for idx, r in got:
+            for i, x in zip(idx, r):
+                out[i] = x
+
+        def write(tmp):
+            with open(tmp, "wb") as f:
+                pickle.dump(out, f)
+        cache.atomic_write(job / "result.pkl", write)
+    dist.barrier()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)   # gloo can abort a rank at interpreter teardown even after destroy_process_group
+
+
+# ----------------------------------------------------------------------------- a probe (tests)
+def _probe(shared, units, local_rank):
+    """Test worker: each unit squared, plus the rank that computed it ($RANK, 0 on one process)."""
+    if shared.get("raise_on") in units:
+        raise ValueError(f"probe refused unit {shared['raise_on']}")
+    return [(u * u, int(os.environ.get("RANK", 0))) for u in units]
+
+
+if __name__ == "__main__":
+    _worker(Path(sys.argv[1]))

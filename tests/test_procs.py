@@ -1,0 +1,108 @@
+"""`run --procs N` (issue 36, item 3): the fan-out (cancellation.procs), and notebooks 05 and 06 on two
+CPU processes writing the same tables as on one, byte for byte; a rank that dies stops the notebook
+with one line and promotes nothing."""
+import os
+from pathlib import Path
+
+import pytest
+
+from cancellation import procs, run
+
+
+# ----------------------------------------------------------------------------- fast: no ranks started
+def test_count_reads_the_environment(monkeypatch):
+    monkeypatch.delenv(procs.PROCS_ENV, raising=False)
+    monkeypatch.delenv(procs.RANK_ENV, raising=False)
+    assert procs.count() == 1
+    monkeypatch.setenv(procs.PROCS_ENV, "4")
+    assert procs.count() == 4
+    monkeypatch.setenv(procs.RANK_ENV, "1")   # inside a rank: never fan out again
+    assert procs.count() == 1
+    monkeypatch.delenv(procs.RANK_ENV)
+    for bad in ("0", "two"):
+        monkeypatch.setenv(procs.PROCS_ENV, bad)
+        with pytest.raises(ValueError, match=procs.PROCS_ENV):
+            procs.count()
+
+
+def test_one_process_or_one_unit_runs_here(monkeypatch):
+    """N = 1, or a single unit, never starts torchrun: the units run in this process, in order."""
+    monkeypatch.setenv(procs.PROCS_ENV, "3")
+    assert procs.fan_out("cancellation.procs:_probe", {}, [4]) == [(16, 0)]
+    assert procs.fan_out("cancellation.procs:_probe", {}, [1, 2, 3], n=1) == [(1, 0), (4, 0), (9, 0)]
+
+
+def test_failure_line_from_the_launcher_log(tmp_path):
+    """torchrun's failure report becomes one line: the rank, its exit code and signal."""
+    (tmp_path / "log.txt").write_text("noise\nRoot Cause (first observed failure):\n[0]:\n  time      : x\n"
+                                      "  host      : h\n  rank      : 1 (local_rank: 1)\n  exitcode  : -9 (pid: 7)\n")
+    line = procs._failure_line(tmp_path, 2, 1, "MC continuations (M=4)")
+    assert line == "MC continuations (M=4): rank 1 of 2 died (exit code -9 (SIGKILL)); no outputs were written"
+    (tmp_path / "rank0.error").write_text("ValueError: bad unit\n")
+    assert procs._failure_line(tmp_path, 2, 1, "x") == "x: rank 0 of 2 failed: ValueError: bad unit; no outputs were written"
+
+
+def test_procs_and_cores_exclude_each_other(capsys):
+    with pytest.raises(SystemExit) as e:
+        run.main(["05", "--profile", "smoke", "--procs", "2", "--cores", "2"])
+    assert e.value.code == 2 and "--procs" in capsys.readouterr().err
+    assert procs.PROCS_ENV not in os.environ   # main() leaves the environment as it found it
+
+
+# ----------------------------------------------------------------------------- two ranks (torchrun, gloo)
+@pytest.mark.slow
+def test_fan_out_on_two_ranks(monkeypatch):
+    """Units r, r + N, ... on rank r; results in unit order; a raising rank gives one line."""
+    monkeypatch.delenv(procs.KILL_ENV, raising=False)
+    assert procs.fan_out("cancellation.procs:_probe", {}, list(range(5)), n=2) == \
+        [(0, 0), (1, 1), (4, 0), (9, 1), (16, 0)]
+    with pytest.raises(procs.RankFailed) as e:
+        procs.fan_out("cancellation.procs:_probe", {"raise_on": 3}, list(range(5)), n=2, what="probe")
+    assert str(e.value) == "probe: rank 1 of 2 failed: ValueError: probe refused unit 3; no outputs were written"
+
+
+# Every sampler batch holds rows_per_chunk // M = 4 prefixes, so each notebook's Monte Carlo calls hold
+# several batches (6 to 12) to split: the smoke profile's default (1024 rows) makes one batch per call,
+# which --procs leaves on one process. 06 takes a real GRPO step per setting (step_mode grpo), whose
+# seeds are split too.
+SPLIT = {"05": {"rows_per_chunk": 16}, "06": {"rows_per_chunk": 16, "step_mode": "grpo"}}
+SHOWN = {"05": ["MC continuations (M=4): 12 units on 2 processes"],
+         "06": ["MC continuations (M=4): 12 units on 2 processes", "settings x seeds (grpo steps): 12 units on 2",
+                "settings x seeds (grpo steps): 6 units on 2"]}
+TABLES = {"05": ("fig05_token_values", "fig05_cell_means", "fig05_entropy_gap", "fig05_strata_gap",
+                 "fig11_repeated_gap", "fig05_heldout_values"),
+          "06": ("fig06_valued_deltas", "fig06_value_gap", "fig07b_reward_composition", "fig06_trends",
+                 "fig07b_group_trend")}
+
+
+def _run(ref, root: Path, monkeypatch, n: int):
+    monkeypatch.setenv("CANCELLATION_CACHE", str(root / "cache"))   # nothing computed before: every value sampled
+    monkeypatch.setenv(procs.PROCS_ENV, str(n))
+    out = run.run_notebook(ref, "smoke", dict(SPLIT[ref]), out_root=root, log_output=False)
+    return out, next((root / "data" / "results" / "smoke" / "runs").iterdir())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("ref", ["05", "06"])
+def test_two_processes_write_the_same_tables(ref, tmp_path, monkeypatch):
+    """Whole notebooks on the smoke profile (fresh caches): 1 process, then 2 ranks; every table and the
+    claims registry equal byte for byte, and the executed notebook shows the splits happened."""
+    _, one = _run(ref, tmp_path / "one", monkeypatch, 1)
+    nb, two = _run(ref, tmp_path / "two", monkeypatch, 2)
+    for name in TABLES[ref] + ("claims",):
+        a, b = (one / f"{name}.parquet").read_bytes(), (two / f"{name}.parquet").read_bytes()
+        assert a == b, f"{ref}: {name}.parquet differs between 1 and 2 processes"
+    text = nb.read_text()
+    assert all(line in text for line in SHOWN[ref]), [ln for ln in text.split("\\n") if "[procs]" in ln]
+
+
+@pytest.mark.slow
+def test_a_killed_rank_stops_the_notebook_with_one_line(tmp_path, monkeypatch):
+    monkeypatch.setenv(procs.KILL_ENV, "1")
+    with pytest.raises(run.NotebookFailed) as e:
+        _run("05", tmp_path, monkeypatch, 2)
+    msg = str(e.value)
+    assert msg == ("05_value_gap stopped: MC continuations (M=4): rank 1 of 2 died (exit code -9 (SIGKILL)); "
+                   "no outputs were written"), msg
+    results = tmp_path / "data" / "results" / "smoke"
+    assert not list(results.rglob("*.parquet")) and not list((tmp_path / "figures").rglob("*.png"))
