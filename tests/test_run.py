@@ -376,3 +376,51 @@ def test_bench_sampler_builds_the_stand_in_model_first(monkeypatch, tmp_path):
     assert bench._standin_model() == str(tmp_path)
     (out, kw), = calls
     assert out == run.ROOT / "data" / "standins" and kw == {"paper_vocab": False}
+
+
+# ------------------------------------------------------------------ side by side: a signal to the runner's PID
+SIDE_BY_SIDE_RUNNER = r'''
+import subprocess, sys, types
+from pathlib import Path
+from cancellation import run
+out = Path(sys.argv[1])
+CHILD = """
+import pathlib, signal, sys, time
+name, out = sys.argv[1], pathlib.Path(sys.argv[2])
+def stop(sig, frame):
+    (out / (name + ".sig")).write_text(str(sig))
+    sys.exit(130)
+signal.signal(signal.SIGINT, stop)
+signal.signal(signal.SIGTERM, stop)
+(out / (name + ".up")).write_text("up")
+time.sleep(120)
+"""
+real = subprocess.Popen
+run.subprocess.Popen = lambda cmd, **kw: real([sys.executable, "-c", CHILD, cmd[3], str(out)], **kw)  # cmd[3]: the stem
+run.ROOT, run.STAGGER_S = out, 0.1
+group = [(Path("05_value_gap.py"), {"threads": 1}), (Path("06_sampling_budget.py"), {"threads": 1})]
+try:
+    run._run_side_by_side(group, types.SimpleNamespace(cores=2, profile="tiny", replace=False), {nb: {} for nb, _ in group})
+except KeyboardInterrupt:
+    sys.exit(130)
+'''
+
+
+def test_a_signal_to_the_runners_pid_reaches_every_side_by_side_child_once(tmp_path):
+    """`kill -INT <runner pid>` (not the terminal's process group): the runner passes SIGINT to each child
+    (each in a session of its own, so exactly once), waits for them and exits 130; no child is left."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    env = dict(os.environ, PYTHONPATH=str(run.ROOT / "lib"))
+    p = subprocess.Popen([sys.executable, "-c", SIDE_BY_SIDE_RUNNER, str(tmp_path)], env=env, start_new_session=True)
+    deadline = time.time() + 60
+    while not all((tmp_path / f"{s}.up").exists() for s in ("05_value_gap", "06_sampling_budget")):
+        assert time.time() < deadline and p.poll() is None, "the children did not start"
+        time.sleep(0.1)
+    os.kill(p.pid, signal.SIGINT)   # the runner alone, as a kill from another terminal sends it
+    assert p.wait(timeout=60) == 130
+    for s in ("05_value_gap", "06_sampling_budget"):
+        assert (tmp_path / f"{s}.sig").read_text() == str(int(signal.SIGINT)), s   # each child got SIGINT

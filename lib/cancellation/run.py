@@ -38,7 +38,9 @@ import json
 import math
 import os
 import re
+import signal
 import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -1068,9 +1070,9 @@ def _run_side_by_side(group: list, a, share: dict) -> int:
     """Every notebook of `group` in its own `python -m cancellation.run` process, all at once. Each
     writes its log to .run-staging/logs/<notebook>.log; a finished one prints its last line, a failed
     one its log's tail. Returns the first failure's exit status (1, 130, 143), 0 when all ran through.
-    Ctrl-C reaches the children too (one process group); SIGTERM is passed on. Either way every child
-    restores its own outputs before the runner returns."""
-    import subprocess
+    Each child runs in a session of its own, so a signal reaches it once, from the runner: Ctrl-C in the
+    terminal or `kill -INT <runner's pid>` is passed on as SIGINT, SIGTERM as SIGTERM. Either way every
+    child restores its own outputs before the runner returns, and none outlives it."""
     logs = ROOT / staging.STAGING / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     # an owner record keeps staging.clear_stale (in the children) from removing the logs of a live run
@@ -1090,7 +1092,7 @@ def _run_side_by_side(group: list, a, share: dict) -> int:
             if running:
                 time.sleep(STAGGER_S)   # kernels that start apart do not race for ports (run_notebook retries if they do)
             log = open(logs / f"{nb.stem}.log", "w")
-            running[nb.stem] = (subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT), log)
+            running[nb.stem] = (subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True), log)
         while running:
             time.sleep(0.5)
             for stem, (proc, log) in list(running.items()):
@@ -1106,10 +1108,12 @@ def _run_side_by_side(group: list, a, share: dict) -> int:
                 else:
                     done = [ln for ln in text if ln.startswith("[run]") and " done in " in ln]
                     print(done[-1] if done else f"[run] {stem} done", flush=True)
-    except KeyboardInterrupt:  # Ctrl-C reached the children too; SIGTERM (staging.Terminated) did not
+    except KeyboardInterrupt:  # the children are in sessions of their own: pass the signal on, once each
+        sig = signal.SIGTERM if isinstance(sys.exc_info()[1], staging.Terminated) else signal.SIGINT
+        for proc, _ in running.values():
+            if proc.poll() is None:
+                proc.send_signal(sig)
         for proc, log in running.values():
-            if isinstance(sys.exc_info()[1], staging.Terminated):
-                proc.terminate()
             proc.wait()
             log.close()
         raise
