@@ -176,13 +176,15 @@ def require_signal(batch, source: tasks.ProblemSource, what: str):
     raise no_signal(what, int((batch.reward > 0).sum()), len(batch.reward), source)
 
 
-def no_signal(what: str, rewarded: int, total: int, source: tasks.ProblemSource) -> NoSignal:
-    """The NoSignal error of `require_signal`, for callers that hold counts rather than a batch."""
+def no_signal(what: str, rewarded: int, total: int, source: tasks.ProblemSource | None) -> NoSignal:
+    """The NoSignal error of `require_signal`, for callers that hold counts rather than a batch (source None:
+    the grading happened elsewhere, e.g. in 07's run processes, so there is no grader report to add)."""
+    report = source.reward_report() if source is not None else ""
     return NoSignal(f"{what}: no group mixes rewarded and unrewarded responses ({rewarded} of {total} "
                    "rewarded), so every advantage is 0 and there is nothing to measure; the problems are too hard "
                    "or too easy for this policy, or the answer column is wrong: use other problems (problems_path), "
                    "more rollouts (G, n_prompts) or another temperature"
-                   + (f" [{source.reward_report()}]" if source.reward_report() else ""))
+                   + (f" [{report}]" if report else ""))
 
 
 def stage_key(P, source: tasks.ProblemSource, model_path: str | None = None, **extra) -> dict:
