@@ -183,7 +183,7 @@ def test_a_figure_refuses_before_any_model_loads(tmp_path):
 
 
 @pytest.mark.slow
-def test_runner_prints_the_refusal_alone_and_promotes_nothing(tmp_path):
+def test_runner_prints_the_refusal_alone_and_promotes_nothing(tmp_path, canonical_standins):
     import subprocess
     import sys
     f = _golds_file(tmp_path)

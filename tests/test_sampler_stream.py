@@ -11,7 +11,7 @@ from tests.golden import sampler_stream
 
 
 @pytest.fixture(scope="module")
-def pinned():
+def pinned(canonical_standins):   # the stand-in cases read data/standins/model: built here on a fresh clone
     return json.loads(sampler_stream.PINS.read_text())
 
 
