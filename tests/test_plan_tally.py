@@ -16,10 +16,11 @@ must be within 2x of the tally:
 
 Planned / tallied on 2026-11-26 (body, head): 01 1.02, 3.1; 02 1.11, 4.6; 03 1.02, 3.6; 04 1.14, 4.3;
 05 1.34, 4.2; 06 1.86, 7.5; 07 1.24, 1.33; 08 1.34, 3.4. Every notebook runs here with a cache of its own
-(about 1-2 min each on 2 shared cores): `pytest -m slow tests/test_plan_tally.py -k "07 or 02 or 04"`
-for the three the issue names.
+(about 1-2 min each on 2 shared cores). `make test` runs the three the issue names (02, 04, 07) to keep
+the suite near 20 min; `TALLY_ALL=1 pytest -m slow tests/test_plan_tally.py` runs all eight.
 """
 import json
+import os
 
 import pytest
 
@@ -55,6 +56,8 @@ def tally_run(ref: str, out_root, log, profile: str = "paper-smoke") -> dict:
 @pytest.mark.slow
 @pytest.mark.parametrize("ref", list(NOTEBOOKS))
 def test_workload_within_2x_of_the_tally(ref, canonical_standins, tmp_path):
+    if ref not in ("02", "04", "07") and not os.environ.get("TALLY_ALL"):
+        pytest.skip("the other five with TALLY_ALL=1 (1-2 min each)")
     log = tmp_path / "tally.json"
     params = tally_run(ref, tmp_path, log)
     t = json.loads(log.read_text())
