@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import hashlib
+import inspect
 import json
 import math
 import os
@@ -545,12 +546,13 @@ def resolve_params(nb_path: Path, profile: str = "tiny", overrides: dict | None 
                                 f"{allowed} (from {origin[k]})")
     if not errs:
         for check, message in constraints:
+            reads = inspect.signature(check).parameters   # the parameters a check reads are its arguments
+            names = [n for n in defaults if n in reads]
             try:
-                ok = eval(check, {"__builtins__": {"max": max, "min": min, "len": len, "set": set}}, dict(params))
+                ok = bool(check(**{n: params[n] for n in reads}))
             except Exception as e:  # noqa: BLE001 - a constraint that cannot be evaluated is a failed one
                 ok, message = False, f"{message} ({type(e).__name__}: {e})"
             if not ok:
-                names = [n for n in defaults if re.search(rf"\b{re.escape(n)}\b", check)]
                 vals = ", ".join(f"{n}={params[n]!r}" for n in names)
                 errs.append(f"{stem}: {vals}: {message}")
     if errs:

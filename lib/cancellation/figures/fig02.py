@@ -30,7 +30,8 @@ TABLES = ("fig02_pairs", "fig02_heatmap", "fig02_first_order", "fig02_kernel_ter
 @dataclass
 class Params(base.FigureParams):
     """Notebook 02's parameters."""
-    CONSTRAINTS = (("lr in lrs", "lr must be one of lrs: panel (d) and the summary read the first-order table's row at lr"),)
+    CONSTRAINTS = ((lambda lr, lrs: lr in lrs,
+                    "lr must be one of lrs: panel (d) and the summary read the first-order table's row at lr"),)
     model_path: str = base.model_path()
     dtype: str = base.dtype()
     device: str = base.device()

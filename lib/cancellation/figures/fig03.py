@@ -37,7 +37,7 @@ TABLES = {"precision": "fig03_precision.parquet", "effects": "fig03_masking_effe
 @dataclass
 class Params(base.FigureParams):
     """Notebook 03's parameters."""
-    CONSTRAINTS = (("max(topk_full_sizes, default=0) <= max(topk_sizes)",
+    CONSTRAINTS = ((lambda topk_full_sizes, topk_sizes: max(topk_full_sizes, default=0) <= max(topk_sizes),
                     "every topk_full_sizes entry must be <= max(topk_sizes)"),)
     model_path: str = base.model_path()
     dtype: str = base.dtype()

@@ -40,14 +40,17 @@ PANELS = {"prompts": ("Fig. 6(a)", "prompts per update"), "rollouts": ("Fig. 6(b
 class Params(base.FigureParams):
     """Notebook 06's parameters."""
     CONSTRAINTS = (
-        ("max(prompt_sizes) <= n_prompts", "every prompt_sizes entry must be <= n_prompts (the base batch's prompts)"),
-        ("prompts_fixed <= n_prompts", "prompts_fixed must be <= n_prompts"),
-        ("n_fixed <= G", "n_fixed must be <= G (rollouts per prompt of the base batch)"),
-        ("max(rollout_sizes) <= G", "every rollout_sizes entry must be <= G"),
-        ("2 * (G_comp - 1) <= comp_G", "comp_G must hold G_comp - 1 positive and G_comp - 1 negative rollouts "
-                                       "(comp_G at least 2 (G_comp - 1))"),
-        ("valued_per_prompt <= n_fixed", "valued_per_prompt must be <= n_fixed (the valued rollouts are in every "
-                                         "update of panel (a))"),
+        (lambda prompt_sizes, n_prompts: max(prompt_sizes) <= n_prompts,
+         "every prompt_sizes entry must be <= n_prompts (the base batch's prompts)"),
+        (lambda prompts_fixed, n_prompts: prompts_fixed <= n_prompts, "prompts_fixed must be <= n_prompts"),
+        (lambda n_fixed, G: n_fixed <= G, "n_fixed must be <= G (rollouts per prompt of the base batch)"),
+        (lambda rollout_sizes, G: max(rollout_sizes) <= G, "every rollout_sizes entry must be <= G"),
+        (lambda G_comp, comp_G: 2 * (G_comp - 1) <= comp_G,
+         "comp_G must hold G_comp - 1 positive and G_comp - 1 negative rollouts "
+         "(comp_G at least 2 (G_comp - 1))"),
+        (lambda valued_per_prompt, n_fixed: valued_per_prompt <= n_fixed,
+         "valued_per_prompt must be <= n_fixed (the valued rollouts are in every "
+         "update of panel (a))"),
     )
     model_path: str = base.model_path()
     dtype: str = base.dtype()

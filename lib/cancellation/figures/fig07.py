@@ -37,13 +37,14 @@ DTYPES = ["float64", "float32", "bfloat16", "float16"]
 class Params(base.FigureParams):
     """Notebook 07's parameters."""
     CONSTRAINTS = (
-        ("workers == 1 or (engine == 'small' and device == 'cpu')",
+        (lambda workers, engine, device: workers == 1 or (engine == 'small' and device == 'cpu'),
          "workers > 1 parallelises the small trainer on the CPU only (set workers: 1 for engine trl or a GPU)"),
-        ("run_rounds == 0 or run_rounds >= iterations",
+        (lambda run_rounds, iterations: run_rounds == 0 or run_rounds >= iterations,
          "run_rounds (a whole run's RB sampling budget) must be 0 or at least iterations"),
-        ("'random+filter' not in trl_strategies and (engine == 'small' or 'random+filter' not in strategies + "
-         "probe_strategies)", "random+filter runs on the small trainer only (not wired into TRL)"),
-        ("engine == 'small' or not budget_strategies",
+        (lambda trl_strategies, engine, strategies, probe_strategies: 'random+filter' not in trl_strategies and (
+            engine == 'small' or 'random+filter' not in strategies + probe_strategies),
+         "random+filter runs on the small trainer only (not wired into TRL)"),
+        (lambda engine, budget_strategies: engine == 'small' or not budget_strategies,
          "the equal-rollout-budget arm (budget_strategies) runs on the small trainer only (TRL's RB has no "
          "whole-run budget); set budget_strategies: []"),
     )
