@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, fields
 
 import torch
 
-from . import measure, tasks
+from . import measure, seeds, tasks
 
 
 @dataclass
@@ -145,7 +145,7 @@ def config_params(cfg: SampleConfig) -> dict:
 
 def round_seeds(seed: int, round: int) -> tuple[int, int]:
     """(problem-draw seed, sampling seed) of training round `round` (the tiny tables' recipe)."""
-    return 1_000_003 * (seed + 1) + round, seed * 7919 + round
+    return seeds.derive(seed, "round_problems", round), seeds.derive(seed, "round_sampling", round)
 
 
 def stop_ids(tokenizer, model=None) -> list[int]:

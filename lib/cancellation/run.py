@@ -430,7 +430,7 @@ def _check_rule(value, rule: dict, base: Path, check_paths: bool, default=None) 
     return value, errs
 
 
-SEED_MAX = 2**31 - 1   # seeds are mixed into others (seed * 104_729 + it, ...) that must stay in int64 / uint32
+SEED_MAX = 2**31 - 1   # seeds are mixed into others (seeds.derive: seed * 104_729 + it, ...) that stay in int64/uint32
 LR_MAX = 1e3           # a step this large diverges to NaN; no figure uses more than 10
 _ABSURD = [
     (re.compile(r"(?!n_)(?:[a-z]+_)?seeds?"), lambda x: isinstance(x, int) and 0 <= x <= SEED_MAX,

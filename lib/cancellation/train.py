@@ -18,7 +18,7 @@ import pandas as pd
 import torch
 
 from . import batching, grpo, measure, rollout, tasks
-from . import cache, coupling, policy
+from . import cache, coupling, policy, seeds
 from .compute import Compute
 
 log = logging.getLogger(__name__)
@@ -435,7 +435,7 @@ def _train_run(model, tok, cfg, opt, sampler, ckpt_path, ckpt_every, progress, o
             t1 = time.time()
             old = measure.token_stats(model, batch, cfg.update.chunk_rows, token_chunk=cfg.update.token_chunk)
             plan = batching.make_plan(cfg.plan, batch.group, batch.advantage, cfg.update.n_minibatches,
-                                      seed=cfg.seed * 104_729 + it)
+                                      seed=seeds.derive(cfg.seed, "plan", it))
             infos = minibatch_update(model, batch, plan, old.logp, opt, cfg.update) if plan else []
             row["updated"] = bool(infos)  # random_filter: a batch of zero-variance groups only takes no step
             sampler.sync(model)

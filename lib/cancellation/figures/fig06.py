@@ -28,6 +28,7 @@ import torch
 from .. import budget, cache, measure, policy, rollout, value
 from .. import claims as C
 from .. import workload as W
+from ..seeds import derive
 from . import base
 from .base import param
 
@@ -154,14 +155,14 @@ def _compute(P: Params, source) -> Result:
     verifier = source.verifier()
     fp = policy.fingerprint(P.model_path)
     scfg = base.sample_config(P, source, sampler=True)
-    batch = rollout.sample(sampler, tok, scfg, seed=P.seed + 606)
+    batch = rollout.sample(sampler, tok, scfg, seed=derive(P.seed, "budget_batch"))
     base.require_signal(batch, source, "06: the sampling-budget batch")
     n_pos = pd.Series([int(batch.reward[batch.group == g].sum()) for g in range(P.n_prompts)])
     lines = [f"Fig. 6 base batch: {len(batch)} rollouts, {batch.n_tokens} response tokens, accuracy "
              f"{batch.reward.mean():.2f}, mixed groups {batch.mixed_groups()}/{P.n_prompts}",
              "positives per group (of %d): %s" % (P.G, sorted(n_pos.tolist()))]
     ccfg = base.sample_config(P, source, sampler=True, n_prompts=P.comp_prompts, G=P.comp_G)
-    cfull = rollout.sample(sampler, tok, ccfg, seed=P.seed + 607)
+    cfull = rollout.sample(sampler, tok, ccfg, seed=derive(P.seed, "composition_batch"))
     comp_gs, comp_rows = budget.composition_rows_capped(cfull, P.G_comp, P.comp_groups, seed=P.seed)
     cbatch = cfull.select(comp_rows)
     c_pos = [int(cfull.reward[cfull.group == g].sum()) for g in range(P.comp_prompts)]
@@ -172,7 +173,7 @@ def _compute(P: Params, source) -> Result:
         lines.append(source.reward_report())
 
     # the plans (nested sub-batches per seed) and the valued tokens of all seeds, valued in one call per batch
-    seeds = [P.seed * 1000 + s for s in range(P.n_seeds)]
+    seeds = [derive(P.seed, "budget_plan", s) for s in range(P.n_seeds)]
     plan = budget.budget_plan(batch, P.prompt_sizes, P.n_fixed, P.rollout_sizes, P.prompts_fixed,
                               P.valued_per_prompt, seeds)
     cplan = budget.composition_plan(cbatch, comp_gs, P.G_comp, seeds) if comp_gs else []

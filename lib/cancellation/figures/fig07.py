@@ -25,6 +25,7 @@ from .. import cache, policy, train
 from .. import claims as C
 from .. import workload as W
 from .. import stats as ST
+from ..seeds import derive
 from . import base
 from .base import param
 
@@ -331,7 +332,7 @@ def local_imbalance(P: Params, source) -> pd.DataFrame:
             for name, plan_name in IMBALANCE_PLANS.items():
                 for draw in range(P.imbalance_plans):
                     plan = batching.make_plan(plan_name, batch.group, batch.advantage, cfg.update.n_minibatches,
-                                              seed=cfg.seed * 104_729 + draw)   # draw 0: iteration 0's plan
+                                              seed=derive(cfg.seed, "plan", draw))   # draw 0: iteration 0's plan
                     x = batching.cross_advantage(batch.group, batch.advantage, plan)
                     grouped = x.drop_duplicates("group").grouped.sum()
                     cells = x[x.group.isin(live)]
