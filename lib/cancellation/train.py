@@ -18,7 +18,7 @@ import pandas as pd
 import torch
 
 from . import batching, grpo, measure, rollout, tasks
-from . import cache, coupling, policy, seeds
+from . import cache, coupling, policy, seeds, strategies
 from .compute import Compute
 
 log = logging.getLogger(__name__)
@@ -224,10 +224,8 @@ class TrainConfig(_SamplesThePolicy):
         super().__post_init__()
 
 
-# Table 2's rows: name -> (mini-batch plan, reward-balanced buffer)
-STRATEGIES = {"random": ("random", False), "QB": ("query_preserved", False), "RB": ("random", True),
-              "QB+RB": ("query_preserved", True), "sign_partitioned": ("sign_partitioned", False),
-              "random+filter": ("random_filter", False)}  # zero-variance groups dropped (DAPO's filter)
+# Table 2's rows the small trainer runs (every registered one): name -> (mini-batch plan, reward-balanced buffer)
+STRATEGIES = strategies.plans("small")
 
 
 def strategy_config(name: str, **kw) -> TrainConfig:

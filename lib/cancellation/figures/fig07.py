@@ -21,7 +21,7 @@ import pandas as pd
 import torch
 from scipy import stats
 
-from .. import cache, policy, train
+from .. import cache, policy, strategies, train
 from .. import claims as C
 from .. import workload as W
 from .. import stats as ST
@@ -29,8 +29,8 @@ from ..seeds import derive
 from . import base
 from .base import param
 
-STRATEGY_NAMES = ["random", "QB", "RB", "QB+RB", "sign_partitioned"]   # the default rows of Table 2
-STRATEGY_CHOICES = STRATEGY_NAMES + ["random+filter"]                   # train.STRATEGIES
+STRATEGY_NAMES = list(strategies.TABLE2_ROWS)     # the default rows of Table 2 (cancellation.strategies)
+STRATEGY_CHOICES = list(strategies.STRATEGIES)     # every registered strategy
 DTYPES = ["float64", "float32", "bfloat16", "float16"]
 
 
