@@ -19,6 +19,8 @@ import torch  # noqa: E402
 
 from cancellation import cache, policy, rollout, tasks, tiny  # noqa: E402
 
+RAW = tasks.ProblemSource(prompt_format="raw")  # prompts as given, rewards by tasks.verify
+
 assert cache.DEFAULT_DIR == __import__("pathlib").Path(_CACHE), "cancellation was imported before conftest"
 
 
@@ -51,7 +53,8 @@ def fresh(model64):
 @pytest.fixture(scope="session")
 def batch(model64, tok):
     """A real sampled batch with hand-set mixed rewards (a random model never solves the task)."""
-    b = rollout.sample_batch(model64, tok, tasks.sample_problems(3, seed=1), G=4, max_new_tokens=24, seed=0)
+    b = rollout.sample(model64, tok, rollout.SampleConfig(n_prompts=3, G=4, max_new_tokens=24, source=RAW),
+                       problems=tasks.sample_problems(3, seed=1), seed=0)
     b.reward = torch.tensor([1, 0, 0, 1, 1, 1, 1, 1, 0, 1, 0, 0], dtype=torch.float64)
     b.advantage = rollout.group_advantages(b.reward, b.group)
     return b

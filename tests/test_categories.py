@@ -10,6 +10,8 @@ import pytest
 from cancellation import categories as C
 from cancellation import measure, policy, rollout, tasks
 
+RAW = tasks.ProblemSource(prompt_format="raw")  # prompts as given, rewards by tasks.verify
+
 SENTENCE = "Therefore, 3x + 5 = 11, so x = 2. The answer is \\boxed{2}."
 # hand labels of the sentence's words (independent of the table): word -> category, in order
 SENTENCE_WORDS = [("Therefore", "Reasoning"), (",", "Template"), ("3", "Math"), ("x", "Math"), ("+", "Math"),
@@ -179,7 +181,8 @@ def test_category_mass_against_loop():
 
 def test_tag_table_matches_batch(cz, tiny_tok):
     model, tok = policy.load_policy("data/policies/tiny-m")
-    batch = rollout.sample_batch(model, tok, tasks.sample_problems(3, seed=1), G=2, seed=1)
+    batch = rollout.sample(model, tok, rollout.SampleConfig(n_prompts=3, G=2, source=RAW),
+                           problems=tasks.sample_problems(3, seed=1), seed=1)
     st = measure.token_stats(model, batch)
     df = measure.token_table(batch, st, tokenizer=tok)
     ref = cz.tag_batch(batch, tok)

@@ -6,11 +6,14 @@ import torch
 
 from cancellation import coupling, grpo, measure, policy, rollout, tasks
 
+RAW = tasks.ProblemSource(prompt_format="raw")  # prompts as given, rewards by tasks.verify
+
 
 @pytest.fixture(scope="module")
 def tiny():
     model, tok = policy.load_policy("data/policies/tiny-m", dtype="float64")  # float64 norms included
-    b = rollout.sample_batch(model, tok, tasks.sample_problems(4, seed=11), G=4, max_new_tokens=48, seed=11)
+    b = rollout.sample(model, tok, rollout.SampleConfig(n_prompts=4, G=4, max_new_tokens=48, source=RAW),
+                       problems=tasks.sample_problems(4, seed=11), seed=11)
     # real sampled tokens; rewards set so every group is mixed (independent of the policy's luck)
     b.reward = torch.tensor([1, 0, 1, 0, 0, 0, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1], dtype=torch.float64)
     b.advantage = rollout.group_advantages(b.reward, b.group)

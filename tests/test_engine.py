@@ -14,6 +14,8 @@ pytest.importorskip("trl")
 
 from cancellation import engine, grpo, measure, policy, rollout, tasks  # noqa: E402
 
+RAW = tasks.ProblemSource(prompt_format="raw")  # prompts as given, rewards by tasks.verify
+
 MODEL = "data/policies/tiny-s"
 SOURCE = dict(kinds=("add2", "sub2"))   # tiny-s solves these often enough for mixed groups
 RUN = dict(iterations=2, n_prompts=4, G=4, n_minibatches=2, max_new_tokens=48, tau=0.25, max_rounds=3)
@@ -145,8 +147,8 @@ def _loss_case():
     cfg = engine.grpo_config(tempfile.mkdtemp(), n_prompts=4, G=4, n_minibatches=2, max_new_tokens=16)
     tr = engine.BatchingGRPOTrainer(model=model, processing_class=tok, reward_funcs=[engine.reward_function(src)],
                                     args=cfg, train_dataset=engine.problem_dataset(src, tok, 8))
-    b = rollout.sample_batch(model, tok, tasks.sample_problems(2, seed=3, kinds=SOURCE["kinds"]), G=4,
-                             max_new_tokens=16, seed=0)
+    b = rollout.sample(model, tok, rollout.SampleConfig(n_prompts=2, G=4, max_new_tokens=16, source=RAW),
+                       problems=tasks.sample_problems(2, seed=3, kinds=SOURCE['kinds']), seed=0)
     b.reward = torch.tensor([1, 0, 0, 1, 1, 0, 0, 0], dtype=torch.float64)
     b.advantage = rollout.group_advantages(b.reward, b.group)
     d = engine.from_rollout(b, tok.pad_token_id, "cpu")

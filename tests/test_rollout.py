@@ -6,6 +6,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from cancellation import policy, rollout, tasks, tiny
 
+RAW = tasks.ProblemSource(prompt_format="raw")  # prompts as given, rewards by tasks.verify
+
 
 def test_group_advantages_hand_made():
     r = torch.tensor([1, 0, 0, 1, 1, 1, 0, 0, 0, 0, 1], dtype=torch.float64)
@@ -18,9 +20,12 @@ def test_group_advantages_hand_made():
 
 def test_sampling_reproducible(model64, tok):
     probs = tasks.sample_problems(4, seed=3)
-    a = rollout.sample_batch(model64, tok, probs, G=3, max_new_tokens=16, seed=7)
-    b = rollout.sample_batch(model64, tok, probs, G=3, max_new_tokens=16, seed=7)
-    c = rollout.sample_batch(model64, tok, probs, G=3, max_new_tokens=16, seed=8)
+    a = rollout.sample(model64, tok, rollout.SampleConfig(n_prompts=len(probs), G=3, max_new_tokens=16, source=RAW),
+                       problems=probs, seed=7)
+    b = rollout.sample(model64, tok, rollout.SampleConfig(n_prompts=len(probs), G=3, max_new_tokens=16, source=RAW),
+                       problems=probs, seed=7)
+    c = rollout.sample(model64, tok, rollout.SampleConfig(n_prompts=len(probs), G=3, max_new_tokens=16, source=RAW),
+                       problems=probs, seed=8)
     assert torch.equal(a.input_ids, b.input_ids) and a.texts == b.texts
     assert not torch.equal(a.input_ids, c.input_ids)
     # masks are consistent: responses start right after the prompt, prompt tokens are never response
@@ -30,7 +35,9 @@ def test_sampling_reproducible(model64, tok):
 
 def test_greedy_sampling_is_argmax_of_forward(model64, tok):
     probs = tasks.sample_problems(2, seed=4)
-    b = rollout.sample_batch(model64, tok, probs, G=1, max_new_tokens=8, temperature=0, seed=0)
+    b = rollout.sample(model64, tok, rollout.SampleConfig(n_prompts=len(probs), G=1, temperature=0, max_new_tokens=8,
+                                                          source=RAW),
+                       problems=probs, seed=0)
     for i in range(len(b)):
         ids = b.input_ids[i, b.attention_mask[i].bool()][None]
         logits = model64(input_ids=ids).logits[0]
@@ -228,7 +235,8 @@ def test_cpu_batch_equals_the_old_sampler_on_the_tiny_policy():
     model, tok = policy.load_policy("data/policies/tiny-m", dtype="float64")
     probs = tasks.sample_problems(3, seed=5)
     prompt_ids, new = _old_sample_batch(model, tok, probs, G=4, max_new_tokens=96, seed=5)
-    b = rollout.sample_batch(model, tok, probs, G=4, max_new_tokens=96, seed=5)
+    b = rollout.sample(model, tok, rollout.SampleConfig(n_prompts=len(probs), G=4, max_new_tokens=96, source=RAW),
+                       problems=probs, seed=5)
     P = prompt_ids.shape[1]
     assert torch.equal(b.input_ids[:, :P], prompt_ids)
     resp = b.response_mask[:, P:]
@@ -347,7 +355,8 @@ def test_token_values_through_vllm_exclude(fake_vllm, saved_model, tok, tmp_path
 
     m, path = saved_model
     llm = rollout.make_sampler(m, path, backend="vllm", dtype="float64")
-    b = rollout.sample_batch(m, tok, tasks.sample_problems(1, seed=0), G=1, max_new_tokens=8, seed=0)
+    b = rollout.sample(m, tok, rollout.SampleConfig(n_prompts=1, G=1, max_new_tokens=8, source=RAW),
+                       problems=tasks.sample_problems(1, seed=0), seed=0)
     table = measure.token_table(b, measure.token_stats(m, b), tokenizer=tok).iloc[:2]
     table = table.assign(prob=0.5)
     cfg = value.ValueConfig(M=4, max_new_tokens=10, estimator="exclude", backend="vllm")

@@ -9,6 +9,8 @@ import torch
 
 from cancellation import measure, rollout, stats, tasks, value
 
+RAW = tasks.ProblemSource(prompt_format="raw")  # prompts as given, rewards by tasks.verify
+
 S_WORDS = {w for i, w in enumerate(tasks.VOCAB) if i % 2 == 0}  # the verifier rewards these final words
 HORIZON = 3                                     # tokens left to the response cap at the valued state
 
@@ -17,6 +19,13 @@ def last_word_verifier(problem, text):
     """Reward 1 iff the response's last word (ignoring <eos>) is in S_WORDS."""
     words = [w for w in text.split() if w != tasks.EOS]
     return float(bool(words) and words[-1] in S_WORDS)
+
+
+class LastWord(tasks.ProblemSource):
+    """Raw prompts rewarded by `last_word_verifier`."""
+
+    def verifier(self):
+        return last_word_verifier
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +42,8 @@ def setup(peaky, tok):
     """One rollout sampled from the peaky policy (seed 3: its tokens 2 and 3 have 0.1 < p < 0.8
     and |Δ| > 0.25, found by exact enumeration), with the per-token table of the training forward."""
     prob = tasks.Problem(prompt="Q: 1 2 + 3 4 = ? A:", answer="46", kind="add2")
-    batch = rollout.sample_batch(peaky, tok, [prob], G=1, max_new_tokens=12, seed=3, verifier=last_word_verifier)
+    batch = rollout.sample(peaky, tok, rollout.SampleConfig(n_prompts=1, G=1, max_new_tokens=12, source=LastWord(prompt_format="raw")),
+                           problems=[prob], seed=3)
     table = measure.token_table(batch, measure.token_stats(peaky, batch), tokenizer=tok)
     return batch, table
 
@@ -236,7 +246,8 @@ def test_repeated_gap_matches_a_brute_force_loop():
 def test_repeated_deltas_are_cumulative_steps_with_one_optimizer_and_restore_theta(model64, tok):
     from cancellation import grpo
     m = copy.deepcopy(model64)
-    b = rollout.sample_batch(m, tok, tasks.sample_problems(3, seed=1), G=4, max_new_tokens=24, seed=0)
+    b = rollout.sample(m, tok, rollout.SampleConfig(n_prompts=3, G=4, max_new_tokens=24, source=RAW),
+                       problems=tasks.sample_problems(3, seed=1), seed=0)
     b.reward = torch.tensor([1, 0, 0, 1, 1, 1, 1, 1, 0, 1, 0, 0], dtype=torch.float64)
     b.advantage = rollout.group_advantages(b.reward, b.group)
     cfg = grpo.UpdateConfig(optimizer="adam", lr=1e-2, n_minibatches=1)
@@ -257,10 +268,12 @@ def test_heldout_deltas_are_one_step_on_the_first_batch_read_on_the_second(model
     """Δlog p on another batch's tokens after one SGD step on the first: against a step on a copy."""
     from cancellation import grpo
     m = copy.deepcopy(model64)
-    b = rollout.sample_batch(m, tok, tasks.sample_problems(3, seed=1), G=4, max_new_tokens=24, seed=0)
+    b = rollout.sample(m, tok, rollout.SampleConfig(n_prompts=3, G=4, max_new_tokens=24, source=RAW),
+                       problems=tasks.sample_problems(3, seed=1), seed=0)
     b.reward = torch.tensor([1, 0, 0, 1, 1, 1, 1, 1, 0, 1, 0, 0], dtype=torch.float64)
     b.advantage = rollout.group_advantages(b.reward, b.group)
-    other = rollout.sample_batch(m, tok, tasks.sample_problems(2, seed=9), G=3, max_new_tokens=20, seed=5)
+    other = rollout.sample(m, tok, rollout.SampleConfig(n_prompts=2, G=3, max_new_tokens=20, source=RAW),
+                           problems=tasks.sample_problems(2, seed=9), seed=5)
     cfg = grpo.UpdateConfig(optimizer="sgd", lr=0.1, n_minibatches=1)
     theta = {k: v.clone() for k, v in m.state_dict().items()}
     D = value.heldout_deltas(m, b, other, cfg)

@@ -21,6 +21,8 @@ import torch
 
 from . import measure, policy, rollout, scale, standins, tasks
 
+RAW = tasks.ProblemSource(prompt_format="raw")  # the tiny policy's prompts as given, rewards by tasks.verify
+
 BENCHES = {}
 
 
@@ -69,7 +71,8 @@ def ratios(a, b) -> list[float]:
 
 def _policy_batch(n_prompts=16, G=8, dtype="float64"):
     model, tok = policy.load_policy("data/policies/tiny-m", dtype=dtype)
-    batch = rollout.sample_batch(model, tok, tasks.sample_problems(n_prompts, seed=5), G=G, seed=5)
+    batch = rollout.sample(model, tok, rollout.SampleConfig(n_prompts=n_prompts, G=G, source=RAW),
+                           problems=tasks.sample_problems(n_prompts, seed=5), seed=5)
     return model, tok, batch
 
 
@@ -166,10 +169,12 @@ def _coupling_features(n_tokens, seed=7):
     from . import coupling
     model, tok = policy.load_policy("data/policies/tiny-m", dtype="float64")
     n_prompts = max(4, n_tokens // 380)
-    batch = rollout.sample_batch(model, tok, tasks.sample_problems(n_prompts, seed=seed), G=8, seed=seed)
+    batch = rollout.sample(model, tok, rollout.SampleConfig(n_prompts=n_prompts, G=8, source=RAW),
+                           problems=tasks.sample_problems(n_prompts, seed=seed), seed=seed)
     while batch.n_tokens < n_tokens:
         n_prompts *= 2
-        batch = rollout.sample_batch(model, tok, tasks.sample_problems(n_prompts, seed=seed), G=8, seed=seed)
+        batch = rollout.sample(model, tok, rollout.SampleConfig(n_prompts=n_prompts, G=8, source=RAW),
+                               problems=tasks.sample_problems(n_prompts, seed=seed), seed=seed)
     f = coupling.features(model, batch)
     return model, batch, f, torch.arange(n_tokens)
 

@@ -196,9 +196,6 @@ def atomic_write(path: str | Path, write):
             os.remove(tmp)
 
 
-_atomic_write = atomic_write  # old name
-
-
 @contextlib.contextmanager
 def lock(path: str | Path):
     """An exclusive advisory lock (fcntl.flock) on `path`.lock, held for the `with` block.

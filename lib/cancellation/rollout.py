@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, fields
 
 import torch
 
-from . import measure, tasks
+from . import measure, seeds, tasks
 
 
 @dataclass
@@ -145,7 +145,7 @@ def config_params(cfg: SampleConfig) -> dict:
 
 def round_seeds(seed: int, round: int) -> tuple[int, int]:
     """(problem-draw seed, sampling seed) of training round `round` (the tiny tables' recipe)."""
-    return 1_000_003 * (seed + 1) + round, seed * 7919 + round
+    return seeds.derive(seed, "round_problems", round), seeds.derive(seed, "round_sampling", round)
 
 
 def stop_ids(tokenizer, model=None) -> list[int]:
@@ -337,34 +337,6 @@ def _sample_hf(model, ids, mask, cfg: SampleConfig, seed: int, stop, pad: int) -
                                token_chunk=cfg.token_chunk).cpu())
     T = max(c.shape[1] for c in chunks)
     return torch.cat([torch.nn.functional.pad(c, (0, T - c.shape[1]), value=pad) for c in chunks])
-
-
-class _GivenProblems:
-    """The ProblemSource of `sample_batch`'s old call sites: prompts already rendered as text
-    (raw, as before), rewards from the given verifier (default tasks.verify)."""
-
-    def __init__(self, verifier=None):
-        self._verifier = verifier or tasks.verify
-
-    def draw(self, n, seed):
-        raise ValueError("sample_batch needs its problems given")
-
-    def render(self, problem, tokenizer):
-        return problem.prompt
-
-    def verifier(self):
-        return self._verifier
-
-
-def sample_batch(model, tokenizer, problems, G: int = 8, temperature: float = 1.0, max_new_tokens: int = 96,
-                 seed: int = 0, backend: str = "hf", chunk_size: int = 256, verifier=None) -> RolloutBatch:
-    """Old entry point (raw prompts, explicit verifier), kept until its call sites move to `sample`;
-    gives the same batches as before (same seeds, same numbers)."""
-    device = "cpu" if backend == "vllm" else _device(model).type
-    cfg = SampleConfig(n_prompts=len(problems), G=G, temperature=temperature, max_new_tokens=max_new_tokens,
-                       backend=backend, device=device, seed=seed, source=_GivenProblems(verifier),
-                       chunk_size=chunk_size)
-    return sample(model, tokenizer, cfg, problems=problems, seed=seed)
 
 
 # --------------------------------------------------------------------------- vLLM (GPU extra)

@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import hashlib
+import inspect
 import json
 import math
 import os
@@ -432,7 +433,7 @@ def _check_rule(value, rule: dict, base: Path, check_paths: bool, default=None) 
     return value, errs
 
 
-SEED_MAX = 2**31 - 1   # seeds are mixed into others (seed * 104_729 + it, ...) that must stay in int64 / uint32
+SEED_MAX = 2**31 - 1   # seeds are mixed into others (seeds.derive: seed * 104_729 + it, ...) that stay in int64/uint32
 LR_MAX = 1e3           # a step this large diverges to NaN; no figure uses more than 10
 _ABSURD = [
     (re.compile(r"(?!n_)(?:[a-z]+_)?seeds?"), lambda x: isinstance(x, int) and 0 <= x <= SEED_MAX,
@@ -548,12 +549,13 @@ def resolve_params(nb_path: Path, profile: str = "tiny", overrides: dict | None 
                                 f"{allowed} (from {origin[k]})")
     if not errs:
         for check, message in constraints:
+            reads = inspect.signature(check).parameters   # the parameters a check reads are its arguments
+            names = [n for n in defaults if n in reads]
             try:
-                ok = eval(check, {"__builtins__": {"max": max, "min": min, "len": len, "set": set}}, dict(params))
+                ok = bool(check(**{n: params[n] for n in reads}))
             except Exception as e:  # noqa: BLE001 - a constraint that cannot be evaluated is a failed one
                 ok, message = False, f"{message} ({type(e).__name__}: {e})"
             if not ok:
-                names = [n for n in defaults if re.search(rf"\b{re.escape(n)}\b", check)]
                 vals = ", ".join(f"{n}={params[n]!r}" for n in names)
                 errs.append(f"{stem}: {vals}: {message}")
     if errs:

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import cache
+from . import cache, seeds
 
 EOS = "<eos>"
 PAD = "<pad>"
@@ -99,7 +99,7 @@ def eval_set(difficulty: str, n: int, seed: int = 12345) -> list[Problem]:
     """A held-out evaluation set ('easy', 'medium', 'hard'); disjoint seed stream from training."""
     if difficulty not in DIFFICULTIES:
         raise ValueError(f"unknown difficulty {difficulty!r}; choose from {sorted(DIFFICULTIES)}")
-    return sample_problems(n, seed=10_000_019 * (1 + sorted(DIFFICULTIES).index(difficulty)) + seed,
+    return sample_problems(n, seed=seeds.derive(seed, "eval_set", sorted(DIFFICULTIES).index(difficulty)),
                            kinds=DIFFICULTIES[difficulty])
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from . import tasks
+from . import rollout, tasks
 from .policy import n_params
 
 log = logging.getLogger(__name__)
@@ -112,8 +112,9 @@ def _encode_traces(tok, problems, traces):
 
 def sampled_accuracy(model, tok, problems, seed: int, temperature: float = 1.0, max_new_tokens: int = 96) -> float:
     """Share of problems solved by one sample each at `temperature`."""
-    from .rollout import sample_batch
-    batch = sample_batch(model, tok, problems, G=1, temperature=temperature, max_new_tokens=max_new_tokens, seed=seed)
+    cfg = rollout.SampleConfig(n_prompts=len(problems), G=1, temperature=temperature, max_new_tokens=max_new_tokens,
+                       device=next(model.parameters()).device.type, source=tasks.ProblemSource(prompt_format="raw"))
+    batch = rollout.sample(model, tok, cfg, problems=problems, seed=seed)
     return float(batch.reward.mean())
 
 

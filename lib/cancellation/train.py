@@ -18,7 +18,7 @@ import pandas as pd
 import torch
 
 from . import batching, grpo, measure, rollout, tasks
-from . import cache, coupling, policy
+from . import cache, coupling, policy, seeds, strategies
 from .compute import Compute
 
 log = logging.getLogger(__name__)
@@ -224,10 +224,8 @@ class TrainConfig(_SamplesThePolicy):
         super().__post_init__()
 
 
-# Table 2's rows: name -> (mini-batch plan, reward-balanced buffer)
-STRATEGIES = {"random": ("random", False), "QB": ("query_preserved", False), "RB": ("random", True),
-              "QB+RB": ("query_preserved", True), "sign_partitioned": ("sign_partitioned", False),
-              "random+filter": ("random_filter", False)}  # zero-variance groups dropped (DAPO's filter)
+# Table 2's rows the small trainer runs (every registered one): name -> (mini-batch plan, reward-balanced buffer)
+STRATEGIES = strategies.plans("small")
 
 
 def strategy_config(name: str, **kw) -> TrainConfig:
@@ -435,7 +433,7 @@ def _train_run(model, tok, cfg, opt, sampler, ckpt_path, ckpt_every, progress, o
             t1 = time.time()
             old = measure.token_stats(model, batch, cfg.update.chunk_rows, token_chunk=cfg.update.token_chunk)
             plan = batching.make_plan(cfg.plan, batch.group, batch.advantage, cfg.update.n_minibatches,
-                                      seed=cfg.seed * 104_729 + it)
+                                      seed=seeds.derive(cfg.seed, "plan", it))
             infos = minibatch_update(model, batch, plan, old.logp, opt, cfg.update) if plan else []
             row["updated"] = bool(infos)  # random_filter: a batch of zero-variance groups only takes no step
             sampler.sync(model)

@@ -1,6 +1,6 @@
 """What a TRL run is fed, and the layout of what it hands back.
 
-Owns: `STRATEGIES` (Table 2's rows, the small trainer's table), `problem_dataset` and
+Owns: `STRATEGIES` (Table 2's rows TRL runs, from `cancellation.strategies`), `problem_dataset` and
 `reward_function` (a `tasks.ProblemSource` as a TRL dataset and reward), `grpo_config` (the
 GRPOConfig of docs/methods.md "The update", its micro-batch sized by `micro_batch` from the
 Compute config's token_chunk), and `to_rollout` / `from_rollout` (TRL's mini-batch dicts
@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import torch
 
-from .. import rollout, tasks, train
+from .. import rollout, strategies, tasks
 
-STRATEGIES = {k: v for k, v in train.STRATEGIES.items()  # name -> (mini-batch plan, reward-balanced buffer);
-              if v[0] != "random_filter"}                # random+filter: the small trainer only (not wired into TRL)
+STRATEGIES = strategies.plans("trl")  # name -> (mini-batch plan, reward-balanced buffer) wired into TRL
 
 
 def _import_trl():

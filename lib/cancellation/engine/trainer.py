@@ -56,7 +56,7 @@ import time
 import pandas as pd
 import torch
 
-from .. import batching, rollout
+from .. import batching, rollout, seeds
 from .data import STRATEGIES, _import_trl, from_rollout, micro_rows, to_rollout
 
 GRPOTrainer = _import_trl().GRPOTrainer
@@ -181,7 +181,7 @@ class BatchingGRPOTrainer(GRPOTrainer):
             G = self.num_generations
             sampler = RepeatSampler(self.train_dataset, mini_repeat_count=G,
                                     batch_size=self.args.generation_batch_size // G, repeat_count=1,
-                                    shuffle=True, seed=self.plan_seed + 7_654_321)
+                                    shuffle=True, seed=seeds.derive(self.plan_seed, "trl_shuffle"))
             dl = self._get_dataloader(self.train_dataset, "Training",
                                       self._train_batch_size * self.args.steps_per_generation,
                                       sampler_fn=lambda ds: sampler, is_training=True)
@@ -290,7 +290,7 @@ class BatchingGRPOTrainer(GRPOTrainer):
             sh = shuffle_sequence_dict({"_row": torch.arange(len(batch))})
             return [p["_row"] for p in split_tensor_dict(sh, n_mb)]
         return batching.make_plan(self.plan, batch.group, batch.advantage, n_mb,
-                                  seed=self.plan_seed * 104_729 + it)
+                                  seed=seeds.derive(self.plan_seed, "plan", it))
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         if inputs.get("_skip"):   # a leaf zero: the parameters' grads stay None, Adam/AdamW skip them

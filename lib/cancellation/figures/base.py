@@ -18,7 +18,8 @@ runs; profiles only override values. The notebook gets the resolved values as on
 
 Numbers are always finite. Relative paths given on the command line resolve against the working
 directory; those in profiles and defaults against the repository. `CONSTRAINTS` holds
-[python expression over the parameters, message] pairs checked after the rules.
+(check, message) pairs checked after the rules: `check` is a function whose arguments are the parameters it
+reads (`lambda lr, lrs: lr in lrs`), called with their values; false or an exception fails it with `message`.
 """
 from __future__ import annotations
 
@@ -121,7 +122,7 @@ _KEYLESS_DEFAULTS = {"answer_mode": "auto", "unrewardable_golds": "refuse"}
 @dataclass
 class FigureParams:
     """Base of every figure's Params: the Compute config and the runner's view of the fields."""
-    # [python expression over the parameters, message]: checked by the runner after the rules
+    # (check, message): check(**the parameters named by its arguments) -> bool, run by the runner after the rules
     CONSTRAINTS: ClassVar[tuple] = ()
 
     def compute(self) -> Compute:

@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from .. import cache, categories, grpo, measure, policy, rollout, tasks, train
+from .. import cache, categories, grpo, measure, policy, rollout, seeds, tasks, train
 from .. import claims as C
 from .. import workload as W
 from .. import stats as S
@@ -227,7 +227,8 @@ def _noise_floor(P: Params, cfg: train.RunConfig):
     precision copy (float32 against the float64 analysis; the analysis dtype against float64)."""
     cc = P.compute()
     model, tok = policy.load_policy(P.model_path, dtype=P.dtype, device=P.device)
-    probe = rollout.sample(model, tok, replace(cfg.sample_config(model), backend="hf"), seed=P.seed + 99)  # HF
+    probe = rollout.sample(model, tok, replace(cfg.sample_config(model), backend="hf"),  # HF
+                           seed=seeds.derive(P.seed, "noise_probe"))
     zero_w = torch.zeros(probe.input_ids.shape, dtype=torch.float64)
     floor = measure.noise_floor(model, probe, P.chunk_rows, token_chunk=P.token_chunk,
                                 step_fn=lambda m, b: grpo.grpo_step(m, b, replace(cfg.update, n_minibatches=1),

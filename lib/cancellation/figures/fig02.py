@@ -17,7 +17,7 @@ import pandas as pd
 import torch
 from scipy import stats
 
-from .. import cache, coupling, grpo, policy, rollout
+from .. import cache, coupling, grpo, policy, rollout, seeds
 from .. import claims as C
 from .. import workload as W
 from .. import stats as S
@@ -30,7 +30,8 @@ TABLES = ("fig02_pairs", "fig02_heatmap", "fig02_first_order", "fig02_kernel_ter
 @dataclass
 class Params(base.FigureParams):
     """Notebook 02's parameters."""
-    CONSTRAINTS = (("lr in lrs", "lr must be one of lrs: panel (d) and the summary read the first-order table's row at lr"),)
+    CONSTRAINTS = ((lambda lr, lrs: lr in lrs,
+                    "lr must be one of lrs: panel (d) and the summary read the first-order table's row at lr"),)
     model_path: str = base.model_path()
     dtype: str = base.dtype()
     device: str = base.device()
@@ -82,7 +83,7 @@ def _compute(P: Params, source) -> Result:
     cc = P.compute()
     torch.manual_seed(P.seed)
     model, tok = policy.load_policy(P.model_path, dtype=P.dtype, device=P.device)
-    batch = rollout.sample(model, tok, base.sample_config(P, source), seed=P.seed + 202)
+    batch = rollout.sample(model, tok, base.sample_config(P, source), seed=seeds.derive(P.seed, "coupling_batch"))
     base.require_signal(batch, source, "02: the coupling batch")
     before = cc.stats(model, batch, hidden=True)
     f = coupling.features(model, batch, before, chunk=P.chunk, vocab_chunk=P.vocab_chunk)

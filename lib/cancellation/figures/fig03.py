@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from .. import cache, coupling, grpo, policy, rollout, train
+from .. import cache, coupling, grpo, policy, rollout, seeds, train
 from .. import claims as C
 from .. import workload as W
 from .. import stats as S
@@ -37,7 +37,7 @@ TABLES = {"precision": "fig03_precision.parquet", "effects": "fig03_masking_effe
 @dataclass
 class Params(base.FigureParams):
     """Notebook 03's parameters."""
-    CONSTRAINTS = (("max(topk_full_sizes, default=0) <= max(topk_sizes)",
+    CONSTRAINTS = ((lambda topk_full_sizes, topk_sizes: max(topk_full_sizes, default=0) <= max(topk_sizes),
                     "every topk_full_sizes entry must be <= max(topk_sizes)"),)
     model_path: str = base.model_path()
     dtype: str = base.dtype()
@@ -109,7 +109,7 @@ def _compute(P: Params, source, key: dict) -> Result:
     cc = P.compute()  # reaches every forward and update below
     torch.manual_seed(P.seed)
     model, tok = policy.load_policy(P.model_path, dtype=P.dtype, device=P.device)  # float64 norms too (exact_norms)
-    batch = rollout.sample(model, tok, base.sample_config(P, source), seed=P.seed + 303)
+    batch = rollout.sample(model, tok, base.sample_config(P, source), seed=seeds.derive(P.seed, "masked_batch"))
     base.require_signal(batch, source, "03: the masked-update batch")
     f = coupling.features(model, batch, compute=cc)
     summary = (f"{len(batch)} rollouts, {len(f)} response tokens, accuracy {batch.reward.mean():.2f}, "

@@ -21,7 +21,7 @@ import pandas as pd
 import torch
 from tqdm import tqdm
 
-from .. import cache, categories, grpo, measure, policy, rollout, thesis
+from .. import cache, categories, grpo, measure, policy, rollout, seeds, thesis
 from .. import claims as C
 from .. import workload as W
 from .. import stats as S
@@ -105,7 +105,7 @@ class Result:
 def batch_deltas(P: Params, source, i: int, path: str, load) -> pd.DataFrame:
     """Algorithm 2 on batch i of the policy at `path`: the token table with Δlog p under both updates
     (cached under every parameter, the policy's fingerprint and i)."""
-    bseed = P.seed + 1000 + i
+    bseed = seeds.derive(P.seed, "category_batch", i)
     main = path == P.model_path  # the control policy takes the two updates of Fig. 4 only
     cc = P.compute()
     scfg = base.sample_config(P, source)

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .. import cache, categories, measure, policy, rollout, value
+from .. import cache, categories, measure, policy, rollout, seeds, value
 from .. import claims as C
 from .. import workload as W
 from .. import stats as S
@@ -150,7 +150,7 @@ def _compute(P: Params, source) -> Result:
     verifier = source.verifier()
     fp = policy.fingerprint(P.model_path)
     scfg = base.sample_config(P, source, sampler=True)
-    batch = rollout.sample(sampler, tok, scfg, seed=P.seed + 505)
+    batch = rollout.sample(sampler, tok, scfg, seed=seeds.derive(P.seed, "value_batch"))
     base.require_signal(batch, source, "05: the value-gap batch")
     lines = [f"batch: {len(batch)} rollouts, {batch.n_tokens} response tokens, accuracy {batch.reward.mean():.2f}, "
              f"mixed groups {batch.mixed_groups()}/{P.n_prompts}"]
@@ -223,7 +223,8 @@ def _compute(P: Params, source) -> Result:
     conf_gaps = _confidence_gaps(v0, P)
 
     # Fig. 11: a pool drawn before any step, whatever its status; split after each repeated step
-    pool11 = value.balanced_sample(signed[~skipped], by=("sign",), seed=P.seed + 11, n=P.n_pool11)
+    pool11 = value.balanced_sample(signed[~skipped], by=("sign",), seed=seeds.derive(P.seed, "pool11"),
+                                   n=P.n_pool11)
     v11 = value.token_values(sampler, tok, batch, pool11, _value_config(P, P.estimators[0]), mid=mid,
                              verifier=verifier)
     rows = []
@@ -237,14 +238,14 @@ def _compute(P: Params, source) -> Result:
     heldout = None
     if P.heldout_per_cell:  # a second batch, new prompts: its tokens split by the step on the first batch
         t0 = time.perf_counter()
-        other = rollout.sample(sampler, tok, scfg, seed=P.seed + 606)
+        other = rollout.sample(sampler, tok, scfg, seed=seeds.derive(P.seed, "heldout_batch"))
         t2 = measure.token_table(other, cc.stats(model, other), tokenizer=tok)
         t2["tok_idx"] = np.arange(len(t2))
         t2["delta"] = value.heldout_deltas(model, batch, other, cc.update(optimizer="sgd", lr=P.lr, scope="full",
                                                                           n_minibatches=1))
         t2["status"] = measure.classify(t2["delta"], P.eps)
         cells2 = t2[(t2.sign != "zero") & (t2.prob <= P.p_max) & (t2.status != "stable")]
-        pool2 = value.balanced_sample(cells2, seed=P.seed + 7, n=P.heldout_per_cell)
+        pool2 = value.balanced_sample(cells2, seed=seeds.derive(P.seed, "heldout_pool"), n=P.heldout_per_cell)
         heldout = value.token_values(sampler, tok, other, pool2, _value_config(P, P.estimators[0]), mid=mid,
                                      verifier=verifier).assign(estimator=P.estimators[0])
         lines.append(f"held-out states: a second batch ({len(other)} rollouts, new prompts), split by the step on the "
@@ -319,7 +320,7 @@ def heldout_text(R: Result, P: Params) -> str:
         return "held-out states: skipped (heldout_per_cell: 0)"
     return (f"held-out states ({len(R.heldout)} tokens of a second batch, split by the step on the first), value gap: "
             + ", ".join(f"{r['sign']} {r['gap']:+.3f} [{r['lo']:+.3f}, {r['hi']:+.3f}]"
-                        for r in value.sign_gaps(R.heldout, P.n_boot, P.seed + 9)))
+                        for r in value.sign_gaps(R.heldout, P.n_boot, seeds.derive(P.seed, "heldout_gaps"))))
 
 
 TOK = dict(estimator="percentile bootstrap over tokens", resampling="token")
@@ -401,7 +402,7 @@ def claims(R: Result, P: Params) -> list[C.Claim]:
                             "the same continuations as the Eq. 20 row without its 1/(1 − p_t) factor: it weighs a "
                             "token's value by its improbability (Â_M = (1 − p_t)·Δ), so confident tokens count little"))
     if R.heldout is not None and len(R.heldout):  # the referee's control: values on states the step never saw
-        g = {r["sign"]: r for r in value.sign_gaps(R.heldout, P.n_boot, P.seed + 9)}
+        g = {r["sign"]: r for r in value.sign_gaps(R.heldout, P.n_boot, seeds.derive(P.seed, "heldout_gaps"))}
         a = g["all"]
         rows.append(C.Claim(f"fig05a_{est0}_heldout", f"Fig. 5(a), {est0}, held-out states",
                             "boosted tokens have higher value than suppressed on states the step never saw (a second "

@@ -28,6 +28,7 @@ import torch
 from .. import budget, cache, measure, policy, rollout, value
 from .. import claims as C
 from .. import workload as W
+from ..seeds import derive
 from . import base
 from .base import param
 
@@ -40,14 +41,17 @@ PANELS = {"prompts": ("Fig. 6(a)", "prompts per update"), "rollouts": ("Fig. 6(b
 class Params(base.FigureParams):
     """Notebook 06's parameters."""
     CONSTRAINTS = (
-        ("max(prompt_sizes) <= n_prompts", "every prompt_sizes entry must be <= n_prompts (the base batch's prompts)"),
-        ("prompts_fixed <= n_prompts", "prompts_fixed must be <= n_prompts"),
-        ("n_fixed <= G", "n_fixed must be <= G (rollouts per prompt of the base batch)"),
-        ("max(rollout_sizes) <= G", "every rollout_sizes entry must be <= G"),
-        ("2 * (G_comp - 1) <= comp_G", "comp_G must hold G_comp - 1 positive and G_comp - 1 negative rollouts "
-                                       "(comp_G at least 2 (G_comp - 1))"),
-        ("valued_per_prompt <= n_fixed", "valued_per_prompt must be <= n_fixed (the valued rollouts are in every "
-                                         "update of panel (a))"),
+        (lambda prompt_sizes, n_prompts: max(prompt_sizes) <= n_prompts,
+         "every prompt_sizes entry must be <= n_prompts (the base batch's prompts)"),
+        (lambda prompts_fixed, n_prompts: prompts_fixed <= n_prompts, "prompts_fixed must be <= n_prompts"),
+        (lambda n_fixed, G: n_fixed <= G, "n_fixed must be <= G (rollouts per prompt of the base batch)"),
+        (lambda rollout_sizes, G: max(rollout_sizes) <= G, "every rollout_sizes entry must be <= G"),
+        (lambda G_comp, comp_G: 2 * (G_comp - 1) <= comp_G,
+         "comp_G must hold G_comp - 1 positive and G_comp - 1 negative rollouts "
+         "(comp_G at least 2 (G_comp - 1))"),
+        (lambda valued_per_prompt, n_fixed: valued_per_prompt <= n_fixed,
+         "valued_per_prompt must be <= n_fixed (the valued rollouts are in every "
+         "update of panel (a))"),
     )
     model_path: str = base.model_path()
     dtype: str = base.dtype()
@@ -183,14 +187,14 @@ def _compute(P: Params, source) -> Result:
     verifier = source.verifier()
     fp = policy.fingerprint(P.model_path)
     scfg = base.sample_config(P, source, sampler=True)
-    batch = rollout.sample(sampler, tok, scfg, seed=P.seed + 606)
+    batch = rollout.sample(sampler, tok, scfg, seed=derive(P.seed, "budget_batch"))
     base.require_signal(batch, source, "06: the sampling-budget batch")
     n_pos = pd.Series([int(batch.reward[batch.group == g].sum()) for g in range(P.n_prompts)])
     lines = [f"Fig. 6 base batch: {len(batch)} rollouts, {batch.n_tokens} response tokens, accuracy "
              f"{batch.reward.mean():.2f}, mixed groups {batch.mixed_groups()}/{P.n_prompts}",
              "positives per group (of %d): %s" % (P.G, sorted(n_pos.tolist()))]
     ccfg = base.sample_config(P, source, sampler=True, n_prompts=P.comp_prompts, G=P.comp_G)
-    cfull = rollout.sample(sampler, tok, ccfg, seed=P.seed + 607)
+    cfull = rollout.sample(sampler, tok, ccfg, seed=derive(P.seed, "composition_batch"))
     comp_gs, comp_rows = budget.composition_rows_capped(cfull, P.G_comp, P.comp_groups, seed=P.seed)
     cbatch = cfull.select(comp_rows)
     c_pos = [int(cfull.reward[cfull.group == g].sum()) for g in range(P.comp_prompts)]
@@ -201,7 +205,7 @@ def _compute(P: Params, source) -> Result:
         lines.append(source.reward_report())
 
     # the plans (nested sub-batches per seed) and the valued tokens of all seeds, valued in one call per batch
-    seeds = [P.seed * 1000 + s for s in range(P.n_seeds)]
+    seeds = [derive(P.seed, "budget_plan", s) for s in range(P.n_seeds)]
     plan = budget.budget_plan(batch, P.prompt_sizes, P.n_fixed, P.rollout_sizes, P.prompts_fixed,
                               P.valued_per_prompt, seeds)
     cplan = budget.composition_plan(cbatch, comp_gs, P.G_comp, seeds) if comp_gs else []

@@ -21,15 +21,16 @@ import pandas as pd
 import torch
 from scipy import stats
 
-from .. import cache, policy, train
+from .. import cache, policy, strategies, train
 from .. import claims as C
 from .. import workload as W
 from .. import stats as ST
+from ..seeds import derive
 from . import base
 from .base import param
 
-STRATEGY_NAMES = ["random", "QB", "RB", "QB+RB", "sign_partitioned"]   # the default rows of Table 2
-STRATEGY_CHOICES = STRATEGY_NAMES + ["random+filter"]                   # train.STRATEGIES
+STRATEGY_NAMES = list(strategies.TABLE2_ROWS)     # the default rows of Table 2 (cancellation.strategies)
+STRATEGY_CHOICES = list(strategies.STRATEGIES)     # every registered strategy
 DTYPES = ["float64", "float32", "bfloat16", "float16"]
 
 
@@ -37,13 +38,14 @@ DTYPES = ["float64", "float32", "bfloat16", "float16"]
 class Params(base.FigureParams):
     """Notebook 07's parameters."""
     CONSTRAINTS = (
-        ("workers == 1 or (engine == 'small' and device == 'cpu')",
+        (lambda workers, engine, device: workers == 1 or (engine == 'small' and device == 'cpu'),
          "workers > 1 parallelises the small trainer on the CPU only (set workers: 1 for engine trl or a GPU)"),
-        ("run_rounds == 0 or run_rounds >= iterations",
+        (lambda run_rounds, iterations: run_rounds == 0 or run_rounds >= iterations,
          "run_rounds (a whole run's RB sampling budget) must be 0 or at least iterations"),
-        ("'random+filter' not in trl_strategies and (engine == 'small' or 'random+filter' not in strategies + "
-         "probe_strategies)", "random+filter runs on the small trainer only (not wired into TRL)"),
-        ("engine == 'small' or not budget_strategies",
+        (lambda trl_strategies, engine, strategies, probe_strategies: 'random+filter' not in trl_strategies and (
+            engine == 'small' or 'random+filter' not in strategies + probe_strategies),
+         "random+filter runs on the small trainer only (not wired into TRL)"),
+        (lambda engine, budget_strategies: engine == 'small' or not budget_strategies,
          "the equal-rollout-budget arm (budget_strategies) runs on the small trainer only (TRL's RB has no "
          "whole-run budget); set budget_strategies: []"),
     )
@@ -349,7 +351,7 @@ def local_imbalance(P: Params, source) -> pd.DataFrame:
             for name, plan_name in IMBALANCE_PLANS.items():
                 for draw in range(P.imbalance_plans):
                     plan = batching.make_plan(plan_name, batch.group, batch.advantage, cfg.update.n_minibatches,
-                                              seed=cfg.seed * 104_729 + draw)   # draw 0: iteration 0's plan
+                                              seed=derive(cfg.seed, "plan", draw))   # draw 0: iteration 0's plan
                     x = batching.cross_advantage(batch.group, batch.advantage, plan)
                     grouped = x.drop_duplicates("group").grouped.sum()
                     cells = x[x.group.isin(live)]

@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from .. import cache, controls, coupling, measure, policy, rollout, train
+from .. import cache, controls, coupling, measure, policy, rollout, seeds, train
 from .. import claims as C
 from .. import workload as W
 from .. import stats as S
@@ -109,7 +109,7 @@ def _compute(P: Params, source) -> Result:
 
     cc = P.compute()
     model, tok = policy.load_policy(P.model_path, dtype=P.dtype, device=P.device)
-    batch = rollout.sample(model, tok, base.sample_config(P, source), seed=P.seed + 202)
+    batch = rollout.sample(model, tok, base.sample_config(P, source), seed=seeds.derive(P.seed, "controls_batch"))
     base.require_signal(batch, source, "08: the referee-controls batch")
     before = cc.stats(model, batch, hidden=True)
     f = coupling.features(model, batch, before, chunk=P.chunk, vocab_chunk=P.vocab_chunk)
