@@ -173,7 +173,10 @@ def test_paper_vocab(ref, vocab_root, tmp_path):
     """Every notebook with Qwen3's 151,936-wide LM head under the guard: no call computes logits for
     more than token_chunk (256) positions, sampling prefill and TRL's fused head included, while the
     notebook pushes ≥ 16k positions through the head and analyses a batch whose logits, built whole
-    in float32, would take ≥ 8 GB (the tally is the guard's count, independent of the notebook)."""
+    in float32, would take ≥ 8 GB (the tally is the guard's count, independent of the notebook).
+    TRL's fused head counts its labelled positions against the bound, which is what it projects with
+    Triton on a GPU; on a CPU it projects every position of its rows (`head_projected_max`, 890 for 07
+    here), a CPU-only cost the tally reports and the planner counts."""
     log = tmp_path / "tally.json"
     with pytest.MonkeyPatch.context() as mp:   # a cache of its own: every position is computed here
         mp.setenv("CANCELLATION_CACHE", str(tmp_path / "cache"))

@@ -86,7 +86,7 @@ def guard_knobs() -> dict | None:
     return json.loads(raw) if raw else None
 
 
-_TALLY = {"head_positions": 0, "head_calls": 0, "head_max": 0, "body_positions": 0, "body_calls": 0, "body_max": 0,
+_TALLY = {"head_positions": 0, "head_calls": 0, "head_max": 0, "head_projected_max": 0, "body_positions": 0, "body_calls": 0, "body_max": 0,
           "batch_max": 0, "vocab": 0}
 
 
@@ -99,7 +99,10 @@ def _tally(log: str | None, **new) -> None:
         return
     _TALLY["head_positions"] += new.get("head", 0)
     _TALLY["head_calls"] += 1 if "head" in new else 0
-    _TALLY["head_max"] = max(_TALLY["head_max"], new.get("head", 0))
+    # the largest call under the bound (TRL's fused head: its labelled positions, what it projects with Triton
+    # on a GPU); head_projected_max: what a call projected here (on a CPU TRL's fused head projects every position)
+    _TALLY["head_max"] = max(_TALLY["head_max"], new.get("head_bounded", new.get("head", 0)))
+    _TALLY["head_projected_max"] = max(_TALLY["head_projected_max"], new.get("head", 0))
     _TALLY["body_positions"] += new.get("body", 0)
     _TALLY["body_calls"] += 1 if "body" in new else 0
     _TALLY["body_max"] = max(_TALLY["body_max"], new.get("body", 0))
@@ -161,7 +164,7 @@ def guard_lm_head(model, token_chunk: int, log: str | None = None):
             n = int((lab != -100).any(0).sum()) * lab.shape[0]
             # what the head projects: on a CUDA/XPU device with Triton only the labelled positions, elsewhere
             # (a CPU) every position of the rows (TRL's `_use_triton`): the tally counts those; the bound, the labels
-            _tally(log, head=n if _fused_compact(lab.device) else lab.numel(), vocab=vocab)
+            _tally(log, head=n if _fused_compact(lab.device) else lab.numel(), head_bounded=n, vocab=vocab)
             if n > token_chunk:
                 raise MemoryBoundError(f"fused LM head (TRL) called on {n} positions at once; token_chunk is "
                                        f"{token_chunk} ({lab.shape[0]} rows x {n // max(lab.shape[0], 1)} positions)")
