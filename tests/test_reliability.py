@@ -420,7 +420,7 @@ import pandas as pd
 from cancellation import cache, claims as C
 Path(results_dir).mkdir(parents=True, exist_ok=True)
 cache.write_table(pd.DataFrame({"v": [value]}), Path(results_dir) / "t.parquet")
-C.record(results_dir, "97", [C.Claim("probe_value", "Fig. 0", "a probe", "1", measured=value, estimator="point (no interval)", resampling="none")])
+C.record(results_dir, "97", [C.Claim("probe_value", "Fig. 0", "a probe", "1", measured=value, estimator="point (no interval)", resampling="none", params={"point_ok": True})])
 print("tables in", results_dir)
 
 # %%
@@ -444,7 +444,7 @@ def _staged_root(tmp_path):
     (root / "notebooks/params").mkdir(parents=True)
     (root / "notebooks/params/tiny.yaml").write_text("97_staged:\n  value: 1\n")
     (root / "notebooks" / "97_staged.py").write_text(STAGED_NB)
-    C.record(root / "data/results/tiny", "01", [C.Claim("other_notebook", "Fig. 1", "kept", "1", measured=1.0, estimator="point (no interval)", resampling="none")])
+    C.record(root / "data/results/tiny", "01", [C.Claim("other_notebook", "Fig. 1", "kept", "1", measured=1.0, estimator="point (no interval)", resampling="none", params={"point_ok": True})])
     return root, root / "notebooks" / "97_staged.py", root / "data/results/tiny"
 
 
