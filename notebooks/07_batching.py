@@ -50,10 +50,9 @@ import logging
 
 import matplotlib.pyplot as plt
 import numpy as np
-from IPython.display import HTML
-
 from cancellation import claims, plots, train
 from cancellation.figures import fig07
+from IPython.display import HTML
 
 logging.basicConfig(level=logging.WARNING)
 P = fig07.Params(**params)   # every parameter, its default, doc and allowed range: lib/cancellation/figures/fig07.py
@@ -70,10 +69,8 @@ R.timing.round(2)  # where the time goes, seconds as measured when each run was 
 # %%
 print(R.table2_summary)
 if profile == "tiny":
-    print("The light run of `make figures`. The full test (10 seeds x 64 iterations, avg@4 on 256 problems per set) "
-          "is `make table2`: notebooks/executed/tiny-table2/, its claims marked (`make table2`) in README.")
-# the table as HTML with a fixed id (a Styler would print a new id and memory address on every rerun)
-HTML(R.table2_shown.style.hide(axis="index").set_uuid("table2").to_html())
+    print(fig07.LIGHT_RUN_NOTE)
+HTML(fig07.table2_html(R))
 
 # %% [markdown]
 # ## The same rollout budget

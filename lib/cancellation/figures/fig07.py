@@ -109,6 +109,17 @@ class Params(base.FigureParams):
     trl_seeds: list = param([0], "seeds of the TRL runs", min=0, distinct=True)
 
 
+LIGHT_RUN_NOTE = ("The light run of `make figures`. The full test (10 seeds x 64 iterations, avg@4 on 256 problems per "
+                  "set) is `make table2`: notebooks/executed/tiny-table2/, its claims marked (`make table2`) in "
+                  "docs/claims.md.")
+
+
+def table2_html(R) -> str:
+    """Table 2 as shown, as HTML with a fixed id (a pandas Styler prints a new id and memory address on every
+    run, so the executed notebook would change with each rerun)."""
+    return R.table2_shown.style.hide(axis="index").set_uuid("table2").to_html()
+
+
 TIMING_DIR = "timing"   # <results_dir>/timing/: the runs' wall-clock seconds, which change with every cold run
 SECONDS = ("t_sample", "t_update", "seconds")
 KEYS = ("strategy", "lr", "seed", "iteration", "set")
