@@ -23,8 +23,9 @@
 #   with min(N+, N−) ≥ τ|B|; composes with QB (**QB+RB**, whole groups are selected);
 # - **sign_partitioned**: positive and negative rollouts in separate mini-batches — breaks
 #   cancellation on purpose (Fig. 7(a));
-# - **random+filter** (a control, not in the paper): the baseline with zero-variance (A = 0) groups
-#   dropped from the update, as DAPO does — part of RB's win could be this filter alone.
+# - two controls, not in the paper: **DS**, DAPO's dynamic sampling (RB's buffer, released once it holds
+#   |B| rollouts of mixed groups: no sign quota), and **random+filter** (the baseline's batch with its
+#   A = 0 groups dropped, a smaller batch). Part of RB's win could be a batch of mixed groups alone.
 #
 # The paper trains Qwen models for hundreds of steps and finds (Table 2, Fig. 8): the baseline
 # collapses on Qwen2.5-Math-7B, QB and RB each help, **QB+RB is best** on every model, and sign
@@ -50,7 +51,7 @@ import logging
 
 import matplotlib.pyplot as plt
 import numpy as np
-from cancellation import claims, plots, train
+from cancellation import claims, plots
 from cancellation.figures import fig07
 from IPython.display import HTML
 
@@ -97,7 +98,7 @@ if R.sweep_shown is not None:
 # error), plus the training batch's reward and the policy's mean token entropy on it.
 
 # %%
-COLORS = dict(zip(train.STRATEGIES, [plots.PALETTE[i] for i in (7, 0, 4, 2, 1, 5)]))
+COLORS = fig07.COLORS
 
 
 def band(ax, df, x, y, name, **kw):

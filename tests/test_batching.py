@@ -250,3 +250,56 @@ def test_random_plans_keep_the_closed_form_share_of_the_cross_mass():
     assert abs(float(kept.mean()) - p) < 4 * float(kept.std()) / len(kept) ** 0.5
     qb = batching.cross_advantage(group, adv, batching.query_preserved(group, 4, seed=0))
     assert qb.cross.sum() == pytest.approx(grouped) and (qb.S_B.abs() < 1e-12).all()
+
+
+# ----------------------------------------------------------------------------- DS (DAPO's dynamic sampling)
+def _brute_force_ds(group, reward, size, priority):
+    """DS by its definition, from the rewards (not the advantages): visit groups by their freshest row's
+    priority (ties: first row), keep a group whose rewards are not all equal while it fits, stop at size."""
+    first = {}
+    for i, g in enumerate(group.tolist()):
+        first.setdefault(g, (-float(priority[i]), i))
+        first[g] = min(first[g], (-float(priority[i]), i))
+    taken, n = [], 0
+    for g in sorted(first, key=lambda g: first[g]):
+        rows = [i for i, gg in enumerate(group.tolist()) if gg == g]
+        if len({float(reward[i]) for i in rows}) > 1 and n + len(rows) <= size:
+            taken += rows
+            n += len(rows)
+            if n == size:
+                return sorted(taken)
+    return None
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_dynamic_sampling_takes_the_freshest_mixed_groups_whole(seed):
+    g = torch.Generator().manual_seed(seed)
+    G, n_groups, size = 4, 9, 12
+    group = torch.arange(n_groups).repeat_interleave(G)[torch.randperm(n_groups * G, generator=g)]
+    reward = (torch.rand(n_groups * G, generator=g) < [0.2, 0.5, 0.85][seed % 3]).double()
+    adv = rollout.group_advantages(reward, group)
+    prio = torch.randint(0, 3, (n_groups * G,), generator=g) if seed % 2 else torch.zeros(n_groups * G)
+    rows = batching.dynamic_sampling(group, adv, size, priority=prio)
+    want = _brute_force_ds(group, reward, size, prio)
+    assert (rows is None) == (want is None) and (rows is None or sorted(rows.tolist()) == want)
+
+
+def test_ds_buffer_releases_full_batches_of_mixed_groups_and_counts_what_it_drops():
+    buf = batching.RewardBalancedBuffer(batch_size=8, max_age=1, mixed_groups=True)
+    g = torch.Generator().manual_seed(1)
+    released = 0
+    for r in range(10):
+        b = _fake_batch((torch.rand(8, generator=g) < 0.7).double().tolist(), G=2)
+        mixed = sum(len({float(x) for x in b.reward[b.group == k]}) > 1 for k in range(4))
+        before = buf.filtered
+        buf.add(b, r)
+        assert buf.filtered - before == 2 * (4 - mixed)   # each zero-variance group of 2 dropped on arrival
+        out = buf.release(r)
+        if out is not None:
+            released += len(out)
+            assert len(out) == 8 and bool((out.advantage != 0).all())   # binary rewards: every row of a mixed group
+    assert released == buf.released > 0
+    assert buf.sampled == buf.released + buf.discarded + buf.filtered + len(buf)
+    assert train.strategy_config("DS").dynamic_sampling and not train.strategy_config("DS").reward_balanced
+    with pytest.raises(ValueError, match="choose one"):
+        train.TrainConfig(reward_balanced=True, dynamic_sampling=True)

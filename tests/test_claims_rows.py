@@ -546,7 +546,7 @@ def test_table2_qbrb_vs_rb_and_collapse_rows_are_loops_over_the_committed_tables
     sweep = pd.read_csv(d / "table2_lr_sweep.csv")
     for lr in sorted(set(sweep.lr) - {sweep.lr.min()}) if len(set(sweep.lr)) > 1 else []:
         flags = {name: [bool(c) for s_, l_, c in zip(sweep.strategy, sweep.lr, sweep.collapsed)
-                        if s_ == name and l_ == lr] for name in ("random", "QB+RB")}
+                        if s_ == name and l_ == lr] for name in set(sweep.strategy)}
         k, n = sum(flags["random"]), len(flags["random"])
         claim = f"table2_baseline_collapse_lr{lr:g}"
         lo, hi = cp(k, n)
@@ -557,21 +557,31 @@ def test_table2_qbrb_vs_rb_and_collapse_rows_are_loops_over_the_committed_tables
             assert close(row.measured, k / n) and close(row.lo, lo, abs_=1e-7) and close(row.hi, hi, abs_=1e-7)
             want = ("reproduced" if lo > COLLAPSE_RATE else "not reproduced" if hi < COLLAPSE_RATE else "inconclusive")
             assert row.verdict == want, (claim, row.verdict, want)
-        # stability: QB+RB's collapses against the baseline's, Fisher's exact test (scipy), one-sided
-        kq, nq = sum(flags["QB+RB"]), len(flags["QB+RB"])
-        claim = f"table2_QB+RB_stable_lr{lr:g}"
-        best = stats.fisher_exact([[0, nq], [n, 0]], alternative="less")[1]
-        if best > 0.05 + 1e-12:  # scipy's p in floating point: 0/3 vs 3/3 is 1/20
-            assert claim not in reg.index
-            continue
-        row = reg.loc[claim]
-        p_less = stats.fisher_exact([[kq, nq - kq], [k, n - k]], alternative="less")[1]
-        p_more = stats.fisher_exact([[kq, nq - kq], [k, n - k]], alternative="greater")[1]
-        assert close(row.measured, kq / nq - k / n) and row.rule == "exact" and row.n == nq
-        assert json.loads(row.params) == dict(k=kq, n=nq, k_ref=k, n_ref=n, sign=-1, alpha=0.05)
-        want = ("reproduced" if p_less <= 0.05 + 1e-12 else "not reproduced" if p_more <= 0.05 + 1e-12
-                else "inconclusive")
-        assert row.verdict == want and f"p = {p_less:.3g}" in row.detail
+        # stability: QB's, RB's and QB+RB's collapses against the baseline's, Fisher's exact test (scipy), one-sided
+        for name in ("QB", "RB", "QB+RB"):
+            if name not in flags:
+                assert f"table2_{name}_stable_lr{lr:g}" not in reg.index
+                continue
+            kq, nq = sum(flags[name]), len(flags[name])
+            claim = f"table2_{name}_stable_lr{lr:g}"
+            best = stats.fisher_exact([[0, nq], [n, 0]], alternative="less")[1]
+            if best > 0.05 + 1e-12:  # scipy's p in floating point: 0/3 vs 3/3 is 1/20
+                assert claim not in reg.index
+                continue
+            row = reg.loc[claim]
+            p_less = stats.fisher_exact([[kq, nq - kq], [k, n - k]], alternative="less")[1]
+            p_more = stats.fisher_exact([[kq, nq - kq], [k, n - k]], alternative="greater")[1]
+            assert close(row.measured, kq / nq - k / n) and row.rule == "exact" and row.n == nq
+            assert json.loads(row.params) == dict(k=kq, n=nq, k_ref=k, n_ref=n, sign=-1, alpha=0.05)
+            want = ("reproduced" if p_less <= 0.05 + 1e-12 else "not reproduced" if p_more <= 0.05 + 1e-12
+                    else "inconclusive")
+            assert row.verdict == want and f"p = {p_less:.3g}" in row.detail
+            # and the paired final accuracy at that lr: a t interval over the probe seeds, by hand
+            fins = {(s_, sd): f for s_, l_, sd, f in zip(sweep.strategy, sweep.lr, sweep.seed, sweep.final) if l_ == lr}
+            sds = sorted(sd for s_, sd in fins if s_ == name)
+            m, lo_, hi_ = t_ci([100 * (fins[(name, sd)] - fins[("random", sd)]) for sd in sds])
+            row = reg.loc[f"table2_{name}_lr{lr:g}"]
+            assert close(row.measured, m) and close(row.lo, lo_) and close(row.hi, hi_) and row.n == len(sds)
 
 
 @pytest.mark.parametrize("k, n, want", [(1, 10, "inconclusive"), (3, 10, "inconclusive"), (4, 10, "reproduced"),
@@ -658,13 +668,16 @@ def test_table2_filter_and_equal_rollout_rows_are_loops_over_the_committed_table
     curves = pd.read_parquet(d / "fig08_training_curves.parquet")
     if "random+filter" not in set(curves.strategy):
         pytest.skip(f"{profile}: no random+filter runs committed")
+    controls = [("table2_random+filter", "random+filter", "random"), ("table2_RB_vs_filter", "RB", "random+filter"),
+                ("table2_QB+RB_vs_filter", "QB+RB", "random+filter")]
+    if "DS" in set(curves.strategy):   # DAPO's dynamic sampling, the fair control (issue 33)
+        controls += [("table2_DS", "DS", "random"), ("table2_RB_vs_DS", "RB", "DS"), ("table2_QB+RB_vs_DS", "QB+RB", "DS")]
     reg = registry(d / "claims.parquet")
     last = curves.iteration.max()
     fin = {(s, seed): a for s, seed, i, st, a in zip(curves.strategy, curves.seed, curves.iteration, curves.set,
                                                      curves.accuracy) if i == last and st == "average"}
     seeds = sorted({seed for _, seed in fin})
-    for cid, a, b in (("table2_random+filter", "random+filter", "random"), ("table2_RB_vs_filter", "RB", "random+filter"),
-                      ("table2_QB+RB_vs_filter", "QB+RB", "random+filter")):
+    for cid, a, b in controls:
         m, lo, hi = t_ci([100 * (fin[(a, s)] - fin[(b, s)]) for s in seeds])
         r = reg.loc[cid]
         assert close(r.measured, m) and close(r.lo, lo) and close(r.hi, hi) and r.n == len(seeds), cid

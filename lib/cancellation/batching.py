@@ -18,6 +18,14 @@ sampling). With `query_preserved=True` it picks whole groups, so RB composes wit
 N+ / N- count rollouts with A > 0 / A < 0: with binary rewards these are the correct / wrong
 rollouts of mixed groups; rollouts of all-equal groups (A = 0) carry no gradient and count
 only towards |B|.
+
+`dynamic_sampling` (DS, DAPO's dynamic sampling, Yu et al. 2025) is the other selection the buffer
+can make: whole groups with mixed rewards (A ≠ 0) only, until the batch holds as many groups as the
+baseline's batch (|B| rows, every group mixed); zero-variance groups are dropped as they arrive. It
+is the fair control of RB's win: the same buffer, the same sampling loop, a batch of the same size,
+balanced on nothing but "no group is all right or all wrong". DAPO's recipe drops the surplus
+mixed groups of the last round; here they wait in the buffer like RB's (max_age), so RB and DS
+differ in their release rule alone.
 """
 from __future__ import annotations
 
@@ -206,6 +214,29 @@ def reward_balanced(group: torch.Tensor, advantage: torch.Tensor, batch_size: in
     return None
 
 
+def dynamic_sampling(group: torch.Tensor, advantage: torch.Tensor, batch_size: int,
+                     priority: torch.Tensor | None = None) -> torch.Tensor | None:
+    """DS selection: rows of whole mixed groups (some A ≠ 0) summing to exactly `batch_size`, or None.
+
+    Groups are taken by decreasing `priority` of their rows (ties: row order; the buffer passes the
+    sampling round, so the freshest groups go first); a group that would overshoot is skipped.
+    Zero-variance groups (every A = 0) are never taken. Deterministic: no seed needed.
+    """
+    group, adv = torch.as_tensor(group), torch.as_tensor(advantage)
+    order = torch.arange(len(group)) if priority is None else \
+        torch.sort(-torch.as_tensor(priority, dtype=torch.float64), stable=True).indices
+    chosen, n = [], 0
+    for g in dict.fromkeys(group[order].tolist()):   # groups in priority order
+        rows = (group == g).nonzero().squeeze(1)
+        if not bool((adv[rows] != 0).any()) or n + len(rows) > batch_size:
+            continue
+        chosen.append(rows)
+        n += len(rows)
+        if n == batch_size:
+            return torch.cat(chosen)
+    return None
+
+
 def concat(batches: list[RolloutBatch]) -> RolloutBatch:
     """Rows of several batches in one, right-padded to a common length, groups renumbered.
 
@@ -231,6 +262,8 @@ def concat(batches: list[RolloutBatch]) -> RolloutBatch:
 @dataclass
 class RewardBalancedBuffer:
     """RB as a rollout buffer: `add` what was sampled, `release` a τ-balanced update batch or None.
+    With `mixed_groups` it is DAPO's dynamic-sampling buffer instead (`dynamic_sampling`): it drops
+    zero-variance groups as they arrive (`filtered`) and releases |B| rows of mixed groups.
 
     Freshest rollouts are released first (least off-policy); older ones top up a missing sign.
     Rollouts older than `max_age` sampling rounds are discarded before a release; `delayed`
@@ -241,20 +274,28 @@ class RewardBalancedBuffer:
     tau: float = 0.5                    # min(N+, N-) >= τ|B|
     query_preserved: bool = False       # select whole groups (QB+RB)
     max_age: int = 2                    # rounds a rollout may wait before it is discarded
+    mixed_groups: bool = False          # DS: release whole mixed groups, no sign quota (τ unused)
     rows: RolloutBatch | None = None    # the buffered rollouts, oldest first
     born: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))  # round sampled
     sampled: int = 0                    # rollouts added
     released: int = 0                   # rollouts released in update batches
     delayed: int = 0                    # released in a later round than sampled
     discarded: int = 0                  # dropped for age
+    filtered: int = 0                   # DS: rollouts of zero-variance groups, dropped on arrival
 
     def __len__(self):
         return 0 if self.rows is None else len(self.rows)
 
     def add(self, batch: RolloutBatch, round_: int):
+        self.sampled += len(batch)
+        if self.mixed_groups:   # DS keeps nothing of a zero-variance group: it can never be released
+            keep = nonzero_variance_rows(batch.group, batch.advantage)
+            self.filtered += len(batch) - len(keep)
+            if not len(keep):
+                return
+            batch = batch.select(keep)
         self.rows = batch if self.rows is None else concat([self.rows, batch])
         self.born = torch.cat([self.born, torch.full((len(batch),), round_, dtype=torch.long)])
-        self.sampled += len(batch)
 
     def _keep(self, keep: torch.Tensor):
         self.rows, self.born = self.rows.select(keep.nonzero().squeeze(1)), self.born[keep]
@@ -271,8 +312,11 @@ class RewardBalancedBuffer:
         if old.any():
             self.discarded += int(old.sum())
             self._keep(~old)
-        rows = reward_balanced(self.rows.group, self.rows.advantage, self.batch_size, self.tau,
-                               self.query_preserved, priority=self.born)
+        if self.mixed_groups:
+            rows = dynamic_sampling(self.rows.group, self.rows.advantage, self.batch_size, priority=self.born)
+        else:
+            rows = reward_balanced(self.rows.group, self.rows.advantage, self.batch_size, self.tau,
+                                   self.query_preserved, priority=self.born)
         if agree is not None and not agree(rows is not None):
             return None
         if rows is None:

@@ -17,6 +17,7 @@ class Strategy:
     reward_balanced: bool         # the RB buffer: sample until it releases a batch of mixed groups
     trl: bool = True              # wired into engine.BatchingGRPOTrainer (else the small trainer only)
     table2: bool = True           # one of Table 2's default rows
+    dynamic_sampling: bool = False  # DAPO's dynamic sampling buffer: sample until |B| rows of mixed groups
     doc: str = ""
 
 
@@ -28,9 +29,17 @@ STRATEGIES: dict[str, Strategy] = {
     "sign_partitioned": Strategy("sign_partitioned", False, doc="mini-batches of one advantage sign each"),
     "random+filter": Strategy("random_filter", False, trl=False, table2=False,
                               doc="zero-variance groups dropped (DAPO's filter); the small trainer only"),
+    "DS": Strategy("random", False, trl=False, table2=False, dynamic_sampling=True,
+                   doc="DAPO's dynamic sampling: keep sampling until the batch holds the baseline's count of groups, "
+                   "every one mixed (zero-variance groups dropped), then random mini-batches; the small trainer only"),
 }
 
 TABLE2_ROWS = [name for name, s in STRATEGIES.items() if s.table2]   # notebook 07's default `strategies`
+
+
+def small_only() -> list[str]:
+    """The strategies that only the small trainer runs (not wired into TRL)."""
+    return [name for name, s in STRATEGIES.items() if not s.trl]
 
 
 def plans(engine: str = "small") -> dict[str, tuple[str, bool]]:

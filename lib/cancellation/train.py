@@ -169,7 +169,7 @@ def sign_consistency_run(model, tokenizer, cfg: RunConfig, sgd_lr: float, progre
     return pd.DataFrame(out)
 
 
-_KEY_DEFAULTS = {"run_rounds": 0, "sample_rows": 256}
+_KEY_DEFAULTS = {"run_rounds": 0, "sample_rows": 256, "dynamic_sampling": False}
 
 
 def run_params(cfg) -> dict:
@@ -177,8 +177,8 @@ def run_params(cfg) -> dict:
     instead of its path alone."""
     p = asdict(cfg)
     p["source"] = cfg.source.params()
-    if p.get("reward_balanced") is False:  # run_rounds shapes RB's sampling only: a run without RB is the
-        p["run_rounds"] = 0                 # same run whatever it is, so it keeps one key (and one cache entry)
+    if not (p.get("reward_balanced") or p.get("dynamic_sampling")):  # run_rounds shapes a buffer's sampling only:
+        p["run_rounds"] = 0    # a run without one is the same run whatever it is: one key (and one cache entry)
     for k, default in _KEY_DEFAULTS.items():  # fields added after runs were cached: at their default the
         if p.get(k, default) == default:      # key stays the one earlier runs were stored under
             p.pop(k, None)
@@ -202,10 +202,11 @@ class TrainConfig(_SamplesThePolicy):
     max_new_tokens: int = 96        # response length cap
     plan: str = "random"            # mini-batch plan: random | query_preserved | sign_partitioned
     reward_balanced: bool = False   # RB: update only on a batch with min(N+, N-) >= tau |B|
+    dynamic_sampling: bool = False  # DS (DAPO): update only on a batch of |B| rollouts of mixed groups
     tau: float = 0.4                # RB quota of either sign
-    max_rounds: int = 4             # RB: sampling rounds per iteration before it gives up (no update)
-    max_age: int = 2                # RB: rounds a buffered rollout may wait before it is discarded
-    run_rounds: int = 0             # RB: sampling rounds for the whole run; >0: an iteration samples until the buffer releases (equal optimizer steps across strategies) while the run has rounds left; 0: max_rounds per iteration
+    max_rounds: int = 4             # RB/DS: sampling rounds per iteration before it gives up (no update)
+    max_age: int = 2                # RB/DS: rounds a buffered rollout may wait before it is discarded
+    run_rounds: int = 0             # RB/DS: sampling rounds for the whole run; >0: an iteration samples until the buffer releases (equal optimizer steps across strategies) while the run has rounds left; 0: max_rounds per iteration
     eval_every: int = 4             # iterations between evaluations (and one before training)
     eval_sets: list = field(default_factory=lambda: list(tasks.DIFFICULTIES))  # held-out difficulties or problem files
     eval_n: int = 64                # problems per evaluation set
@@ -221,7 +222,19 @@ class TrainConfig(_SamplesThePolicy):
     def __post_init__(self):
         if self.plan not in batching.PLANS:
             raise ValueError(f"TrainConfig.plan={self.plan!r}; allowed: {', '.join(batching.PLANS)}")
+        if self.reward_balanced and self.dynamic_sampling:
+            raise ValueError("TrainConfig: reward_balanced and dynamic_sampling are two release rules of one "
+                             "buffer; choose one")
         super().__post_init__()
+
+    @property
+    def buffered(self) -> bool:
+        """Sampling goes through the buffer (RB or DS): an iteration may sample several rounds."""
+        return self.reward_balanced or self.dynamic_sampling
+
+    @property
+    def label(self) -> str:
+        return self.plan + ("+RB" if self.reward_balanced else "+DS" if self.dynamic_sampling else "")
 
 
 # Table 2's rows the small trainer runs (every registered one): name -> (mini-batch plan, reward-balanced buffer)
@@ -233,7 +246,8 @@ def strategy_config(name: str, **kw) -> TrainConfig:
     if name not in STRATEGIES:
         raise ValueError(f"unknown batching strategy {name!r}; allowed: {', '.join(STRATEGIES)}")
     plan, rb = STRATEGIES[name]
-    return TrainConfig(plan=plan, reward_balanced=rb, **kw)
+    return TrainConfig(plan=plan, reward_balanced=rb, dynamic_sampling=strategies.STRATEGIES[name].dynamic_sampling,
+                       **kw)
 
 
 def set_name(name: str) -> str:
@@ -380,8 +394,9 @@ def _train_run(model, tok, cfg, opt, sampler, ckpt_path, ckpt_every, progress, o
 
     B = cfg.n_prompts * cfg.G
     st = dict(iteration=0, round=0, iters=[], mbs=[], evals=[],
-              buffer=batching.RewardBalancedBuffer(B, cfg.tau, cfg.plan == "query_preserved", cfg.max_age)
-              if cfg.reward_balanced else None)
+              buffer=batching.RewardBalancedBuffer(B, cfg.tau, cfg.plan == "query_preserved", cfg.max_age,
+                                                   mixed_groups=cfg.dynamic_sampling)
+              if cfg.buffered else None)
     ck = _load_checkpoint(ckpt_path)
     if ck is not None:
         if ck["config"] != run_params(cfg):
@@ -405,11 +420,11 @@ def _train_run(model, tok, cfg, opt, sampler, ckpt_path, ckpt_every, progress, o
             do_eval(0)
         else:
             st["evals"] += [dict(iteration=0, updates=0, set=d, accuracy=a, seconds=0.0) for d, a in initial_eval.items()]
-    name = cfg.plan + ("+RB" if cfg.reward_balanced else "")
+    name = cfg.label
     for it in tqdm(range(st["iteration"], cfg.iterations), desc=f"train {name} s{cfg.seed}", disable=not progress,
                    initial=st["iteration"], total=cfg.iterations):
         t0 = time.time()
-        if not cfg.reward_balanced:
+        if not cfg.buffered:
             cap = 1
         elif cfg.run_rounds:  # equal optimizer steps: keep sampling while the run's budget lasts
             cap = max(0, cfg.run_rounds - st["round"])
@@ -428,7 +443,8 @@ def _train_run(model, tok, cfg, opt, sampler, ckpt_path, ckpt_every, progress, o
                    updated=batch is not None, t_sample=t_sample)
         if st["buffer"] is not None:
             row.update({f"buffer_{k}": v for k, v in st["buffer"].stats().items()
-                        if k in ("discarded", "delayed", "buffered", "sampled", "released")})
+                        if k in ("discarded", "delayed", "buffered", "sampled", "released")
+                        or (k == "filtered" and cfg.dynamic_sampling)})
         if batch is not None:
             t1 = time.time()
             old = measure.token_stats(model, batch, cfg.update.chunk_rows, token_chunk=cfg.update.token_chunk)
@@ -498,7 +514,7 @@ def cached_train(model_path, cfg: TrainConfig, dtype: str = "float32", device: s
 def _train_worker(args) -> str:
     model_path, cfg, kw = args
     cached_train(model_path, cfg, progress=False, **kw)
-    return f"{cfg.plan}{'+RB' if cfg.reward_balanced else ''} seed {cfg.seed} lr {cfg.update.lr:g}"
+    return f"{cfg.label} seed {cfg.seed} lr {cfg.update.lr:g}"
 
 
 def _extra_worker(args) -> str:
@@ -529,7 +545,7 @@ def cached_train_many(model_path, cfgs: list[TrainConfig], workers: int = 1, dty
     kw = dict(dtype=dtype, device=device, threads=threads)
     if workers > 1:
         todo = [c for c in cfgs if cache.load("train_run", _train_key(model_path, c, **kw)) is cache.MISS]
-        todo.sort(key=lambda c: not c.reward_balanced)   # stable: RB runs first, otherwise in order
+        todo.sort(key=lambda c: not c.buffered)   # stable: RB/DS runs (the longest) first, otherwise in order
         more = [(name, fn, args) for name, is_cached, fn, args in extra if not is_cached()]
         if todo or more:
             with ProcessPoolExecutor(min(workers, len(todo) + len(more)), mp_context=get_context("spawn")) as ex:

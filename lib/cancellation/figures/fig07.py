@@ -21,7 +21,7 @@ import pandas as pd
 import torch
 from scipy import stats
 
-from .. import cache, policy, strategies, train
+from .. import cache, plots, policy, strategies, train
 from .. import claims as C
 from .. import workload as W
 from .. import stats as ST
@@ -31,6 +31,8 @@ from .base import param
 
 STRATEGY_NAMES = list(strategies.TABLE2_ROWS)     # the default rows of Table 2 (cancellation.strategies)
 STRATEGY_CHOICES = list(strategies.STRATEGIES)     # every registered strategy
+SMALL_ONLY = strategies.small_only()               # the strategies TRL does not run (random+filter, DS)
+COLORS = dict(zip(strategies.STRATEGIES, [plots.PALETTE[i] for i in (7, 0, 4, 2, 1, 5, 3)]))  # one per strategy
 DTYPES = ["float64", "float32", "bfloat16", "float16"]
 
 
@@ -42,9 +44,9 @@ class Params(base.FigureParams):
          "workers > 1 parallelises the small trainer on the CPU only (set workers: 1 for engine trl or a GPU)"),
         (lambda run_rounds, iterations: run_rounds == 0 or run_rounds >= iterations,
          "run_rounds (a whole run's RB sampling budget) must be 0 or at least iterations"),
-        (lambda trl_strategies, engine, strategies, probe_strategies: 'random+filter' not in trl_strategies and (
-            engine == 'small' or 'random+filter' not in strategies + probe_strategies),
-         "random+filter runs on the small trainer only (not wired into TRL)"),
+        (lambda trl_strategies, engine, strategies, probe_strategies: not set(SMALL_ONLY) & set(trl_strategies) and (
+            engine == 'small' or not set(SMALL_ONLY) & set(strategies + probe_strategies)),
+         f"{', '.join(SMALL_ONLY)} run on the small trainer only (not wired into TRL)"),
         (lambda engine, budget_strategies: engine == 'small' or not budget_strategies,
          "the equal-rollout-budget arm (budget_strategies) runs on the small trainer only (TRL's RB has no "
          "whole-run budget); set budget_strategies: []"),
@@ -69,7 +71,8 @@ class Params(base.FigureParams):
     lr: float = param(3e-4, "Adam learning rate", gt=0)
     probe_lrs: list = param([1e-3], "larger learning rates of the stability sweep, each a separate set of runs",
                             gt=0, distinct=True)
-    probe_strategies: list = param(["random", "QB+RB"], "strategies rerun at each of probe_lrs ([] skips the sweep)",
+    probe_strategies: list = param(["random", "QB", "RB", "QB+RB"], "strategies rerun at each of probe_lrs "
+                                   "([] skips the sweep)",
                                    choices=STRATEGY_CHOICES, distinct=True)
     probe_seeds: list = param([0], "seeds of the stability sweep", min=0, distinct=True)
     budget_strategies: list = param([], "RB strategies rerun at the baseline's rollout budget (run_rounds = "
@@ -79,9 +82,9 @@ class Params(base.FigureParams):
     imbalance_plans: int = param(4, "Eq. 14: plans drawn per strategy (random, QB, sign-partitioned) on each seed's "
                                  "first batch, each mini-batch's gradient taken at the starting policy (0 skips)", min=0)
     tau: float = param(0.4, "RB: min(N+, N-) at least tau times the batch size", min=0, max=0.5)
-    max_rounds: int = param(4, "RB: sampling rounds per iteration before it skips the update", min=1)
-    max_age: int = param(2, "RB: rounds a buffered rollout may wait before it is discarded", min=0)
-    run_rounds: int = param(0, "RB: sampling rounds for a whole run; above 0 an iteration samples until a batch "
+    max_rounds: int = param(4, "RB and DS: sampling rounds per iteration before it skips the update", min=1)
+    max_age: int = param(2, "RB and DS: rounds a buffered rollout may wait before it is discarded", min=0)
+    run_rounds: int = param(0, "RB and DS: sampling rounds for a whole run; above 0 an iteration samples until a batch "
                             "is released (equal optimizer steps)", min=0)
     temperature: float = param(1.0, "training sampling temperature", gt=0)
     max_new_tokens: int = param(96, "response length cap", min=1)
@@ -409,7 +412,7 @@ def ci(x):
 def _fewer_steps_cause(name: str, P: Params) -> str:
     """Why strategy `name` can take fewer optimizer steps than the others."""
     plan, rb = train.STRATEGIES[name]
-    if rb:
+    if rb or strategies.STRATEGIES[name].dynamic_sampling:
         return ("the whole-run sampling budget (run_rounds) ran out before every iteration had released a batch; "
                 "a larger run_rounds equalises them" if P.run_rounds else
                 "the buffer released no batch within max_rounds on some iterations; run_rounds > 0 keeps it sampling")
@@ -455,6 +458,7 @@ def _tables(P: Params, runs, probe) -> Result:
     table2 = pd.DataFrame(index=pd.Index(P.strategies, name="strategy"))
     table2["QB"] = [train.STRATEGIES[s][0] == "query_preserved" for s in P.strategies]
     table2["RB"] = [train.STRATEGIES[s][1] for s in P.strategies]
+    buffered = [train.STRATEGIES[s][1] or strategies.STRATEGIES[s].dynamic_sampling for s in P.strategies]
     for c in cols:
         a = agg[agg.set == c].set_index("strategy")
         table2[f"{c}_mean"], table2[f"{c}_ci95"] = 100 * a["mean"], 100 * a["ci"]
@@ -473,7 +477,7 @@ def _tables(P: Params, runs, probe) -> Result:
     shown["rollouts (sampled / discarded / delayed)"] = [
         f"{s:.0f} / {d:.0f} / {y:.0f}" if r else f"{s:.0f}" for s, d, y, r in
         zip(table2.rollouts_sampled, table2.rollouts_discarded.fillna(0), table2.rollouts_delayed.fillna(0),
-            table2.RB)]
+            buffered)]
     shown["optimizer steps"] = table2.optimizer_steps.round(1)
     fa = final[final.set == "average"].pivot(index="seed", columns="strategy", values="accuracy")
     # the stability sweep
@@ -687,49 +691,63 @@ def _all_claims(R: Result, P: Params) -> list[C.Claim]:
                                 "yes", pr, lo, hi, n=n, unit="share of baseline runs collapsed", rule="direction",
                                 params=dict(sign=1, ref=COLLAPSE_RATE), **CP,
                                 detail=f"{k}/{n} collapsed (unstable: more than {COLLAPSE_RATE:g} of runs)"))
-        if "QB+RB" in col and "random" in col:  # the paper: batching keeps training stable where the baseline is not
-            q = sweep[(sweep.lr == r_) & (sweep.strategy == "QB+RB")].collapsed
-            b = sweep[(sweep.lr == r_) & (sweep.strategy == "random")].collapsed
-            k, n, kb, nb = int(q.sum()), len(q), int(b.sum()), len(b)
-            rows.append(C.Claim(f"table2_QB+RB_stable_lr{r_:g}", T2_SWEEP, f"QB+RB collapses less often than the "
-                                f"baseline at lr {r_:g}", "yes (QB+RB stable, the baseline not)", k / n - kb / nb,
-                                n=n, unit="share collapsed, QB+RB − random", rule="exact",
-                                params=dict(k=k, n=n, k_ref=kb, n_ref=nb, sign=-1, alpha=0.05), **FISHER,
-                                detail=f"QB+RB {k}/{n} collapsed, random {kb}/{nb}; one-sided p = "
-                                f"{C.fisher_p(k, n, kb, nb, lower=True):.3g} (at {n} vs {nb} runs the smallest p "
-                                f"possible is {C.fisher_p(0, n, nb, nb, lower=True):.3g}); replaces a "
-                                f"Clopper–Pearson bound below {COLLAPSE_RATE:g}, which no count of fewer than 36 "
-                                "runs reaches"))
-        if "random" in at and "QB+RB" in at:
-            d = 100 * (at["QB+RB"] - at["random"])
-            rows.append(C.Claim(f"table2_QB+RB_lr{r_:g}", T2_SWEEP, f"QB+RB beats the baseline at lr {r_:g}", "yes",
-                                *ST.t_interval(d), n=len(d), unit="pts vs random (paired)", rule="direction",
-                                params=dict(sign=1), **PAIRED_T,
-                                detail=f"final average {100 * at['QB+RB'].mean():.1f}% vs random "
-                                f"{100 * at['random'].mean():.1f}%; QB+RB collapsed {int(col['QB+RB'].sum())}/{len(col)} "
-                                f"too (a win over a collapsed baseline, not stability)"))
+        for name in ("QB", "RB", "QB+RB"):   # the paper: QB and RB each mitigate instability, QB+RB the most
+            rows += _sweep_rows(sweep[sweep.lr == r_], name, r_, T2_SWEEP)
     return rows
 
 
+def _sweep_rows(sw: pd.DataFrame, name: str, lr: float, label: str) -> list[C.Claim]:
+    """Strategy `name` against the baseline at one lr of the stability sweep (`sw`: its rows): collapses
+    compared by Fisher's exact test, and the paired final accuracy."""
+    col = sw.pivot(index="seed", columns="strategy", values="collapsed")
+    at = sw.pivot(index="seed", columns="strategy", values="final")
+    if name not in col or "random" not in col:
+        return []
+    q, b = sw[sw.strategy == name].collapsed, sw[sw.strategy == "random"].collapsed
+    k, n, kb, nb = int(q.sum()), len(q), int(b.sum()), len(b)
+    d = 100 * (at[name] - at["random"])
+    return [C.Claim(f"table2_{name}_stable_lr{lr:g}", label, f"{name} collapses less often than the baseline at lr "
+                    f"{lr:g}", f"yes ({name} stable, the baseline not)", k / n - kb / nb, n=n,
+                    unit=f"share collapsed, {name} − random", rule="exact",
+                    params=dict(k=k, n=n, k_ref=kb, n_ref=nb, sign=-1, alpha=0.05), **FISHER,
+                    detail=f"{name} {k}/{n} collapsed, random {kb}/{nb}; one-sided p = "
+                    f"{C.fisher_p(k, n, kb, nb, lower=True):.3g} (at {n} vs {nb} runs the smallest p possible is "
+                    f"{C.fisher_p(0, n, nb, nb, lower=True):.3g}); replaces a Clopper–Pearson bound below "
+                    f"{COLLAPSE_RATE:g}, which no count of fewer than 36 runs reaches"),
+            C.Claim(f"table2_{name}_lr{lr:g}", label, f"{name} beats the baseline at lr {lr:g}", "yes",
+                    *ST.t_interval(d), n=len(d), unit="pts vs random (paired)", rule="direction", params=dict(sign=1),
+                    **PAIRED_T, detail=f"final average {100 * at[name].mean():.1f}% vs random "
+                    f"{100 * at['random'].mean():.1f}%; {name} collapsed {int(col[name].sum())}/{len(col)} too (a win "
+                    "over a collapsed baseline, not stability)")]
+
+
 def _fair_baselines(R: Result, P: Params, T2: str) -> list[C.Claim]:
-    """The referee's two controls of RB's win: the baseline with zero-variance groups dropped (DAPO's
-    filter: the same rollouts, only A ≠ 0 rows updated), and RB held to the baseline's rollout budget."""
+    """The referee's controls of RB's win: DAPO's dynamic sampling (DS: the same buffer and batch size,
+    released once every group is mixed, no sign quota), the baseline with zero-variance groups dropped
+    from its own batch (random+filter: a smaller update batch, so a weaker control), and RB held to the
+    baseline's rollout budget. Each row says what its control shows."""
     rows, fa = [], R.final_avg
-    if "random" in fa and "random+filter" in fa:
-        d = 100 * (fa["random+filter"] - fa["random"])
-        rows.append(C.Claim("table2_random+filter", T2, "dropping zero-variance groups (DAPO's filter) alone beats "
-                            "the baseline", "— (a control)", *ST.t_interval(d), n=len(d),
+    controls = (("DS", "DAPO's dynamic sampling (sampling until the batch is full of mixed groups) beats the "
+                 "baseline", "its win is more than a batch full of mixed groups: RB's sign quota adds to it"),
+                ("random+filter", "the baseline's own mixed groups alone (zero-variance groups dropped, a smaller "
+                 "batch) beat the baseline", "its win is more than dropping the A = 0 groups of the baseline's batch"))
+    for ctl, stmt, more in controls:
+        if "random" not in fa or ctl not in fa:
+            continue
+        d = 100 * (fa[ctl] - fa["random"])
+        rows.append(C.Claim(f"table2_{ctl}", T2, stmt, "— (a control)", *ST.t_interval(d), n=len(d),
                             unit="pts vs random (paired)", rule="direction", params=dict(sign=1), **PAIRED_T,
-                            detail=f"final average {100 * fa['random+filter'].mean():.1f}% vs random "
-                            f"{100 * fa['random'].mean():.1f}%; " + caveats(R, P, "random+filter")))
+                            detail=f"final average {100 * fa[ctl].mean():.1f}% vs random "
+                            f"{100 * fa['random'].mean():.1f}%; " + caveats(R, P, ctl)))
+        suffix = "filter" if ctl == "random+filter" else ctl   # table2_RB_vs_filter: the id rows had before DS
         for name in ("RB", "QB+RB"):
             if name in fa:
-                d = 100 * (fa[name] - fa["random+filter"])
-                rows.append(C.Claim(f"table2_{name}_vs_filter", T2, f"{name} beats the filtered baseline (its win is "
-                                    "more than dropping A = 0 groups)", "implied", *ST.t_interval(d), n=len(d),
-                                    unit="pts vs random+filter (paired)", rule="direction", params=dict(sign=1),
-                                    **PAIRED_T, detail=f"final average {100 * fa[name].mean():.1f}% vs random+filter "
-                                    f"{100 * fa['random+filter'].mean():.1f}%"))
+                d = 100 * (fa[name] - fa[ctl])
+                rows.append(C.Claim(f"table2_{name}_vs_{suffix}", T2, f"{name} beats {ctl} ({more})", "implied",
+                                    *ST.t_interval(d), n=len(d), unit=f"pts vs {ctl} (paired)", rule="direction",
+                                    params=dict(sign=1), **PAIRED_T,
+                                    detail=f"final average {100 * fa[name].mean():.1f}% vs {ctl} "
+                                    f"{100 * fa[ctl].mean():.1f}%"))
     if R.budget is not None and len(R.budget) and "random" in fa:
         t2 = R.table2.set_index("strategy")
         label = f"Table 2, equal rollouts ({len(P.seeds)} seeds x {P.iterations} iterations)"
