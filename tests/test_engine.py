@@ -62,7 +62,10 @@ def test_strategy_property_from_trainer_record(runs, strategy):
             assert d.groupby("minibatch").size().nunique() == 1
         if rb:                           # balanced counts
             assert min((d.sign > 0).sum(), (d.sign < 0).sum()) >= math.ceil(RUN["tau"] * B - 1e-9)
-    if rb:
+        if strategy == "DS":             # DAPO's dynamic sampling: whole groups, each with mixed rewards
+            per = d.groupby("group").reward.agg(["size", "min", "max"])
+            assert (per["size"] == RUN["G"]).all() and (per["min"] < per["max"]).all()
+    if rb or strategy == "DS":
         assert {"buffer_discarded", "buffer_delayed"} <= set(its.columns)
         assert "rb/discarded" in out["log"].columns and "rb/delayed" in out["log"].columns
     # monitor ran and logged through the trainer

@@ -29,7 +29,7 @@ STRATEGIES: dict[str, Strategy] = {
     "sign_partitioned": Strategy("sign_partitioned", False, doc="mini-batches of one advantage sign each"),
     "random+filter": Strategy("random_filter", False, trl=False, table2=False,
                               doc="zero-variance groups dropped (DAPO's filter); the small trainer only"),
-    "DS": Strategy("random", False, trl=False, table2=False, dynamic_sampling=True,
+    "DS": Strategy("random", False, table2=False, dynamic_sampling=True,
                    doc="DAPO's dynamic sampling: keep sampling until the batch holds the baseline's count of groups, "
                    "every one mixed (zero-variance groups dropped), then random mini-batches; the small trainer only"),
 }

@@ -56,7 +56,7 @@ import time
 import pandas as pd
 import torch
 
-from .. import batching, rollout, seeds
+from .. import batching, rollout, seeds, strategies
 from .data import STRATEGIES, _import_trl, from_rollout, micro_rows, to_rollout
 
 GRPOTrainer = _import_trl().GRPOTrainer
@@ -95,8 +95,8 @@ def check_rewards(rewards_per_func: torch.Tensor, names: list[str]) -> None:
 class BatchingGRPOTrainer(GRPOTrainer):
     """GRPOTrainer whose generation batches are split by a Table 2 strategy (`STRATEGIES`).
 
-    Extra arguments: `strategy` (a key of STRATEGIES), `tau`, `max_rounds`, `max_age` (RB,
-    as in train.TrainConfig), `plan_seed` (seeds the plans as train_run does), `token_chunk`
+    Extra arguments: `strategy` (a key of STRATEGIES), `tau`, `max_rounds`, `max_age` (RB and
+    DS, as in train.TrainConfig), `plan_seed` (seeds the plans as train_run does), `token_chunk`
     (the Compute bound: with `gradient_accumulation_steps` > 1, see `grpo_config`, each
     mini-batch is packed into micro-batches of at most token_chunk // max_completion_length
     rows, one per accumulation step, empty steps padding the rest). Everything else is
@@ -115,6 +115,7 @@ class BatchingGRPOTrainer(GRPOTrainer):
             raise ValueError("BatchingGRPOTrainer needs num_iterations=1 (one pass over each batch, docs/methods.md)")
         self.strategy = strategy
         self.plan, self.reward_balanced = STRATEGIES[strategy]
+        self.dynamic_sampling = strategies.STRATEGIES[strategy].dynamic_sampling   # DS: DAPO's release rule
         self.max_rounds = max_rounds
         self.plan_seed = self.args.seed if plan_seed is None else plan_seed
         self.accumulation = self.args.gradient_accumulation_steps
@@ -125,8 +126,9 @@ class BatchingGRPOTrainer(GRPOTrainer):
         B = self.args.per_device_train_batch_size * self.args.steps_per_generation
         self.micro_rows = micro_rows(self.args.max_completion_length, token_chunk) if token_chunk else \
             B // self.n_minibatches
-        self.buffer = batching.RewardBalancedBuffer(B, tau, self.plan == "query_preserved", max_age) \
-            if self.reward_balanced else None
+        self.buffer = batching.RewardBalancedBuffer(B, tau, self.plan == "query_preserved", max_age,
+                                                    mixed_groups=self.dynamic_sampling) \
+            if self.reward_balanced or self.dynamic_sampling else None
         self._iteration = 0
         self._round = 0
         self._extra_iter = None
@@ -209,7 +211,7 @@ class BatchingGRPOTrainer(GRPOTrainer):
         it = self._iteration
         self._iteration += 1
         t0 = time.perf_counter()
-        cap = self.max_rounds if self.reward_balanced else 1
+        cap = self.max_rounds if self.buffer is not None else 1
 
         def sample(r, k):
             return self._generate_round(generation_batch if k == 0 else self._extra_generation_batch())

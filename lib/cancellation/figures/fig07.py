@@ -31,7 +31,7 @@ from .base import param
 
 STRATEGY_NAMES = list(strategies.TABLE2_ROWS)     # the default rows of Table 2 (cancellation.strategies)
 STRATEGY_CHOICES = list(strategies.STRATEGIES)     # every registered strategy
-SMALL_ONLY = strategies.small_only()               # the strategies TRL does not run (random+filter, DS)
+SMALL_ONLY = strategies.small_only()               # the strategies TRL does not run (random+filter)
 COLORS = dict(zip(strategies.STRATEGIES, [plots.PALETTE[i] for i in (7, 0, 4, 2, 1, 5, 3)]))  # one per strategy
 DTYPES = ["float64", "float32", "bfloat16", "float16"]
 
@@ -46,7 +46,7 @@ class Params(base.FigureParams):
          "run_rounds (a whole run's RB sampling budget) must be 0 or at least iterations"),
         (lambda trl_strategies, engine, strategies, probe_strategies: not set(SMALL_ONLY) & set(trl_strategies) and (
             engine == 'small' or not set(SMALL_ONLY) & set(strategies + probe_strategies)),
-         f"{', '.join(SMALL_ONLY)} run on the small trainer only (not wired into TRL)"),
+         f"{', '.join(SMALL_ONLY)}: the small trainer only (not wired into TRL)"),
         (lambda engine, budget_strategies: engine == 'small' or not budget_strategies,
          "the equal-rollout-budget arm (budget_strategies) runs on the small trainer only (TRL's RB has no "
          "whole-run budget); set budget_strategies: []"),
