@@ -52,18 +52,15 @@ params = {}                          # values of figures.fig04.Params (set by th
 import logging
 
 import matplotlib.pyplot as plt
-import numpy as np
 
-from cancellation import categories, claims, plots
-from cancellation.figures import fig04
+from cancellation import claims, plots
+from cancellation.figures import fig04, fig04_plots
 
 logging.basicConfig(level=logging.WARNING)
 P = fig04.Params(**params)   # every parameter, its default, doc and allowed range: lib/cancellation/figures/fig04.py
 R = fig04.compute(P)         # Algorithm 2 on every batch (cached per batch), tagging, masses, shifts, settings
 R.write(results_dir)
 print(R.summary)
-UPDATES, LABELS = fig04.UPDATES, fig04.LABELS
-COLORS = {"positive_only": plots.PALETTE[0], "grpo": plots.PALETTE[1]}
 
 # %% [markdown]
 # ## Tagging check
@@ -73,15 +70,13 @@ COLORS = {"positive_only": plots.PALETTE[0], "grpo": plots.PALETTE[1]}
 # the next run without recomputing.
 
 # %%
-for c, d in R.audit.groupby("category", sort=False):
-    print(f"{c:>9} ({d.n.sum():6d} tokens): " + "  ".join(f"{t}×{n}" for t, n in zip(d.token, d.n)))
+print("\n".join(fig04.audit_lines(R.audit)))
 
 # %% [markdown]
 # ## Boosted and suppressed mass per category
 
 # %%
-view = R.summary_table[R.summary_table.measure.isin(["boosted_mass", "suppressed_mass", "boosted_share", "n_tokens"])]
-view.pivot_table(index=["category"], columns=["measure", "update"], values="mean").round(4)
+fig04.mass_view(R.summary_table)
 
 # %% [markdown]
 # ## Tokens whose Δlog p differs most between the two updates
@@ -89,54 +84,14 @@ view.pivot_table(index=["category"], columns=["measure", "update"], values="mean
 # its occurrences in all batches, ranked by |mean Δ_GRPO − mean Δ_positive-only|.
 
 # %%
-print("single occurrences with the largest difference (with the 6 tokens before them):")
-for r in R.occurrences.itertuples():
-    print(f"  ...{r.context} [{r.token}] ({r.category}, r={r.reward:.0f}, p={r.prob:.2f}): "
-          f"Δ positive-only {r.delta_positive_only:+.2e}, Δ GRPO {r.delta_grpo:+.2e}")
+print("\n".join(fig04.occurrence_lines(R.occurrences)))
 R.top.round(5)
 
 # %% [markdown]
 # ## Fig. 4
 
 # %%
-cats, top, x = R.cats, R.top, np.arange(len(R.cats))
-fig, axes = plots.figure(ncols=2, nrows=2, width=plots.WIDTH_2COL, height=4.3)
-
-
-def bars(ax, meas, sign=1, alpha=1.0):
-    for k, u in enumerate(UPDATES):
-        s = R.summary_table[(R.summary_table["update"] == u) & (R.summary_table.measure == meas)]
-        s = s.set_index("category").loc[cats]
-        ax.bar(x + (k - 0.5) * 0.38, sign * s["mean"], 0.38, yerr=[s["mean"] - s.lo, s.hi - s["mean"]], capsize=2,
-               color=COLORS[u], alpha=alpha, label=LABELS[u] if sign > 0 else None, error_kw={"lw": 0.8})
-    ax.set_xticks(x, cats)
-
-
-ax = axes[0, 0]
-bars(ax, "boosted_share")
-ax.set(ylabel="share of all boosted mass", title="(a) share of boosted mass Σmax(Δ,0)", ylim=(0, 1))
-ax.legend(frameon=False)
-ax = axes[0, 1]
-s = R.shift.set_index("category").loc[cats]
-ax.errorbar(x, s["mean"], yerr=[s["mean"] - s.lo, s.hi - s["mean"]], fmt="o", color="k", capsize=3, ms=4)
-ax.axhline(0, color="k", lw=0.6)
-ax.set_xticks(x, cats)
-ax.set(ylabel="share: GRPO − positive-only", title="(b) paired shift of the boosted share (95% CI)")
-ax = axes[1, 0]
-bars(ax, "boosted_mass")
-bars(ax, "suppressed_mass", sign=-1, alpha=0.45)
-ax.axhline(0, color="k", lw=0.6)
-ax.set(ylabel="mass per batch", title="(c) boosted (up) and suppressed (down) mass")
-ax = axes[1, 1]
-scale = 10.0 ** np.floor(np.log10(max(top[["mean_delta_positive_only", "mean_delta_grpo"]].abs().max().max(), 1e-300)))
-y = np.arange(len(top))[::-1]
-ax.barh(y + 0.2, top.mean_delta_positive_only / scale, 0.4, color=COLORS["positive_only"])
-ax.barh(y - 0.2, top.mean_delta_grpo / scale, 0.4, color=COLORS["grpo"])
-ax.set_yticks(y, [f"[{c[0]}] {t}".replace("$", r"\$") for t, c in zip(R.top_labels, top.category)], fontsize=6.5)
-ax.axvline(0, color="k", lw=0.6)
-ax.set(xlabel=f"mean Δlog p per occurrence (×{scale:.0e})",
-       title="(d) tokens that differ most ([M]ath [T]emplate [R]easoning)")
-fig.tight_layout()
+fig = fig04_plots.category_shift(R)   # lib/cancellation/figures/fig04_plots.py
 plots.save(fig, "fig04_category_shift", fig_dir)
 plt.show()
 
@@ -147,15 +102,7 @@ plt.show()
 # the paired difference excluding zero. The cell below prints that test.
 
 # %%
-for c in cats:
-    print(f"{c:>9}: boosted share positive-only {fig04.fmt(R.table, c, u='positive_only')}, GRPO "
-          f"{fig04.fmt(R.table, c, u='grpo')}; paired shift GRPO − positive-only "
-          f"{fig04.fmt(R.table, c, 'boosted_share_shift')}")
-for c, want in (("Template", -1), ("Reasoning", 1)):
-    if c in R.per:
-        print(f"  {c}: {fig04.moved(R.per, c, want)} move in the paper's direction")
-print("total mass per batch:\n" + R.totals.to_string())
-print("Template tokens by confidence (means per batch):\n" + R.template_confidence.round(4).to_string())
+print("\n".join(fig04.shift_report(R)))
 
 # %% [markdown]
 # ## Which verdicts come from the tagging and which from the scaffold wording
@@ -165,26 +112,10 @@ print("Template tokens by confidence (means per batch):\n" + R.template_confiden
 # 95% t intervals over batches.
 
 # %%
-R.compare.assign(tokens=lambda d: (100 * d.token_share).map("{:.1f}%".format),
-                 **{"boosted share (positive-only → GRPO)": lambda d: d.apply(
-                     lambda r: f"{r.boosted_share_positive_only:.3f} → {r.boosted_share_grpo:.3f}", axis=1),
-                    "paired shift [95% CI]": lambda d: d.apply(
-                        lambda r: f"{r['shift']:+.3f} [{r.lo:+.3f}, {r.hi:+.3f}]", axis=1)}) \
-    .set_index(["setting", "category"])[["tokens", "boosted share (positive-only → GRPO)", "paired shift [95% CI]"]]
+fig04.compare_view(R.compare)
 
 # %%
-fig, ax = plots.figure(width=plots.WIDTH_1COL * 1.5, height=2.9)
-shown_cats = [c for c in categories.CATEGORIES if c in set(R.compare.category)]
-for k, name in enumerate(R.settings):
-    d = R.compare[R.compare.setting == name].set_index("category").reindex(shown_cats)
-    xs = np.arange(len(shown_cats)) + (k - (len(R.settings) - 1) / 2) * 0.22
-    ax.errorbar(xs, d["shift"], yerr=[d["shift"] - d.lo, d.hi - d["shift"]], fmt="os^"[k % 3], ms=4, capsize=2,
-                color=plots.PALETTE[k], label=name)
-ax.axhline(0, color="k", lw=0.6)
-ax.set_xticks(np.arange(len(shown_cats)), shown_cats)
-ax.set(ylabel="boosted share: GRPO − positive-only", title="Fig. 4(b) by tagging and by scaffold (95% CI)")
-ax.legend(frameon=False, fontsize=6.5, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=3)
-fig.tight_layout()
+fig = fig04_plots.settings_shift(R)
 plots.save(fig, "fig04b_category_shift_settings", fig_dir)
 plt.show()
 
@@ -203,34 +134,10 @@ plt.show()
 # %%
 T, TC = R.thesis, fig04.thesis_claims(R.thesis)
 print("no group holds both classes: nothing to compare on this profile" if T.empty else "")
-T[T.category == "all"].assign(ci=lambda d: d.apply(lambda r: f"{r.contrast:+.2e} [{r.lo:+.2e}, {r.hi:+.2e}]", axis=1)) \
-    .pivot(index=["pool", "statistic"], columns="estimator", values="ci")
+fig04.thesis_view(T)
 
 # %%
-fig, axes = plots.figure(ncols=2, width=plots.WIDTH_2COL, height=2.6, gridspec_kw={"width_ratios": [1, 1.5]})
-ax, k = axes[0], 0
-for pool in ("pos", "neg"):
-    d = T[(T.pool == pool) & (T.category == "all") & (T.estimator == "raw")].set_index("statistic")
-    for j, cls in enumerate(("shared", "specific")):
-        if len(d):
-            single = d.loc["net", f"mean_{cls}"] - d.loc["cancellation", f"mean_{cls}"]
-            ax.bar([k, k + 0.4], [single, d.loc["net", f"mean_{cls}"]], 0.38, color=plots.PALETTE[j],
-                   hatch=["", "//"], label=cls if pool == "pos" else None)
-        k += 1
-ax.axhline(0, color="k", lw=0.6)
-ax.set_xticks([0.2, 1.2, 2.2, 3.2], ["A>0\nshared", "A>0\nspecific", "A<0\nshared", "A<0\nspecific"])
-ax.set(ylabel="mean Δlog p per token", title="(a) single-sign step (plain) vs GRPO (hatched)")
-ax.legend(frameon=False, fontsize=6.5) if len(T) else None
-ax, sc = axes[1], 10.0 ** np.floor(np.log10(np.nanmax([abs(c.measured) for c in TC] + [1e-300])))
-for y, c in enumerate(TC[::-1]):
-    x, (lo, hi) = (c.params["sign"] * c.measured / sc, sorted((c.params["sign"] * c.lo / sc, c.params["sign"] * c.hi / sc)))
-    ax.errorbar(x, y, xerr=[[x - lo], [hi - x]], fmt="o", ms=3.5, capsize=2,
-                color={"reproduced": "k", "not reproduced": plots.PALETTE[1]}.get(c.verdict, plots.PALETTE[5]))
-ax.axvline(0, color="k", lw=0.6)
-ax.set_yticks(range(len(TC)), [c.claim.replace("fig04_thesis_", "") for c in TC[::-1]], fontsize=6.5)
-ax.set(xlabel=f"matched contrast (×{sc:.0e}), signed: > 0 is the paper's direction",
-       title="(b) thesis rows, 95% CI (batches × groups)")
-fig.tight_layout()
+fig = fig04_plots.thesis(T, TC)
 plots.save(fig, "fig04_thesis", fig_dir)
 plt.show()
 

@@ -1,5 +1,6 @@
 """stats: intervals against independent computations (scipy, brute-force loops)."""
 import numpy as np
+import pandas as pd
 import pytest
 from scipy import stats as st
 
@@ -130,3 +131,88 @@ def test_cluster_ratio_against_a_loop_that_copies_clusters():
         reps.append(nn / dd)
     assert lo == pytest.approx(np.quantile(reps, 0.025), rel=1e-10)
     assert hi == pytest.approx(np.quantile(reps, 0.975), rel=1e-10)
+
+
+# ----------------------------------------------------------------------------- the one cluster-bootstrap engine
+def _loop_two_stage(batch, group, n_boot, seed):
+    """Per replicate, by hand: draw the batches (sorted labels) with replacement, then inside each drawn
+    batch, in draw order, its groups (sorted labels) with replacement; a row counts how often its
+    (batch, group) was drawn."""
+    rng = np.random.default_rng(seed)
+    batches = sorted(set(batch.tolist()))
+    out = []
+    for _ in range(n_boot):
+        count = {}
+        for bi in rng.integers(0, len(batches), len(batches)):
+            groups = sorted({g for b, g in zip(batch, group) if b == batches[bi]})
+            for gi in rng.integers(0, len(groups), len(groups)):
+                key = (batches[bi], groups[gi])
+                count[key] = count.get(key, 0) + 1
+        out.append([float(count.get((b, g), 0)) for b, g in zip(batch, group)])
+    return np.array(out)
+
+
+def test_nested_way_draws_batches_then_their_groups_like_a_loop():
+    rng = np.random.default_rng(11)
+    batch = rng.choice([30, 10, 20, 40], 80)                  # unsorted labels, rows in no order
+    group = batch * 100 + rng.integers(0, 5, 80)              # groups live inside one batch each
+    got = np.stack(list(stats.cluster_resamples([stats.nested(batch, group)], 200, seed=4)))
+    assert np.array_equal(got, _loop_two_stage(batch, group, 200, 4))
+    with pytest.raises(ValueError, match="several units"):
+        stats.nested(batch, rng.integers(0, 3, 80))          # a group spread over batches is not nested
+
+
+def test_crossed_dyadic_and_pair_ways_against_a_loop():
+    """rollout_pair_bootstrap's design: one draw of the rollouts (a pair counts w_j · w_k), then one of
+    the pairs; the statistic's replicates and percentiles by hand."""
+    rng = np.random.default_rng(2)
+    rj, rk = rng.integers(0, 7, 50) * 3 + 1, rng.integers(0, 7, 50) * 3 + 1
+    x = rng.normal(size=50)
+    m, lo, hi, n = stats.cluster_bootstrap(lambda w: (w * x).sum() / w.sum(), stats.dyadic(rj, rk), np.arange(50),
+                                           n_boot=300, seed=9)
+    units = sorted(set(rj.tolist()) | set(rk.tolist()))
+    g, reps = np.random.default_rng(9), []
+    for _ in range(300):
+        wr = {u: 0.0 for u in units}
+        for i in g.integers(0, len(units), len(units)):
+            wr[units[i]] += 1
+        wp = np.bincount(g.integers(0, 50, 50), minlength=50)
+        w = np.array([wr[a] * wr[b] * wp[i] for i, (a, b) in enumerate(zip(rj, rk))])
+        reps.append((w * x).sum() / w.sum() if w.sum() else np.nan)
+    reps = np.array(reps)[np.isfinite(reps)]
+    assert n == len(units) and m == pytest.approx(x.mean(), rel=1e-12)
+    a = (1 - 0.95) / 2
+    assert (lo, hi) == (np.quantile(reps, a), np.quantile(reps, 1 - a))   # bit for bit: the same draws
+    # the named wrapper is this design on the rollouts numbered by first appearance (pd.factorize codes)
+    lab = pd.factorize(np.concatenate([rj, rk]))[0]
+    want = stats.cluster_bootstrap(lambda w: (w * x).sum() / w.sum(), stats.dyadic(lab[:50], lab[50:]), np.arange(50),
+                                   n_boot=300, seed=9)
+    assert stats.rollout_pair_bootstrap(lambda w: (w * x).sum() / w.sum(), rj, rk, 300, 9) == want
+
+
+def test_rows_form_copies_clusters_in_draw_order_like_a_loop():
+    """With rows=True the statistic sees the drawn clusters' rows, cluster by cluster in draw order
+    (a cluster drawn twice, twice), so it is bit-identical to a loop that copies them."""
+    rng = np.random.default_rng(5)
+    cl = rng.integers(0, 12, 70) * 5 - 20
+    x, y = rng.normal(size=70), rng.normal(size=70)
+    m, lo, hi, n = stats.cluster_bootstrap(lambda i: stats.ols_slope(x[i], y[i]), cl, n_boot=250, seed=1, rows=True)
+    labels = sorted(set(cl.tolist()))
+    g, reps = np.random.default_rng(1), []
+    for _ in range(250):
+        rows = [t for c in g.integers(0, len(labels), len(labels)) for t in range(70) if cl[t] == labels[c]]
+        reps.append(stats.ols_slope(x[rows], y[rows]))
+    assert n == len(labels) and m == stats.ols_slope(x, y)
+    a = (1 - 0.95) / 2                                      # the quantiles every bootstrap here reads
+    assert lo == np.quantile(reps, a) and hi == np.quantile(reps, 1 - a)
+
+
+def test_percentile_interval_drops_undefined_replicates_and_gives_none_below_min_defined():
+    reps = np.r_[np.arange(95.0), [np.nan] * 5]
+    a = (1 - 0.95) / 2
+    assert stats.percentile_interval(reps) == (float(np.quantile(np.arange(95.0), a)),
+                                               float(np.quantile(np.arange(95.0), 1 - a)))
+    assert stats.percentile_interval(reps, q=(0.1, 0.9)) == tuple(np.quantile(np.arange(95.0), [0.1, 0.9]))
+    assert stats.percentile_interval(reps, min_defined=0.95) != (np.nan, np.nan)
+    assert np.isnan(stats.percentile_interval(np.r_[reps, np.nan], min_defined=0.95)).all()
+    assert np.isnan(stats.percentile_interval([np.nan, np.inf])).all()

@@ -10,8 +10,18 @@ Every bootstrap draws its resamples as `np.random.default_rng(seed).integers(0, 
 in a fixed order (documented per function), so the same seed gives the same replicates as the
 implementations these functions replaced (value.bootstrap_mean/bootstrap_gap,
 coupling.boost_stats and notebook 05's balanced gap).
+
+Bootstraps that resample units rather than observations (groups, batches then their groups,
+rollouts of token pairs, token ids) share one engine at the end of this module: a design of `Way`s
+(`nested` levels, `dyadic` memberships, crossed ways multiplying), drawn by `cluster_resamples`,
+read by `cluster_bootstrap` and `percentile_interval`. `cluster_ratio`, `rollout_pair_bootstrap`,
+`rollout_matrix_ratio`, `thesis.cluster_bootstrap` (notebook 04) and notebook 05's token-id
+bootstrap are that engine with their statistic; each draws what its own loop drew before, in the same
+order, so every committed interval is unchanged.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -127,21 +137,19 @@ def cluster_ratio(num, den, clusters, n_boot: int = 1000, seed: int = 0,
     """(Σ num / Σ den, lo, hi, n_clusters): a ratio of sums with a percentile bootstrap over clusters.
 
     Observations of one cluster (e.g. the tokens of one rollout, which share a prompt and a context)
-    are resampled together: clusters are numbered in order of first appearance, a replicate draws
-    `default_rng(seed).integers(0, n, (n_boot, n))` of them, and replicates with a zero denominator
-    are dropped."""
+    are resampled together: clusters are numbered in order of first appearance, a replicate draws n
+    of them (`cluster_resamples`: as `default_rng(seed).integers(0, n, (n_boot, n))`), and replicates
+    with a zero denominator are dropped."""
     num, den = _arr(num), _arr(den)
     cl = pd.factorize(np.asarray(clusters))[0]
     n = int(cl.max()) + 1 if len(cl) else 0
     if n == 0 or den.sum() == 0:
         return np.nan, np.nan, np.nan, n
     cn, cd = np.bincount(cl, num, n), np.bincount(cl, den, n)
-    idx = np.random.default_rng(seed).integers(0, n, (n_boot, n))
+    idx = np.stack(list(cluster_resamples([np.arange(n)], n_boot, seed, rows=True)))   # (n_boot, n) drawn clusters
     with np.errstate(invalid="ignore", divide="ignore"):
         r = cn[idx].sum(1) / cd[idx].sum(1)
-    r = r[np.isfinite(r)]
-    a = (1 - level) / 2
-    return float(cn.sum() / cd.sum()), float(np.quantile(r, a)), float(np.quantile(r, 1 - a)), n
+    return (float(cn.sum() / cd.sum()), *percentile_interval(r, level), n)
 
 
 def proportion(flags, level: float = 0.95) -> tuple[float, float, float, int]:
@@ -254,28 +262,13 @@ def rollout_pair_bootstrap(stat, cj, ck, n_boot: int = 1000, seed: int = 0, leve
     w_{cj_i} · w_{ck_i} · m_i times, so every pair that touches a rollout moves with it (the two-way
     "pigeonhole" bootstrap of dyadic data). Draws, per replicate from `default_rng(seed)`: the
     rollouts' `integers(0, n_rollouts, n_rollouts)`, then the pairs' `integers(0, n_pairs, n_pairs)`.
-    Replicates with a non-finite statistic are dropped."""
+    Replicates with a non-finite statistic are dropped. The design `cluster_bootstrap(stat,
+    dyadic(rollout of j, rollout of k), pairs)` with the rollouts numbered by first appearance."""
     cj, ck = np.asarray(cj), np.asarray(ck)
     n = len(cj)
-    lab, uniq = pd.factorize(np.concatenate([cj, ck]))
-    lj, lk, nr = lab[:n], lab[n:], len(uniq)
-    point = float(stat(np.ones(n)))
-    if n == 0 or nr == 0:
-        return np.nan, np.nan, np.nan, nr
-    rng = np.random.default_rng(seed)
-    reps = np.empty(n_boot)
-    for b in range(n_boot):
-        w = np.bincount(rng.integers(0, nr, nr), minlength=nr).astype(float)
-        pw = w[lj] * w[lk]
-        if pairs:
-            pw = pw * np.bincount(rng.integers(0, n, n), minlength=n)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            reps[b] = stat(pw)
-    reps = reps[np.isfinite(reps)]
-    if not len(reps):
-        return point, np.nan, np.nan, nr
-    a = (1 - level) / 2
-    return point, float(np.quantile(reps, a)), float(np.quantile(reps, 1 - a)), nr
+    lab = pd.factorize(np.concatenate([cj, ck]))[0]   # rollouts in order of first appearance
+    ways = [dyadic(lab[:n], lab[n:])] + ([np.arange(n)] if pairs else [])
+    return cluster_bootstrap(stat, *ways, n_boot=n_boot, seed=seed, level=level)
 
 
 def rollout_matrix_ratio(S, N, n_boot: int = 1000, seed: int = 0,
@@ -283,41 +276,16 @@ def rollout_matrix_ratio(S, N, n_boot: int = 1000, seed: int = 0,
     """(Σ S / Σ N, lo, hi, n_rollouts): a ratio over every pair (j, k), given per (rollout of j,
     rollout of k) the sums S and counts N as (n, n) matrices over one list of rollouts, with the
     two-way bootstrap of `rollout_pair_bootstrap` (pairs=False: every pair is in, none sampled):
-    a replicate draws the n rollouts with replacement (`default_rng(seed).integers(0, n, n)` per
-    replicate, weights w) and takes wᵀSw / wᵀNw."""
+    a replicate draws the n rollouts with replacement (`cluster_resamples`: `default_rng(seed).integers(0,
+    n, n)` per replicate, weights w) and takes wᵀSw / wᵀNw."""
     S, N = np.asarray(S, float), np.asarray(N, float)
     nr = S.shape[0]
     if nr == 0 or N.sum() == 0:
         return np.nan, np.nan, np.nan, nr
-    rng = np.random.default_rng(seed)
-    W = np.stack([np.bincount(rng.integers(0, nr, nr), minlength=nr) for _ in range(n_boot)]).astype(float)
+    W = np.stack(list(cluster_resamples([np.arange(nr)], n_boot, seed)))
     with np.errstate(invalid="ignore", divide="ignore"):
         r = np.einsum("bi,ij,bj->b", W, S, W) / np.einsum("bi,ij,bj->b", W, N, W)
-    r = r[np.isfinite(r)]
-    a = (1 - level) / 2
-    return float(S.sum() / N.sum()), float(np.quantile(r, a)), float(np.quantile(r, 1 - a)), nr
-
-
-def cluster_bootstrap(stat, clusters, n_boot: int = 1000, seed: int = 0,
-                      level: float = 0.95) -> tuple[float, float, float, int]:
-    """(stat(all rows), lo, hi, n_clusters): a percentile bootstrap of `stat(idx)` (idx: row positions)
-    resampling whole clusters: clusters numbered in order of first appearance, a replicate draws
-    `default_rng(seed).integers(0, n, (n_boot, n))`'s row of them and takes every row of each drawn
-    cluster. Replicates with a non-finite statistic are dropped."""
-    cl = pd.factorize(np.asarray(clusters))[0]
-    n = int(cl.max()) + 1 if len(cl) else 0
-    if n == 0:
-        return np.nan, np.nan, np.nan, 0
-    members = [np.nonzero(cl == c)[0] for c in range(n)]
-    idx = np.random.default_rng(seed).integers(0, n, (n_boot, n))
-    with np.errstate(invalid="ignore", divide="ignore"):
-        reps = np.array([stat(np.concatenate([members[c] for c in row])) for row in idx], float)
-    reps = reps[np.isfinite(reps)]
-    point = float(stat(np.arange(len(cl))))
-    if not len(reps):
-        return point, np.nan, np.nan, n
-    a = (1 - level) / 2
-    return point, float(np.quantile(reps, a)), float(np.quantile(reps, 1 - a)), n
+    return (float(S.sum() / N.sum()), *percentile_interval(r, level), nr)
 
 
 def ols_slope(x, y) -> float:
@@ -325,3 +293,147 @@ def ols_slope(x, y) -> float:
     x, y = _arr(x), _arr(y)
     dx = x - x.mean()
     return float((dx * (y - y.mean())).sum() / (dx ** 2).sum())
+
+
+# ----------------------------------------------------------------------------- the cluster bootstrap
+# One engine for every bootstrap that resamples units (prompts' groups, batches, rollouts, pairs, token ids)
+# rather than single observations. A design is a list of *ways*; each way resamples its own units and an
+# observation's multiplicity in a replicate is the product over the ways of its units' multiplicities
+# (crossed ways: the "pigeonhole" bootstrap of two-way data). A way is one level of units, or several
+# nested levels (batches, then the groups of each drawn batch), or one level that an observation belongs to
+# several times (dyadic data: a pair (j, k) belongs to the rollout of j and to the rollout of k).
+@dataclass(frozen=True, eq=False)
+class Way:
+    """One way of a cluster design: unit levels, outer first (built by `nested` or `dyadic`).
+
+    `codes[l]`: an (m, n_obs) array, the unit of every observation at level l, numbered 0..n_l − 1 in
+    sorted order of the labels (pass `pd.factorize` codes to number units in order of first appearance);
+    m = 1 except for a dyadic level. `children[l][u]`: the level-l units inside unit u of level l − 1,
+    in sorted order."""
+    codes: tuple
+    sizes: tuple
+    children: tuple
+    members: list | None   # per innermost unit: its observations in position order (single membership only)
+
+    def draw(self, rng: np.random.Generator) -> np.ndarray:
+        """The innermost units of one replicate, in draw order and with repeats: n₀ level-0 units drawn
+        with `rng.integers(0, n₀, n₀)`; then, level by level, inside each drawn unit (in draw order) as
+        many of its k children as it has, `rng.integers(0, k, k)` (a call even when k = 1)."""
+        drawn = rng.integers(0, self.sizes[0], self.sizes[0])
+        for kids in self.children[1:]:
+            parts = [kids[u][rng.integers(0, len(kids[u]), len(kids[u]))] for u in drawn]
+            drawn = np.concatenate(parts) if parts else np.zeros(0, int)
+        return drawn
+
+    def weights(self, drawn: np.ndarray) -> np.ndarray:
+        """Per observation: how often its innermost unit was drawn (a dyadic level: the product over
+        its memberships), float64."""
+        counts = np.bincount(drawn, minlength=self.sizes[-1]).astype(float)
+        w = counts[self.codes[-1][0]]
+        for c in self.codes[-1][1:]:
+            w = w * counts[c]
+        return w
+
+    def rows(self, drawn: np.ndarray) -> np.ndarray:
+        """The observations of the drawn innermost units: each unit's observations in position order,
+        units in draw order (a single-membership way only)."""
+        if self.members is None:
+            raise ValueError("rows: a dyadic way has no rows of a unit (use weights)")
+        return np.concatenate([self.members[u] for u in drawn]) if len(drawn) else np.zeros(0, int)
+
+
+def _members(codes: np.ndarray, n: int) -> list[np.ndarray]:
+    order = np.argsort(codes, kind="stable")
+    return np.split(order, np.cumsum(np.bincount(codes, minlength=n))[:-1])
+
+
+def _codes(*labels) -> tuple[np.ndarray, int]:
+    """Labels (one array per membership) -> (m, n_obs) codes in sorted order of the labels, n units."""
+    lab = [np.asarray(x).ravel() for x in labels]
+    uniq, inv = np.unique(np.concatenate(lab), return_inverse=True)
+    return inv.reshape(len(lab), -1), len(uniq)
+
+
+def nested(*levels) -> Way:
+    """A way of nested unit levels, outer first, each given by its label per observation (a unit of
+    level l must lie inside one unit of level l − 1): e.g. nested(batch, group) draws the batches with
+    replacement, then the groups of each drawn batch with replacement."""
+    if not levels:
+        raise ValueError("nested() needs at least one level of unit labels")
+    codes, sizes, children = [], [], [None]
+    for lab in levels:
+        c, n = _codes(lab)
+        if len(codes):
+            parent = np.full(n, -1)
+            parent[c[0]] = codes[-1][0]
+            if (parent[c[0]] != codes[-1][0]).any():
+                raise ValueError("nested(): a unit of an inner level lies in several units of the level above")
+            children.append(_members(parent, sizes[-1]))
+        codes.append(c)
+        sizes.append(n)
+    return Way(tuple(codes), tuple(sizes), tuple(children), _members(codes[-1][0], sizes[-1]))
+
+
+def dyadic(*memberships) -> Way:
+    """A one-level way whose observations each belong to several of its units (dyadic data: a pair of
+    tokens belongs to the rollout of each): one draw of the units, an observation counts the product of
+    its units' multiplicities. Units are the union of every membership's labels."""
+    c, n = _codes(*memberships)
+    return Way((c,), (n,), (None,), None)
+
+
+def _way(w) -> Way:
+    return w if isinstance(w, Way) else nested(w)
+
+
+def cluster_resamples(ways, n_boot: int = 1000, seed: int = 0, rows: bool = False):
+    """Yield the n_boot replicates of a cluster design: per replicate, every way in order draws its units
+    from one `default_rng(seed)` (`Way.draw`). Yields each replicate's per-observation weights (float64,
+    the product over the ways), or with `rows` (one single-membership way) the drawn observations' row
+    positions (`Way.rows`: units in draw order; a statistic of them sums in the same order as a loop that
+    copies the clusters)."""
+    ways = [_way(w) for w in ways]
+    if rows and (len(ways) != 1 or len(ways[0].codes[-1]) != 1):
+        raise ValueError("rows=True needs one way whose observations belong to one unit each")
+    rng = np.random.default_rng(seed)
+    for _ in range(n_boot):
+        if rows:
+            yield ways[0].rows(ways[0].draw(rng))
+            continue
+        w = None
+        for way in ways:
+            ww = way.weights(way.draw(rng))
+            w = ww if w is None else w * ww
+        yield w
+
+
+def percentile_interval(reps, level: float = 0.95, q=None, min_defined: float = 0.0) -> tuple[float, float]:
+    """(lo, hi): the percentile interval of the finite replicates at `level` (quantiles (1 − level)/2 and
+    1 − (1 − level)/2, or `q` = (lo, hi) when given); NaN when no replicate is finite or the finite share
+    is below `min_defined`."""
+    reps = np.asarray(reps, float)
+    ok = np.isfinite(reps)
+    if not ok.any() or ok.mean() < min_defined:
+        return np.nan, np.nan
+    a = (1 - level) / 2
+    q = (a, 1 - a) if q is None else q
+    return float(np.quantile(reps[ok], q[0])), float(np.quantile(reps[ok], q[1]))
+
+
+def cluster_bootstrap(stat, *ways, n_boot: int = 1000, seed: int = 0, level: float = 0.95, q=None,
+                      rows: bool = False, min_defined: float = 0.0) -> tuple[float, float, float, int]:
+    """(point, lo, hi, n_units): a percentile bootstrap of a statistic over a cluster design.
+
+    `ways`: `Way`s (`nested`, `dyadic`) or label arrays (a one-level way each). `stat(w)` takes one
+    weight per observation (w = 1 gives the point), or with `rows` the row positions of the resampled
+    observations (`arange(n_obs)` gives the point). Replicates from `cluster_resamples`; non-finite
+    ones are dropped, and with `min_defined` the interval is NaN when fewer than that share are finite
+    (`percentile_interval`). n_units: the units of the first way's outer level."""
+    ws = [_way(w) for w in ways]
+    n_obs, n_units = ws[0].codes[0].shape[1], ws[0].sizes[0]
+    point = float(stat(np.arange(n_obs) if rows else np.ones(n_obs)))
+    if n_obs == 0 or n_units == 0:
+        return np.nan, np.nan, np.nan, n_units
+    with np.errstate(invalid="ignore", divide="ignore"):
+        reps = np.array([stat(r) for r in cluster_resamples(ws, n_boot, seed, rows=rows)], float)
+    return (point, *percentile_interval(reps, level, q, min_defined), n_units)

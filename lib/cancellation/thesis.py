@@ -16,8 +16,9 @@ Contrasts compare the two classes: *raw* (difference of class means) and *matche
 of token id × confidence bin, the difference of class means, averaged with the weights
 n_shared·n_specific/(n_shared + n_specific); strata holding one class only drop out). Intervals:
 percentile bootstrap over batches, then over the groups (query groups: their rollouts, tokens and
-classes together) of each drawn batch — `cluster_bootstrap`; no interval with fewer than
-`MIN_BATCHES` batches.
+classes together) of each drawn batch — `cluster_bootstrap`, drawn by the notebooks' one cluster
+bootstrap engine (`stats.nested(batch, group)` through `stats.cluster_resamples`); no interval with
+fewer than `MIN_BATCHES` batches.
 
 `cells` reduces the token table to the sufficient statistics (per batch, group, pool, class,
 category, token id and confidence bin: counts and sums of every Δ), the committed table
@@ -28,6 +29,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import torch
+
+from . import stats as S
 
 UPDATES = ("positive_only", "negative_only", "grpo", "grpo_masked")
 POOLS = ("pos", "neg")
@@ -126,35 +129,25 @@ def class_means(n: np.ndarray, v: np.ndarray) -> tuple[float, float]:
 
 
 def cluster_weights(batch_of: np.ndarray, n_boot: int, seed: int) -> np.ndarray:
-    """(n_boot, clusters) multiplicities of a two-stage bootstrap: batches with replacement, then
-    the clusters (groups) of each drawn batch with replacement."""
-    rng = np.random.default_rng(seed)
-    batches = np.unique(batch_of)
-    members = [np.flatnonzero(batch_of == b) for b in batches]
-    W = np.zeros((n_boot, len(batch_of)))
-    for r in range(n_boot):
-        for bi in rng.integers(0, len(batches), len(batches)):
-            idx = members[bi]
-            np.add.at(W[r], idx[rng.integers(0, len(idx), len(idx))], 1.0)
-    return W
+    """(n_boot, clusters) multiplicities of the two-stage bootstrap: batches with replacement, then
+    the clusters (groups) of each drawn batch with replacement (`stats.nested(batch, cluster)`, drawn
+    by `stats.cluster_resamples`)."""
+    way = S.nested(batch_of, np.arange(len(batch_of)))
+    return np.array(list(S.cluster_resamples([way], n_boot, seed)), dtype=float).reshape(n_boot, len(batch_of))
 
 
 def cluster_bootstrap(N, V: dict, batch_of, stat, n_boot: int = 1000, seed: int = 0, level: float = 0.95, W=None):
     """(point, lo, hi) of stat(n, v_dict) -> array over the leading axis, with the two-stage
-    bootstrap of `cluster_weights` (or the given multiplicities W; replicates where the statistic
-    is undefined are dropped; no interval, NaN, when that is over 5% of them)."""
+    bootstrap of `cluster_weights` (or the given multiplicities W): every replicate's cluster sums at
+    once (W @ the per-cluster arrays); replicates where the statistic is undefined are dropped, and
+    there is no interval (NaN) when that is over 5% of them (`stats.percentile_interval`)."""
     C = N.shape[0]
     flat = lambda A, W: (W @ A.reshape(C, -1)).reshape((W.shape[0],) + A.shape[1:])  # noqa: E731
     one = np.ones((1, C))
     point = float(stat(flat(N, one), {k: flat(v, one) for k, v in V.items()})[0])
     W = cluster_weights(batch_of, n_boot, seed) if W is None else W
     reps = stat(flat(N, W), {k: flat(v, W) for k, v in V.items()})
-    ok = np.isfinite(reps)
-    a = (1 - level) / 2
-    if ok.mean() < 0.95:  # undefined in over 5% of resamples (a class or stratum too rare): no interval
-        return point, np.nan, np.nan
-    reps = reps[ok]
-    return point, float(np.quantile(reps, a)), float(np.quantile(reps, 1 - a))
+    return (point, *S.percentile_interval(reps, level, min_defined=0.95))
 
 
 def summary(c: pd.DataFrame, categories=(), n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:

@@ -504,7 +504,8 @@ def _missing_claims(R: Result, P: Params) -> list[C.Claim]:
         for s_ in ("lm_head", "full"):
             e = b[b.scope == s_].reset_index(drop=True)
             x, y = e.bin.to_numpy(float), e.boost.to_numpy()
-            m, lo, hi, nc = S.cluster_bootstrap(lambda i: S.ols_slope(x[i], y[i]), e.cand, P.n_boot, P.seed)
+            m, lo, hi, nc = S.cluster_bootstrap(lambda i: S.ols_slope(x[i], y[i]), pd.factorize(e.cand)[0],
+                                                 n_boot=P.n_boot, seed=P.seed, rows=True)  # candidates as met
             per_bin = e.groupby("bin").boost.mean()
             drops = int((np.diff(per_bin.to_numpy()) < 0).sum())
             rule = (dict(rule="construction", params=dict(sign=1, why=FIRST_ORDER)) if s_ == "lm_head"

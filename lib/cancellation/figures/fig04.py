@@ -249,6 +249,62 @@ def _compare(settings: dict, P: Params) -> pd.DataFrame:
     return compare[compare.token_share >= 0.001]  # categories with a handful of stray tokens say nothing
 
 
+# ----------------------------------------------------------------------------- what the notebook shows
+def audit_lines(audit: pd.DataFrame) -> list[str]:
+    """The tagging check: per category, its token count and every token type with its occurrences."""
+    return [f"{c:>9} ({d.n.sum():6d} tokens): " + "  ".join(f"{t}×{n}" for t, n in zip(d.token, d.n))
+            for c, d in audit.groupby("category", sort=False)]
+
+
+def mass_view(summary_table: pd.DataFrame) -> pd.DataFrame:
+    """Per category (rows) and measure × update (columns): the mean over batches of the boosted and
+    suppressed mass, the boosted share and the token count, rounded to 4 places."""
+    view = summary_table[summary_table.measure.isin(["boosted_mass", "suppressed_mass", "boosted_share", "n_tokens"])]
+    return view.pivot_table(index=["category"], columns=["measure", "update"], values="mean").round(4)
+
+
+def occurrence_lines(occurrences: pd.DataFrame) -> list[str]:
+    """The single occurrences whose Δlog p differs most between the updates, each with its context."""
+    return ["single occurrences with the largest difference (with the 6 tokens before them):"] + [
+        f"  ...{r.context} [{r.token}] ({r.category}, r={r.reward:.0f}, p={r.prob:.2f}): "
+        f"Δ positive-only {r.delta_positive_only:+.2e}, Δ GRPO {r.delta_grpo:+.2e}" for r in occurrences.itertuples()]
+
+
+def shift_report(R: Result) -> list[str]:
+    """The test the claim rows make, in words: per category the boosted shares and their paired shift,
+    how many batches move Template and Reasoning in the paper's direction, the total mass per batch and
+    Template's mass by confidence."""
+    out = [f"{c:>9}: boosted share positive-only {fmt(R.table, c, u='positive_only')}, GRPO "
+           f"{fmt(R.table, c, u='grpo')}; paired shift GRPO − positive-only {fmt(R.table, c, 'boosted_share_shift')}"
+           for c in R.cats]
+    out += [f"  {c}: {moved(R.per, c, want)} move in the paper's direction"
+            for c, want in (("Template", -1), ("Reasoning", 1)) if c in R.per]
+    return out + ["total mass per batch:\n" + R.totals.to_string(),
+                  "Template tokens by confidence (means per batch):\n" + R.template_confidence.round(4).to_string()]
+
+
+COMPARE_COLUMNS = ["tokens", "boosted share (positive-only → GRPO)", "paired shift [95% CI]"]
+
+
+def compare_view(compare: pd.DataFrame) -> pd.DataFrame:
+    """Per (setting, category): the category's share of tokens, its boosted share under each update and
+    the paired shift with its 95% t interval, as text."""
+    return compare.assign(**{
+        "tokens": lambda d: (100 * d.token_share).map("{:.1f}%".format),
+        COMPARE_COLUMNS[1]: lambda d: d.apply(lambda r: f"{r.boosted_share_positive_only:.3f} → "
+                                                       f"{r.boosted_share_grpo:.3f}", axis=1),
+        COMPARE_COLUMNS[2]: lambda d: d.apply(lambda r: f"{r['shift']:+.3f} [{r.lo:+.3f}, {r.hi:+.3f}]", axis=1),
+    }).set_index(["setting", "category"])[COMPARE_COLUMNS]
+
+
+def thesis_view(T: pd.DataFrame) -> pd.DataFrame:
+    """The thesis contrasts over all categories: per (pool, statistic) and estimator, the contrast with
+    its interval as text."""
+    return (T[T.category == "all"].assign(ci=lambda d: d.apply(lambda r: f"{r.contrast:+.2e} [{r.lo:+.2e}, "
+                                                                           f"{r.hi:+.2e}]", axis=1))
+            .pivot(index=["pool", "statistic"], columns="estimator", values="ci"))
+
+
 def fmt(table: pd.DataFrame, c: str, meas: str = "boosted_share", u: str | None = None) -> str:
     """One category's mean (with its interval for a shift) from the committed table."""
     d = table[(table.category == c) & (table.measure == meas) & ((table["update"] == u) if u else True)].iloc[0]

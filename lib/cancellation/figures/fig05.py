@@ -341,13 +341,10 @@ def id_cluster_bootstrap(cells: pd.DataFrame, n_boot: int = 2000, seed: int = 0,
                          alpha: float = 0.05) -> tuple[float, float, float]:
     """The unweighted mean gap over (token id, sign) cells with a percentile interval that resamples
     token ids (a drawn id brings all of its cells: its two signs share the id's identity)."""
-    ids = np.unique(cells.token_id.to_numpy())
-    by = {i: cells.gap.to_numpy()[cells.token_id.to_numpy() == i] for i in ids}
-    rng = np.random.default_rng(seed)
-    reps = np.array([np.concatenate([by[i] for i in ids[rng.integers(0, len(ids), len(ids))]]).mean()
-                     for _ in range(n_boot)])
-    lo, hi = np.quantile(reps, [alpha / 2, 1 - alpha / 2])
-    return float(cells.gap.mean()), float(lo), float(hi)
+    gap = cells.gap.to_numpy()
+    _, lo, hi, _ = S.cluster_bootstrap(lambda i: gap[i].mean(), cells.token_id.to_numpy(), n_boot=n_boot, seed=seed,
+                                       q=(alpha / 2, 1 - alpha / 2), rows=True)   # ids in sorted order
+    return float(cells.gap.mean()), lo, hi
 
 
 def main_text_gaps(R: Result, P: Params) -> list[dict]:
