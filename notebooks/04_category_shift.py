@@ -155,8 +155,9 @@ print("\n".join(fig04.thesis_report(R.thesis, TC)))
 # ## Claims and reading
 # Verdicts from 95% t intervals over batches (paired): Template's share must fall and Reasoning's
 # rise under GRPO; fixed-scaffold rows are controls. "Greatly weakens updates on template tokens"
-# is also read in absolute mass (GRPO / positive-only, geometric mean): on the tiny run GRPO
-# *raises* Template's boosted mass ×1.42 [1.28, 1.57] (not reproduced), Reasoning's ×1.68 more:
+# is also read in absolute mass (GRPO / positive-only, geometric mean over batches):
 
 # %%
-claims.record(results_dir, "04", fig04.claims(R, P));
+rows = fig04.claims(R, P)
+print(fig04.mass_reading(rows))
+claims.record(results_dir, "04", rows);

@@ -369,6 +369,19 @@ def claims(R: Result, P: Params) -> list[C.Claim]:
     return rows + thesis_claims(R.thesis)
 
 
+def mass_reading(rows: list[C.Claim]) -> str:
+    """The absolute-mass reading of "greatly weakens updates on template tokens", from the claim rows
+    (never hand-typed: the numbers are this profile's)."""
+    by = {c.claim: c for c in rows}
+    t, r = by.get("fig04_template_mass_ratio"), by.get("fig04_reasoning_mass_ratio")
+    if t is None or r is None:
+        return "absolute boosted mass: no batch with both categories boosted under both updates on this profile"
+    verb = lambda c: "raises" if c.measured > 1 else "lowers"  # noqa: E731
+    return (f"absolute boosted mass, GRPO / positive-only (geometric mean over {t.n} batches): GRPO {verb(t)} "
+            f"Template's ×{t.measured:.2f} [{t.lo:.2f}, {t.hi:.2f}] ({t.verdict}), {verb(r)} Reasoning's "
+            f"×{r.measured:.2f} [{r.lo:.2f}, {r.hi:.2f}] ({r.verdict})")
+
+
 # the thesis rows: (id, pool, category, statistic, sign of the row's value vs shared − specific, paper's sign
 # of the row's value, statement, what would refute)
 THESIS_ROWS = (
