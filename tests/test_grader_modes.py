@@ -2,13 +2,14 @@
 the reward can never credit (`unrewardable_golds`): each mode on responses written in each style, the
 default exactly the grader before modes had names (same rewards, same cache keys), the mode reaching every
 reward call (verifier, TRL reward function, value cache id, held-out sets), and one-line errors."""
+import dataclasses
 import json
 
 import pytest
 
 from cancellation import run, tasks, train, value
 from cancellation.engine import data as engine_data
-from cancellation.figures import base, fig02, fig05
+from cancellation.figures import base, fig02, fig05, fig07
 
 # Responses in the styles real models write, against the gold 12 (and 13 never appears in the
 # final sentence unless it is the claimed answer).
@@ -180,6 +181,23 @@ def test_a_figure_refuses_before_any_model_loads(tmp_path):
     P = fig02.Params(problems_path=str(_golds_file(tmp_path)), model_path=str(tmp_path / "no-model"))
     with pytest.raises(tasks.UnrewardableGolds, match="2 of 5 problems"):
         fig02.compute(P)       # the model path does not exist: the refusal comes first
+
+
+def test_07s_held_out_files_pass_the_same_gold_check_before_any_run(tmp_path, capsys):
+    """A held-out file whose golds the reward can never credit would undercount every run's accuracy:
+    07 refuses it (the default) before any model loads, or says it per `unrewardable_golds`."""
+    clean = tmp_path / "ok.jsonl"
+    clean.write_text(json.dumps({"prompt": "a", "answer": "12"}) + "\n")
+    P = fig07.Params(problems_path=str(clean), eval_sets=[str(_golds_file(tmp_path))],
+                     model_path=str(tmp_path / "no-model"))
+    with pytest.raises(tasks.UnrewardableGolds, match="golds.jsonl: 2 of 5 problems"):
+        fig07.compute(P)       # the model path does not exist: the refusal comes first
+    src = tasks.ProblemSource(str(clean), unrewardable_golds="allow")
+    capsys.readouterr()    # the training file's own line, printed before the refusal
+    fig07.admit_eval_sets(dataclasses.replace(P, unrewardable_golds="allow"), src)
+    out = capsys.readouterr().out
+    assert out.startswith(f"held-out set {P.eval_sets[0]}: ") and out.rstrip().endswith("kept though never rewarded")
+    assert train.eval_source(P.eval_sets[0], src).unrewardable_golds == "allow"
 
 
 @pytest.mark.slow

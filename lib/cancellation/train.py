@@ -262,7 +262,9 @@ def eval_source(name: str, like: tasks.ProblemSource | None = None) -> tasks.Pro
     mode = like.answer_mode if like else "auto"   # graded as the training rewards are
     if name in tasks.DIFFICULTIES:
         return tasks.ProblemSource(answer_mode=mode)
-    return tasks.ProblemSource(path=name, prompt_format=like.prompt_format if like else "auto", answer_mode=mode)
+    # golds the reward can never credit: the training file's policy (refuse / skip / allow) holds here too
+    return tasks.ProblemSource(path=name, prompt_format=like.prompt_format if like else "auto", answer_mode=mode,
+                               unrewardable_golds=like.unrewardable_golds if like else "refuse")
 
 
 def eval_problems(name: str, n: int, like: tasks.ProblemSource | None = None) -> list:

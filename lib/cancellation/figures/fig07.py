@@ -21,7 +21,7 @@ import pandas as pd
 import torch
 from scipy import stats
 
-from .. import cache, plots, policy, strategies, train
+from .. import cache, plots, policy, strategies, tasks, train
 from .. import claims as C
 from .. import workload as W
 from .. import stats as ST
@@ -267,9 +267,23 @@ def _trl_run(P: Params, source, name, seed, lr):
     return {k: df.assign(strategy=name, seed=seed) for k, df in frames.items()}
 
 
+def admit_eval_sets(P: Params, source) -> None:
+    """The held-out problem files of `eval_sets` through the training file's gold check
+    (`base.problem_source`): a gold the reward can never credit undercounts every run's accuracy, so it
+    is said (or refused, per `unrewardable_golds`) before the first run, one line per file."""
+    if policy.dry_run() is not None:
+        return
+    for name in P.eval_sets:
+        if name not in tasks.DIFFICULTIES:
+            line = train.eval_source(name, source).admit()
+            if line:
+                print(f"held-out set {name}: {line}", flush=True)
+
+
 def compute(P: Params) -> Result:
     torch.set_num_threads(P.threads)
     source = base.problem_source(P)
+    admit_eval_sets(P, source)
     t0 = time.time()
     jobs = [(name, s, P.lr) for name in P.strategies for s in P.seeds]
     probe_jobs = [(name, s, r) for r in P.probe_lrs for name in P.probe_strategies for s in P.probe_seeds]
