@@ -373,7 +373,8 @@ def fig9_scope(P: Params, paper_profile: dict) -> str:
         "models", [])
     own = fig9_own_runs(P)
     reused = [Path(m).name for m in P.models if Path(m).name not in own]
-    line = (f"Fig. 9 here: {len(P.models)} policies ({', '.join(Path(m).name for m in P.models)})"
+    line = (f"Fig. 9 here: {len(P.models)} polic{'y' if len(P.models) == 1 else 'ies'} "
+            f"({', '.join(Path(m).name for m in P.models)})"
             + (f"; {', '.join(reused)} is Fig. 1's own run (its first {P.fig9_steps} steps: fig01_ab_boosted)"
                if reused else "") + f"; {len(own)} with a run of its own")
     if len(own) >= 2:   # with Fig. 1's run, three models or more: the paper's Fig. 9 has three
