@@ -55,7 +55,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import numpy as np
 
-from cancellation import claims, measure, plots
+from cancellation import claims, measure, plots, run
 from cancellation.figures import fig01
 
 logging.basicConfig(level=logging.WARNING)
@@ -128,8 +128,7 @@ print(R.sens.pivot(index="eps", columns="stratum").round(2).to_string())
 print(f"{profile}-profile run: {Path(P.model_path).name}, "
       f"{P.steps} Adam steps at lr {P.lr:g}, {P.n_prompts} prompts × {P.G} rollouts, {P.n_minibatches} mini-batches "
       f"per step; noise floor: repeat {R.floor['repeat']:.1e}, zero update {R.floor['zero_update']:.1e} (ε = {P.eps:g})")
-print(f"stable tokens (|Δ| ≤ ε): {100 * (signed[signed.run == 'grpo'].status == 'stable').mean():.1f}%; "
-      f"uncertain tokens (p < 0.9): {100 * (signed.prob < 0.9).mean():.1f}%")
+print(f"stable tokens (|Δ| ≤ ε), GRPO run: {100 * (signed[signed.run == 'grpo'].status == 'stable').mean():.1f}%")
 
 # %% [markdown]
 # Reading. Tokens the policy is sure of (p ≥ 0.9) move by amounts near ε, so their
@@ -160,8 +159,8 @@ print(fig01.control_drop(R).detail if R.control is not None else "no control pol
 
 # %% [markdown]
 # ## Fig. 9 — across models
-# The same GRPO run (fewer steps) for every model of the profile; rows are models, columns the
-# share of boosted / suppressed / stable tokens among positive, negative and all rollouts.
+# Fig. 1's GRPO run (fewer steps) per model of the profile; rows are models, columns the share of boosted /
+# suppressed / stable tokens among A > 0, A < 0 and all rollouts. The line below says what it can test here.
 
 # %%
 n = R.fig9.model.nunique()
@@ -182,6 +181,7 @@ axes[0, 0].legend(frameon=False)
 fig.tight_layout()
 plots.save(fig, "fig09_flipping_across_models", fig_dir)
 plt.show()
+print(fig01.fig9_scope(P, run.load_profile("paper")))
 R.fig9.groupby(["model", "sign", "status"]).fraction.mean().unstack("status").round(3)
 
 # %% [markdown]

@@ -303,3 +303,59 @@ def test_ds_buffer_releases_full_batches_of_mixed_groups_and_counts_what_it_drop
     assert train.strategy_config("DS").dynamic_sampling and not train.strategy_config("DS").reward_balanced
     with pytest.raises(ValueError, match="choose one"):
         train.TrainConfig(reward_balanced=True, dynamic_sampling=True)
+
+
+@pytest.mark.parametrize("name", ["random", "query_preserved", "sign_partitioned"])
+def test_cross_sign_share_matches_a_loop_over_pairs(name):
+    """The cross-sign mass kept in mini-batches: Σ |A_i A_j| over pairs with A_i A_j < 0 that share a
+    mini-batch over the same sum over every pair (of the batch; of one group), by a loop over pairs.
+    Sign-partitioned plans keep exactly 0, QB keeps every within-group pair."""
+    checked = 0
+    for group, _, adv in CASES:
+        a, g = adv.tolist(), group.tolist()
+        for n_mb in (2, 3):
+            plan = batching.make_plan(name, group, adv, n_mb, seed=5)
+            where = {i: b for b, rows in enumerate(plan) for i in rows.tolist()}
+            tot = {"batch": [0.0, 0.0], "group": [0.0, 0.0]}
+            for i in range(len(a)):
+                for j in range(i + 1, len(a)):
+                    if a[i] * a[j] < 0:
+                        for k in ("batch", "group") if g[i] == g[j] else ("batch",):
+                            tot[k][1] += abs(a[i] * a[j])
+                            tot[k][0] += abs(a[i] * a[j]) * (where[i] == where[j])
+            got = batching.cross_sign_share(group, adv, plan)
+            for k, v in zip(("batch", "group"), got):
+                if tot[k][1] == 0:
+                    assert v != v  # NaN: no cross-sign pair
+                    continue
+                assert v == pytest.approx(tot[k][0] / tot[k][1], abs=1e-12)
+                checked += 1
+                if name == "sign_partitioned":
+                    assert v == 0.0   # exactly: every mini-batch holds one sign
+                if name == "query_preserved" and k == "group":
+                    assert v == pytest.approx(1.0)
+    assert checked > 10
+
+
+def test_cross_sign_row_fails_on_a_plan_that_mixes_signs():
+    """§4's sign-partitioning row holds by construction only while the plan keeps the signs apart:
+    the same table with a mixed plan's share (random's) in the sign-partitioned rows reads 'not reproduced'."""
+    import pandas as pd
+
+    from cancellation import claims as C
+    from cancellation.figures import fig07
+    group, _, adv = _case(7, n_groups=8, G=8, p=0.5)
+    rows = []
+    for name, plan_name in fig07.IMBALANCE_PLANS.items():
+        for draw in range(3):
+            xs, xg = batching.cross_sign_share(group, adv, batching.make_plan(plan_name, group, adv, 4, seed=draw))
+            rows.append(dict(seed=0, strategy=name, draw=draw, cross_sign=xs, cross_sign_group=xg))
+    m = pd.DataFrame(rows)
+    (ok,) = fig07.cross_sign_row(m, "Eq. 14")
+    assert ok.measured == 0.0 and ok.verdict == C.BY_CONSTRUCTION and ok.n == 3
+    mixed = m.copy()
+    mixed.loc[mixed.strategy == "sign_partitioned", ["cross_sign", "cross_sign_group"]] = \
+        m.loc[m.strategy == "random", ["cross_sign", "cross_sign_group"]].to_numpy()
+    (bad,) = fig07.cross_sign_row(mixed, "Eq. 14")
+    assert bad.measured > 0.01 and bad.verdict == C.NOT_REPRODUCED
+    assert fig07.cross_sign_row(m.drop(columns=["cross_sign", "cross_sign_group"]), "Eq. 14") == []

@@ -1032,3 +1032,103 @@ def test_fig10_stable_row_is_an_hc1_ols_slope_over_steps():
     r = registry().loc["fig10_stable"]
     assert close(r.measured, beta[1] * span) and close(r.lo, (beta[1] - h) * span) and close(r.hi, (beta[1] + h) * span)
     assert r.rule == "similar" and r.verdict == C.similar(r.measured, r.lo, r.hi, **json.loads(r.params))
+
+
+# ----------------------------------------------------------------------------- issue 33.6: §1, §4, Fig. 9
+def _sign_prediction_cells_loop(tok):
+    """(step, group) -> [A>0 movers, of them boosted, A<0 movers, of them suppressed], by a loop."""
+    cells = defaultdict(lambda: [0, 0, 0, 0])
+    for step, group, sign, status in zip(tok.step, tok.group, tok.sign, tok.status):
+        if status == "stable":
+            continue
+        c = cells[(step, group)]
+        if sign == "pos":
+            c[0] += 1
+            c[1] += status == "boosted"
+        else:
+            c[2] += 1
+            c[3] += status == "suppressed"
+    return cells
+
+
+def _balanced(cells, w=None):
+    w = w or {k: 1.0 for k in cells}
+    s = [sum(w.get(k, 0.0) * c[i] for k, c in cells.items()) for i in range(4)]
+    return 0.5 * (s[1] / s[0] + s[3] / s[2])
+
+
+def test_fig01_sign_prediction_row_is_a_loop_over_the_token_table():
+    """§1 "the advantage sign is a poor predictor of token-level updates": the balanced accuracy of
+    sign(A) for sign(Δlog p) among tokens that move, by a loop over the committed token table; the
+    interval from our own two-stage bootstrap (steps, then groups within a step; another seed, 300
+    draws) within 40% of the half-width; the rule can fail (a CI above 0.75 reads 'not reproduced')."""
+    tok = pd.read_parquet(TINY / "fig01_token_deltas.parquet")
+    cells = _sign_prediction_cells_loop(tok)
+    r = registry().loc["fig01_sign_predicts_update"]
+    assert close(r.measured, _balanced(cells), rel=1e-12) and r.n == len(cells)
+    assert r.resampling == "step × group" and r.rule == "direction" and r.verdict == C.verdict_of(r)
+    params = json.loads(r.params)
+    assert params["sign"] == -1 and params["ref"] == 0.75 and "refuted" in r.rule_text
+    assert C.direction(0.8, 0.77, 0.83, **params) == C.NOT_REPRODUCED   # a good predictor would refute it
+    by_step = defaultdict(list)
+    for step, group in cells:
+        by_step[step].append(group)
+    steps = sorted(by_step)
+    rng = np.random.default_rng(2024)
+    reps = []
+    for _ in range(300):
+        w = defaultdict(float)
+        for s_ in rng.choice(steps, len(steps)):
+            gs = sorted(by_step[s_])
+            for g in rng.choice(gs, len(gs)):
+                w[(s_, g)] += 1.0
+        reps.append(_balanced(cells, w))
+    lo, hi = np.quantile(reps, [0.025, 0.975])
+    h = (r.hi - r.lo) / 2
+    assert abs(r.lo - lo) <= 0.4 * h and abs(r.hi - hi) <= 0.4 * h, ((r.lo, r.hi), (lo, hi))
+
+
+@pytest.mark.parametrize("profile", [p.parent.name for p in REGISTRIES])
+def test_sec4_sign_partitioning_row_is_the_largest_committed_cross_sign_share(profile):
+    """§4 "sign partitioning removes cross-sign coupling": the largest cross-sign share (whole batch or
+    within groups) over the committed sign-partitioned plans, exactly 0, holds by construction; QB keeps
+    every within-group pair and random keeps some, so the column can read > 0."""
+    d = ROOT / "data" / "results" / profile
+    path = d / "table2_local_imbalance.csv"
+    m = pd.read_csv(path) if path.exists() else None
+    reg = registry(d / "claims.parquet")
+    if m is None or "cross_sign" not in m:
+        assert "sec4_sign_partitioned_cross_sign" not in reg.index
+        pytest.skip(f"{profile}: an Eq. 14 table without the cross-sign columns")
+    worst, n = 0.0, 0
+    for s_, x, xg in zip(m.strategy, m.cross_sign, m.cross_sign_group):
+        if s_ == "sign_partitioned":
+            worst, n = max(worst, x, xg), n + 1
+        if s_ == "QB":
+            assert abs(xg - 1) < 1e-12
+        if s_ == "random":
+            assert x > 0 and xg > 0
+    r = reg.loc["sec4_sign_partitioned_cross_sign"]
+    assert r.measured == worst == 0.0 and r.n == n and r.resampling == "none"
+    assert r.rule == "construction" and r.verdict == C.BY_CONSTRUCTION == C.verdict_of(r)
+
+
+def test_fig09_rows_only_for_runs_of_their_own_and_the_notebook_says_why():
+    """Fig. 9's panel of the profile's own model is Fig. 1's run (its first steps): no row of its own
+    (fig01_ab_boosted tests it); tiny-s has a run of its own and a row; notebook 01 prints, from the
+    profiles, why two policies cannot test 'across models' and what the paper profile runs."""
+    import yaml
+
+    from cancellation.figures import fig01
+    reg = registry()
+    assert "fig09_tiny-m" not in reg.index and "fig09_tiny-s" in reg.index
+    assert "a GRPO run of its own" in reg.loc["fig09_tiny-s"].detail
+    paper = yaml.safe_load((ROOT / "notebooks" / "params" / "paper.yaml").read_text())
+    line = fig01.fig9_scope(fig01.Params(), paper)
+    assert "too few to test 'across models'" in line and "tiny-m is Fig. 1's own run" in line
+    assert all(m in line for m in paper["common"]["models"]) and f"runs {len(paper['common']['models'])}:" in line
+    three = fig01.Params(models=["data/policies/tiny-m", "data/policies/tiny-s", "data/policies/tiny-m-fixed"])
+    assert "too few" not in fig01.fig9_scope(three, paper)
+    nb = json.loads((ROOT / "notebooks" / "executed" / "tiny" / "01_token_flipping.ipynb").read_text())
+    text = "".join("".join(o.get("text", "")) for c in nb["cells"] for o in c.get("outputs", []))
+    assert line in text

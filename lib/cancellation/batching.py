@@ -145,6 +145,31 @@ def cross_advantage(group: torch.Tensor, advantage: torch.Tensor, plan: list[tor
     return pd.DataFrame(rows)
 
 
+def cross_sign_share(group: torch.Tensor, advantage: torch.Tensor, plan: list[torch.Tensor]) -> tuple[float, float]:
+    """How much of the batch's cross-sign coupling `plan` keeps inside its mini-batches (§4: "partition
+    by advantage sign ... removes cross-sign gradient coupling"): (batch, group) shares of the
+    advantage products |A_i A_j| over pairs with A_i A_j < 0 that share a mini-batch,
+
+        batch:  Σ_B P_B N_B / (P N)                  (any two rollouts of the batch)
+        group:  Σ_{B,g} P_{B,g} N_{B,g} / Σ_g P_g N_g  (pairs of one query group: Eq. 14's pairs)
+
+    with P_B = Σ_{i∈B, A_i>0} A_i and N_B = Σ_{i∈B, A_i<0} (−A_i) (P, N over the whole batch). The whole
+    batch as one mini-batch keeps 1 of both; QB keeps the group share at 1; a plan whose every
+    mini-batch holds one sign keeps exactly 0 (one of P_B, N_B is an empty sum). NaN without a pair."""
+    group = torch.as_tensor(group)
+    adv = torch.as_tensor(advantage, dtype=torch.float64)
+    pos, neg = adv.clamp(min=0), (-adv).clamp(min=0)
+
+    def mass(rows):
+        g = group[rows]
+        ids = torch.unique(g).tolist()
+        return (float(pos[rows].sum() * neg[rows].sum()),
+                sum(float(pos[rows][g == i].sum() * neg[rows][g == i].sum()) for i in ids))
+    whole = mass(torch.arange(len(adv)))
+    local = [mass(torch.as_tensor(r)) for r in plan]
+    return tuple(sum(m[k] for m in local) / whole[k] if whole[k] > 0 else math.nan for k in (0, 1))
+
+
 def shared_weights(group: torch.Tensor, advantage: torch.Tensor, plan: list[torch.Tensor]) -> list[torch.Tensor]:
     """Per mini-batch B of `plan`, row weights w_i = S_{B,g(i)} / n_{g(i)} over the whole batch (n_g: the
     group's rows, S_{B,g}: its local advantage sum in B, 0 for groups B does not hold). Σ_i w_i G_i =

@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from .. import cache, categories, grpo, measure, policy, rollout, seeds, tasks, train
+from .. import cache, categories, grpo, measure, policy, rollout, seeds, tasks, thesis, train
 from .. import claims as C
 from .. import workload as W
 from .. import stats as S
@@ -103,9 +103,9 @@ class Result:
 
     @property
     def token_deltas(self) -> pd.DataFrame:
-        """fig01_token_deltas: the GRPO run's signed tokens."""
+        """fig01_token_deltas: the GRPO run's signed tokens (rollout and group: the units a row resamples)."""
         return self.signed[self.signed.run == "grpo"][["step", "sign", "delta", "status", "entropy", "prob",
-                                                        "token_id"]]
+                                                        "token_id", "rollout", "group"]]
 
     def share(self, run, sign, status) -> str:
         """Mean ± s.d. over steps of the share of `status` tokens among `sign` rollouts of `run`."""
@@ -341,19 +341,97 @@ def claims(R: Result, P: Params) -> list[C.Claim]:
                        rule="direction", params=dict(sign=1),
                        detail="similar shares and magnitudes (a–c) do not mean the signs are ignored; per step, "
                        "mean over the A ≠ 0 tokens of each sign"))
+    rows.append(sign_prediction_claim(signed, P))
     if "grpo_sgd" in set(signed.run):
         rows += _sgd_claims(R, P)
     if R.control is not None:
         rows.append(control_drop(R))
+    own = fig9_own_runs(P)
     for name, d in R.fig9[R.fig9.status == "boosted"].groupby("model", sort=False):
+        if name not in own:   # Fig. 1's run again (its first fig9_steps steps): fig01_ab_boosted tests it
+            continue
         p = d.pivot(index="step", columns="sign", values="fraction")
-        reused = name == Path(P.model_path).name and P.fig9_steps <= P.steps   # as compute() builds fig9
         rows.append(_claim(f"fig09_{name}", "Fig. 9", f"{name}: similar boosted shares for both signs", "all models",
                             *S.t_interval(100 * (p["pos"] - p["neg"])), n=len(p), unit="pts (pos − neg)",
                             rule="similar", params=dict(tol=10),
-                            detail=(f"the first {P.fig9_steps} steps of this notebook's GRPO run (Fig. 1's), not a "
-                                    "run of its own" if reused else f"a GRPO run of its own, {P.fig9_steps} steps")))
+                            detail=f"a GRPO run of its own, {P.fig9_steps} steps; Fig. 9's models with a run of "
+                            f"their own: {', '.join(own)} (the notebook's Fig. 9 line says what 'across models' needs)"))
     return rows
+
+
+def fig9_own_runs(P: Params) -> list[str]:
+    """The Fig. 9 models (names) with a run of their own: the profile's model_path is Fig. 1's run reused
+    (its first fig9_steps steps, as compute() builds fig9), so its panel tests nothing fig01_ab_boosted does not."""
+    return [Path(m).name for m in P.models if not (m == P.model_path and P.fig9_steps <= P.steps)]
+
+
+def fig9_scope(P: Params, paper_profile: dict) -> str:
+    """One line: which of Fig. 9's policies have a run of their own, and whether that can test "across
+    models" (two or more runs of their own besides Fig. 1's: three models, as the paper's Fig. 9);
+    `paper_profile`: the paper profile's YAML (`run.load_profile("paper")`), whose `models` it names."""
+    paper_models = {**(paper_profile.get("common") or {}), **(paper_profile.get("01_token_flipping") or {})}.get(
+        "models", [])
+    own = fig9_own_runs(P)
+    reused = [Path(m).name for m in P.models if Path(m).name not in own]
+    line = (f"Fig. 9 here: {len(P.models)} polic{'y' if len(P.models) == 1 else 'ies'} "
+            f"({', '.join(Path(m).name for m in P.models)})"
+            + (f"; {', '.join(reused)} is Fig. 1's own run (its first {P.fig9_steps} steps: fig01_ab_boosted)"
+               if reused else "") + f"; {len(own)} with a run of its own")
+    if len(own) >= 2:   # with Fig. 1's run, three models or more: the paper's Fig. 9 has three
+        return line + ": the fig09_<model> rows (and fig01_ab_boosted) test 'across models' model by model"
+    return (line + f": too few to test 'across models' (the paper's Fig. 9 has three; each fig09_ row speaks for its "
+            f"model only); the paper profile runs {len(paper_models)}: {', '.join(str(m) for m in paper_models)}")
+
+
+SIGN_PREDICTION_REF = 0.75   # 'poor': closer to chance (0.5) than to a perfect predictor (1)
+
+
+def sign_prediction_cells(signed: pd.DataFrame, run: str = "grpo") -> pd.DataFrame:
+    """Per (step, group) of `run`, among the A ≠ 0 tokens that move (|Δ| > ε): the tokens of A > 0
+    rollouts (`pos`) and how many were boosted (`pos_right`), of A < 0 rollouts (`neg`) and how many were
+    suppressed (`neg_right`): what sign(A) gets right as a predictor of sign(Δlog p)."""
+    d = signed[(signed.run == run) & (signed.status != "stable")]
+    pos, neg = d.sign == "pos", d.sign == "neg"
+    return pd.DataFrame({"step": d.step, "group": d.group, "pos": pos, "pos_right": pos & (d.status == "boosted"),
+                         "neg": neg, "neg_right": neg & (d.status == "suppressed")}).groupby(
+        ["step", "group"]).sum().astype(float).reset_index()
+
+
+def balanced_accuracy(c: pd.DataFrame, W=None) -> np.ndarray:
+    """½ (boosted share of A > 0 movers + suppressed share of A < 0 movers) of the cells `c`, once per row
+    of the cell multiplicities W (default: every cell once); chance is 0.5 whatever the base rates."""
+    W = np.ones((1, len(c))) if W is None else W
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return 0.5 * (W @ c.pos_right.to_numpy() / (W @ c.pos.to_numpy())
+                      + W @ c.neg_right.to_numpy() / (W @ c.neg.to_numpy()))
+
+
+def sign_prediction_claim(signed: pd.DataFrame, P: Params, run: str = "grpo", n_boot: int = 2000) -> C.Claim:
+    """§1: "the rollout-level advantage sign is a poor predictor for token-level updates". The balanced
+    accuracy of sign(A) for sign(Δlog p) among the tokens that move, with a two-stage cluster bootstrap
+    (steps, then prompt groups within a step: tokens of one rollout, rollouts of one prompt are not
+    independent draws)."""
+    c = sign_prediction_cells(signed, run)
+    m = float(balanced_accuracy(c)[0])
+    reps = balanced_accuracy(c, thesis.cluster_weights(c.step.to_numpy(), n_boot, seed=0))
+    ok = reps[np.isfinite(reps)]
+    lo, hi = np.quantile(ok, [0.025, 0.975]) if len(ok) >= 0.95 * n_boot else (np.nan, np.nan)  # a sign that never moves
+    tot = c[["pos", "pos_right", "neg", "neg_right"]].sum()
+    moving = signed[(signed.run == run) & (signed.status != "stable")]
+    acc = (tot.pos_right + tot.neg_right) / (tot.pos + tot.neg)
+    return C.Claim("fig01_sign_predicts_update", "§1 (Fig. 1(a,b))", "the rollout-level advantage sign is a poor "
+                   "predictor of token-level updates", "poor (nearly half move against A)", m, lo, hi, n=len(c),
+                   unit="balanced accuracy of sign(A) for sign(Δlog p), tokens with |Δ| > ε", rule="direction",
+                   params=dict(sign=-1, ref=SIGN_PREDICTION_REF, refutes="the CI lies above 0.75: sign(A) gets "
+                               "most token moves right"),
+                   estimator=f"percentile two-stage cluster bootstrap ({n_boot} draws: steps, then prompt groups "
+                   "within a step)", resampling="step × group",
+                   detail=f"A>0 movers boosted {100 * tot.pos_right / tot.pos:.1f}%, A<0 movers suppressed "
+                   f"{100 * tot.neg_right / tot.neg:.1f}%; plain accuracy {100 * acc:.1f}% vs "
+                   f"{100 * (moving.status == 'boosted').mean():.1f}% for 'every token is boosted', which ignores A; "
+                   f"{len(c)} (step, group) cells over {c.step.nunique()} steps; 'poor' = below "
+                   f"{SIGN_PREDICTION_REF:g}, closer to chance (0.5) than to perfect (1); fig01_ab_boosted is the "
+                   "boosted-share gap with stable tokens counted")
 
 
 def signed_mean_gap(signed: pd.DataFrame, run: str) -> pd.Series:

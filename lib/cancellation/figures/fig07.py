@@ -338,7 +338,7 @@ def _imbalance_key(P: Params, source) -> tuple[dict, list]:
     cfgs = [dataclasses.replace(_config(P, source, "random", s, P.lr), backend="hf") for s in P.seeds]
     key = dict(model=policy.fingerprint(P.model_path), dtype=P.dtype, device=P.device, threads=P.threads,
                draws=P.imbalance_plans, plans=IMBALANCE_PLANS, runs=[train.run_params(c) for c in cfgs],
-               shared=2)
+               shared=2, cross_sign=1)
     return key, cfgs
 
 
@@ -357,7 +357,10 @@ def local_imbalance(P: Params, source) -> pd.DataFrame:
       starting θ (`grpo.minibatch_grads`: no step), so only the split differs; `grad_sq` is the first
       sum, `full_sq` = ||g||²;
     - `shared_sq`: the part of that scatter along the directions a split query's rollouts share,
-      Σ_B (T_B/T) ||s_B||² with s_B = −(1/T_B) Σ_g S_{B,g} c_g (`grpo.shared_energy`; 0 under QB).
+      Σ_B (T_B/T) ||s_B||² with s_B = −(1/T_B) Σ_g S_{B,g} c_g (`grpo.shared_energy`; 0 under QB);
+    - `cross_sign`, `cross_sign_group`: the share of the batch's (of each query group's) cross-sign
+      advantage products |A_i A_j| (A_i A_j < 0) whose rollouts share a mini-batch
+      (`batching.cross_sign_share`): 0 exactly for a plan whose every mini-batch holds one sign.
     Cached under the policy, dtype, device, threads and every seed's run config.
     """
     from .. import batching, grpo, measure, rollout
@@ -387,12 +390,14 @@ def local_imbalance(P: Params, source) -> pd.DataFrame:
                     w = np.array([i["n_tokens"] for i in info], float)
                     g_sq = float((w / w.sum()) @ np.square([i["grad_norm"] for i in info]))
                     shared = grpo.shared_energy(model, batch, plan, cfg.update, old_logp=old, gram=gram)
+                    xs, xs_group = batching.cross_sign_share(batch.group, batch.advantage, plan)
                     rows.append(dict(seed=cfg.seed, strategy=name, draw=draw, rows=len(batch),
                                      minibatches=len(plan), live_groups=len(live),
                                      retained=float(x.cross.sum() / grouped) if grouped else np.nan,
                                      retained_expected=batching.same_minibatch_probability(plan),
                                      sb_nonzero=float((cells.S_B.abs() > 1e-9).mean()) if len(cells) else np.nan,
-                                     grad_sq=g_sq, full_sq=full_sq, grad_var=g_sq - full_sq, shared_sq=shared))
+                                     grad_sq=g_sq, full_sq=full_sq, grad_var=g_sq - full_sq, shared_sq=shared,
+                                     cross_sign=xs, cross_sign_group=xs_group))
         return pd.DataFrame(rows)
 
     return cache.cached("local_imbalance", key, compute)
@@ -406,8 +411,9 @@ def scatter_vs_qb(m: pd.DataFrame) -> pd.Series:
 
 def imbalance_table(R: Result) -> pd.DataFrame:
     """Eq. 14 per plan, mean over seeds and draws: the retained cross-advantage mass (and random's
-    closed form), the share of cells with S_B ≠ 0, and the scatter of the mini-batch gradients
-    around the whole batch's (grad_var), also relative to QB's on the same seed and draw."""
+    closed form), the share of cells with S_B ≠ 0, the scatter of the mini-batch gradients
+    around the whole batch's (grad_var), also relative to QB's on the same seed and draw, and the
+    cross-sign advantage mass kept inside mini-batches (whole batch, within groups)."""
     m = R.imbalance.copy()
     m["grad_var_vs_QB"] = scatter_vs_qb(m)
     m.loc[m.strategy != "random", "retained_expected"] = np.nan   # the closed form is random's
@@ -415,6 +421,7 @@ def imbalance_table(R: Result) -> pd.DataFrame:
     if "shared_sq" in m:   # tables written before the shared-direction column have none
         m["shared_share"] = m.shared_sq / m.grad_var
         cols += ["shared_sq", "shared_share"]
+    cols += [c for c in ("cross_sign", "cross_sign_group") if c in m]   # tables written before: none
     return m.groupby("strategy", sort=False)[cols].mean()
 
 
@@ -810,6 +817,7 @@ def _imbalance_rows(R: Result, P: Params) -> list[C.Claim]:
                         "splits with no training signal"), **T,
             detail=f"{r.live_groups.mean():.1f} of {P.n_prompts} groups per batch have A ≠ 0; "
             f"{r.rows.mean():.0f} rows in {r.minibatches.mean():.0f} mini-batches"))
+    rows += cross_sign_row(m, fig)
     for name, stmt in (("random", "random mini-batching makes the local update noisier than query-preserved"),
                        ("sign_partitioned", "sign-partitioned mini-batches lose cancellation (a larger update)")):
         if name in set(m.strategy) and "QB" in set(m.strategy):
@@ -842,6 +850,33 @@ def _imbalance_rows(R: Result, P: Params) -> list[C.Claim]:
             params=dict(sign=1, ref=0.0, why="||s_B||² ≥ 0, > 0 wherever S_B ≠ 0 (s_B = −(1/T_B) Σ_g S_B,g c_g, "
                         "c_g the mean score of group g's rollouts); the size is the finding"), **T, detail=detail))
     return rows
+
+
+CROSS_SIGN_TOL = 1e-9   # a mini-batch holding both signs keeps at least min|A|² / (P N) ≫ this (0 exactly otherwise)
+
+
+def cross_sign_row(m: pd.DataFrame, fig: str) -> list[C.Claim]:
+    """§4: "partitioning by advantage sign removes cross-sign gradient coupling". True of the plan by
+    construction (every sign-partitioned mini-batch holds one sign), so the row holds by construction:
+    the largest share of cross-sign advantage mass kept inside a mini-batch over every (seed, plan draw)
+    of the Eq. 14 table; a plan that mixed signs reads > 0 and fails (not reproduced)."""
+    if "cross_sign" not in m or "sign_partitioned" not in set(m.strategy):
+        return []   # an Eq. 14 table written before the cross-sign columns
+    sp = m[m.strategy == "sign_partitioned"]
+    worst = float(np.nanmax(np.maximum(sp.cross_sign, sp.cross_sign_group)))
+    keep = m.groupby("strategy", sort=False)[["cross_sign", "cross_sign_group"]].mean()
+    return [C.Claim(
+        "sec4_sign_partitioned_cross_sign", fig, "partitioning each batch by advantage sign removes cross-sign "
+        "coupling (no mini-batch holds a positive and a negative rollout)", "removed", worst, n=len(sp),
+        unit="largest share of cross-sign |A_i A_j| kept in a mini-batch, sign-partitioned",
+        rule="construction", params=dict(sign=-1, ref=CROSS_SIGN_TOL, point_ok=True,
+                                         why="every sign-partitioned mini-batch holds one sign "
+                                         "(batching.sign_partitioned), so Σ_B P_B N_B = 0 on any batch; a plan "
+                                         "that mixed signs would keep > 0 and fail"),
+        estimator="point (no interval): the largest over seeds × plan draws", resampling="none",
+        detail="share kept inside mini-batches, mean over seeds and draws (whole batch / within query groups): "
+        + ", ".join(f"{s} {r.cross_sign:.3f} / {r.cross_sign_group:.3f}" for s, r in keep.iterrows())
+        + "; the training result of breaking it is table2_sign_partitioned")]
 
 
 def result_from_tables(results_dir, P: Params) -> Result:
