@@ -704,7 +704,6 @@ def _all_claims(R: Result, P: Params) -> list[C.Claim]:
                             f"means more than {COLLAPSE_RATE:g} of runs; the other strategies: {others}"))
     for r_ in (P.probe_lrs if len(sweep) else []):
         at = sweep[sweep.lr == r_].pivot(index="seed", columns="strategy", values="final")
-        col = sweep[sweep.lr == r_].pivot(index="seed", columns="strategy", values="collapsed")
         if "random" in at:
             k = int(sweep[(sweep.lr == r_) & (sweep.strategy == "random")].collapsed.sum())
             pr, lo, hi, n = ST.proportion(sweep[(sweep.lr == r_) & (sweep.strategy == "random")].collapsed)
