@@ -310,7 +310,7 @@ class Plan:
                 + f"; measure them with `python -m cancellation.scale --only {' '.join(_scale_only(self.missing))}`")
         if self.procs > 1:
             from .procs import BUILT
-            split = "; ".join(f"{p['what']} ({p['units']:,}; "
+            split = "; ".join(f"{p['what']} ({p['units']:,} units; "
                               + (f"built, {BUILT[(self.stem, p['what'])]}" if (self.stem, p["what"]) in BUILT
                                  else "planned, not split yet") + ")" for p in w.parts)
             out.append(f"         split over {self.procs} processes: " + (split or "nothing (one process does it all)"))

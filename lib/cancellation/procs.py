@@ -57,9 +57,9 @@ KILL_ENV = "CANCELLATION_PROCS_KILL"   # test hook: this rank kills itself
 SPLIT = {"05_value_gap": "Monte Carlo continuations of the valued tokens",
          "06_sampling_budget": "Monte Carlo continuations of the valued tokens; settings x seeds with step_mode grpo"}
 # the planner's split parts (workload.Work.split) that --procs really divides, per notebook: (what, how)
-BUILT = {("05_value_gap", "valued tokens' Monte Carlo continuations"): "by sampler batch",
-         ("06_sampling_budget", "valued tokens' Monte Carlo continuations"): "by sampler batch",
-         ("06_sampling_budget", "settings x seeds"): "with step_mode grpo"}
+BUILT = {("05_value_gap", "valued tokens' Monte Carlo continuations"): "a unit is a sampler batch",
+         ("06_sampling_budget", "valued tokens' Monte Carlo continuations"): "a unit is a sampler batch",
+         ("06_sampling_budget", "settings x seeds"): "a unit is one setting and seed, with step_mode grpo"}
 
 
 class RankFailed(RuntimeError):

@@ -558,7 +558,9 @@ def workload(P: Params, shape, z: W.Sizes) -> W.Work:
         W.step(w, "full", rows, z, cr)
         valued += 4 * h
     cont = valued * 2 * P.M
-    with w.split("valued tokens' Monte Carlo continuations", valued):
+    # --procs divides sampler batches (procs.py), not tokens: rows_per_chunk // M prefixes (token x branch)
+    # per batch, at least; fewer, larger units are the conservative count (ceil(units / N) each)
+    with w.split("valued tokens' Monte Carlo continuations", W.ceil(2 * valued, max(1, P.rows_per_chunk // P.M))):
         W.sample(w, cont, z, chunk_rows_decode=P.rows_per_chunk)
     w.notes.append("continuations counted at the full response cap (they start mid-response: an upper bound)")
     if P.sample_dtype and P.backend == "hf":

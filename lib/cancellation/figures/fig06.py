@@ -411,7 +411,8 @@ def workload(P: Params, shape, z: W.Sizes) -> W.Work:
             W.analysis(w, r, z, cr, times=P.n_seeds)
     w.full_grads = True
     valued = P.n_seeds * (min(P.prompt_sizes) * P.valued_per_prompt + P.comp_groups * P.G_comp) * P.tokens_per_rollout
-    with w.split("valued tokens' Monte Carlo continuations", valued):
+    # --procs divides sampler batches of rows_per_chunk // M prefixes (token x branch), not tokens (fig05)
+    with w.split("valued tokens' Monte Carlo continuations", W.ceil(2 * valued, max(1, P.rows_per_chunk // P.M))):
         W.sample(w, valued * 2 * P.M, z, chunk_rows_decode=P.rows_per_chunk)
     w.notes.append("valued tokens: every seed's counted (the cache shares prefixes across seeds: an upper bound)")
     if P.sample_dtype and P.backend == "hf":
