@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from cancellation import compute, coupling, grpo, measure
+from cancellation import coupling, grpo, guard, measure
 from cancellation.compute import Compute
 
 
@@ -27,22 +27,22 @@ def test_from_params_takes_only_declared_names():
 
 
 def test_guard_bounds_every_lm_head_call(model64, batch, monkeypatch):
-    m = compute.guard_lm_head(copy.deepcopy(model64), token_chunk=16)
+    m = guard.guard_lm_head(copy.deepcopy(model64), token_chunk=16)
     n = int(batch.response_mask.sum())
     assert n > 16
     measure.token_stats(m, batch, 64, token_chunk=16)          # chunked: every call ≤ 16 positions
-    with pytest.raises(compute.MemoryBoundError, match="token_chunk is 16"):
+    with pytest.raises(guard.MemoryBoundError, match="token_chunk is 16"):
         measure.token_stats(m, batch, 64, token_chunk=17)
-    with pytest.raises(compute.MemoryBoundError):
+    with pytest.raises(guard.MemoryBoundError):
         measure.token_stats_unchunked(m, batch)                 # the full-logits reference is caught too
 
 
 def test_guard_rejects_an_update_config_with_other_knobs(monkeypatch):
-    monkeypatch.setenv(compute.GUARD_ENV, json.dumps({"chunk_rows": 4, "token_chunk": 64}))
+    monkeypatch.setenv(guard.GUARD_ENV, json.dumps({"chunk_rows": 4, "token_chunk": 64}))
     Compute(chunk_rows=4, token_chunk=64).update(lr=0.1)       # the profile's knobs: fine
-    with pytest.raises(compute.KnobError, match="token_chunk=4096"):
+    with pytest.raises(guard.KnobError, match="token_chunk=4096"):
         grpo.UpdateConfig(chunk_rows=4)                         # a library default slipped through
-    monkeypatch.delenv(compute.GUARD_ENV)
+    monkeypatch.delenv(guard.GUARD_ENV)
     grpo.UpdateConfig()                                         # guard off: anything goes
 
 

@@ -103,10 +103,10 @@ def test_micro_batch_sizing_binds_only_past_token_chunk():
 def test_guard_sees_trls_fused_head():
     """TRL's loss forward reads lm_head.weight in its fused head without calling the head module: the
     Compute guard counts it on the model object, so a run whose mini-batch exceeds token_chunk raises."""
-    from cancellation import compute
+    from cancellation import guard
     model, tok = policy.load_policy(MODEL, dtype="float32")
-    compute.guard_lm_head(model, 2 * RUN["max_new_tokens"])
-    with tempfile.TemporaryDirectory() as d, pytest.raises(compute.MemoryBoundError, match="fused LM head"):
+    guard.guard_lm_head(model, 2 * RUN["max_new_tokens"])
+    with tempfile.TemporaryDirectory() as d, pytest.raises(guard.MemoryBoundError, match="fused LM head"):
         engine.train_trl(MODEL, tasks.ProblemSource(**SOURCE), "random", output_dir=d, model=model, tokenizer=tok,
                          monitor=False, **{**RUN, "iterations": 1})
 
@@ -116,14 +116,14 @@ def test_micro_batches_take_the_same_steps(strategy):
     """A run whose mini-batches are accumulated from micro-batches (token_chunk binding) takes the same
     optimizer steps as one without (float64: same batches, same plans, same parameters to round-off), and
     no loss forward scores more than token_chunk positions (the Compute guard on the model)."""
-    from cancellation import compute
+    from cancellation import compute, guard
     out = {}
     model0 = [p.detach().clone() for p in policy.load_policy(MODEL, dtype="float64")[0].parameters()]
     for tc in (None, 2 * RUN["max_new_tokens"]):
         torch.manual_seed(0)
         model, tok = policy.load_policy(MODEL, dtype="float64")
         if tc:
-            compute.guard_lm_head(model, tc)
+            guard.guard_lm_head(model, tc)
         with tempfile.TemporaryDirectory() as d:
             r = engine.train_trl(MODEL, tasks.ProblemSource(**SOURCE), strategy, output_dir=d, model=model,
                                  tokenizer=tok, dtype="float64", monitor=False, iterations=1,

@@ -3,7 +3,7 @@ import copy
 import pytest
 import torch
 
-from cancellation import grpo, measure
+from cancellation import eq14, grpo, measure
 
 
 def per_token_loss_scalar(logp, old, a, cl=0.2, ch=0.28, c=3.0):
@@ -238,7 +238,7 @@ def test_shared_energy_matches_explicit_per_rollout_scores(fresh, batch):
     A, grp = batch.advantage.double(), batch.group
     c = {g: G[grp == g].mean(0) for g in torch.unique(grp).tolist()}
     T = float(batch.response_mask.sum())
-    groups, M = gram = grpo.group_score_gram(model, batch, cfg, old)    # the Gram of the c_g, from grpo's own loss
+    groups, M = gram = eq14.group_score_gram(model, batch, cfg, old)    # the Gram of the c_g, from grpo's own loss
     C = torch.stack([c[g] for g in groups.tolist()])
     assert torch.allclose(M, C @ C.T, rtol=1e-8, atol=1e-12 * float(M.abs().max()))
     for plan in (batching.random(grp, 3, seed=1), batching.sign_partitioned(A, 2, seed=0)):
@@ -254,9 +254,9 @@ def test_shared_energy_matches_explicit_per_rollout_scores(fresh, batch):
             assert torch.allclose(g_B, -(A[rows, None] * G[rows]).sum(0) / TB, rtol=1e-8, atol=1e-12)
         model.zero_grad(set_to_none=True)
         assert energy > 0
-        assert grpo.shared_energy(model, batch, plan, cfg, old_logp=old) == pytest.approx(energy, rel=1e-8)
-        assert grpo.shared_energy(model, batch, plan, cfg, gram=gram) == pytest.approx(energy, rel=1e-8)
+        assert eq14.shared_energy(model, batch, plan, cfg, old_logp=old) == pytest.approx(energy, rel=1e-8)
+        assert eq14.shared_energy(model, batch, plan, cfg, gram=gram) == pytest.approx(energy, rel=1e-8)
     qb = batching.query_preserved(grp, 3, seed=0)
-    assert grpo.shared_energy(model, batch, qb, cfg) == 0.0 == grpo.shared_energy(model, batch, qb, cfg, gram=gram)
-    assert grpo.group_score_gram(model, batch, cfg, max_bytes=0) is None     # over its memory budget: the other way
+    assert eq14.shared_energy(model, batch, qb, cfg) == 0.0 == eq14.shared_energy(model, batch, qb, cfg, gram=gram)
+    assert eq14.group_score_gram(model, batch, cfg, max_bytes=0) is None     # over its memory budget: the other way
     assert all(p.grad is None for p in model.parameters())

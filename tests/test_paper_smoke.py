@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from cancellation import compute, run
+from cancellation import guard, run
 
 PAPER, SMOKE = run.PARAMS / "paper.yaml", run.PARAMS / "paper-smoke.yaml"
 VOCAB = run.PARAMS / "paper-vocab.yaml"
@@ -47,10 +47,10 @@ def _run(ref, out_root, profile="paper-smoke", log=None):
     profile's raises (knob reach: every forward and update of the notebook obeys the profile).
     With `log`, the guard tallies the positions it sees into that JSON file."""
     params = run.resolve_params(run.find_notebook(ref), profile, None, out_root)
-    knobs = {k: params[k] for k in compute.KNOBS if k in params}
+    knobs = {k: params[k] for k in guard.KNOBS if k in params}
     assert "token_chunk" in knobs, f"notebook {ref} declares no token_chunk"
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv(compute.GUARD_ENV, json.dumps(dict(knobs, **({"log": str(log)} if log else {}))))
+        mp.setenv(guard.GUARD_ENV, json.dumps(dict(knobs, **({"log": str(log)} if log else {}))))
         out = run.run_notebook(ref, profile, out_root=out_root, log_output=False)   # the kernel inherits it
     nb = json.loads(out.read_text())
     errors = [o for c in nb["cells"] for o in c.get("outputs", []) if o.get("output_type") == "error"]

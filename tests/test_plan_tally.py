@@ -1,6 +1,6 @@
 """The planner's workloads held against what a real paper-smoke run computes (issue 36, item 2).
 
-Each notebook runs on `paper-smoke` under the Compute guard with a tally (`compute._tally`): every
+Each notebook runs on `paper-smoke` under the Compute guard with a tally (`guard._tally`): every
 position through the LM head (TRL's fused head included, as it projects them: on a CPU every position of
 the rows) and through the model's body (every forward of a guarded model: analysis, steps, the sampler's
 prefill, transformers' `generate` step by step, TRL's forwards). The plan's counts for the same Params
@@ -24,7 +24,7 @@ import os
 
 import pytest
 
-from cancellation import compute, plan, run
+from cancellation import guard, plan, run
 
 # notebook -> whether its planned head positions must be within 2x of the tally (else: an upper bound)
 NOTEBOOKS = {f"{i:02d}": i == 7 for i in range(1, 9)}
@@ -42,9 +42,9 @@ def plan_counts(ref: str, params: dict) -> dict:
 
 def tally_run(ref: str, out_root, log, profile: str = "paper-smoke") -> dict:
     params = run.resolve_params(run.find_notebook(ref), profile, None, out_root)
-    knobs = {k: params[k] for k in compute.KNOBS if k in params}
+    knobs = {k: params[k] for k in guard.KNOBS if k in params}
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv(compute.GUARD_ENV, json.dumps(dict(knobs, log=str(log))))
+        mp.setenv(guard.GUARD_ENV, json.dumps(dict(knobs, log=str(log))))
         mp.setenv("CANCELLATION_CACHE", str(out_root / "cache"))   # every position computed here
         out = run.run_notebook(ref, profile, out_root=out_root, log_output=False)
     nb = json.loads(out.read_text())

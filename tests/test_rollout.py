@@ -4,7 +4,7 @@ from dataclasses import replace
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from cancellation import policy, rollout, tasks, tiny
+from cancellation import policy, rollout, sampler, tasks, tiny
 
 RAW = tasks.ProblemSource(prompt_format="raw")  # prompts as given, rewards by tasks.verify
 
@@ -145,7 +145,7 @@ def test_sampler_stops_at_every_stop_id(tok, model64, stop):
         assert ends >= len(b) // 2
         if certain:  # the sampler itself stops (it does not just get cut afterwards)
             ids = b.input_ids[:2, :b.response_mask.int().argmax(1).min()]
-            new = rollout.generate(m, ids, (ids != tok.pad_token_id).long(), 16, 1.0, sorted(stops), tok.pad_token_id)
+            new = sampler.generate(m, ids, (ids != tok.pad_token_id).long(), 16, 1.0, sorted(stops), tok.pad_token_id)
             assert new.tolist() == [[stop], [stop]]
         # the MC sampler stops there too
         conts = value.sample_continuations(m, [b.input_ids[0, b.attention_mask[0].bool()].tolist()[:4]], 8, [16],
@@ -273,7 +273,7 @@ def saved_model(tmp_path, tok, model64):
 
 def test_vllm_sample_calls_and_rows(fake_vllm, saved_model, tok):
     m, path = saved_model
-    llm = rollout.make_sampler(m, path, backend="vllm", dtype="float64", seed=3, gpu_memory_utilization=0.25)
+    llm = sampler.make_sampler(m, path, backend="vllm", dtype="float64", seed=3, gpu_memory_utilization=0.25)
     assert llm.init_kwargs == dict(model=str(path), dtype="float64", seed=3, enable_prefix_caching=True,
                                    gpu_memory_utilization=0.25)
     assert llm.hf_model is m
@@ -286,7 +286,7 @@ def test_vllm_sample_calls_and_rows(fake_vllm, saved_model, tok):
         assert c["prompt_token_ids"] == rendered                     # vLLM sees the tokens HF sees
         assert (c["n"], c["max_tokens"], c["temperature"]) == (4, 12, 1.0)
         assert c["stop_token_ids"] == [tok.eos_token_id, DOT]
-        assert c["seed"] == rollout.request_seed(5, g)
+        assert c["seed"] == sampler.request_seed(5, g)
         for r in range(4):
             row = g * 4 + r
             assert b.input_ids[row, b.attention_mask[row].bool() & ~b.response_mask[row]].tolist() == rendered
@@ -302,39 +302,39 @@ def test_vllm_sample_calls_and_rows(fake_vllm, saved_model, tok):
     again = rollout.sample(llm, tok, cfg)
     assert torch.equal(again.input_ids, b.input_ids)
     other = rollout.sample(llm, tok, cfg, seed=6)
-    assert [c["seed"] for c in llm.calls[-3:]] == [rollout.request_seed(6, g) for g in range(3)]
+    assert [c["seed"] for c in llm.calls[-3:]] == [sampler.request_seed(6, g) for g in range(3)]
     assert not torch.equal(other.input_ids, b.input_ids)
 
 
 def test_sync_weights_pushes_the_hf_weights(fake_vllm, saved_model, tok):
     m, path = saved_model
-    llm = rollout.make_sampler(m, path, backend="vllm", dtype="float64")
+    llm = sampler.make_sampler(m, path, backend="vllm", dtype="float64")
     updated = copy.deepcopy(m)
     with torch.no_grad():
         for p in updated.parameters():
             p.add_(0.01 * torch.randn_like(p))
     key = "model.layers.0.mlp.up_proj.weight"
     assert not torch.equal(llm.model.state_dict()[key], updated.state_dict()[key])
-    n = rollout.sync_weights(llm, updated)
+    n = sampler.sync_weights(llm, updated)
     assert n == len(updated.state_dict()) and llm.handle.loaded == list(updated.state_dict())
     for k, v in updated.state_dict().items():
         assert torch.equal(llm.model.state_dict()[k], v), k
-    rollout.sync_weights(llm)                                          # default: the attached HF model
+    sampler.sync_weights(llm)                                          # default: the attached HF model
     assert torch.equal(llm.model.state_dict()[key], m.state_dict()[key])
     with pytest.raises(RuntimeError, match="VLLM_ENABLE_V1_MULTIPROCESSING"):
-        rollout.sync_weights(object(), m)
+        sampler.sync_weights(object(), m)
 
 
 def test_vllm_exclude_bans_the_first_token(fake_vllm, saved_model, tok):
     m, path = saved_model
-    llm = rollout.make_sampler(m, path, backend="vllm", dtype="float64")
+    llm = sampler.make_sampler(m, path, backend="vllm", dtype="float64")
     prefix = tok("Q: 1 2 + 3 4 = ? A: First", add_special_tokens=False)["input_ids"]
     with torch.no_grad():
         top = int(m(input_ids=torch.tensor([prefix])).logits[0, -1].argmax())
     stops = [tok.eos_token_id, DOT]
     M, budgets, bans = 16, [5, 6], [top, None]
     seeds = [value.prefix_seed(0, prefix, b) for b in bans]
-    got = value._sample_vllm(llm, [prefix, prefix], M, budgets, seeds, 1.0, bans, stops)
+    got = sampler.sample_vllm_continuations(llm, [prefix, prefix], M, budgets, seeds, 1.0, bans, stops)
     assert got[0].shape == (M, 5) and got[1].shape == (M, 6)
     assert not (got[0][:, 0] == top).any()                             # the banned first token never comes
     assert (got[1][:, 0] == top).sum() > M // 4                          # (it is the likely one)
@@ -354,7 +354,7 @@ def test_token_values_through_vllm_exclude(fake_vllm, saved_model, tok, tmp_path
     from cancellation import measure
 
     m, path = saved_model
-    llm = rollout.make_sampler(m, path, backend="vllm", dtype="float64")
+    llm = sampler.make_sampler(m, path, backend="vllm", dtype="float64")
     b = rollout.sample(m, tok, rollout.SampleConfig(n_prompts=1, G=1, max_new_tokens=8, source=RAW),
                        problems=tasks.sample_problems(1, seed=0), seed=0)
     table = measure.token_table(b, measure.token_stats(m, b), tokenizer=tok).iloc[:2]

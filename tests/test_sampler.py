@@ -25,12 +25,12 @@ def tiny():
 @pytest.mark.parametrize("T", [1, 7, 60])
 def test_static_eager_draws_the_eager_paths_tokens(tiny, T):
     """One seed, float64: the static cache run eagerly with the multinomial draw gives exactly the
-    tokens of rollout.generate's DynamicCache loop, and leaves the generator in the same state."""
+    tokens of sampler.generate's DynamicCache loop, and leaves the generator in the same state."""
     model, tok = tiny
     ids, mask = _batch(model.config.vocab_size)
     stop = rollout.stop_ids(tok, model)
     ga, gb = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
-    a = rollout.generate(model, ids, mask, T, 1.0, stop, tok.pad_token_id, generator=ga, static=False)
+    a = sampler.generate(model, ids, mask, T, 1.0, stop, tok.pad_token_id, generator=ga, static=False)
     b = sampler.generate_static(model, ids, mask, T, 1.0, stop, tok.pad_token_id, generator=gb)
     assert a.shape == b.shape and torch.equal(a, b)
     assert torch.equal(ga.get_state(), gb.get_state())     # the next chunk's draws are unchanged too
@@ -41,7 +41,7 @@ def test_stops_at_any_stop_id_and_pads_after(tiny):
     nothing but pad after it, the run ends when every row has stopped, and the stop token is kept."""
     model, tok = tiny
     ids, mask = _batch(model.config.vocab_size)
-    free = rollout.generate(model, ids, mask, 40, 1.0, [-1], tok.pad_token_id, generator=torch.Generator().manual_seed(1),
+    free = sampler.generate(model, ids, mask, 40, 1.0, [-1], tok.pad_token_id, generator=torch.Generator().manual_seed(1),
                             static=False)
     common = int(torch.mode(free.flatten()).values)          # a token most rows draw early
     stop = [tok.eos_token_id, common]
@@ -157,11 +157,11 @@ def _body_steps(model, ids, mask, toks):
     token column of `toks` (rows, n), the 2-D mask grown by a column of ones each step."""
     from transformers import DynamicCache
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
-    h, kv = rollout.last_hidden(model, DynamicCache(), input_ids=ids, attention_mask=mask, position_ids=pos)
+    h, kv = sampler.last_hidden(model, DynamicCache(), input_ids=ids, attention_mask=mask, position_ids=pos)
     next_pos, hs = pos[:, -1] + 1, []
     for j in range(toks.shape[1]):
         mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
-        h, kv = rollout.last_hidden(model, kv, input_ids=toks[:, j:j + 1], attention_mask=mask,
+        h, kv = sampler.last_hidden(model, kv, input_ids=toks[:, j:j + 1], attention_mask=mask,
                                     position_ids=next_pos[:, None])
         next_pos = next_pos + 1
         hs.append(h)
@@ -174,7 +174,7 @@ def _lean_steps(model, ids, mask, toks, drop_after=None, done=None):
     from transformers import DynamicCache
     B, P = ids.shape
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
-    _, kv = rollout.last_hidden(model, DynamicCache(), input_ids=ids, attention_mask=mask, position_ids=pos)
+    _, kv = sampler.last_hidden(model, DynamicCache(), input_ids=ids, attention_mask=mask, position_ids=pos)
     step = sampler.LeanStep(model)
     step.fill(kv, P + toks.shape[1])
     m = None
@@ -224,14 +224,14 @@ def test_lean_drop_keeps_the_live_rows_bit_for_bit(tiny):
 
 @pytest.mark.parametrize("T", [1, 7, 60])
 def test_lean_generate_draws_the_loops_tokens(tiny, T):
-    """rollout.generate on a CPU (the lean step) against its DynamicCache loop (lean=False): the same
+    """sampler.generate on a CPU (the lean step) against its DynamicCache loop (lean=False): the same
     tokens with stops, and the generator left in the same state."""
     model, tok = tiny
     ids, mask = _batch(model.config.vocab_size, rows=12)
     stop = rollout.stop_ids(tok, model)
     ga, gb = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
-    a = rollout.generate(model, ids, mask, T, 1.0, stop, tok.pad_token_id, generator=ga, lean=False)
-    b = rollout.generate(model, ids, mask, T, 1.0, stop, tok.pad_token_id, generator=gb)
+    a = sampler.generate(model, ids, mask, T, 1.0, stop, tok.pad_token_id, generator=ga, lean=False)
+    b = sampler.generate(model, ids, mask, T, 1.0, stop, tok.pad_token_id, generator=gb)
     assert sampler.lean_supported(model)
     assert a.shape == b.shape and torch.equal(a, b) and not b.is_inference()
     assert torch.equal(ga.get_state(), gb.get_state())

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 import torch
 
-from cancellation import measure, rollout, stats, tasks, value
+from cancellation import measure, rollout, sampler, stats, tasks, value
 
 RAW = tasks.ProblemSource(prompt_format="raw")  # prompts as given, rewards by tasks.verify
 
@@ -116,7 +116,7 @@ def test_shared_prefix_sampling_equals_independent(peaky, tok, setup):
 
 
 def test_sampler_distribution_matches_generate(peaky, tok, setup):
-    """Statistical check against the independent sampler rollout.generate (torch.multinomial):
+    """Statistical check against the independent sampler sampler.generate (torch.multinomial):
     the first-token frequencies of both match the exact π within 5 binomial SE (fixed seeds, so
     deterministic; 5 SE over ~10 non-negligible tokens fails by chance with prob ~1e-5)."""
     batch, _ = setup
@@ -124,7 +124,7 @@ def test_sampler_distribution_matches_generate(peaky, tok, setup):
     s, M = list(prompt + resp[:5]), 4000
     ours = value.sample_continuations(peaky, [s], M, [1], tok.eos_token_id, tok.pad_token_id, [7])[0][:, 0]
     ids = torch.tensor([s] * M)
-    theirs = rollout.generate(peaky, ids, torch.ones_like(ids), 1, 1.0, tok.eos_token_id, tok.pad_token_id,
+    theirs = sampler.generate(peaky, ids, torch.ones_like(ids), 1, 1.0, tok.eos_token_id, tok.pad_token_id,
                               generator=torch.Generator().manual_seed(7))[:, 0]
     with torch.no_grad():
         pi = torch.softmax(peaky(input_ids=torch.tensor([s])).logits[0, -1].double(), -1)

@@ -170,30 +170,6 @@ def cross_sign_share(group: torch.Tensor, advantage: torch.Tensor, plan: list[to
     return tuple(sum(m[k] for m in local) / whole[k] if whole[k] > 0 else math.nan for k in (0, 1))
 
 
-def shared_weights(group: torch.Tensor, advantage: torch.Tensor, plan: list[torch.Tensor]) -> list[torch.Tensor]:
-    """Per mini-batch B of `plan`, row weights w_i = S_{B,g(i)} / n_{g(i)} over the whole batch (n_g: the
-    group's rows, S_{B,g}: its local advantage sum in B, 0 for groups B does not hold). Σ_i w_i G_i =
-    Σ_g S_{B,g} c_g with c_g = (1/n_g) Σ_{i∈g} G_i, the direction a group's rollouts share: B's gradient
-    along its groups' shared directions (`grpo.shared_energy`). A group wholly inside B contributes
-    Σ_{i∈g} A_i = 0 (group-normalised advantages): its round-off sum is set to exactly 0."""
-    group = torch.as_tensor(group)
-    adv = torch.as_tensor(advantage, dtype=torch.float64)
-    n = {g: int((group == g).sum()) for g in torch.unique(group).tolist()}
-    tol = 1e-9 * max(float(adv.abs().max()) if len(adv) else 0.0, 1.0)
-    out = []
-    for r in plan:
-        r = torch.as_tensor(r)
-        w = torch.zeros(len(group), dtype=torch.float64)
-        for g in torch.unique(group[r]).tolist():
-            inside = r[group[r] == g]
-            s = float(adv[inside].sum())
-            if len(inside) == n[g] and abs(s) <= tol:
-                continue
-            w[group == g] = s / n[g]
-        out.append(w)
-    return out
-
-
 def same_minibatch_probability(plan: list[torch.Tensor]) -> float:
     """The probability that two given rows share a mini-batch when `plan`'s mini-batch sizes are
     filled by a uniformly random permutation: Σ_b n_b(n_b − 1) / (N(N − 1)). Over random plans the

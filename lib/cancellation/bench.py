@@ -19,7 +19,9 @@ from pathlib import Path
 
 import torch
 
-from . import measure, policy, rollout, scale, standins, tasks
+from . import coupling, engine, grpo, measure, policy, rollout, scale, standins, tasks, value
+from . import categories as C
+from .sampler import generate
 
 RAW = tasks.ProblemSource(prompt_format="raw")  # the tiny policy's prompts as given, rewards by tasks.verify
 
@@ -97,7 +99,6 @@ def categories_tagging(n_tokens: int = 100_000, repeats: int = 3):
     map back) vs naive per-token tagging (every token alone through the NLTK tagger). Budget 10 s."""
     import random
 
-    from . import categories as C
     tok = policy.load_policy("data/policies/tiny-m")[1]
     rng = random.Random(0)
     seqs, n = [], 0
@@ -166,7 +167,6 @@ def _peak_rss(fn):
 
 
 def _coupling_features(n_tokens, seed=7):
-    from . import coupling
     model, tok = policy.load_policy("data/policies/tiny-m", dtype="float64")
     n_prompts = max(4, n_tokens // 380)
     batch = rollout.sample(model, tok, rollout.SampleConfig(n_prompts=n_prompts, G=8, source=RAW),
@@ -182,7 +182,6 @@ def _coupling_features(n_tokens, seed=7):
 @bench
 def coupling_kernel(n_tokens: int = 8192, n_pairs: int = 2048, repeats: int = 3):
     """Proxy kernel K (N×N): factorised + chunked vs autograd per-token LM-head gradients and their Gram."""
-    from . import coupling
     _, _, f, idx = _coupling_features(n_tokens)
     J = idx[:n_pairs]
 
@@ -230,7 +229,6 @@ def memory(rows: int = 8, resp: int = 4096, repeats: int = 3):
     """Peak extra memory of token_stats and of one grpo_step on a 151,936-token vocabulary at 4,096
     response tokens per row, 8 rows: token chunks from the final hidden states vs the unchunked way
     (full (rows, L, V) float32 logits), measured in the same run. Target ≥ 10x less, chunked ≤ 2 GB."""
-    from . import grpo
     model, batch = _vocab_standin(rows, resp)
     V = model.config.vocab_size
     tc_stats, tc_step = 1024, 512
@@ -284,7 +282,6 @@ def memory(rows: int = 8, resp: int = 4096, repeats: int = 3):
 @bench
 def masked_updates(n_tokens: int = 5000, repeats: int = 3):
     """Masking effect per candidate: shortcut (M's share of the gradient) vs re-running the masked step."""
-    from . import coupling
     model, batch, f, _ = _coupling_features(n_tokens, seed=3)
     cands, sets = coupling.masking_sets(f, 30, 8, 0.5, seed=0)
     M = sets["both"]
@@ -317,7 +314,6 @@ def masked_updates(n_tokens: int = 5000, repeats: int = 3):
 @bench
 def value_continuations(n_prompts: int = 4, G: int = 4, M: int = 16, repeats: int = 3):
     """Monte Carlo continuations (value.py): shared-prefix batched sampling vs `generate` per continuation set."""
-    from . import value
     model, tok, batch = _policy_batch(n_prompts=n_prompts, G=G, dtype="float32")
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny decode steps: one thread is fastest, and both paths get the same
@@ -339,7 +335,7 @@ def value_continuations(n_prompts: int = 4, G: int = 4, M: int = 16, repeats: in
         g = torch.Generator().manual_seed(0)
         for p, b in zip(prefixes, budgets):
             ids = torch.tensor([p] * M)
-            rollout.generate(model, ids, torch.ones_like(ids), b, 1.0, eos, pad, generator=g)
+            generate(model, ids, torch.ones_like(ids), b, 1.0, eos, pad, generator=g)
 
     r = paired({"shared": shared, "naive": naive}, repeats)
     torch.set_num_threads(threads)
@@ -401,8 +397,8 @@ def sampler(device: str = "auto", shapes: str = "auto", compile: bool = True, ea
         g = torch.Generator(device=device).manual_seed(0)
         ids = torch.randint(0, V, (rows, prompt), generator=g, device=device)
         mask = torch.ones_like(ids)
-        ours = lambda n=new: rollout.generate(model, ids, mask, n, 1.0, [-1], 0, generator=g, static=True)  # noqa: E731
-        eager = lambda n=new: rollout.generate(model, ids, mask, n, 1.0, [-1], 0, generator=g, static=False)  # noqa: E731
+        ours = lambda n=new: generate(model, ids, mask, n, 1.0, [-1], 0, generator=g, static=True)  # noqa: E731
+        eager = lambda n=new: generate(model, ids, mask, n, 1.0, [-1], 0, generator=g, static=False)  # noqa: E731
         def hf(cache=None, n=new):
             gc = GenerationConfig(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=n,
                                   min_new_tokens=n, eos_token_id=None, pad_token_id=0,
@@ -466,7 +462,7 @@ def _cpu_prompts(name, model, tok, rows):
 
 
 def sampler_cpu(shapes: str = "auto", repeats: int = 5, threads: int = 1):
-    """CPU sampling tokens/s at every shape, in one run: ours (`rollout.generate`: the lean decode step
+    """CPU sampling tokens/s at every shape, in one run: ours (`sampler.generate`: the lean decode step
     on a CPU), transformers' `generate` (dynamic cache, the same distribution: top_k 0, top_p 1) and our
     DynamicCache loop before the lean step. Shapes: the tiny policy (tiny-m) in float64, 64 rows = 8
     tiny prompts x 8, 96 new tokens (an RB round at the profile's cap), and the stand-in model in float32,
@@ -490,7 +486,7 @@ def sampler_cpu(shapes: str = "auto", repeats: int = 5, threads: int = 1):
                                   min_new_tokens=new, eos_token_id=None, pad_token_id=0)
 
             def ours(lean=True):
-                return rollout.generate(model, ids, mask, new, 1.0, [-1], 0, generator=g.manual_seed(0), lean=lean)
+                return generate(model, ids, mask, new, 1.0, [-1], 0, generator=g.manual_seed(0), lean=lean)
             ways = {"ours (lean step)": ours,
                     "transformers generate": lambda: model.generate(input_ids=ids, attention_mask=mask,
                                                                     generation_config=gc),
@@ -520,8 +516,6 @@ def bench_monitor(model_path="data/policies/tiny-s", steps: int = 4, n_prompts: 
     'ratio', 'monitor_s'} (per step; `monitor_s` is the monitor's own time). Generation is
     included in the step time, as it is in a real run."""
     import tempfile
-
-    from . import engine
 
     monitor_s = []
 

@@ -24,7 +24,9 @@ import numpy as np
 import pandas as pd
 import torch
 
-from . import grpo, measure, rollout
+from . import grpo, measure, procs, rollout
+from .policy import load_policy
+from .value import model_id
 
 
 # --------------------------------------------------------------------------- sub-batches
@@ -301,11 +303,8 @@ def sweep_deltas_split(model, batch, plan: list[dict], tokens: pd.DataFrame, cfg
     settings x seeds split over $CANCELLATION_PROCS ranks (procs.fan_out; `_rank_sweep`): a unit is
     one plan entry (a setting of a seed), whose step is taken from θ and undone (grpo.trial), so a
     unit gives the same rows whichever rank takes it and whatever it took before; the rows come
-    back in plan order, as on one process. Needs a model from rollout.load_sampler (it carries its
+    back in plan order, as on one process. Needs a model from sampler.load_sampler (it carries its
     recipe); without one, or on one process, it is `sweep_deltas` here."""
-    from . import procs
-    from .value import model_id
-
     recipe = getattr(model, "cancellation_recipe", None)
     units = list(plan)
     if recipe is None or procs.count() <= 1 or len(units) <= 1:
@@ -321,9 +320,6 @@ def sweep_deltas_split(model, batch, plan: list[dict], tokens: pd.DataFrame, cfg
 def _rank_sweep(shared: dict, units: list, local_rank: int | None) -> list:
     """One rank's settings x seeds of `sweep_deltas_split`: the float policy rebuilt from its recipe (on the
     rank's own GPU) and checked against the caller's weights, one frame per unit (None: no valued tokens)."""
-    from .policy import load_policy
-    from .value import model_id
-
     recipe = shared["recipe"]
     device = f"cuda:{local_rank}" if local_rank is not None else recipe["device"]
     torch.manual_seed(recipe["seed"])

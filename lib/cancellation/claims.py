@@ -53,6 +53,7 @@ from pathlib import Path
 import pandas as pd
 
 from . import cache
+from .stats import clopper_pearson
 
 REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE = "reproduced", "not reproduced", "inconclusive"
 BY_CONSTRUCTION = "holds by construction"
@@ -248,7 +249,6 @@ def can_pass(rule: str, params: dict, n: int, estimator: str) -> tuple[bool, str
         return False, (f"Fisher's exact test at {k_max} vs {r_max} runs cannot reach p ≤ {p.get('alpha', 0.05):g} "
                        "even at the most extreme counts")
     if "Clopper" in est:
-        from .stats import clopper_pearson
         if any(RULES[rule](k / n, *clopper_pearson(k, n), **p) == REPRODUCED for k in range(n + 1)) if n > 0 else False:
             return True, ""
         need = next((m for m in range(max(n, 1) + 1, 1000)

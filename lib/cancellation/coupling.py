@@ -22,8 +22,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from . import grpo, measure, policy
+from . import grpo, measure
 from .compute import Compute
+from .dryrun import dry_run
 from . import stats as _stats
 
 
@@ -360,7 +361,7 @@ def masking_sets(f: Features, n_cands: int, size: int, low_quantile: float = 0.5
     live_low[live[low[live]]] = True
     eligible = [int(c) for c in live if int(((o == o[c]) & live_low).sum()) - int(live_low[c]) >= size]
     any_id = False
-    if not eligible and policy.dry_run() is not None:
+    if not eligible and dry_run() is not None:
         # random weights over a 152k vocabulary rarely repeat a token: a dry run measures time and
         # memory, so its 'same' masks ignore the token id (same sizes, same cost), and says so
         print(f"dry run: no candidate has {size} same-token low-confidence tokens under random weights; "

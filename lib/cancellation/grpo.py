@@ -10,12 +10,12 @@ masked tokens' share of the gradient.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 from dataclasses import dataclass
 
 import torch
 
 from . import measure
+from .guard import check_update
 from .measure import forward_logits, token_logp, token_stats
 
 REWEIGHTS = ("grpo", "positive_only", "negative_only")
@@ -42,7 +42,6 @@ class UpdateConfig:
         for name, allowed in (("optimizer", OPTIMIZERS), ("scope", SCOPES), ("reweight", REWEIGHTS)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"UpdateConfig.{name}={getattr(self, name)!r}; allowed: {', '.join(allowed)}")
-        from .compute import check_update
         check_update(self)  # with the Compute guard on (tests): the knobs must be the profile's
 
 
@@ -353,72 +352,6 @@ def minibatch_grads(model, batch, plan, cfg: UpdateConfig, old_logp=None) -> lis
     infos = grpo_step(model, batch, cfg, optimizer=_ClearOnly(params), plan=plan, old_logp=old_logp, grad_norm=True)
     model.zero_grad(set_to_none=True)
     return infos
-
-
-def group_score_gram(model, batch, cfg: UpdateConfig, old_logp=None, max_bytes: float = 2 ** 30):
-    """(groups, Gram) of the groups' mean scores c_g = (1/n_g) Σ_{i∈g} G_i (G_i = Σ_t ∇ log π(y_{i,t}) over the
-    `cfg.scope` parameters, at θ): Gram[g, h] = ⟨c_g, c_h⟩ in float64. Each c_g is one backward over its
-    group's rows with unit weights at ρ = 1 (the update's own loss: −(1/T_g) Σ_{i∈g} G_i). It keeps every c_g
-    (groups × parameters × 8 bytes): None when that exceeds `max_bytes` (`shared_energy` then takes the
-    memory-bounded way)."""
-    params = scope_params(model, cfg.scope)
-    groups = torch.unique(batch.group)
-    if len(groups) * sum(p.numel() for p in params) * 8 > max_bytes:
-        return None
-    if old_logp is None:
-        old_logp = token_stats(model, batch, cfg.chunk_rows, token_chunk=cfg.token_chunk).logp
-    unit = dataclasses.replace(cfg, reweight="grpo")
-    ones = torch.ones(len(batch), dtype=torch.float64)
-    C = []
-    with only_grad_for(model, params), checkpointing(model, cfg.gradient_checkpointing):
-        for g in groups.tolist():
-            rows = torch.nonzero(batch.group == g).flatten()
-            model.zero_grad(set_to_none=True)
-            accumulate_grad(model, batch, rows, old_logp, ones, unit)
-            T_g = float(batch.response_mask[rows].sum())
-            grad = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).double().flatten().cpu()
-                              for p in params])
-            C.append(grad * (-T_g / len(rows)))
-    model.zero_grad(set_to_none=True)
-    C = torch.stack(C)
-    return groups, C @ C.T
-
-
-def shared_energy(model, batch, plan, cfg: UpdateConfig, old_logp=None, gram=None) -> float:
-    """Eq. 14's noise along shared directions, at θ (no step): Σ_B (T_B/T) ||s_B||² over the mini-batches
-    of `plan`, where s_B = −(1/T_B) Σ_g S_{B,g} c_g is the part of B's gradient (ρ = 1, token mean) along the
-    directions its groups' rollouts share, c_g = (1/n_g) Σ_{i∈g} G_i (G_i = Σ_t ∇ log π(y_{i,t}): rollout i's
-    score), S_{B,g} = Σ_{i∈B∩g} A_i. The grouped update holds none of it (Σ_{i∈g} A_i = 0), nor does a QB
-    mini-batch.
-
-    With `gram` (`group_score_gram`'s (groups, Gram)) it is Σ_B S_B·Gram·S_B / (T·T_B), no model call.
-    Without, each mini-batch takes one backward over the batch and no gradient is kept (memory as a
-    training step's): s_B is T/T_B times the whole batch's gradient under row weights S_{B,g(i)} / n_{g(i)}
-    (`batching.shared_weights`)."""
-    from . import batching
-    weight = reweight_advantage(batch, cfg.reweight)
-    T = float(batch.response_mask.sum())
-    W = batching.shared_weights(batch.group, weight, plan)
-    if gram is not None:
-        groups, M = gram
-        first = [int(torch.nonzero(batch.group == g)[0]) for g in groups.tolist()]
-        n = torch.tensor([int((batch.group == g).sum()) for g in groups.tolist()], dtype=torch.float64)
-        total = 0.0
-        for rows, w in zip(plan, W):
-            S = w[first] * n    # S_{B,g}: w holds S_{B,g} / n_g on every row of g
-            total += float(S @ M @ S) / (T * float(batch.response_mask[torch.as_tensor(rows)].sum()))
-        return total
-    if old_logp is None:
-        old_logp = token_stats(model, batch, cfg.chunk_rows, token_chunk=cfg.token_chunk).logp
-    every = torch.arange(len(batch))
-    total = 0.0
-    for rows, w in zip(plan, W):
-        if not bool(w.abs().max() > 0):
-            continue   # every group of B is whole: s_B = 0
-        b = dataclasses.replace(batch, advantage=w)
-        g = minibatch_grads(model, b, [every], dataclasses.replace(cfg, reweight="grpo"), old_logp)[0]["grad_norm"]
-        total += T / float(batch.response_mask[torch.as_tensor(rows)].sum()) * g ** 2
-    return total
 
 
 @contextlib.contextmanager

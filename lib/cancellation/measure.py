@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from . import compute
+from . import guard
 
 STATUSES = ("boosted", "suppressed", "stable")
 CONFIDENT = 0.9  # the paper's confidence split: a token with p ≥ CONFIDENT is confident, p < CONFIDENT uncertain
@@ -119,7 +119,7 @@ def token_stats(model, batch, chunk_rows: int = 64, hidden: bool = False, token_
     results (the noise floor of a no-op update is then exactly 0 on CPU).
     """
     B, L = batch.input_ids.shape
-    compute.tally_batch(B * L)  # the memory guard's tally (tests); a no-op otherwise
+    guard.tally_batch(B * L)  # the memory guard's tally (tests); a no-op otherwise
     logp = ent = None
     hs = []
     for s in range(0, B, chunk_rows):

@@ -29,6 +29,7 @@ from pathlib import Path
 from . import tasks
 from .figures import fig01, fig02, fig03, fig04, fig05, fig06, fig07, fig08
 from .policy import TOKENIZER_FILES, load_tokenizer
+from .procs import BUILT
 from .shapes import Shape, device_kind, device_memory, known_shape
 from .standins import build_tokenizer
 from .workload import BYTES, Sizes, Work, ceil
@@ -309,7 +310,6 @@ class Plan:
                 + ([f"{', '.join(left)} (left out of the time: it is low by their share)"] if left else []))
                 + f"; measure them with `python -m cancellation.scale --only {' '.join(_scale_only(self.missing))}`")
         if self.procs > 1:
-            from .procs import BUILT
             split = "; ".join(f"{p['what']} ({p['units']:,} units; "
                               + (f"built, {BUILT[(self.stem, p['what'])]}" if (self.stem, p["what"]) in BUILT
                                  else "planned, not split yet") + ")" for p in w.parts)

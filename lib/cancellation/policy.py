@@ -12,6 +12,10 @@ from pathlib import Path
 
 import torch
 
+from .dryrun import dry_run
+from .guard import apply_guard
+from .standins import build_tokenizer
+
 
 class PolicyLoadError(OSError):
     """A policy that cannot be loaded; the message names the directory or file and what is wrong."""
@@ -137,7 +141,6 @@ def load_policy(path: str | Path, dtype: str | torch.dtype = "float32", device: 
     if exact:
         exact_norms(model)
     model.eval()
-    from .compute import apply_guard
     apply_guard(model)  # only with $CANCELLATION_COMPUTE_GUARD set (tests): LM-head calls bounded by token_chunk
     return model, tok
 
@@ -151,7 +154,6 @@ def load_tokenizer(path: str | Path):
     directory without tokenizer files gets the stand-in tokenizer (`standins.build_tokenizer`)."""
     from transformers import AutoTokenizer
     if dry_run() is not None and Path(path).is_dir() and not any((Path(path) / f).exists() for f in TOKENIZER_FILES):
-        from .standins import build_tokenizer
         tok = build_tokenizer()
     else:
         try:
@@ -162,19 +164,6 @@ def load_tokenizer(path: str | Path):
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     return tok
-
-
-DRY_RUN_ENV = "CANCELLATION_DRY_RUN"  # set by `run --dry-run` for the notebook's kernel: {"seed": n}
-
-
-def dry_run() -> dict | None:
-    """{"seed": n} while the runner's --dry-run is on ($CANCELLATION_DRY_RUN), else None."""
-    import json
-    import os
-    raw = os.environ.get(DRY_RUN_ENV)
-    if not raw:
-        return None
-    return {"seed": 0, **json.loads(raw)} if raw.strip().startswith("{") else {"seed": 0}
 
 
 def random_model(path: str | Path, dtype="float32", device: str = "cpu", seed: int = 0):

@@ -48,6 +48,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from . import cache
+
 PROCS_ENV = "CANCELLATION_PROCS"       # N, set by the runner (--procs N) for the notebook's kernel
 RANK_ENV = "CANCELLATION_PROCS_RANK"   # set inside a rank: a rank never fans out again
 KILL_ENV = "CANCELLATION_PROCS_KILL"   # test hook: this rank kills itself
@@ -155,8 +157,6 @@ def _worker(job: Path) -> None:
     """One rank (started by torchrun): its share of the units, gathered on rank 0, which writes them."""
     import torch
     import torch.distributed as dist
-
-    from . import cache
 
     with open(job / "job.pkl", "rb") as f:
         spec = pickle.load(f)

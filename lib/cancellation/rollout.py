@@ -12,23 +12,22 @@ with the source's verifier and normalises advantages per group. A response ends 
 ANY stop id (`stop_ids`: the tokenizer's eos and the checkpoint's generation_config eos ids, as
 chat models stop on e.g. <|im_end|>), so the HF and vLLM backends agree on where it ends.
 
-Backends: 'hf' is our own batched KV-cache sampler over any `transformers` causal LM, seeded by a
-private torch.Generator on the model's device (reproducible per device, touches no global RNG);
-prefill computes logits for the last position only and the KV cache stays in the model's dtype.
-'vllm' (GPU extra) receives the exact token ids the HF path would see (TokensPrompt), and
-`sync_weights` pushes the HF model's weights into it after each update.
+Backends (both in `sampler.py`, with `make_sampler`, `load_sampler` and `sync_weights`): 'hf' is our
+own batched KV-cache sampler over any `transformers` causal LM, seeded by a private torch.Generator on
+the model's device (reproducible per device, touches no global RNG); prefill computes logits for the
+last position only and the KV cache stays in the model's dtype. 'vllm' (GPU extra) receives the exact
+token ids the HF path would see (TokensPrompt), and `sampler.sync_weights` pushes the HF model's
+weights into it after each update.
 """
 from __future__ import annotations
 
-import hashlib
-import inspect
-import json
-import os
 from dataclasses import dataclass, field, fields
 
 import torch
 
-from . import measure, seeds, tasks
+from . import seeds, tasks
+from .guard import check_update
+from .sampler import sample_hf, sample_vllm
 
 
 @dataclass
@@ -131,7 +130,6 @@ class SampleConfig:
         for name in ("n_prompts", "G", "max_new_tokens", "chunk_size", "token_chunk"):
             if getattr(self, name) < 1:
                 raise ValueError(f"SampleConfig.{name}={getattr(self, name)}: must be at least 1")
-        from .compute import check_update
         check_update(self)  # with the Compute guard on (tests): token_chunk must be the profile's
 
 
@@ -158,95 +156,6 @@ def stop_ids(tokenizer, model=None) -> list[int]:
     if not out:
         raise ValueError("no stop id: the tokenizer has no eos_token_id and the model's generation_config none")
     return out
-
-
-def _device(model) -> torch.device:
-    return next(model.parameters()).device
-
-
-def cache_kw(module) -> str:
-    """The name `module.forward` takes its KV cache under: `cache` in recent transformers 5.x (which
-    warns on the old name), `past_key_values` before."""
-    return "cache" if "cache" in inspect.signature(module.forward).parameters else "past_key_values"
-
-
-def out_cache(out):
-    """The KV cache of a model output, under either name."""
-    kv = getattr(out, "cache", None)
-    return kv if kv is not None else out.past_key_values
-
-
-def last_hidden(model, kv, **inputs):
-    """One body forward with the KV cache `kv`: the LM-head input at the last position (B, d) and the cache."""
-    body = model.get_decoder()
-    out = body(**inputs, **{cache_kw(body): kv}, use_cache=True)
-    return out.last_hidden_state[:, -1], out_cache(out)
-
-
-def draw_chunked(model, h: torch.Tensor, token_chunk: int, draw) -> torch.Tensor:
-    """Tokens (B,) drawn from the LM head's logits of h (B, d), at most `token_chunk` rows of logits
-    at a time (a decode step's (B, V) logits are 152k wide on Qwen): `draw(logits, rows)` returns
-    the tokens of the rows in slice `rows`. One chunk, the whole batch, when B ≤ token_chunk."""
-    return torch.cat([draw(measure.head_logits(model, h[s:s + token_chunk]), slice(s, min(s + token_chunk, len(h))))
-                      for s in range(0, len(h), token_chunk)])
-
-
-@torch.no_grad()
-def generate(model, input_ids, attention_mask, max_new_tokens: int, temperature: float, stop, pad_id: int,
-             generator: torch.Generator | None = None, token_chunk: int = 4096,
-             static: bool | None = None, lean: bool | None = None) -> torch.Tensor:
-    """Batched ancestral sampling with a KV cache; returns (B, T) new tokens, pad after the first stop id.
-
-    On CUDA with bfloat16/float16/float32 weights (`static` None) this is `sampler.generate_static`: a static
-    KV cache and a decode step captured as a CUDA graph, drawing by inverse CDF from uniforms of
-    `generator` (same law, other draws than the eager path). Otherwise (CPU, float64 on CUDA, or
-    `static=False`) it is the eager DynamicCache loop below, which the tiny profile's tables used; on
-    a CPU, for the decoders `sampler.lean_supported` accepts (Qwen2, Qwen3), that loop runs as
-    `sampler.generate_lean` (`lean` None or True): the same tokens from the same generator, at the
-    CPU's pace (a preallocated cache, no module calls per token). lean=False: the loop below (bench).
-
-    `stop`: one stop id or a list. temperature 0 is greedy decoding. `generator` must live on the
-    model's device. Logits are computed for the last position only (prefill included) and for at
-    most `token_chunk` rows at a time (`draw_chunked`); the DynamicCache holds keys/values in the
-    model's dtype. The softmax is float64, so draws do not depend on the weights' dtype beyond
-    the logits themselves.
-    """
-    from transformers import DynamicCache
-
-    from . import sampler
-    dev = input_ids.device
-    if static is None:
-        static = (dev.type == "cuda" and next(model.parameters()).dtype != torch.float64
-                  and sampler.supported(model))
-    if static:
-        return sampler.generate_static(model, input_ids, attention_mask, max_new_tokens, temperature, stop, pad_id,
-                                       generator=generator, token_chunk=token_chunk, capture=dev.type == "cuda")
-    if (dev.type == "cpu" if lean is None else lean) and sampler.lean_supported(model):   # the same tokens, without transformers' per-step overhead
-        return sampler.generate_lean(model, input_ids, attention_mask, max_new_tokens, temperature, stop, pad_id,
-                                     generator=generator, token_chunk=token_chunk)
-    stop = torch.as_tensor([stop] if isinstance(stop, int) else list(stop), dtype=torch.long, device=dev)
-    B = input_ids.shape[0]
-
-    def draw(logits, rows):
-        return sampler._draw_multinomial(logits, temperature, generator)
-
-    pos = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-    h, kv = last_hidden(model, DynamicCache(), input_ids=input_ids, attention_mask=attention_mask, position_ids=pos)
-    next_pos = pos[:, -1] + 1
-    done = torch.zeros(B, dtype=torch.bool, device=dev)
-    new_tokens = []
-    for _ in range(max_new_tokens):
-        tok = draw_chunked(model, h, token_chunk, draw)
-        tok = torch.where(done, torch.full_like(tok, pad_id), tok)
-        new_tokens.append(tok)
-        done = done | torch.isin(tok, stop)
-        if bool(done.all()):
-            break
-        attention_mask = torch.cat([attention_mask, torch.ones_like(attention_mask[:, :1])], dim=1)
-        h, kv = last_hidden(model, kv, input_ids=tok[:, None], attention_mask=attention_mask,
-                            position_ids=next_pos[:, None])
-        next_pos = next_pos + 1
-    return torch.stack(new_tokens, dim=1)
 
 
 def assemble(tokenizer, problems, prompt_ids, prompt_mask, new_tokens, G: int, verifier=None, stop=None,
@@ -299,7 +208,7 @@ def sample(sampler, tokenizer, cfg: SampleConfig, problems=None, seed: int | Non
     """Sample cfg.G rollouts per problem, score them with the source's verifier, and compute group
     advantages. `problems` default: cfg.source.draw(cfg.n_prompts, seed); `seed` default cfg.seed.
 
-    `sampler` is what `make_sampler` returns: a HF causal LM ('hf') or a vllm.LLM ('vllm').
+    `sampler` is what `sampler.make_sampler` returns: a HF causal LM ('hf') or a vllm.LLM ('vllm').
     Reproducible per device: the same sampler, problems and seed give the same batch.
     """
     seed = cfg.seed if seed is None else int(seed)
@@ -313,144 +222,10 @@ def sample(sampler, tokenizer, cfg: SampleConfig, problems=None, seed: int | Non
     ids, mask = ids.repeat_interleave(cfg.G, 0), mask.repeat_interleave(cfg.G, 0)
     lengths = None
     if cfg.backend == "vllm":
-        seqs = _sample_vllm(sampler, prompts, cfg, seed, stop)
+        seqs = sample_vllm(sampler, prompts, cfg, seed, stop)
         lengths = [len(s) for s in seqs]
         T = max(max(lengths), 1)
         new = torch.tensor([s + [pad] * (T - len(s)) for s in seqs], dtype=torch.long)
     else:
-        new = _sample_hf(sampler, ids, mask, cfg, seed, stop, pad)
+        new = sample_hf(sampler, ids, mask, cfg, seed, stop, pad)
     return assemble(tokenizer, problems, ids, mask, new, cfg.G, cfg.source.verifier(), stop, lengths)
-
-
-def _sample_hf(model, ids, mask, cfg: SampleConfig, seed: int, stop, pad: int) -> torch.Tensor:
-    """(B, T) new tokens from our KV-cache sampler, cfg.chunk_size rows per call, one generator
-    on the model's device across chunks."""
-    device = _device(model)
-    if torch.device(cfg.device).type != device.type:
-        raise ValueError(f"SampleConfig.device={cfg.device!r} but the sampler is on {device}; build it with "
-                         f"make_sampler(..., device={cfg.device!r}) or set device to match")
-    gen = torch.Generator(device=device).manual_seed(seed)
-    chunks = []
-    for s in range(0, ids.shape[0], cfg.chunk_size):
-        chunks.append(generate(model, ids[s:s + cfg.chunk_size].to(device), mask[s:s + cfg.chunk_size].to(device),
-                               cfg.max_new_tokens, cfg.temperature, stop, pad, generator=gen,
-                               token_chunk=cfg.token_chunk).cpu())
-    T = max(c.shape[1] for c in chunks)
-    return torch.cat([torch.nn.functional.pad(c, (0, T - c.shape[1]), value=pad) for c in chunks])
-
-
-# --------------------------------------------------------------------------- vLLM (GPU extra)
-def _import_vllm():
-    try:
-        import vllm
-        from vllm.inputs import TokensPrompt
-    except ImportError as e:
-        raise ImportError("the vllm backend needs vLLM (GPU): pip install -e '.[gpu]'") from e
-    return vllm.LLM, vllm.SamplingParams, TokensPrompt
-
-
-def make_sampler(model, model_path, backend: str = "hf", dtype: str = "float32", seed: int = 0,
-                 gpu_memory_utilization: float = 0.3, device: str | None = None):
-    """What `sample` samples from: a copy of `model` in `dtype` (on `device` if given) for 'hf';
-    for 'vllm' a vllm.LLM over the weights at `model_path` with prefix caching, taking
-    `gpu_memory_utilization` of the GPU (the HF model sits beside it), with `model` attached as
-    `.hf_model` (its stop ids, `sync_weights`, and the 'exclude' estimator's first token)."""
-    if backend == "vllm":
-        LLM, _, _ = _import_vllm()
-        # keep the engine in this process (as TRL's colocate mode) so sync_weights can reach its model
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        llm = LLM(str(model_path), dtype=dtype, seed=seed, enable_prefix_caching=True,
-                  gpu_memory_utilization=gpu_memory_utilization)
-        llm.hf_model = model
-        return llm
-    if backend != "hf":
-        raise ValueError(f"unknown sampling backend {backend!r}; use 'hf' or 'vllm'")
-    from .policy import cast
-    sampler = cast(model, dtype)
-    return sampler.to(device) if device is not None else sampler
-
-
-def load_sampler(recipe: dict):
-    """(model, tokenizer, sampler) from a recipe: model_path, dtype and device of the float policy
-    (policy.load_policy), backend, sample_dtype, seed and gpu_memory_utilization of the sampler
-    (make_sampler), threads (CPU). Seeds torch with `seed` first. The sampler carries the recipe as
-    `.cancellation_recipe`, so a stage split over processes (procs.py) rebuilds the same sampler
-    in every rank."""
-    import torch
-
-    from .policy import load_policy
-    torch.manual_seed(recipe["seed"])
-    if recipe["device"] == "cpu":
-        torch.set_num_threads(recipe.get("threads", 1))
-    model, tok = load_policy(recipe["model_path"], dtype=recipe["dtype"], device=recipe["device"])
-    sampler = make_sampler(model, recipe["model_path"], recipe["backend"], recipe["sample_dtype"], recipe["seed"],
-                           recipe["gpu_memory_utilization"])
-    model.cancellation_recipe = sampler.cancellation_recipe = dict(recipe)
-    return model, tok, sampler
-
-
-def request_seed(seed: int, *key) -> int:
-    """A vLLM request seed (< 2**31) from the batch seed and the request's key (prompt index, ...):
-    distinct prompts get distinct random streams, the same call the same ones."""
-    blob = json.dumps([int(seed)] + [int(k) for k in key]).encode()
-    return int.from_bytes(hashlib.sha256(blob).digest()[:4], "little") % 2**31
-
-
-def _sample_vllm(llm, prompts: list[list[int]], cfg: SampleConfig, seed: int, stop) -> list[list[int]]:
-    """cfg.G responses per prompt (token ids, G consecutive rows per prompt) from a vllm.LLM.
-
-    The prompts go in as the exact token ids the HF path sees. SamplingParams are built directly
-    (top_p=1, no top_k, no repetition penalty): the distribution our HF sampler draws from, not
-    generation_config.json's defaults that LLM.get_default_sampling_params would apply.
-    """
-    _, SamplingParams, TokensPrompt = _import_vllm()
-    params = [SamplingParams(n=cfg.G, temperature=cfg.temperature, max_tokens=cfg.max_new_tokens,
-                             seed=request_seed(seed, i), stop_token_ids=list(stop)) for i in range(len(prompts))]
-    outs = llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
-    seqs = [list(c.token_ids) for o in outs for c in o.outputs]
-    if len(seqs) != cfg.G * len(prompts):
-        raise RuntimeError(f"vLLM returned {len(seqs)} responses for {len(prompts)} prompts × G={cfg.G}")
-    return seqs
-
-
-def vllm_model(llm):
-    """The torch module inside a vllm.LLM's engine (in-process engines only)."""
-    paths = ("llm_engine.model_executor.driver_worker.worker.model_runner.model",   # V1 in-process, V0 wrapper
-             "llm_engine.model_executor.driver_worker.model_runner.model")          # V0
-    for path in paths:
-        obj = llm
-        try:
-            for name in path.split("."):
-                obj = getattr(obj, name)
-        except AttributeError:
-            continue
-        return obj
-    return None
-
-
-def sync_weights(llm, model=None) -> int:
-    """Push `model`'s current weights (default: `llm.hf_model`) into the vLLM engine after an
-    update, as TRL does for colocated vLLM; returns the number of tensors sent.
-
-    Needs the engine in this process (make_sampler sets VLLM_ENABLE_V1_MULTIPROCESSING=0);
-    otherwise falls back to `collective_rpc` with CPU copies of the weights.
-    """
-    model = model if model is not None else getattr(llm, "hf_model", None)
-    if model is None:
-        raise ValueError("sync_weights: no HF model given and the LLM has no .hf_model (build it with make_sampler)")
-    state = model.state_dict()
-    target = vllm_model(llm)
-    if target is not None:
-        target.load_weights(state.items())
-    elif hasattr(llm, "collective_rpc"):
-        cpu = [(k, v.detach().cpu()) for k, v in state.items()]
-        llm.collective_rpc(_load_weights_rpc, args=(cpu,))
-    else:
-        raise RuntimeError("sync_weights: cannot reach the vLLM engine's model (no llm_engine.model_executor."
-                           "driver_worker and no collective_rpc); set VLLM_ENABLE_V1_MULTIPROCESSING=0 before "
-                           "building the LLM, or rebuild it from saved weights after each update")
-    return len(state)
-
-
-def _load_weights_rpc(worker, weights):  # pragma: no cover - runs inside a vLLM worker process
-    worker.model_runner.model.load_weights(weights)

@@ -49,6 +49,7 @@ from pathlib import Path
 import yaml
 
 from cancellation import procs, staging
+from cancellation.dryrun import DRY_RUN_ENV
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "notebooks"
@@ -1191,7 +1192,6 @@ def _dry_run(nb: Path, a, overrides: dict, cwd: Path, planned):
     """One notebook under --dry-run: random weights and a coin-flip reward in the kernel (environment
     read by policy.load_policy and tasks.ProblemSource), its own cache, every output under dry-run/;
     wall time and peak memory recorded in dry-run/<profile>/measured.json beside the plan."""
-    from cancellation.policy import DRY_RUN_ENV
     out_root = ROOT / DRY_ROOT
     record = out_root / a.profile / "measured.json"
     peak = out_root / a.profile / f".{nb.stem}.peak.json"

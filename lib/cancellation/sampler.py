@@ -1,6 +1,6 @@
 """The static-cache sampler: a preallocated KV cache, a decode step captured once per bucket on CUDA.
 
-`rollout.generate` is a DynamicCache loop: every decode step is ~30 kernel launches per layer
+`generate` (below) is a DynamicCache loop: every decode step is ~30 kernel launches per layer
 issued from Python, and on a GPU the launches (not the weights' reads) set the pace. This module
 runs the same ancestral sampling with shapes that never change, so one decode step can be
 recorded once as a CUDA graph and replayed:
@@ -12,7 +12,7 @@ recorded once as a CUDA graph and replayed:
 - The decode step (`_Decoder.step`) reads the step index, the positions and the mask from device
   tensors and writes the drawn token, its log-probability and the rows' stop flags into device
   buffers: no host sync per step. The host reads "every row stopped" every `check_every` steps.
-- Draws: 'multinomial' is `rollout.generate`'s draw (float64 softmax, torch.multinomial with the
+- Draws: 'multinomial' is `generate`'s draw (float64 softmax, torch.multinomial with the
   caller's generator), used by the eager path so that it draws exactly today's tokens. 'icdf'
   draws by inverse CDF from uniforms drawn up front with the seeded generator on the model's
   device, one per (step, row): the same law (float64 softmax and cumulative sum), no random-number
@@ -24,18 +24,27 @@ recorded once as a CUDA graph and replayed:
 
 `generate_static(..., capture=None)` chooses: captured on CUDA for every dtype but float64, eager
 otherwise (CPU and float64: the tiny profile samples exactly as before). Models with sliding-window
-layers, or whose decoder takes no `position_ids`, stay on `rollout.generate`.
+layers, or whose decoder takes no `position_ids`, stay on `generate`'s eager loop.
+
+The vLLM seam is here too: `make_sampler`/`load_sampler` build what `rollout.sample` samples from,
+`sample_vllm` (rollouts) and `sample_vllm_continuations` (value.py's Monte Carlo continuations) draw
+with vLLM, and `sync_weights` pushes updated weights into its engine.
 """
 from __future__ import annotations
 
 import functools
+import hashlib
+import inspect
+import json
 import math
+import os
 import time
 
 import torch
 import torch.nn.functional as F
 
 from . import measure
+from .policy import cast, load_policy
 
 ROW_BUCKETS = (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 LEN_BUCKET = 256
@@ -135,7 +144,6 @@ class _Decoder:
         self.model, self.body, self.rows, self.L, self.T = model, model.get_decoder(), rows, L, T
         self.token_chunk, self.temperature, self.draw, self.stop, self.pad_id = token_chunk, temperature, draw, stop, pad_id
         self.has_ban = has_ban
-        from .rollout import cache_kw
         self.kw = cache_kw(self.body)
         dt = next(model.parameters()).dtype
         self.neg = torch.finfo(dt).min
@@ -289,7 +297,6 @@ class _Decoder:
 def _prefill(model, input_ids, attention_mask):
     from transformers import DynamicCache
 
-    from .rollout import last_hidden
     pos = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     h, kv = last_hidden(model, DynamicCache(), input_ids=input_ids, attention_mask=attention_mask, position_ids=pos)
     return h, kv, pos[:, -1] + 1
@@ -306,9 +313,9 @@ def generate_static(model, input_ids, attention_mask, max_new_tokens: int, tempe
     temperature 1 over the sampled logits; 0 after the stop).
 
     capture: record the decode step as a CUDA graph (default: on CUDA unless the
-    weights are float64). draw: 'multinomial' (rollout.generate's draw; eager only) or 'icdf' (default when
+    weights are float64). draw: 'multinomial' (generate's draw; eager only) or 'icdf' (default when
     capturing, or when `uniforms` are given). The eager path checks for "all rows stopped" after
-    every step and stops where rollout.generate stops, so with 'multinomial' it consumes the
+    every step and stops where generate stops, so with 'multinomial' it consumes the
     generator exactly as it does. pad_rows: pad the batch to this many rows (default: a power of two
     when capturing, none eagerly); padding rows copy prompt 0, count as stopped from the start and
     are dropped from the result.
@@ -336,7 +343,7 @@ def generate_static(model, input_ids, attention_mask, max_new_tokens: int, tempe
         raise ValueError("generate_static: first-token bans need draw='icdf'")
     if not supported(model):
         raise ValueError("generate_static: the model has sliding-window layers, which the static cache's "
-                         "full-attention mask does not cover; sample it with rollout.generate(static=False)")
+                         "full-attention mask does not cover; sample it with generate(static=False)")
     stop = torch.as_tensor([stop] if isinstance(stop, int) else list(stop), dtype=torch.long, device=dev)
     B, P = input_ids.shape
     n_real, T = B * repeats, max_new_tokens
@@ -533,7 +540,7 @@ class LeanStep:
 def generate_lean(model, input_ids, attention_mask, max_new_tokens: int, temperature: float, stop, pad_id: int,
                   generator: torch.Generator | None = None, token_chunk: int = 4096,
                   drop_rows: bool = True) -> torch.Tensor:
-    """`rollout.generate`'s eager loop with the lean step: the same prefill, the same multinomial draws
+    """`generate`'s eager loop with the lean step: the same prefill, the same multinomial draws
     from the same generator (every row drawn every step, so the generator's stream is unchanged), the
     same attention masks (none when no prompt is padded, else the padding mask as a bool), and the same
     stop rule: (B, T) new tokens, pad after the first stop id, as many columns as steps drawn.
@@ -550,7 +557,6 @@ def _lean_loop(model, input_ids, attention_mask, T, temperature, stop, pad_id, g
                drop_rows=True):
     from transformers import DynamicCache
 
-    from .rollout import draw_chunked, last_hidden
     dev = input_ids.device
     stop = torch.as_tensor([stop] if isinstance(stop, int) else list(stop), dtype=torch.long, device=dev)
     B, P = input_ids.shape
@@ -586,3 +592,282 @@ def _lean_loop(model, input_ids, attention_mask, T, temperature, stop, pad_id, g
         h = step(tok, next_pos, P + k, mask)
         next_pos = next_pos + 1
     return out[:, :0]   # T = 0: no step drawn
+
+
+# --------------------------------------------------------------------------- the eager DynamicCache loop
+def _device(model) -> torch.device:
+    return next(model.parameters()).device
+
+
+def cache_kw(module) -> str:
+    """The name `module.forward` takes its KV cache under: `cache` in recent transformers 5.x (which
+    warns on the old name), `past_key_values` before."""
+    return "cache" if "cache" in inspect.signature(module.forward).parameters else "past_key_values"
+
+
+def out_cache(out):
+    """The KV cache of a model output, under either name."""
+    kv = getattr(out, "cache", None)
+    return kv if kv is not None else out.past_key_values
+
+
+def last_hidden(model, kv, **inputs):
+    """One body forward with the KV cache `kv`: the LM-head input at the last position (B, d) and the cache."""
+    body = model.get_decoder()
+    out = body(**inputs, **{cache_kw(body): kv}, use_cache=True)
+    return out.last_hidden_state[:, -1], out_cache(out)
+
+
+def draw_chunked(model, h: torch.Tensor, token_chunk: int, draw) -> torch.Tensor:
+    """Tokens (B,) drawn from the LM head's logits of h (B, d), at most `token_chunk` rows of logits
+    at a time (a decode step's (B, V) logits are 152k wide on Qwen): `draw(logits, rows)` returns
+    the tokens of the rows in slice `rows`. One chunk, the whole batch, when B ≤ token_chunk."""
+    return torch.cat([draw(measure.head_logits(model, h[s:s + token_chunk]), slice(s, min(s + token_chunk, len(h))))
+                      for s in range(0, len(h), token_chunk)])
+
+
+@torch.no_grad()
+def generate(model, input_ids, attention_mask, max_new_tokens: int, temperature: float, stop, pad_id: int,
+             generator: torch.Generator | None = None, token_chunk: int = 4096,
+             static: bool | None = None, lean: bool | None = None) -> torch.Tensor:
+    """Batched ancestral sampling with a KV cache; returns (B, T) new tokens, pad after the first stop id.
+
+    On CUDA with bfloat16/float16/float32 weights (`static` None) this is `generate_static`: a static
+    KV cache and a decode step captured as a CUDA graph, drawing by inverse CDF from uniforms of
+    `generator` (same law, other draws than the eager path). Otherwise (CPU, float64 on CUDA, or
+    `static=False`) it is the eager DynamicCache loop below, which the tiny profile's tables used; on
+    a CPU, for the decoders `lean_supported` accepts (Qwen2, Qwen3), that loop runs as
+    `generate_lean` (`lean` None or True): the same tokens from the same generator, at the
+    CPU's pace (a preallocated cache, no module calls per token). lean=False: the loop below (bench).
+
+    `stop`: one stop id or a list. temperature 0 is greedy decoding. `generator` must live on the
+    model's device. Logits are computed for the last position only (prefill included) and for at
+    most `token_chunk` rows at a time (`draw_chunked`); the DynamicCache holds keys/values in the
+    model's dtype. The softmax is float64, so draws do not depend on the weights' dtype beyond
+    the logits themselves.
+    """
+    from transformers import DynamicCache
+
+    dev = input_ids.device
+    if static is None:
+        static = (dev.type == "cuda" and next(model.parameters()).dtype != torch.float64
+                  and supported(model))
+    if static:
+        return generate_static(model, input_ids, attention_mask, max_new_tokens, temperature, stop, pad_id,
+                                       generator=generator, token_chunk=token_chunk, capture=dev.type == "cuda")
+    if (dev.type == "cpu" if lean is None else lean) and lean_supported(model):   # the same tokens, without transformers' per-step overhead
+        return generate_lean(model, input_ids, attention_mask, max_new_tokens, temperature, stop, pad_id,
+                                     generator=generator, token_chunk=token_chunk)
+    stop = torch.as_tensor([stop] if isinstance(stop, int) else list(stop), dtype=torch.long, device=dev)
+    B = input_ids.shape[0]
+
+    def draw(logits, rows):
+        return _draw_multinomial(logits, temperature, generator)
+
+    pos = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    h, kv = last_hidden(model, DynamicCache(), input_ids=input_ids, attention_mask=attention_mask, position_ids=pos)
+    next_pos = pos[:, -1] + 1
+    done = torch.zeros(B, dtype=torch.bool, device=dev)
+    new_tokens = []
+    for _ in range(max_new_tokens):
+        tok = draw_chunked(model, h, token_chunk, draw)
+        tok = torch.where(done, torch.full_like(tok, pad_id), tok)
+        new_tokens.append(tok)
+        done = done | torch.isin(tok, stop)
+        if bool(done.all()):
+            break
+        attention_mask = torch.cat([attention_mask, torch.ones_like(attention_mask[:, :1])], dim=1)
+        h, kv = last_hidden(model, kv, input_ids=tok[:, None], attention_mask=attention_mask,
+                            position_ids=next_pos[:, None])
+        next_pos = next_pos + 1
+    return torch.stack(new_tokens, dim=1)
+
+
+def sample_hf(model, ids, mask, cfg, seed: int, stop, pad: int) -> torch.Tensor:
+    """(B, T) new tokens from our KV-cache sampler (`cfg`: a `rollout.SampleConfig`), cfg.chunk_size rows per call, one generator
+    on the model's device across chunks."""
+    device = _device(model)
+    if torch.device(cfg.device).type != device.type:
+        raise ValueError(f"SampleConfig.device={cfg.device!r} but the sampler is on {device}; build it with "
+                         f"make_sampler(..., device={cfg.device!r}) or set device to match")
+    gen = torch.Generator(device=device).manual_seed(seed)
+    chunks = []
+    for s in range(0, ids.shape[0], cfg.chunk_size):
+        chunks.append(generate(model, ids[s:s + cfg.chunk_size].to(device), mask[s:s + cfg.chunk_size].to(device),
+                               cfg.max_new_tokens, cfg.temperature, stop, pad, generator=gen,
+                               token_chunk=cfg.token_chunk).cpu())
+    T = max(c.shape[1] for c in chunks)
+    return torch.cat([torch.nn.functional.pad(c, (0, T - c.shape[1]), value=pad) for c in chunks])
+
+
+# --------------------------------------------------------------------------- vLLM (GPU extra): rollouts and MC continuations
+def _import_vllm():
+    try:
+        import vllm
+        from vllm.inputs import TokensPrompt
+    except ImportError as e:
+        raise ImportError("the vllm backend needs vLLM (GPU): pip install -e '.[gpu]'") from e
+    return vllm.LLM, vllm.SamplingParams, TokensPrompt
+
+
+def make_sampler(model, model_path, backend: str = "hf", dtype: str = "float32", seed: int = 0,
+                 gpu_memory_utilization: float = 0.3, device: str | None = None):
+    """What `sample` samples from: a copy of `model` in `dtype` (on `device` if given) for 'hf';
+    for 'vllm' a vllm.LLM over the weights at `model_path` with prefix caching, taking
+    `gpu_memory_utilization` of the GPU (the HF model sits beside it), with `model` attached as
+    `.hf_model` (its stop ids, `sync_weights`, and the 'exclude' estimator's first token)."""
+    if backend == "vllm":
+        LLM, _, _ = _import_vllm()
+        # keep the engine in this process (as TRL's colocate mode) so sync_weights can reach its model
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        llm = LLM(str(model_path), dtype=dtype, seed=seed, enable_prefix_caching=True,
+                  gpu_memory_utilization=gpu_memory_utilization)
+        llm.hf_model = model
+        return llm
+    if backend != "hf":
+        raise ValueError(f"unknown sampling backend {backend!r}; use 'hf' or 'vllm'")
+    sampler = cast(model, dtype)
+    return sampler.to(device) if device is not None else sampler
+
+
+def load_sampler(recipe: dict):
+    """(model, tokenizer, sampler) from a recipe: model_path, dtype and device of the float policy
+    (policy.load_policy), backend, sample_dtype, seed and gpu_memory_utilization of the sampler
+    (make_sampler), threads (CPU). Seeds torch with `seed` first. The sampler carries the recipe as
+    `.cancellation_recipe`, so a stage split over processes (procs.py) rebuilds the same sampler
+    in every rank."""
+    torch.manual_seed(recipe["seed"])
+    if recipe["device"] == "cpu":
+        torch.set_num_threads(recipe.get("threads", 1))
+    model, tok = load_policy(recipe["model_path"], dtype=recipe["dtype"], device=recipe["device"])
+    sampler = make_sampler(model, recipe["model_path"], recipe["backend"], recipe["sample_dtype"], recipe["seed"],
+                           recipe["gpu_memory_utilization"])
+    model.cancellation_recipe = sampler.cancellation_recipe = dict(recipe)
+    return model, tok, sampler
+
+
+def request_seed(seed: int, *key) -> int:
+    """A vLLM request seed (< 2**31) from the batch seed and the request's key (prompt index, ...):
+    distinct prompts get distinct random streams, the same call the same ones."""
+    blob = json.dumps([int(seed)] + [int(k) for k in key]).encode()
+    return int.from_bytes(hashlib.sha256(blob).digest()[:4], "little") % 2**31
+
+
+def sample_vllm(llm, prompts: list[list[int]], cfg, seed: int, stop) -> list[list[int]]:
+    """cfg.G responses per prompt (token ids, G consecutive rows per prompt) from a vllm.LLM.
+
+    The prompts go in as the exact token ids the HF path sees. SamplingParams are built directly
+    (top_p=1, no top_k, no repetition penalty): the distribution our HF sampler draws from, not
+    generation_config.json's defaults that LLM.get_default_sampling_params would apply.
+    """
+    _, SamplingParams, TokensPrompt = _import_vllm()
+    params = [SamplingParams(n=cfg.G, temperature=cfg.temperature, max_tokens=cfg.max_new_tokens,
+                             seed=request_seed(seed, i), stop_token_ids=list(stop)) for i in range(len(prompts))]
+    outs = llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
+    seqs = [list(c.token_ids) for o in outs for c in o.outputs]
+    if len(seqs) != cfg.G * len(prompts):
+        raise RuntimeError(f"vLLM returned {len(seqs)} responses for {len(prompts)} prompts × G={cfg.G}")
+    return seqs
+
+
+def vllm_model(llm):
+    """The torch module inside a vllm.LLM's engine (in-process engines only)."""
+    paths = ("llm_engine.model_executor.driver_worker.worker.model_runner.model",   # V1 in-process, V0 wrapper
+             "llm_engine.model_executor.driver_worker.model_runner.model")          # V0
+    for path in paths:
+        obj = llm
+        try:
+            for name in path.split("."):
+                obj = getattr(obj, name)
+        except AttributeError:
+            continue
+        return obj
+    return None
+
+
+def sync_weights(llm, model=None) -> int:
+    """Push `model`'s current weights (default: `llm.hf_model`) into the vLLM engine after an
+    update, as TRL does for colocated vLLM; returns the number of tensors sent.
+
+    Needs the engine in this process (make_sampler sets VLLM_ENABLE_V1_MULTIPROCESSING=0);
+    otherwise falls back to `collective_rpc` with CPU copies of the weights.
+    """
+    model = model if model is not None else getattr(llm, "hf_model", None)
+    if model is None:
+        raise ValueError("sync_weights: no HF model given and the LLM has no .hf_model (build it with make_sampler)")
+    state = model.state_dict()
+    target = vllm_model(llm)
+    if target is not None:
+        target.load_weights(state.items())
+    elif hasattr(llm, "collective_rpc"):
+        cpu = [(k, v.detach().cpu()) for k, v in state.items()]
+        llm.collective_rpc(_load_weights_rpc, args=(cpu,))
+    else:
+        raise RuntimeError("sync_weights: cannot reach the vLLM engine's model (no llm_engine.model_executor."
+                           "driver_worker and no collective_rpc); set VLLM_ENABLE_V1_MULTIPROCESSING=0 before "
+                           "building the LLM, or rebuild it from saved weights after each update")
+    return len(state)
+
+
+def _load_weights_rpc(worker, weights):  # pragma: no cover - runs inside a vLLM worker process
+    worker.model_runner.model.load_weights(weights)
+
+
+@torch.no_grad()
+def first_tokens(model, prefix, M: int, seed: int, temperature: float = 1.0, ban: int | None = None) -> list[int]:
+    """M first tokens after `prefix` from the HF model's next-token distribution, `ban` removed
+    and renormalised, drawn by inverse CDF from the prefix's uniforms (as value.sample_continuations
+    draws its first token, so both give the same tokens up to logits' rounding)."""
+    dev = next(model.parameters()).device
+    ids = torch.as_tensor([list(prefix)], device=dev)
+    logits = model(input_ids=ids, logits_to_keep=1).logits[0, -1]
+    if temperature == 0:
+        if ban is not None:
+            logits = logits.clone()
+            logits[ban] = -float("inf")
+        return [int(logits.argmax())] * M
+    probs = torch.softmax(logits.double() / temperature, dim=-1)
+    if ban is not None:
+        probs[ban] = 0.0
+        probs /= probs.sum()
+    cdf = probs.cumsum(-1)
+    u = torch.rand(1, M, generator=torch.Generator(device=dev).manual_seed(seed), dtype=torch.float64, device=dev)[0]
+    return torch.searchsorted(cdf, u * cdf[-1]).clamp(max=len(probs) - 1).tolist()
+
+
+def sample_vllm_continuations(llm, prefixes, M, budgets, seeds, temperature, bans, stop=(), model=None) -> list[torch.Tensor]:
+    """The vLLM seam: n=M continuations per prefix, one (M, budget) tensor each, -1 after the end
+    (build `llm` with enable_prefix_caching=True: the M rows and the two branches share prefixes).
+
+    A banned first token ('exclude' estimator): the M first tokens come from the HF `model`
+    (default `llm.hf_model`) with the ban removed (`first_tokens`, seeded by the request seed),
+    and vLLM continues each distinct prefix ⊕ a with n = its count and max_tokens = budget - 1.
+    """
+    _, SamplingParams, TokensPrompt = _import_vllm()
+    stop = [int(s) for s in stop]
+    jobs, rows = [], []  # jobs: (prompt ids, n, max_tokens, seed); rows: per prefix, (first token | None, job) per row
+    for p, b, s, ban in zip(prefixes, budgets, seeds, bans):
+        if ban is None:
+            jobs.append((list(p), M, b, s % 2**31))
+            rows.append([(None, len(jobs) - 1)] * M)
+            continue
+        hf = model if model is not None else getattr(llm, "hf_model", None)
+        if hf is None:
+            raise ValueError("estimator='exclude' with vLLM draws the first token from the HF model: pass model= "
+                             "or build the LLM with sampler.make_sampler (it attaches .hf_model)")
+        firsts = first_tokens(hf, p, M, s, temperature, ban)
+        job_of = {}
+        for a in sorted(set(firsts)):
+            if a not in stop and b > 1:  # a stop id or the cap ends the continuation at its first token
+                jobs.append((list(p) + [a], firsts.count(a), b - 1, request_seed(s, a)))
+                job_of[a] = len(jobs) - 1
+        rows.append([(a, job_of.get(a)) for a in firsts])
+    params = [SamplingParams(n=n, temperature=temperature, max_tokens=mt, seed=sd, stop_token_ids=stop)
+              for _, n, mt, sd in jobs]
+    outs = llm.generate([TokensPrompt(prompt_token_ids=ids) for ids, *_ in jobs], params, use_tqdm=False) if jobs else []
+    pending = [iter([list(c.token_ids) for c in o.outputs]) for o in outs]
+    res = []
+    for r, b in zip(rows, budgets):
+        seqs = [([] if a is None else [a]) + (next(pending[j]) if j is not None else []) for a, j in r]
+        res.append(torch.tensor([q[:b] + [-1] * (b - len(q[:b])) for q in seqs], dtype=torch.long))
+    return res

@@ -5,7 +5,7 @@ model with the exact architecture of Qwen3-1.7B-Base / Qwen3-4B-Base / Qwen2.5-M
 config values of their hub `config.json`) and times, on one synthetic rollout batch of fixed
 lengths, the calls the notebooks make: the chunked analysis forward (`measure.token_stats`), a
 full-parameter Adam GRPO step and an SGD lm_head step (`grpo.grpo_step`, float32, gradient
-checkpointing as in paper.yaml) and HF sampling on a bfloat16 copy (`rollout.generate`, no stop
+checkpointing as in paper.yaml) and HF sampling on a bfloat16 copy (`sampler.generate`, no stop
 id, so every row runs to `response` tokens). Cost per token does not depend on the weights'
 values, so these numbers hold for the real checkpoints; what they cannot say is how long real
 responses are (the paper's run lengths set that).
@@ -26,10 +26,15 @@ import time
 
 import torch
 
-from . import grpo, measure, policy, rollout
-from .shapes import SHAPES, Shape, device_kind, device_memory
-from . import coupling
+from . import coupling, engine, grpo, measure, plan, policy, rollout, tasks
+from . import workload as W
 from .compute import Compute
+from .guard import _fused_compact
+from .policy import TOKENIZER_FILES
+from .sampler import generate
+from .shapes import SHAPES, Shape, device_kind, device_memory
+from .workload import Sizes
+
 
 def build(shape: str, dtype=torch.float32, device: str = "cuda", seed: int = 0):
     """A random model of the named shape (initialised on `device`: 1.7B float32 is 7 GB)."""
@@ -111,7 +116,7 @@ def probe(shape: str, device: str = "cuda", n_prompts: int = 4, G: int = 8, prom
         ids = batch.input_ids[:1, :prompt].repeat(sample_rows, 1).to(device)
         mask = torch.ones_like(ids)
         gen = torch.Generator(device=device).manual_seed(0)
-        run = lambda n: rollout.generate(sampler, ids, mask, n, 1.0, [-1], 0, generator=gen)  # noqa: E731
+        run = lambda n: generate(sampler, ids, mask, n, 1.0, [-1], 0, generator=gen)  # noqa: E731
         with torch.no_grad():
             run(8)
             secs, peak, out = _timed(lambda: run(sample_tokens), device)
@@ -197,7 +202,7 @@ def _time_blocks(model, z: dict, device: str, dtype: str, seed: int, only=None, 
     """Two timing points per block on `model`: block -> [(seconds, parameter-tokens or pair-vocab, calls)]
     (equal calls, different lengths; sampling: equal decode steps, different rows), plus Adam's update.
     `only`: just these blocks; sampling runs on a `sample_dtype` copy (the notebooks'
-    sample_dtype: on CUDA bfloat16, which `rollout.generate` samples with the captured static-cache path)."""
+    sample_dtype: on CUDA bfloat16, which `sampler.generate` samples with the captured static-cache path)."""
 
     shape = Shape.from_config(model.config.to_dict())
     assert shape.params == policy.n_params(model), "plan.Shape's closed form disagrees with the model"
@@ -230,7 +235,7 @@ def _time_blocks(model, z: dict, device: str, dtype: str, seed: int, only=None, 
         for rows in z["sample_rows"]:
             ids = batches[0].input_ids[:1, :z["prompt"]].repeat(rows, 1).to(device)
             with torch.no_grad():
-                t = _best(lambda: rollout.generate(sm, ids, torch.ones_like(ids), new, 1.0, [-1], 0,
+                t = _best(lambda: generate(sm, ids, torch.ones_like(ids), new, 1.0, [-1], 0,
                                                    generator=gen, token_chunk=tc), device)
             pts.append((t, rows * (z["prompt"] + new) * shape.body + rows * new * shape.head, new))
         out["sample"] = pts
@@ -266,7 +271,6 @@ TRL_RUN = dict(n_prompts=2, G=4, n_minibatches=2, max_new_tokens=24, token_chunk
 
 def trl_fused(device) -> bool:
     """Whether TRL's fused LM head scores only the labelled positions on `device` (Triton on CUDA/XPU)."""
-    from .compute import _fused_compact
     return _fused_compact(torch.device(device) if isinstance(device, str) else device)
 
 
@@ -334,7 +338,6 @@ def _trl_points(model, batches, z, device, seed, shape, only) -> dict:
 def trl_run_work(P, shape, z, runs: int = 1, iterations: int | None = None, rb: bool = False, monitor: bool = True,
                  logging_steps: int = 1):
     """The planner's Work of `runs` TRL runs at P (workload.trl_run): what the residual fit below subtracts."""
-    from . import workload as W
     w = W.Work()
     W.trl_run(w, P, z, runs=runs, iterations=iterations, rb=rb, monitor=monitor, logging_steps=logging_steps)
     return w
@@ -352,9 +355,6 @@ def measure_trl_overhead(model_dir, units: dict, device: str = "cpu", dtype: str
     import tempfile
     from types import SimpleNamespace
 
-    from . import engine, plan, tasks
-    from .compute import Compute
-    from .workload import Sizes
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     src = tasks.ProblemSource(path=os.path.join(root, "data", "standins", "dapo-math-17k.parquet"))
     r = dict(TRL_RUN)
@@ -405,7 +405,6 @@ def measure_trl_overhead(model_dir, units: dict, device: str = "cpu", dtype: str
 
 def has_tokenizer(config) -> bool:
     """A policy directory TRL can train (a config.json directory with a tokenizer: the stand-in)."""
-    from .policy import TOKENIZER_FILES
     return isinstance(config, str) and os.path.isdir(config) and any(
         os.path.exists(os.path.join(config, f)) for f in TOKENIZER_FILES)
 

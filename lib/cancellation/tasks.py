@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from . import cache, seeds
+from .dryrun import dry_run
 
 EOS = "<eos>"
 PAD = "<pad>"
@@ -748,7 +749,6 @@ class ProblemSource:
 
         The file verifier is one object per source, so its `stats` add up over a run.
         """
-        from .policy import dry_run
         if dry_run() is not None:  # random weights never solve anything: a labelled coin flip instead
             if getattr(self, "_coin", None) is None:
                 self._coin = CoinFlip(dry_run()["seed"])
@@ -811,7 +811,6 @@ class ProblemSource:
 
     def reward_report(self) -> str:
         """One line on how the rewards so far were graded ('' for the exact arithmetic check)."""
-        from .policy import dry_run
         if dry_run() is not None:
             return CoinFlip.REPORT
         v = self.verifier()

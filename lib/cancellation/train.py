@@ -20,6 +20,7 @@ import torch
 from . import batching, grpo, measure, rollout, tasks
 from . import cache, coupling, policy, seeds, strategies
 from .compute import Compute
+from .sampler import make_sampler, sync_weights
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +85,7 @@ class PolicySampler:
         self.scfg = scfg
         own = str(next(model.parameters()).dtype).removeprefix("torch.")
         self.shared = scfg.backend == "hf" and scfg.dtype == own
-        self.engine = model if self.shared else rollout.make_sampler(
+        self.engine = model if self.shared else make_sampler(
             model, model_path, scfg.backend, scfg.dtype, scfg.seed, scfg.gpu_memory_utilization)
 
     @torch.no_grad()
@@ -93,7 +94,7 @@ class PolicySampler:
         if self.shared:
             return
         if self.scfg.backend == "vllm":
-            rollout.sync_weights(self.engine, model)
+            sync_weights(self.engine, model)
         else:  # load_state_dict casts to the copy's dtype
             self.engine.load_state_dict(model.state_dict())
 

@@ -15,14 +15,14 @@ p_t comes from the training forward (measure.token_stats), never from the sample
 p_t > p_max (1 − 1e-3) are skipped: there the division amplifies Monte Carlo noise without bound.
 
 Cost is 2M continuations per token, so sampling shares prefixes: one prefill per distinct
-prefix, its KV cache copied into M rows of rollout's static-cache sampler (`sampler.py`; a
+prefix, its KV cache copied into M rows of the static-cache sampler (`sampler.py`; a
 captured decode step on CUDA unless float64), many prefixes per batch. Every prefix draws
 its uniforms from its own generator seeded by (seed, prefix), and tokens are drawn by inverse
 CDF, so a prefix's continuations do not depend on which other prefixes share its batch: the
 batched sampler returns the same samples as sampling that prefix alone. The rewards of every
 (model, prefix, banned token, M, seed, ...) are cached with cache.py, so reruns are instant and
 notebooks share them. On GPU, `backend='vllm'` samples with vLLM (n=M; build the LLM with
-rollout.make_sampler: prefix caching on, the HF model attached); for 'exclude' the first token
+sampler.make_sampler: prefix caching on, the HF model attached); for 'exclude' the first token
 comes from the HF model with o_t removed and vLLM continues from there. Continuations end at
 any of rollout.stop_ids.
 """
@@ -37,8 +37,11 @@ import numpy as np
 import pandas as pd
 import torch
 
-from . import cache, grpo, tasks
+from . import cache, grpo, measure, procs, tasks
 from . import stats as _stats
+from .guard import check_update
+from .rollout import _left_pad, stop_ids
+from .sampler import generate_static, load_sampler, sample_vllm_continuations
 
 ESTIMATORS = ("paper", "exclude")
 
@@ -63,7 +66,6 @@ class ValueConfig:
             raise ValueError(f"ValueConfig.backend={self.backend!r}; allowed: hf, vllm")
         if self.M < 2:
             raise ValueError(f"ValueConfig.M={self.M}: need at least 2 continuations for a standard error")
-        from .compute import check_update
         check_update(self)  # with the Compute guard on (tests): token_chunk must be the profile's
 
 
@@ -83,15 +85,13 @@ def sample_continuations(model, prefixes, M: int, budgets, eos_id, pad_id: int, 
     prefixes: lists of token ids (prompt + response so far); budgets: max new tokens per prefix
     (≥ 1); eos_id: one stop id or a list (rollout.stop_ids); seeds: one per prefix; bans: per
     prefix a token id the *first* sampled token may not be (None: no ban). The sampler is
-    rollout's (`sampler.generate_static`, repeats=M): one prefill per prefix, its KV cache copied
+    `sampler.generate_static` (repeats=M): one prefill per prefix, its KV cache copied
     into its M rows; on CUDA (weights other than float64) the decode step is a captured graph.
     share_prefill=False prefills the M copies of a prefix separately (the naive reference; same
     samples). Every prefix draws its uniforms from its own generator on the model's device
     (reproducible per device); logits are computed for the last position only and for at most
     `token_chunk` rows at a time.
     """
-    from .rollout import _left_pad
-    from .sampler import generate_static
     P = len(prefixes)
     bans = bans if bans is not None else [None] * P
     dev = next(model.parameters()).device
@@ -111,68 +111,6 @@ def sample_continuations(model, prefixes, M: int, budgets, eos_id, pad_id: int, 
                           draw="icdf", repeats=rep, uniforms=U, budgets=budget, bans=ban)
     out = torch.nn.functional.pad(out, (0, T - out.shape[1]), value=pad_id).cpu()
     return [out[i * M:(i + 1) * M] for i in range(P)]
-
-
-@torch.no_grad()
-def first_tokens(model, prefix, M: int, seed: int, temperature: float = 1.0, ban: int | None = None) -> list[int]:
-    """M first tokens after `prefix` from the HF model's next-token distribution, `ban` removed
-    and renormalised, drawn by inverse CDF from the prefix's uniforms (as sample_continuations
-    draws its first token, so both give the same tokens up to logits' rounding)."""
-    dev = next(model.parameters()).device
-    ids = torch.as_tensor([list(prefix)], device=dev)
-    logits = model(input_ids=ids, logits_to_keep=1).logits[0, -1]
-    if temperature == 0:
-        if ban is not None:
-            logits = logits.clone()
-            logits[ban] = -float("inf")
-        return [int(logits.argmax())] * M
-    probs = torch.softmax(logits.double() / temperature, dim=-1)
-    if ban is not None:
-        probs[ban] = 0.0
-        probs /= probs.sum()
-    cdf = probs.cumsum(-1)
-    u = torch.rand(1, M, generator=torch.Generator(device=dev).manual_seed(seed), dtype=torch.float64, device=dev)[0]
-    return torch.searchsorted(cdf, u * cdf[-1]).clamp(max=len(probs) - 1).tolist()
-
-
-def _sample_vllm(llm, prefixes, M, budgets, seeds, temperature, bans, stop=(), model=None) -> list[torch.Tensor]:
-    """The vLLM seam: n=M continuations per prefix, one (M, budget) tensor each, -1 after the end
-    (build `llm` with enable_prefix_caching=True: the M rows and the two branches share prefixes).
-
-    A banned first token ('exclude' estimator): the M first tokens come from the HF `model`
-    (default `llm.hf_model`) with the ban removed (`first_tokens`, seeded by the request seed),
-    and vLLM continues each distinct prefix ⊕ a with n = its count and max_tokens = budget - 1.
-    """
-    from .rollout import _import_vllm, request_seed
-
-    _, SamplingParams, TokensPrompt = _import_vllm()
-    stop = [int(s) for s in stop]
-    jobs, rows = [], []  # jobs: (prompt ids, n, max_tokens, seed); rows: per prefix, (first token | None, job) per row
-    for p, b, s, ban in zip(prefixes, budgets, seeds, bans):
-        if ban is None:
-            jobs.append((list(p), M, b, s % 2**31))
-            rows.append([(None, len(jobs) - 1)] * M)
-            continue
-        hf = model if model is not None else getattr(llm, "hf_model", None)
-        if hf is None:
-            raise ValueError("estimator='exclude' with vLLM draws the first token from the HF model: pass model= "
-                             "or build the LLM with rollout.make_sampler (it attaches .hf_model)")
-        firsts = first_tokens(hf, p, M, s, temperature, ban)
-        job_of = {}
-        for a in sorted(set(firsts)):
-            if a not in stop and b > 1:  # a stop id or the cap ends the continuation at its first token
-                jobs.append((list(p) + [a], firsts.count(a), b - 1, request_seed(s, a)))
-                job_of[a] = len(jobs) - 1
-        rows.append([(a, job_of.get(a)) for a in firsts])
-    params = [SamplingParams(n=n, temperature=temperature, max_tokens=mt, seed=sd, stop_token_ids=stop)
-              for _, n, mt, sd in jobs]
-    outs = llm.generate([TokensPrompt(prompt_token_ids=ids) for ids, *_ in jobs], params, use_tqdm=False) if jobs else []
-    pending = [iter([list(c.token_ids) for c in o.outputs]) for o in outs]
-    res = []
-    for r, b in zip(rows, budgets):
-        seqs = [([] if a is None else [a]) + (next(pending[j]) if j is not None else []) for a, j in r]
-        res.append(torch.tensor([q[:b] + [-1] * (b - len(q[:b])) for q in seqs], dtype=torch.long))
-    return res
 
 
 # --------------------------------------------------------------------------- rewards of prefixes
@@ -209,7 +147,7 @@ def _sample_chunk(model, tokenizer, problems, chunk: list[Request], cfg: ValueCo
     seeds = [prefix_seed(cfg.seed, p, r.ban) for p, r in zip(prefixes, chunk)]
     bans = [r.ban for r in chunk]
     if cfg.backend == "vllm":
-        conts = _sample_vllm(model, prefixes, cfg.M, budgets, seeds, cfg.temperature, bans, stops)
+        conts = sample_vllm_continuations(model, prefixes, cfg.M, budgets, seeds, cfg.temperature, bans, stops)
     else:
         conts = sample_continuations(model, prefixes, cfg.M, budgets, stops, pad, seeds, cfg.temperature, bans,
                                      token_chunk=cfg.token_chunk)
@@ -231,14 +169,12 @@ def _rewards(model, tokenizer, batch, reqs: list[Request], cfg: ValueConfig, ver
 
     `on_done(i, rewards)` is called as each sampler batch finishes (the cache writes there, so an
     interrupted run resumes). With $CANCELLATION_PROCS = N > 1 (`run --procs N`) and a sampler
-    built by rollout.load_sampler (it carries its recipe), the sampler batches are split over N
+    built by sampler.load_sampler (it carries its recipe), the sampler batches are split over N
     ranks (procs.fan_out; `_rank_rewards`), which write the cache entries `keys` (one per request,
     in `cache_dir`) as their batches finish; the same batches as on one process, so the same
     rewards."""
     from tqdm import tqdm
 
-    from . import procs
-    from .rollout import stop_ids
 
     hf = getattr(model, "hf_model", model)  # a vllm.LLM from make_sampler carries its HF model
     stops = stop_ids(tokenizer, hf)
@@ -278,7 +214,6 @@ def _rank_rewards(shared: dict, units: list, local_rank: int | None) -> list:
     """One rank's share of `_rewards`' sampler batches (procs.fan_out): it rebuilds the sampler from
     its recipe (on the rank's own GPU for GPU ranks), checks it holds the caller's weights, samples
     each batch, writes its cache entries, and returns per batch (rewards, the verifier's tally)."""
-    from .rollout import load_sampler, stop_ids
 
     recipe = dict(shared["recipe"])
     if local_rank is not None:
@@ -357,7 +292,6 @@ def cached_rewards(model, tokenizer, batch, reqs, cfg: ValueConfig, mid: str, ve
     """
     import time
 
-    from .rollout import stop_ids
 
     t0 = time.perf_counter()
     verifier = verifier or tasks.verify
@@ -488,7 +422,6 @@ def repeated_deltas(model, batch, cfg: "grpo.UpdateConfig", K: int) -> np.ndarra
     (row-major over batch.response_mask) after each of K GRPO steps on the same batch with the
     same θ_old = θ0 (K epochs on one rollout batch; one optimizer, its state carried across the
     steps). θ is restored afterwards (grpo.trial)."""
-    from . import grpo, measure
     before = measure.token_stats(model, batch, cfg.chunk_rows, token_chunk=cfg.token_chunk).logp
     out = []
     with grpo.trial(model, cfg.scope):
@@ -504,7 +437,6 @@ def heldout_deltas(model, batch, other, cfg: "grpo.UpdateConfig") -> np.ndarray:
     """Δlog p = log π_θ1 − log π_θ0 of every response token of `other` (row-major over its
     response_mask) after one GRPO step on `batch`: states the update never saw. θ is restored
     afterwards (grpo.trial)."""
-    from . import grpo, measure
     before = measure.token_stats(model, other, cfg.chunk_rows, token_chunk=cfg.token_chunk).logp
     with grpo.trial(model, cfg.scope):
         grpo.grpo_step(model, batch, cfg, optimizer=grpo.make_optimizer(model, cfg))
@@ -518,19 +450,17 @@ def repeated_gap(values, sign, deltas: np.ndarray, eps: float, n_boot: int = 200
     sign-balanced value gap (stats.sign_balanced_gap) with a token-bootstrap interval, the share
     of tokens whose status differs from step 1, and gap(k) − gap(1) with a paired bootstrap (the
     same tokens split both ways in every replicate). One row per step."""
-    from . import measure
-    from . import stats as S
     values, sign = np.asarray(values, float), np.asarray(sign)
     status = [measure.classify(d, eps) for d in deltas]
     rng = np.random.default_rng(seed)
     idx = [rng.integers(0, len(values), len(values)) for _ in range(n_boot)]
     rows = []
     for k, st in enumerate(status, start=1):
-        g = S.sign_balanced_gap(values, sign, st)
-        reps = np.array([S.sign_balanced_gap(values[i], sign[i], st[i]) for i in idx])
+        g = _stats.sign_balanced_gap(values, sign, st)
+        reps = np.array([_stats.sign_balanced_gap(values[i], sign[i], st[i]) for i in idx])
         reps = reps[np.isfinite(reps)]
         lo, hi = (np.quantile(reps, [0.025, 0.975]) if len(reps) >= n_boot // 2 else (np.nan, np.nan))
-        ch, ch_lo, ch_hi = S.paired_gap_change(values, sign, status[0], st, n_boot, seed) if k > 1 else (0.0, 0.0, 0.0)
+        ch, ch_lo, ch_hi = _stats.paired_gap_change(values, sign, status[0], st, n_boot, seed) if k > 1 else (0.0, 0.0, 0.0)
         rows.append(dict(step=k, gap=g, lo=float(lo), hi=float(hi), change=ch, change_lo=ch_lo, change_hi=ch_hi,
                          changed_status=float((st != status[0]).mean()),
                          n_boosted=int((st == "boosted").sum()), n_suppressed=int((st == "suppressed").sum())))

@@ -10,6 +10,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+from .engine.data import micro_batch, micro_rows
 from .sampler import bucket_len, bucket_rows
 
 BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2, "": 4}
@@ -147,7 +148,6 @@ def trl_run(w: Work, P, z: Sizes, runs: int = 1, iterations: int | None = None, 
       set-up), per optimizer step (its loop, callbacks, the step record and monitor tables, empty
       accumulation steps) and per logging step (logging_steps 1: every optimizer step).
     Positions through the fused head: every position of the rows on a CPU, the completions on a GPU (Triton)."""
-    from .engine.data import micro_batch, micro_rows
     its = P.iterations if iterations is None else iterations
     rows, nmb = P.n_prompts * P.G, P.n_minibatches
     micro = micro_batch(P.n_prompts, P.G, nmb, P.max_new_tokens, P.token_chunk)

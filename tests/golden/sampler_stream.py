@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from cancellation import policy, rollout, tasks, value
+from cancellation import policy, rollout, sampler, tasks, value
 
 PINS = Path(__file__).with_name("sampler_stream.json")
 ROOT = Path(__file__).resolve().parents[2]
@@ -77,17 +77,17 @@ def cases() -> dict:
             model, tok = _load(STANDIN, "float32")
             ids, mask = _random_prompts(model.config.vocab_size, 8, 16, s)
             g = torch.Generator().manual_seed(s)
-            return rollout.generate(model, ids, mask, 40, 1.0, rollout.stop_ids(tok, model), 0, generator=g).tolist()
+            return sampler.generate(model, ids, mask, 40, 1.0, rollout.stop_ids(tok, model), 0, generator=g).tolist()
         out[f"stand-in f32 generate seed={seed}"] = standin
     # the bench's call: no stop ids, every row to the cap, the static-cache path eagerly
-    out["stand-in f32 generate static=True no stop"] = lambda: rollout.generate(
+    out["stand-in f32 generate static=True no stop"] = lambda: sampler.generate(
         _load(STANDIN, "float32")[0], *_random_prompts(1088, 16, 24, 2), 24, 1.0, [-1], 0,
         generator=torch.Generator().manual_seed(2), static=True).tolist()
     # prompts of one length: no attention mask at all (and SDPA's grouped-query path on the stand-in)
     for path, dtype, V in ((TINY_M, "float64", 53), (STANDIN, "float32", 1088)):
         for static in (False, True):
             out[f"{Path(path).name} {dtype} unpadded static={static}"] = lambda p=path, d=dtype, v=V, st=static: \
-                rollout.generate(_load(p, d)[0], *_random_prompts(v, 12, 10, 4, pad=False), 30, 1.0, [1, 1000], 0,
+                sampler.generate(_load(p, d)[0], *_random_prompts(v, 12, 10, 4, pad=False), 30, 1.0, [1, 1000], 0,
                                  generator=torch.Generator().manual_seed(4), static=st).tolist()
     return out
 

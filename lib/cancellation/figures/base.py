@@ -28,8 +28,9 @@ import dataclasses
 from dataclasses import dataclass, field, fields
 from typing import ClassVar
 
-from .. import cache, policy, rollout, tasks
+from .. import cache, policy, rollout, sampler, tasks
 from ..compute import Compute
+from ..dryrun import dry_run
 
 
 def param(default, doc: str, **rules):
@@ -159,7 +160,7 @@ def problem_source(P) -> tasks.ProblemSource:
                                  answer_mode=getattr(P, "answer_mode", "auto"),
                                  unrewardable_golds=getattr(P, "unrewardable_golds", "refuse"))
     source.load()
-    if source.path and policy.dry_run() is None:   # what the reward can never credit, said (or refused) before the run
+    if source.path and dry_run() is None:   # what the reward can never credit, said (or refused) before the run
         print(source.admit(), flush=True)
     return source
 
@@ -215,6 +216,6 @@ def load_sampler(P):
     """(model, tokenizer, sampler) for a figure that samples with `backend`/`sample_dtype`: the
     float policy it measures, and a `sample_dtype` copy (hf) or vLLM over the same checkpoint.
     Seeds torch with P.seed first (and sets P.threads CPU threads), so what follows is reproducible."""
-    return rollout.load_sampler(dict(model_path=P.model_path, dtype=P.dtype, device=P.device, backend=P.backend,
+    return sampler.load_sampler(dict(model_path=P.model_path, dtype=P.dtype, device=P.device, backend=P.backend,
                                      sample_dtype=P.sample_dtype, seed=P.seed,
                                      gpu_memory_utilization=P.gpu_memory_utilization, threads=P.threads))

@@ -21,7 +21,8 @@ import pandas as pd
 import torch
 from scipy import stats
 
-from .. import cache, plots, policy, strategies, tasks, train
+from .. import batching, cache, eq14, grpo, measure, plots, policy, rollout, strategies, tasks, train
+from .. import engine as rl_engine
 from .. import claims as C
 from .. import workload as W
 from .. import stats as ST
@@ -226,7 +227,6 @@ def _small_runs(P: Params, source, jobs):
 
 def _trl_key(P: Params, source, name, seed, lr) -> dict:
     """The cache key of one TRL run: the policy's content hash, dtype, device and the run's config."""
-    from .. import engine as rl_engine
     cfg = _config(P, source, name, seed, lr)
     params = dict(model=policy.fingerprint(P.model_path), dtype=P.dtype, device=P.device, engine="trl",
                   strategy=name, **{k: v for k, v in train.run_params(cfg).items() if k != "plan"})
@@ -238,7 +238,6 @@ def _trl_key(P: Params, source, name, seed, lr) -> dict:
 
 def _trl_out(P: Params, source, name, seed, lr):
     """One cached TRL run (engine.train_trl): the raw frames plus the per-step record."""
-    from .. import engine as rl_engine
     key = _trl_key(P, source, name, seed, lr)
     out_dir = cache.DEFAULT_DIR / "ckpt" / "trl" / cache.key("train_trl", key)  # one per run: runs may overlap
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -260,7 +259,6 @@ def _trl_out(P: Params, source, name, seed, lr):
 
 def _trl_run(P: Params, source, name, seed, lr):
     """A TRL run as the small trainer's three frames (engine.small_trainer_frames)."""
-    from .. import engine as rl_engine
     out = _trl_out(P, source, name, seed, lr)
     frames = rl_engine.small_trainer_frames(out, P.n_minibatches)
     frames["monitor"] = out["monitor"]
@@ -306,7 +304,6 @@ def compute(P: Params) -> Result:
                  f"{len(probe)} sweep runs, {len(budget)} equal-rollout-budget runs), {wall:.0f} s in this session "
                  f"(0 s means every run came from the cache), torch threads {torch.get_num_threads()}")
     if P.engine == "trl":
-        from .. import engine as rl_engine
         R.summary += ("\nengine = 'trl': every run below (Fig. 8, Table 2, Fig. 7(a), the lr sweep) is TRL's "
                       "GRPOTrainer (engine.train_trl), read back through engine.small_trainer_frames into the small "
                       "trainer's frames. Differences from the small trainer's columns:\n- "
@@ -357,13 +354,12 @@ def local_imbalance(P: Params, source) -> pd.DataFrame:
       starting θ (`grpo.minibatch_grads`: no step), so only the split differs; `grad_sq` is the first
       sum, `full_sq` = ||g||²;
     - `shared_sq`: the part of that scatter along the directions a split query's rollouts share,
-      Σ_B (T_B/T) ||s_B||² with s_B = −(1/T_B) Σ_g S_{B,g} c_g (`grpo.shared_energy`; 0 under QB);
+      Σ_B (T_B/T) ||s_B||² with s_B = −(1/T_B) Σ_g S_{B,g} c_g (`eq14.shared_energy`; 0 under QB);
     - `cross_sign`, `cross_sign_group`: the share of the batch's (of each query group's) cross-sign
       advantage products |A_i A_j| (A_i A_j < 0) whose rollouts share a mini-batch
       (`batching.cross_sign_share`): 0 exactly for a plan whose every mini-batch holds one sign.
     Cached under the policy, dtype, device, threads and every seed's run config.
     """
-    from .. import batching, grpo, measure, rollout
     key, cfgs = _imbalance_key(P, source)
 
     def compute():
@@ -378,7 +374,7 @@ def local_imbalance(P: Params, source) -> pd.DataFrame:
             live = set(batch.group[batch.advantage != 0].tolist())
             full_sq = grpo.minibatch_grads(model, batch, [torch.arange(len(batch))], cfg.update,
                                            old_logp=old)[0]["grad_norm"] ** 2
-            gram = grpo.group_score_gram(model, batch, cfg.update, old_logp=old)   # None at large models
+            gram = eq14.group_score_gram(model, batch, cfg.update, old_logp=old)   # None at large models
             for name, plan_name in IMBALANCE_PLANS.items():
                 for draw in range(P.imbalance_plans):
                     plan = batching.make_plan(plan_name, batch.group, batch.advantage, cfg.update.n_minibatches,
@@ -389,7 +385,7 @@ def local_imbalance(P: Params, source) -> pd.DataFrame:
                     info = grpo.minibatch_grads(model, batch, plan, cfg.update, old_logp=old)
                     w = np.array([i["n_tokens"] for i in info], float)
                     g_sq = float((w / w.sum()) @ np.square([i["grad_norm"] for i in info]))
-                    shared = grpo.shared_energy(model, batch, plan, cfg.update, old_logp=old, gram=gram)
+                    shared = eq14.shared_energy(model, batch, plan, cfg.update, old_logp=old, gram=gram)
                     xs, xs_group = batching.cross_sign_share(batch.group, batch.advantage, plan)
                     rows.append(dict(seed=cfg.seed, strategy=name, draw=draw, rows=len(batch),
                                      minibatches=len(plan), live_groups=len(live),
