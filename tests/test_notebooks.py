@@ -77,12 +77,13 @@ def test_07_batching(out_root):
     for name in ("fig07a_sign_partition", "fig08_training_curves"):
         assert (figs / f"{name}.png").stat().st_size > 10_000 and (figs / f"{name}.pdf").exists()
     t2 = pd.read_csv(res / "table2_batching.csv").set_index("strategy")
-    assert list(t2.index) == ["random", "QB", "RB", "QB+RB", "sign_partitioned"]
-    assert list(t2.QB) == [False, True, False, True, False] and list(t2.RB) == [False, False, True, True, False]
+    assert list(t2.index) == ["random", "QB", "RB", "QB+RB", "sign_partitioned", "DS"]
+    assert list(t2.QB) == [False, True, False, True, False, False]
+    assert list(t2.RB) == [False, False, True, True, False, False]
     assert t2.average_mean.between(0, 100).all() and (t2.n_seeds == 2).all()
     assert (t2.optimizer_steps == 2 * 2).all()  # run_rounds: RB updates on every iteration, like the others
     sweep = pd.read_csv(res / "table2_lr_sweep.csv")
-    assert sorted(sweep.lr.unique()) == [3e-4, 1e-3] and set(sweep.strategy) == {"random", "QB+RB"}
+    assert sorted(sweep.lr.unique()) == [3e-4, 1e-3] and set(sweep.strategy) == {"random", "QB", "RB", "QB+RB"}
     assert (sweep.optimizer_steps == 4).all() and sweep.final.between(0, 1).all()
     curves = pd.read_parquet(res / "fig08_training_curves.parquet")
     start = curves[curves.iteration == 0].groupby(["seed", "set"]).accuracy.nunique()
@@ -94,6 +95,9 @@ def test_07_batching(out_root):
     it = pd.read_parquet(res / "fig08_iterations.parquet")
     rb = it[it.strategy.isin(["RB", "QB+RB"])]
     assert (rb.buffer_sampled == rb.buffer_released + rb.buffer_discarded + rb.buffer_buffered).all()
+    ds = it[it.strategy == "DS"]   # DAPO's dynamic sampling: zero-variance groups dropped on arrival, counted
+    assert (ds.buffer_sampled == ds.buffer_released + ds.buffer_discarded + ds.buffer_filtered + ds.buffer_buffered).all()
+    assert (ds[ds.updated].n_pos + ds[ds.updated].n_neg == ds[ds.updated].n_rollouts).all()   # every group mixed
     secs = pd.read_parquet(res / "timing" / "fig08_iterations_seconds.parquet")   # wall-clock apart (issue 38)
     assert "t_sample" not in it.columns and len(secs) == len(it) and (secs.t_sample > 0).all()
     assert secs[["strategy", "seed", "iteration"]].equals(it[["strategy", "seed", "iteration"]])
