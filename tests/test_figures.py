@@ -24,7 +24,7 @@ def test_fig03_topk_recomputes_when_any_argument_changes(model64, batch, monkeyp
     returned the old result. Every argument is in the key now, the Compute config included."""
     f = coupling.features(model64, batch)
     kw = dict(pools=["nonzero"], n_cands=3, low_quantile=0.5, topk_sizes=[1, 2], topk_full_sizes=[2],
-              n_cands_topk_full=1, lr=0.1, n_boot=10, seed=0, inputs={"test": f"topk-{sorted(changed)}"},
+              n_cands_topk_full=1, lr=0.1, n_boot=10, seed=0, inputs=dict(params={"test": f"topk-{sorted(changed)}"}, model="m", source="s"),
               compute=Compute())
     calls = _counting(monkeypatch)
     fig03.topk_table(model64, batch, f, **kw)

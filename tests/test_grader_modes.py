@@ -67,8 +67,8 @@ def test_auto_is_the_grader_before_modes_had_names():
     assert "unrewardable_golds" not in tasks.ProblemSource().params()
     assert tasks.ProblemSource(answer_mode="boxed").params()["answer_mode"] == "boxed"
     for mod in (fig02, fig05):
-        assert "answer_mode" not in mod.Params().key() and "unrewardable_golds" not in mod.Params().key()
-        assert mod.Params(answer_mode="last_sentence").key()["answer_mode"] == "last_sentence"
+        assert "answer_mode" not in mod.Params().cache_params() and "unrewardable_golds" not in mod.Params().cache_params()
+        assert mod.Params(answer_mode="last_sentence").cache_params()["answer_mode"] == "last_sentence"
     # the generated task keeps its exact check
     assert tasks.ProblemSource().verifier() is tasks.verify
 

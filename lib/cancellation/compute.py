@@ -58,6 +58,6 @@ class Compute:
         """`measure.token_stats` with this Compute's chunking."""
         return measure.token_stats(model, batch, self.chunk_rows, hidden=hidden, token_chunk=self.token_chunk)
 
-    def key(self) -> dict:
-        """The knobs that can change a result, for cache keys."""
+    def cache_params(self) -> dict:
+        """The knobs that can change a result, for cache keys (stage.canonical)."""
         return dataclasses.asdict(self)

@@ -132,6 +132,10 @@ class SampleConfig:
                 raise ValueError(f"SampleConfig.{name}={getattr(self, name)}: must be at least 1")
         check_update(self)  # with the Compute guard on (tests): token_chunk must be the profile's
 
+    def cache_params(self) -> dict:
+        """What a stage's key holds of it (`config_params`: the problem file by content hash)."""
+        return config_params(self)
+
 
 def config_params(cfg: SampleConfig) -> dict:
     """JSON-able parameters of a SampleConfig for cache keys: the problem file by content hash."""

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import cache, seeds
+from . import cache, seeds, stage
 from .dryrun import dry_run
 
 EOS = "<eos>"
@@ -780,8 +780,8 @@ class ProblemSource:
     def _gold_check(self) -> dict:
         """`gold_check` of the file's answers, cached by the file's fingerprint (independent of answer_mode:
         it asks whether a gold can be credited at all, by `Answer: g` or `\\boxed{g}`)."""
-        key = dict(fingerprint=self.fingerprint(), grader=MathVerifier.REVISION)
-        return cache.cached("gold_check", key, lambda: gold_check([p.answer for p in self._load_all()]))
+        return stage.GOLD_CHECK.cached(lambda: gold_check([p.answer for p in self._load_all()]),
+                                       fingerprint=self.fingerprint(), grader=MathVerifier.REVISION)
 
     def _flagged(self) -> dict:
         """{gold: why} for every gold `gold_check` flags."""
@@ -846,6 +846,8 @@ class ProblemSource:
         if self.unrewardable_golds == "skip":   # 'refuse' and 'allow' run on the same problems
             out["unrewardable_golds"] = "skip"
         return out
+
+    cache_params = params   # a stage input's canonical form (stage.canonical)
 
 
 # Thin wrappers kept for call sites not yet moved to ProblemSource.

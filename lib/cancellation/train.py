@@ -18,7 +18,7 @@ import pandas as pd
 import torch
 
 from . import batching, grpo, measure, rollout, tasks
-from . import cache, coupling, policy, seeds, strategies
+from . import cache, coupling, policy, seeds, stage, strategies
 from .compute import Compute
 from .sampler import make_sampler, sync_weights
 
@@ -41,6 +41,10 @@ class _SamplesThePolicy:
 
     def sample_config(self, model=None) -> rollout.SampleConfig:
         return _sample_config(self, model)
+
+    def cache_params(self) -> dict:
+        """What a stage's key holds of the run (`run_params`)."""
+        return run_params(self)
 
 
 @dataclass
@@ -145,8 +149,7 @@ def cached_delta_run(model_path, cfg: RunConfig, dtype: str = "float64", device:
     def compute():
         model, tok = policy.load_policy(model_path, dtype=dtype, device=device)
         return delta_run(model, tok, cfg, model_path=model_path)
-    params = dict(model=policy.fingerprint(model_path), dtype=dtype, device=device, **run_params(cfg))
-    return cache.cached("delta_run", params, compute)
+    return stage.DELTA_RUN.cached(compute, model=policy.fingerprint(model_path), dtype=dtype, device=device, run=cfg)
 
 
 def sign_consistency_run(model, tokenizer, cfg: RunConfig, sgd_lr: float, progress: bool = True,
@@ -170,9 +173,6 @@ def sign_consistency_run(model, tokenizer, cfg: RunConfig, sgd_lr: float, progre
     return pd.DataFrame(out)
 
 
-_KEY_DEFAULTS = {"run_rounds": 0, "sample_rows": 256, "dynamic_sampling": False}
-
-
 def run_params(cfg) -> dict:
     """JSON-able parameters of a run (for cache keys): the config, the problem file's content hash
     instead of its path alone."""
@@ -180,9 +180,7 @@ def run_params(cfg) -> dict:
     p["source"] = cfg.source.params()
     if not (p.get("reward_balanced") or p.get("dynamic_sampling")):  # run_rounds shapes a buffer's sampling only:
         p["run_rounds"] = 0    # a run without one is the same run whatever it is: one key (and one cache entry)
-    for k, default in _KEY_DEFAULTS.items():  # fields added after runs were cached: at their default the
-        if p.get(k, default) == default:      # key stays the one earlier runs were stored under
-            p.pop(k, None)
+    stage.without_defaults(p, "run")   # fields added after runs were cached: at their default, the earlier key
     files = [d for d in getattr(cfg, "eval_sets", ()) if d not in tasks.DIFFICULTIES]
     if files:  # held-out problem files by content too (generated sets keep their keys)
         p["eval_fingerprints"] = {d: eval_source(d, cfg.source).fingerprint() for d in files}
@@ -479,8 +477,9 @@ def _train_run(model, tok, cfg, opt, sampler, ckpt_path, ckpt_every, progress, o
 
 
 # --------------------------------------------------------------------------- cached runs, in parallel
-def _train_key(model_path, cfg: TrainConfig, dtype: str, device: str, threads: int) -> dict:
-    return dict(model=policy.fingerprint(model_path), dtype=dtype, device=device, threads=threads, **run_params(cfg))
+def _train_inputs(model_path, cfg: TrainConfig, dtype: str, device: str, threads: int) -> dict:
+    """The inputs of one small-trainer run (stage.TRAIN_RUN)."""
+    return dict(model=policy.fingerprint(model_path), dtype=dtype, device=device, threads=threads, run=cfg)
 
 
 def cached_train(model_path, cfg: TrainConfig, dtype: str = "float32", device: str = "cpu", threads: int = 1,
@@ -491,25 +490,24 @@ def cached_train(model_path, cfg: TrainConfig, dtype: str = "float32", device: s
     them) and the config. The run is checkpointed every iteration under the cache's ckpt/ folder,
     so an interrupted run resumes; the checkpoint is deleted once the result is cached.
     """
-    params = _train_key(model_path, cfg, dtype, device, threads)
+    inputs = _train_inputs(model_path, cfg, dtype, device, threads)
     ckpt_dir = cache.DEFAULT_DIR / "ckpt"
     ckpt_dir.mkdir(parents=True, exist_ok=True)
-    ckpt = ckpt_dir / f"{cache.key('train_run', params)}.pt"
+    ckpt = ckpt_dir / f"{stage.TRAIN_RUN.key(**inputs)}.pt"
 
     def compute():
         torch.set_num_threads(threads)
         model, tok = policy.load_policy(model_path, dtype=dtype, device=device)
         # iteration 0's evaluation is the same for every run from this policy: computed once
-        ev = dict(model=params["model"], dtype=dtype, device=device, threads=threads, sets=list(cfg.eval_sets),
-                  n=cfg.eval_n, samples=cfg.eval_samples, temperature=cfg.eval_temperature,
-                  max_new_tokens=cfg.max_new_tokens, source=cfg.source.params(),
-                  files=params.get("eval_fingerprints"))
-        ev0 = cache.cached("initial_eval", ev, lambda: evaluate(model, tok, cfg.eval_sets, cfg.eval_n, cfg.eval_samples,
-                                                                cfg.eval_temperature, cfg.max_new_tokens, like=cfg.source,
-                                                                token_chunk=cfg.update.token_chunk))
+        ev0 = stage.INITIAL_EVAL.cached(
+            lambda: evaluate(model, tok, cfg.eval_sets, cfg.eval_n, cfg.eval_samples, cfg.eval_temperature,
+                             cfg.max_new_tokens, like=cfg.source, token_chunk=cfg.update.token_chunk),
+            model=inputs["model"], dtype=dtype, device=device, threads=threads, sets=list(cfg.eval_sets),
+            n=cfg.eval_n, samples=cfg.eval_samples, temperature=cfg.eval_temperature,
+            max_new_tokens=cfg.max_new_tokens, source=cfg.source, files=run_params(cfg).get("eval_fingerprints"))
         return train_run(model, tok, cfg, ckpt_path=ckpt, model_path=model_path, progress=progress, initial_eval=ev0)
 
-    out = cache.cached("train_run", params, compute)
+    out = stage.TRAIN_RUN.cached(compute, **inputs)
     ckpt.unlink(missing_ok=True)  # the cached result supersedes the checkpoint
     return out
 
@@ -547,7 +545,7 @@ def cached_train_many(model_path, cfgs: list[TrainConfig], workers: int = 1, dty
 
     kw = dict(dtype=dtype, device=device, threads=threads)
     if workers > 1:
-        todo = [c for c in cfgs if cache.load("train_run", _train_key(model_path, c, **kw)) is cache.MISS]
+        todo = [c for c in cfgs if not stage.TRAIN_RUN.is_cached(**_train_inputs(model_path, c, **kw))]
         todo.sort(key=lambda c: not c.buffered)   # stable: RB/DS runs (the longest) first, otherwise in order
         more = [(name, fn, args) for name, is_cached, fn, args in extra if not is_cached()]
         if todo or more:

@@ -37,7 +37,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from . import cache, grpo, measure, procs, tasks
+from . import cache, grpo, measure, procs, stage, tasks
 from . import stats as _stats
 from .guard import check_update
 from .rollout import _left_pad, stop_ids
@@ -233,7 +233,7 @@ def _rank_rewards(shared: dict, units: list, local_rank: int | None) -> list:
         before = dict(getattr(verifier, "stats", None) or {})
         rewards = _sample_chunk(sampler, tok, shared["problems"], reqs, cfg, verifier, stops, pad)
         for k, v in zip(keys or [], rewards):
-            cache.cached("mc_rewards", k, lambda v=v: v, d)
+            stage.MC_REWARDS.cached_params(k, lambda v=v: v, d)
         after = getattr(verifier, "stats", None) or {}
         out.append((rewards, {k: v - before.get(k, 0) for k, v in after.items() if isinstance(v, (int, float))}))
     return out
@@ -267,13 +267,14 @@ def verifier_id(verifier) -> str:
 
 def _cache_params(mid: str, r: Request, cfg: ValueConfig, answer: str | None = None, verifier: str = "exact",
                   stops=None, device: str | None = None) -> dict:
-    """Everything an entry's rewards depend on: the sampler's weights (`mid`), the prefix and banned
-    token, the sampling settings and device (random streams differ by device), the stop ids that
+    """Everything an entry's rewards depend on (stage.MC_REWARDS): the sampler's weights (`mid`), the prefix
+    and banned token, the sampling settings and device (random streams differ by device), the stop ids that
     end a continuation, the gold answer and the verifier that grades against it (a changed problem
     file or grader recomputes)."""
-    return dict(model=mid, prompt=list(r.prompt), response=list(r.response), ban=r.ban, M=cfg.M, seed=cfg.seed,
-                temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens, backend=cfg.backend,
-                answer=answer, verifier=verifier, stops=list(stops) if stops is not None else None, device=device)
+    return stage.MC_REWARDS.params(
+        model=mid, prompt=list(r.prompt), response=list(r.response), ban=r.ban, M=cfg.M, seed=cfg.seed,
+        temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens, backend=cfg.backend, answer=answer,
+        verifier=verifier, stops=list(stops) if stops is not None else None, device=device)
 
 
 def _device_type(model) -> str:
@@ -302,7 +303,7 @@ def cached_rewards(model, tokenizer, batch, reqs, cfg: ValueConfig, mid: str, ve
     kp = lambda r: _cache_params(mid, r, cfg, batch.problems[r.group].answer, vid, stops, dev)  # noqa: E731
     found, missing = {}, []
     for i, r in enumerate(reqs):
-        v = cache.load("mc_rewards", kp(r), d)
+        v = stage.MC_REWARDS.load_params(kp(r), d)
         if v is cache.MISS:
             missing.append(i)
         else:
@@ -311,12 +312,12 @@ def cached_rewards(model, tokenizer, batch, reqs, cfg: ValueConfig, mid: str, ve
     if missing:
         sub = [reqs[i] for i in missing]
         new = _rewards(model, tokenizer, batch, sub, cfg, verifier, progress,
-                       on_done=lambda j, v: cache.cached("mc_rewards", kp(sub[j]), lambda: v, d),
+                       on_done=lambda j, v: stage.MC_REWARDS.cached_params(kp(sub[j]), lambda: v, d),
                        keys=[kp(r) for r in sub], cache_dir=d)
         sampled = cfg.M * sum(cfg.max_new_tokens - len(r.response) > 0 and not (r.response and
                               r.response[-1] in stops) for r in sub)
         for i, v in zip(missing, new):
-            found[i] = cache.cached("mc_rewards", kp(reqs[i]), lambda v=v: v, d)
+            found[i] = stage.MC_REWARDS.cached_params(kp(reqs[i]), lambda v=v: v, d)
     if stats is not None:
         stats.update(requests=len(reqs), cache_hits=len(reqs) - len(missing), continuations=int(sampled),
                      seconds=time.perf_counter() - t0)

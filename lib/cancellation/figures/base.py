@@ -1,5 +1,5 @@
 """What every figure module shares: the Params base (one source of a notebook's parameters),
-field helpers for the parameters most notebooks take, and the cache key of a stage.
+field helpers for the parameters most notebooks take, and the inputs of a figure-level stage (stage.py).
 
 A figure's `Params` is a dataclass of `param(default, doc, **rules)` fields. The runner reads
 its defaults, types, docs and rules to validate a profile and `-p` overrides before anything
@@ -28,7 +28,7 @@ import dataclasses
 from dataclasses import dataclass, field, fields
 from typing import ClassVar
 
-from .. import cache, policy, rollout, sampler, tasks
+from .. import policy, rollout, sampler, stage, tasks
 from ..compute import Compute
 from ..dryrun import dry_run
 
@@ -116,10 +116,6 @@ def unrewardable_golds():
                  "'skip' those problems, or 'allow' them (kept, never rewarded)", choices=list(tasks.GOLD_POLICIES))
 
 
-# Parameters left out of cache keys at their defaults (keys from before they existed stay valid).
-_KEYLESS_DEFAULTS = {"answer_mode": "auto", "unrewardable_golds": "refuse"}
-
-
 @dataclass
 class FigureParams:
     """Base of every figure's Params: the Compute config and the runner's view of the fields."""
@@ -130,15 +126,10 @@ class FigureParams:
         """The Compute config of these parameters (the knobs the figure declares; defaults for the rest)."""
         return Compute.from_params(dataclasses.asdict(self))
 
-    def key(self) -> dict:
-        """Every parameter, for cache keys (callers add content fingerprints of files and models); the
-        grader's answer_mode and unrewardable_golds only when not at their defaults (they enter through
-        the source's params too)."""
-        d = dataclasses.asdict(self)
-        for k, v in _KEYLESS_DEFAULTS.items():
-            if d.get(k) == v:
-                del d[k]
-        return d
+    def cache_params(self) -> dict:
+        """Every parameter, for cache keys (a stage adds the content fingerprints of files and models);
+        the fields stage.KEYLESS['params'] lists only when not at their defaults."""
+        return stage.without_defaults(dataclasses.asdict(self), "params")
 
     @classmethod
     def defaults(cls) -> dict:
@@ -189,15 +180,15 @@ def no_signal(what: str, rewarded: int, total: int, source: tasks.ProblemSource 
                    + (f" [{report}]" if report else ""))
 
 
-def stage_key(P, source: tasks.ProblemSource, model_path: str | None = None, **extra) -> dict:
-    """The cache key of a figure stage: every parameter (the Compute knobs among them), the content
-    fingerprints of the policy and of the problems, and `extra` (more inputs the stage reads)."""
-    return dict(P.key(), model=policy.fingerprint(model_path or P.model_path), source=source.params(), **extra)
+def inputs(P, source: tasks.ProblemSource, model_path: str | None = None) -> dict:
+    """The inputs of a figure-level stage (`stage.FIGURE`): every parameter (the Compute knobs among them),
+    the policy's content fingerprint and the problems."""
+    return dict(params=P, model=policy.fingerprint(model_path or P.model_path), source=source)
 
 
-def cached(stage: str, P, source: tasks.ProblemSource, fn, **extra):
-    """fn() cached under `stage_key(P, source, **extra)`: the one place a figure's key is built."""
-    return cache.cached(stage, stage_key(P, source, **extra), fn)
+def cached(st: stage.Stage, P, source: tasks.ProblemSource, fn, **extra):
+    """fn() cached under the figure stage `st` of `inputs(P, source)` and `extra` (more inputs it declares)."""
+    return st.cached(fn, **inputs(P, source), **extra)
 
 
 def sample_config(P, source: tasks.ProblemSource, sampler: bool = False, **over) -> rollout.SampleConfig:

@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from .. import cache, categories, grpo, measure, policy, rollout, seeds, tasks, thesis, train
+from .. import cache, categories, grpo, measure, policy, rollout, seeds, stage, tasks, thesis, train
 from .. import claims as C
 from .. import workload as W
 from .. import stats as S
@@ -166,7 +166,7 @@ def compute(P: Params) -> Result:
     torch.manual_seed(P.seed)
     source = base.problem_source(P)
     cfg = run_config(P, source)
-    probe, noise = base.cached("fig01_noise_floor", P, source, lambda: _noise_floor(P, cfg))
+    probe, noise = base.cached(stage.FIG01_NOISE_FLOOR, P, source, lambda: _noise_floor(P, cfg))
     floor = noise.set_index("measurement").max_abs_delta
     if not (floor["repeat"] < P.eps and floor["zero_update"] < P.eps):
         raise RuntimeError(f"noise floor above ε = {P.eps:g}: raise eps or the precision\n{noise.to_string(index=False)}")

@@ -17,7 +17,7 @@ import pandas as pd
 import torch
 from scipy import stats
 
-from .. import cache, coupling, grpo, policy, rollout, seeds
+from .. import cache, coupling, grpo, policy, rollout, seeds, stage
 from .. import claims as C
 from .. import workload as W
 from .. import stats as S
@@ -76,7 +76,7 @@ class Result:
 
 def compute(P: Params) -> Result:
     source = base.problem_source(P)
-    return base.cached("fig02", P, source, lambda: _compute(P, source), revision=2)  # 2: `terms`
+    return base.cached(stage.FIG02, P, source, lambda: _compute(P, source))
 
 
 def _compute(P: Params, source) -> Result:

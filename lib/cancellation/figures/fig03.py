@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from .. import cache, coupling, grpo, policy, rollout, seeds, train
+from .. import cache, coupling, grpo, policy, rollout, seeds, stage, train
 from .. import claims as C
 from .. import workload as W
 from .. import stats as S
@@ -98,14 +98,11 @@ class Result:
 
 def compute(P: Params) -> Result:
     source = base.problem_source(P)
-    key = base.stage_key(P, source)
-    # effects_columns: the whole result's own revision (2: mask_adv_sum), so a cached result of older code is
-    # recomputed; the expensive stages inside keep `key` and stay cached
-    # 3: topk_effects
-    return cache.cached("fig03", dict(key, effects_columns=3), lambda: _compute(P, source, key))
+    inputs = base.inputs(P, source)   # the expensive stages inside read these too: a new version of the
+    return stage.FIG03.cached(lambda: _compute(P, source, inputs), **inputs)   # Result leaves them cached
 
 
-def _compute(P: Params, source, key: dict) -> Result:
+def _compute(P: Params, source, inputs: dict) -> Result:
     cc = P.compute()  # reaches every forward and update below
     torch.manual_seed(P.seed)
     model, tok = policy.load_policy(P.model_path, dtype=P.dtype, device=P.device)  # float64 norms too (exact_norms)
@@ -118,7 +115,7 @@ def _compute(P: Params, source, key: dict) -> Result:
         summary += "\n" + source.reward_report()
     precision = _precision(model, batch, P)
     effects = masking_effects(model, batch, f, pools=P.pools, n_cands=P.n_cands, n_cands_full=P.n_cands_full,
-                              mask_size=P.mask_size, low_quantile=P.low_quantile, lr=P.lr, seed=P.seed, inputs=key,
+                              mask_size=P.mask_size, low_quantile=P.low_quantile, lr=P.lr, seed=P.seed, inputs=inputs,
                               compute=cc)
     table1 = pd.DataFrame([{"pool": p, "kind": k, "scope": s, **coupling.boost_stats(g.delta, P.n_boot, P.seed)}
                            for (p, k, s), g in effects.groupby(["pool", "kind", "scope"], sort=False)])
@@ -130,9 +127,9 @@ def _compute(P: Params, source, key: dict) -> Result:
         "sign_agreement": (np.sign(g.delta_full) == np.sign(g.delta_lm)).mean(), "n": len(g)}), include_groups=False)
     topk, topk_effects = topk_table(model, batch, f, pools=P.pools, n_cands=P.n_cands, low_quantile=P.low_quantile,
                       topk_sizes=P.topk_sizes, topk_full_sizes=P.topk_full_sizes,
-                      n_cands_topk_full=P.n_cands_topk_full, lr=P.lr, n_boot=P.n_boot, seed=P.seed, inputs=key,
+                      n_cands_topk_full=P.n_cands_topk_full, lr=P.lr, n_boot=P.n_boot, seed=P.seed, inputs=inputs,
                       compute=cc)
-    consistency = _sign_consistency(P, source, key)
+    consistency = _sign_consistency(P, source, inputs)
     ratio = coupling.adam_first_step_ratio(model, batch, P.adam_lr, compute=cc)
     adam = pd.DataFrame([{"n_elements": len(ratio), "median_ratio": float(np.median(ratio)),
                           "share_above_0.99": float((ratio > 0.99).mean()),
@@ -171,7 +168,7 @@ def _boost_vs_cos(effects: pd.DataFrame, P: Params) -> pd.DataFrame:
     return pd.concat(out).rename_axis("bin").reset_index()
 
 
-def _sign_consistency(P: Params, source, key: dict) -> pd.DataFrame:
+def _sign_consistency(P: Params, source, inputs: dict) -> pd.DataFrame:
     """Fig. 10: a GRPO training run (Adam, adam_lr) comparing an SGD lm_head and full step before each step."""
     run_cfg = train.RunConfig(steps=P.run_steps, n_prompts=P.run_n_prompts, G=P.run_G, temperature=P.temperature,
                               max_new_tokens=P.max_new_tokens, seed=P.seed, source=source, sample_rows=P.sample_rows,
@@ -181,18 +178,15 @@ def _sign_consistency(P: Params, source, key: dict) -> pd.DataFrame:
         m, t = policy.load_policy(P.model_path, dtype=P.dtype, device=P.device)
         return train.sign_consistency_run(m, t, run_cfg, P.lr, model_path=P.model_path)
 
-    return cache.cached("sign_consistency_run", dict(key, run=train.run_params(run_cfg)), sign_run)
+    return stage.SIGN_CONSISTENCY_RUN.cached(sign_run, **inputs, run=run_cfg)
 
 
 # ----------------------------------------------------------------------------- the cached masked-update stages
-def _key(inputs: dict, compute: Compute, **params) -> dict:
-    return dict(inputs, compute=compute.key(), **params)
-
 
 def masking_effects(model, batch, f: coupling.Features, *, pools, n_cands: int, n_cands_full: int, mask_size: int,
                     low_quantile: float, lr: float, seed: int, inputs: dict, compute: Compute) -> pd.DataFrame:
     """Table 1's per-candidate δ: lm_head scope in closed form for every candidate, full scope for the
-    first `n_cands_full` of each kind (cached)."""
+    first `n_cands_full` of each kind (cached: stage.MASKED_FULL; `inputs` are the figure stage's, base.inputs)."""
     out = []
     for pool in pools:
         cands, sets = coupling.masking_sets(f, n_cands, mask_size, low_quantile, seed=seed, pool=pool)
@@ -206,11 +200,10 @@ def masking_effects(model, batch, f: coupling.Features, *, pools, n_cands: int, 
                                       "mask_adv_sum": f.A[M].sum(1).cpu().numpy()}))  # Σ_{k∈M} A_k
         nf = min(n_cands_full, len(cands))
         jobs = [(kind, i) for kind in coupling.SET_KINDS for i in range(nf)]
-        key = _key(inputs, compute, pool=pool, n_cands=n_cands, n_full=nf, mask_size=mask_size,
-                   low_quantile=low_quantile, lr=lr, seed=seed)
-        d_full = cache.cached("masked_full", key, lambda: coupling.masked_effects_full(
+        d_full = stage.MASKED_FULL.cached(lambda: coupling.masked_effects_full(
             model, batch, f, torch.stack([cands[i] for _, i in jobs]), [sets[k][i] for k, i in jobs], lr,
-            compute=compute, progress=True))
+            compute=compute, progress=True), **inputs, compute=compute, pool=pool, n_cands=n_cands, n_full=nf,
+            mask_size=mask_size, low_quantile=low_quantile, lr=lr, seed=seed)
         full = pd.DataFrame({"pool": pool, "kind": [k for k, _ in jobs], "scope": "full",
                              "cand": [int(cands[i]) for _, i in jobs], "delta": np.asarray(d_full)})
         lm = pd.concat(rows, ignore_index=True)
@@ -238,11 +231,10 @@ def topk_table(model, batch, f: coupling.Features, *, pools, n_cands: int, low_q
                                      "delta": d.cpu().numpy()}))
         nf = min(n_cands_topk_full, len(cands_c))
         jobs = [(k, i) for k in topk_full_sizes for i in range(nf)]
-        key = _key(inputs, compute, pool=p, sizes=list(topk_full_sizes), n=nf, n_cands=n_cands,
-                   low_quantile=low_quantile, max_k=max(topk_sizes), lr=lr, seed=seed)
-        d_full = np.asarray(cache.cached("masked_topk_full", key, lambda: coupling.masked_effects_full(
+        d_full = np.asarray(stage.MASKED_TOPK_FULL.cached(lambda: coupling.masked_effects_full(
             model, batch, f, cands_c[[i for _, i in jobs]], [top[i, :k] for k, i in jobs], lr,
-            compute=compute, progress=True)))
+            compute=compute, progress=True), **inputs, compute=compute, pool=p, sizes=list(topk_full_sizes), n=nf,
+            n_cands=n_cands, low_quantile=low_quantile, max_k=max(topk_sizes), lr=lr, seed=seed))
         for k in topk_full_sizes:
             sel = [kk == k for kk, _ in jobs]
             rows.append({"pool": p, "k": k, "scope": "full", **coupling.boost_stats(d_full[sel], n_boot, seed)})

@@ -21,7 +21,7 @@ import pandas as pd
 import torch
 from tqdm import tqdm
 
-from .. import cache, categories, grpo, measure, policy, rollout, seeds, thesis
+from .. import cache, categories, grpo, measure, policy, rollout, seeds, stage, thesis
 from .. import claims as C
 from .. import workload as W
 from .. import stats as S
@@ -133,7 +133,7 @@ def batch_deltas(P: Params, source, i: int, path: str, load) -> pd.DataFrame:
         df["mixed_groups"] = batch.mixed_groups()
         return df
 
-    return cache.cached("category_shift", base.stage_key(P, source, path, i=i, main=main), run)
+    return stage.CATEGORY_SHIFT.cached(run, **base.inputs(P, source, path), i=i, main=main)
 
 
 def compute(P: Params) -> Result:

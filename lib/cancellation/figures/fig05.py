@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .. import cache, categories, measure, policy, rollout, seeds, value
+from .. import cache, categories, measure, policy, rollout, seeds, stage, value
 from .. import claims as C
 from .. import workload as W
 from .. import stats as S
@@ -136,9 +136,8 @@ def category_fingerprint(path: str = "") -> str:
 def compute(P: Params) -> Result:
     source = base.problem_source(P)
     tagger = categories.Categorizer(P.category_map or None, tagger=P.tagger).tagger  # 'auto' resolved
-    return base.cached("fig05", P, source, lambda: _compute(P, source),
-                       categories=category_fingerprint(P.category_map), tagger_used=tagger,
-                       revision=2)  # 2: Fig. 5(b)'s peak at the pool's end reads 100% (a rule that can fail)
+    return base.cached(stage.FIG05, P, source, lambda: _compute(P, source),
+                       categories=category_fingerprint(P.category_map), tagger_used=tagger)
 
 
 def _compute(P: Params, source) -> Result:
@@ -159,9 +158,9 @@ def _compute(P: Params, source) -> Result:
 
     def steps_run(optimizer, step_lr, K):
         """(K, response tokens) cumulative Δlog p of K steps on the batch (cached)."""
-        params = dict(model=fp, dtype=P.dtype, sample=rollout.config_params(scfg), optimizer=optimizer, lr=step_lr, K=K)
-        return cache.cached("repeated_deltas", params, lambda: value.repeated_deltas(
-            model, batch, cc.update(optimizer=optimizer, lr=step_lr, scope="full", n_minibatches=1), K))
+        return stage.REPEATED_DELTAS.cached(lambda: value.repeated_deltas(
+            model, batch, cc.update(optimizer=optimizer, lr=step_lr, scope="full", n_minibatches=1), K),
+            model=fp, dtype=P.dtype, sample=scfg, optimizer=optimizer, lr=step_lr, K=K)
 
     # GRPO steps: Fig. 5's split by one plain-SGD step, Fig. 11's K steps per optimizer and lr
     t0 = time.perf_counter()

@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from .. import budget, cache, measure, policy, rollout, value
+from .. import budget, cache, measure, policy, rollout, stage, value
 from .. import claims as C
 from .. import workload as W
 from ..seeds import derive
@@ -147,7 +147,7 @@ def resolved(t) -> str:
 
 def compute(P: Params) -> Result:
     source = base.problem_source(P)
-    R = base.cached("fig06", P, source, lambda: _compute(P, source), revision=2)  # 2: groups resampled
+    R = base.cached(stage.FIG06, P, source, lambda: _compute(P, source))
     # the two-way intervals (seeds × query groups) of every trend row, from the cached sweep (fast)
     subsets = token_subsets(R.valued, P.top_fracs)
     R.group_trend = budget.composition_trend_groups(R.sweep, R.valued, R.valued.group.to_numpy(), subsets,
@@ -253,14 +253,13 @@ def _compute(P: Params, source) -> Result:
             del H
         return pd.concat(out, ignore_index=True)
 
-    params = dict(model=fp, dtype=P.dtype, sample=rollout.config_params(scfg), comp=rollout.config_params(ccfg),
-                  lr=P.lr, p_max=P.p_max, prompt_sizes=list(P.prompt_sizes), n_fixed=P.n_fixed,
-                  valued_per_prompt=P.valued_per_prompt, rollout_sizes=list(P.rollout_sizes),
-                  prompts_fixed=P.prompts_fixed, tokens_per_rollout=P.tokens_per_rollout, G_comp=P.G_comp,
-                  comp_groups=P.comp_groups, n_seeds=P.n_seeds, step_mode=P.step_mode, score_dtype=P.score_dtype,
-                  seed=P.seed)
     t0 = time.perf_counter()
-    sw = cache.cached("budget_sweep_nested", params, sweep)
+    sw = stage.BUDGET_SWEEP_NESTED.cached(
+        sweep, model=fp, dtype=P.dtype, sample=scfg, comp=ccfg, lr=P.lr, p_max=P.p_max,
+        prompt_sizes=list(P.prompt_sizes), n_fixed=P.n_fixed, valued_per_prompt=P.valued_per_prompt,
+        rollout_sizes=list(P.rollout_sizes), prompts_fixed=P.prompts_fixed, tokens_per_rollout=P.tokens_per_rollout,
+        G_comp=P.G_comp, comp_groups=P.comp_groups, n_seeds=P.n_seeds, step_mode=P.step_mode,
+        score_dtype=P.score_dtype, seed=P.seed)
     t_sweep = time.perf_counter() - t0
     sw["status"] = measure.classify(sw.delta, P.eps)
     # one token table for both batches: `tok` indexes `valued` (the 7(b) tokens after Fig. 6's)

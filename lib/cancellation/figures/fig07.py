@@ -21,7 +21,7 @@ import pandas as pd
 import torch
 from scipy import stats
 
-from .. import batching, cache, eq14, grpo, measure, plots, policy, rollout, strategies, tasks, train
+from .. import batching, cache, eq14, grpo, measure, plots, policy, rollout, stage, strategies, tasks, train
 from .. import engine as rl_engine
 from .. import claims as C
 from .. import workload as W
@@ -210,36 +210,36 @@ def _small_runs(P: Params, source, jobs):
     an interruption resumes; `workers` processes compute the missing ones), one per (name, seed, lr[,
     run_rounds]). The same pool computes the TRL cross-check runs and Eq. 14's table, which the
     notebook then reads from the cache (one process would leave the other cores idle meanwhile)."""
-    def is_cached(stage, key):
-        return lambda: cache.load(stage, key) is not cache.MISS
+    def is_cached(st: stage.Stage, inputs: dict):
+        return lambda: st.is_cached(**inputs)
 
     extra = []
     for name in P.trl_strategies:
         for s in P.trl_seeds:
-            extra.append((f"TRL {name} seed {s}", is_cached("train_trl", _trl_key(P, source, name, s, P.lr)), _trl_out,
-                          (P, source, name, s, P.lr)))
+            extra.append((f"TRL {name} seed {s}", is_cached(stage.TRAIN_TRL, _trl_inputs(P, source, name, s, P.lr)),
+                          _trl_out, (P, source, name, s, P.lr)))
     if P.imbalance_plans:
-        extra.append(("Eq. 14", is_cached("local_imbalance", _imbalance_key(P, source)[0]), local_imbalance, (P, source)))
+        extra.append(("Eq. 14", is_cached(stage.LOCAL_IMBALANCE, _imbalance_inputs(P, source)[0]), local_imbalance,
+                      (P, source)))
     outs = train.cached_train_many(P.model_path, [_config(P, source, *j) for j in jobs],
                                    workers=P.workers, dtype=P.dtype, device=P.device, threads=P.threads, extra=extra)
     return [{k: df.assign(strategy=j[0], seed=j[1]) for k, df in out.items()} for j, out in zip(jobs, outs)]
 
 
-def _trl_key(P: Params, source, name, seed, lr) -> dict:
-    """The cache key of one TRL run: the policy's content hash, dtype, device and the run's config."""
-    cfg = _config(P, source, name, seed, lr)
-    params = dict(model=policy.fingerprint(P.model_path), dtype=P.dtype, device=P.device, engine="trl",
-                  strategy=name, **{k: v for k, v in train.run_params(cfg).items() if k != "plan"})
-    if rl_engine.micro_batch(P.n_prompts, P.G, P.n_minibatches, P.max_new_tokens, P.token_chunk) \
-            < P.n_prompts * P.G // P.n_minibatches:  # token_chunk binds (accumulated micro-batches); else the key is as before
-        params["trl_micro_rows"] = rl_engine.micro_rows(P.max_new_tokens, P.token_chunk)
-    return dict(params, record="steps")
+def _trl_inputs(P: Params, source, name, seed, lr) -> dict:
+    """The inputs of one TRL run (stage.TRAIN_TRL): the policy's content hash, dtype, device and the run's config;
+    the micro-batch rows only when token_chunk binds (accumulated micro-batches; else the key is as before)."""
+    binds = rl_engine.micro_batch(P.n_prompts, P.G, P.n_minibatches, P.max_new_tokens, P.token_chunk) \
+        < P.n_prompts * P.G // P.n_minibatches
+    return dict(model=policy.fingerprint(P.model_path), dtype=P.dtype, device=P.device, strategy=name,
+                run=_config(P, source, name, seed, lr),
+                trl_micro_rows=rl_engine.micro_rows(P.max_new_tokens, P.token_chunk) if binds else None)
 
 
 def _trl_out(P: Params, source, name, seed, lr):
     """One cached TRL run (engine.train_trl): the raw frames plus the per-step record."""
-    key = _trl_key(P, source, name, seed, lr)
-    out_dir = cache.DEFAULT_DIR / "ckpt" / "trl" / cache.key("train_trl", key)  # one per run: runs may overlap
+    inputs = _trl_inputs(P, source, name, seed, lr)
+    out_dir = cache.DEFAULT_DIR / "ckpt" / "trl" / stage.TRAIN_TRL.key(**inputs)  # one per run: runs may overlap
     out_dir.mkdir(parents=True, exist_ok=True)
 
     def compute():
@@ -254,7 +254,7 @@ def _trl_out(P: Params, source, name, seed, lr):
                                                   P.max_new_tokens, like=source, token_chunk=P.token_chunk))
         return {k: out[k] for k in ("evals", "iterations", "minibatches", "monitor", "steps", "eval_times")}
 
-    return cache.cached("train_trl", key, compute)
+    return stage.TRAIN_TRL.cached(compute, **inputs)
 
 
 def _trl_run(P: Params, source, name, seed, lr):
@@ -329,14 +329,13 @@ def _budget_table(P: Params, runs) -> pd.DataFrame:
 IMBALANCE_PLANS = {"random": "random", "QB": "query_preserved", "sign_partitioned": "sign_partitioned"}
 
 
-def _imbalance_key(P: Params, source) -> tuple[dict, list]:
-    """Eq. 14's cache key (the policy, dtype, device, threads, draws and each seed's run config) and those configs."""
+def _imbalance_inputs(P: Params, source) -> tuple[dict, list]:
+    """Eq. 14's inputs (stage.LOCAL_IMBALANCE: the policy, dtype, device, threads, draws and each seed's run
+    config) and those configs."""
     # sampled by the HF path on the training model (a vLLM engine here would hold GPU memory beside the runs')
     cfgs = [dataclasses.replace(_config(P, source, "random", s, P.lr), backend="hf") for s in P.seeds]
-    key = dict(model=policy.fingerprint(P.model_path), dtype=P.dtype, device=P.device, threads=P.threads,
-               draws=P.imbalance_plans, plans=IMBALANCE_PLANS, runs=[train.run_params(c) for c in cfgs],
-               shared=2, cross_sign=1)
-    return key, cfgs
+    return dict(model=policy.fingerprint(P.model_path), dtype=P.dtype, device=P.device, threads=P.threads,
+                draws=P.imbalance_plans, plans=IMBALANCE_PLANS, runs=cfgs), cfgs
 
 
 def local_imbalance(P: Params, source) -> pd.DataFrame:
@@ -360,7 +359,7 @@ def local_imbalance(P: Params, source) -> pd.DataFrame:
       (`batching.cross_sign_share`): 0 exactly for a plan whose every mini-batch holds one sign.
     Cached under the policy, dtype, device, threads and every seed's run config.
     """
-    key, cfgs = _imbalance_key(P, source)
+    inputs, cfgs = _imbalance_inputs(P, source)
 
     def compute():
         torch.set_num_threads(P.threads)
@@ -396,7 +395,7 @@ def local_imbalance(P: Params, source) -> pd.DataFrame:
                                      cross_sign=xs, cross_sign_group=xs_group))
         return pd.DataFrame(rows)
 
-    return cache.cached("local_imbalance", key, compute)
+    return stage.LOCAL_IMBALANCE.cached(compute, **inputs)
 
 
 def scatter_vs_qb(m: pd.DataFrame) -> pd.Series:

@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from .. import cache, controls, coupling, measure, policy, rollout, seeds, train
+from .. import cache, controls, coupling, measure, policy, rollout, seeds, stage, train
 from .. import claims as C
 from .. import workload as W
 from .. import stats as S
@@ -96,7 +96,7 @@ class Result:
 
 def compute(P: Params) -> Result:
     source = base.problem_source(P)
-    return base.cached("fig12", P, source, lambda: _compute(P, source), revision=3)  # 2: matched per conf bin; 3: two-way rollout intervals
+    return base.cached(stage.FIG12, P, source, lambda: _compute(P, source))
 
 
 def _compute(P: Params, source) -> Result:
