@@ -25,6 +25,7 @@ import pandas as pd
 import torch
 
 from . import grpo, measure, procs, rollout
+from .guard import CHUNK_ROWS, TOKEN_CHUNK
 from .policy import load_policy
 from .value import model_id
 
@@ -63,7 +64,8 @@ def pool_index(batch, pool: pd.DataFrame) -> tuple[torch.Tensor, torch.Tensor, t
     return rows, local, cols
 
 
-def pool_logp(model, batch, pool: pd.DataFrame, chunk_rows: int = 64, token_chunk: int = 4096) -> np.ndarray:
+def pool_logp(model, batch, pool: pd.DataFrame, chunk_rows: int = CHUNK_ROWS,
+              token_chunk: int = TOKEN_CHUNK) -> np.ndarray:
     """log π of every pool token under `model` (one forward over the pool's rows only)."""
     rows, local, cols = pool_index(batch, pool)
     sub = trim(batch.select(rows), int(cols.max()) + 1 if len(cols) else None)

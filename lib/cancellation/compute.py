@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from . import grpo, measure
-from .guard import KNOBS
+from .guard import CHUNK_ROWS, KNOBS, TOKEN_CHUNK
 
 
 @dataclass(frozen=True)
@@ -28,8 +28,8 @@ class Compute:
     device: str = field(default="cpu", metadata={"doc": "cpu, cuda or cuda:N"})
     dtype: str = field(default="float64", metadata={"doc": "precision of analysis forwards and updates"})
     sample_dtype: str = field(default="", metadata={"doc": "dtype of the sampler copy; empty: the training model itself"})
-    chunk_rows: int = field(default=64, metadata={"doc": "rows per body forward (gradient accumulation inside a mini-batch)"})
-    token_chunk: int = field(default=4096, metadata={"doc": "positions per LM-head call: bounds every (positions, V) logits tensor"})
+    chunk_rows: int = field(default=CHUNK_ROWS, metadata={"doc": "rows per body forward (gradient accumulation inside a mini-batch)"})
+    token_chunk: int = field(default=TOKEN_CHUNK, metadata={"doc": "positions per LM-head call: bounds every (positions, V) logits tensor"})
     gradient_checkpointing: bool = field(default=False, metadata={"doc": "recompute the body's activations in the backward"})
     backend: str = field(default="hf", metadata={"doc": "sampler: 'hf' or 'vllm'"})
     gpu_memory_utilization: float = field(default=0.3, metadata={"doc": "vLLM's share of GPU memory"})

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from . import measure
-from .guard import check_update
+from .guard import CHUNK_ROWS, TOKEN_CHUNK, check_update
 from .measure import forward_logits, token_logp, token_stats
 
 REWEIGHTS = ("grpo", "positive_only", "negative_only")
@@ -34,8 +34,8 @@ class UpdateConfig:
     clip_low: float = 0.2         # ε_low
     clip_high: float = 0.28       # ε_high (clip-higher)
     clip_ratio_c: float = 3.0     # dual-clip constant for A < 0
-    chunk_rows: int = 64          # rows per forward chunk (gradient accumulation inside a mini-batch)
-    token_chunk: int = 4096       # response positions per LM-head chunk (bounds the (tokens, V) logits)
+    chunk_rows: int = CHUNK_ROWS  # rows per forward chunk (gradient accumulation inside a mini-batch)
+    token_chunk: int = TOKEN_CHUNK  # response positions per LM-head chunk (bounds the (tokens, V) logits)
     gradient_checkpointing: bool = False  # HF activation checkpointing of the body during the step
 
     def __post_init__(self):

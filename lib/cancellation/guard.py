@@ -18,6 +18,11 @@ import os
 
 GUARD_ENV = "CANCELLATION_COMPUTE_GUARD"
 KNOBS = ("chunk_rows", "token_chunk", "gradient_checkpointing")  # what an UpdateConfig carries from Compute
+# The memory knobs' defaults, declared here once (the bottom layer, so every config can read them): Compute,
+# UpdateConfig, SampleConfig, ValueConfig, the figures' Params and every signature that still defaults one
+# read these names; tests/test_knobs.py fails on a number written anywhere else.
+TOKEN_CHUNK = 4096   # positions per LM-head call: bounds every (positions, V) logits tensor
+CHUNK_ROWS = 64      # rows per body forward (gradient accumulation inside a mini-batch)
 
 
 class MemoryBoundError(RuntimeError):

@@ -14,6 +14,7 @@ import pandas as pd
 import torch
 
 from . import guard
+from .guard import CHUNK_ROWS, TOKEN_CHUNK
 
 STATUSES = ("boosted", "suppressed", "stable")
 CONFIDENT = 0.9  # the paper's confidence split: a token with p ≥ CONFIDENT is confident, p < CONFIDENT uncertain
@@ -108,7 +109,8 @@ def _logp_entropy(model, h: torch.Tensor, targets: torch.Tensor, entropy: bool =
 
 
 @torch.no_grad()
-def token_stats(model, batch, chunk_rows: int = 64, hidden: bool = False, token_chunk: int = 4096) -> TokenStats:
+def token_stats(model, batch, chunk_rows: int = CHUNK_ROWS, hidden: bool = False,
+                token_chunk: int = TOKEN_CHUNK) -> TokenStats:
     """Log-probs and entropies of every response token of `batch`, with memory bounded by chunks.
 
     The model body runs on `chunk_rows` rows at a time (final hidden states only, no logits);
@@ -145,7 +147,7 @@ def token_stats(model, batch, chunk_rows: int = 64, hidden: bool = False, token_
 
 
 @torch.no_grad()
-def token_stats_unchunked(model, batch, chunk_rows: int = 64, hidden: bool = False) -> TokenStats:
+def token_stats_unchunked(model, batch, chunk_rows: int = CHUNK_ROWS, hidden: bool = False) -> TokenStats:
     """The old way (reference for tests and `make bench`): full (rows, L, V) logits per row chunk."""
     logps, ents, hs = [], [], []
     for s in range(0, len(batch), chunk_rows):
@@ -243,7 +245,7 @@ def flip_fractions(df: pd.DataFrame, by=("sign",)) -> pd.DataFrame:
 
 
 @torch.no_grad()
-def noise_floor(model, batch, chunk_rows: int = 64, step_fn=None, token_chunk: int = 4096) -> dict:
+def noise_floor(model, batch, chunk_rows: int = CHUNK_ROWS, step_fn=None, token_chunk: int = TOKEN_CHUNK) -> dict:
     """Measured Δlog p when nothing should change.
 
     'repeat': two forward passes, no update. 'zero_update': before/after an update whose token

@@ -76,8 +76,18 @@ def _timed(fn, device):
     return time.perf_counter() - t, peak, out
 
 
+# Unit costs for the planner: sizes of the two timing points per block (they differ in length at equal
+# calls, so a line through them separates the per-token cost from the per-call cost). CPU: the stand-in's
+# scale, under a minute. `probe` (the paper shapes) runs with the cuda point's memory knobs.
+UNIT_SIZES = {"cpu": dict(rows=8, chunk_rows=4, prompt=16, responses=(16, 112), sample_rows=(2, 16), sample_new=24,
+                          kernel_tokens=(64, 256), token_chunk=64, vocab_chunk=256),
+              "cuda": dict(rows=8, chunk_rows=4, prompt=128, responses=(256, 1024), sample_rows=(8, 64),
+                           sample_new=256, kernel_tokens=(1024, 4096), token_chunk=2048, vocab_chunk=16384)}
+
+
 def probe(shape: str, device: str = "cuda", n_prompts: int = 4, G: int = 8, prompt: int = 128, response: int = 1024,
-          chunk_rows: int = 4, token_chunk: int = 2048, sample_rows: int = 64, sample_tokens: int = 512,
+          chunk_rows: int = UNIT_SIZES["cuda"]["chunk_rows"], token_chunk: int = UNIT_SIZES["cuda"]["token_chunk"],
+          sample_rows: int = 64, sample_tokens: int = 512,
           steps: tuple = ("analysis", "adam_full", "sgd_lm_head", "sample")) -> list[dict]:
     """Time each building block once after one warm-up call; one row per block."""
     model = build(shape, device=device)
@@ -125,13 +135,6 @@ def probe(shape: str, device: str = "cuda", n_prompts: int = 4, G: int = 8, prom
 
 
 # ----------------------------------------------------------------------------- unit costs for the planner
-# Sizes of the two timing points per block (they differ in length at equal calls, so a line through
-# them separates the per-token cost from the per-call cost). CPU: the stand-in's scale, under a minute.
-UNIT_SIZES = {"cpu": dict(rows=8, chunk_rows=4, prompt=16, responses=(16, 112), sample_rows=(2, 16), sample_new=24,
-                          kernel_tokens=(64, 256), token_chunk=64, vocab_chunk=256),
-              "cuda": dict(rows=8, chunk_rows=4, prompt=128, responses=(256, 1024), sample_rows=(8, 64),
-                           sample_new=256, kernel_tokens=(1024, 4096), token_chunk=2048, vocab_chunk=16384)}
-
 START_NOTEBOOK = """import matplotlib
 import matplotlib.pyplot as plt
 import numpy as np

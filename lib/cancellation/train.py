@@ -20,6 +20,7 @@ import torch
 from . import batching, grpo, measure, rollout, tasks
 from . import cache, coupling, policy, seeds, stage, strategies
 from .compute import Compute
+from .guard import TOKEN_CHUNK
 from .sampler import make_sampler, sync_weights
 
 log = logging.getLogger(__name__)
@@ -274,7 +275,7 @@ def eval_problems(name: str, n: int, like: tasks.ProblemSource | None = None) ->
 
 
 def evaluate(model, tok, sets, n: int, samples: int = 1, temperature: float = 1.0,
-             max_new_tokens: int = 96, like: tasks.ProblemSource | None = None, token_chunk: int = 4096) -> dict:
+             max_new_tokens: int = 96, like: tasks.ProblemSource | None = None, token_chunk: int = TOKEN_CHUNK) -> dict:
     """Accuracy (avg@samples) on each held-out set (a difficulty of the generated task or a file).
 
     The generated sets go through one batched sampling call (fewer decode loops); its seed is

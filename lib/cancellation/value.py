@@ -39,7 +39,7 @@ import torch
 
 from . import cache, grpo, measure, procs, stage, tasks
 from . import stats as _stats
-from .guard import check_update
+from .guard import TOKEN_CHUNK, check_update
 from .rollout import _left_pad, stop_ids
 from .sampler import generate_static, load_sampler, sample_vllm_continuations
 
@@ -56,7 +56,7 @@ class ValueConfig:
     estimator: str = "paper"      # 'paper' (Eq. 20) or 'exclude' (see module docstring)
     p_max: float = 1 - 1e-3       # skip tokens with p_t above this
     rows_per_chunk: int = 1024    # continuation rows per sampler batch (prefixes per batch = this // M)
-    token_chunk: int = 4096       # rows per LM-head call of a decode step: bounds its (rows, V) logits (Compute)
+    token_chunk: int = TOKEN_CHUNK  # rows per LM-head call of a decode step: bounds its (rows, V) logits (Compute)
     backend: str = "hf"           # 'hf' (shared-prefix KV cache) or 'vllm'
 
     def __post_init__(self):
@@ -78,7 +78,7 @@ def prefix_seed(seed: int, ids, ban: int | None) -> int:
 
 @torch.no_grad()
 def sample_continuations(model, prefixes, M: int, budgets, eos_id, pad_id: int, seeds, temperature: float = 1.0,
-                         bans=None, share_prefill: bool = True, token_chunk: int = 4096) -> list[torch.Tensor]:
+                         bans=None, share_prefill: bool = True, token_chunk: int = TOKEN_CHUNK) -> list[torch.Tensor]:
     """M continuations of each prefix; returns one (M, max(budgets)) long tensor per prefix (on CPU),
     pad after the first stop id.
 

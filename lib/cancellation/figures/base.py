@@ -31,6 +31,7 @@ from typing import ClassVar
 from .. import policy, rollout, sampler, stage, tasks
 from ..compute import Compute
 from ..dryrun import dry_run
+from ..guard import CHUNK_ROWS, TOKEN_CHUNK
 
 
 def param(default, doc: str, **rules):
@@ -74,11 +75,11 @@ def gradient_checkpointing():
 
 
 def chunk_rows():
-    return param(64, "rows per body forward (gradient accumulation inside a mini-batch)", min=1)
+    return param(CHUNK_ROWS, "rows per body forward (gradient accumulation inside a mini-batch)", min=1)
 
 
 def token_chunk():
-    return param(4096, "positions per LM-head call: bounds every (positions, vocabulary) logits tensor", min=1)
+    return param(TOKEN_CHUNK, "positions per LM-head call: bounds every (positions, vocabulary) logits tensor", min=1)
 
 
 def sample_rows():
