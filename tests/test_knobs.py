@@ -1,0 +1,98 @@
+"""The memory knobs are defaulted in one place: `guard.TOKEN_CHUNK` and `guard.CHUNK_ROWS`.
+
+Every config field (Compute, UpdateConfig, SampleConfig, ValueConfig, a figure's Params) and every
+function parameter named `token_chunk` or `chunk_rows` either has no default or reads the constant;
+a number written as such a default anywhere else in lib/ fails here (the knob would stop following
+the profile the moment the two numbers part).
+"""
+import ast
+import dataclasses
+import inspect
+from pathlib import Path
+
+import cancellation
+from cancellation import budget, grpo, guard, measure, rollout, sampler, train, value
+from cancellation.compute import Compute
+from cancellation.figures import fig01, fig02, fig03, fig04, fig05, fig06, fig07, fig08
+
+LIB = Path(cancellation.__file__).parent
+KNOBS = {"token_chunk": "TOKEN_CHUNK", "chunk_rows": "CHUNK_ROWS"}   # knob -> its one declaration in guard.py
+
+
+def _number(node) -> bool:
+    return isinstance(node, ast.Constant) and type(node.value) in (int, float)
+
+
+def _literal_default(value) -> bool:
+    """A default spelled as a number: `4096`, `field(default=4096, ...)` or `param(4096, ...)`."""
+    if _number(value):
+        return True
+    if isinstance(value, ast.Call):
+        return any(_number(a) for a in value.args[:1]) or \
+            any(k.arg == "default" and _number(k.value) for k in value.keywords)
+    return False
+
+
+def numeric_defaults(tree: ast.AST) -> list[tuple[int, str]]:
+    """(line, what) for every numeric default of a knob in one module's syntax tree."""
+    out = []
+    for n in ast.walk(tree):
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            a = n.args
+            pos = a.posonlyargs + a.args
+            pairs = list(zip(pos[len(pos) - len(a.defaults):], a.defaults)) + \
+                [(x, d) for x, d in zip(a.kwonlyargs, a.kw_defaults) if d is not None]
+            out += [(n.lineno, f"parameter {x.arg}={ast.unparse(d)}") for x, d in pairs
+                    if x.arg in KNOBS and _literal_default(d)]
+            if getattr(n, "name", None) in KNOBS:   # figures/base.py's field makers: `def token_chunk(): return param(...)`
+                out += [(r.lineno, f"{n.name}() returns {ast.unparse(r.value)}") for r in ast.walk(n)
+                        if isinstance(r, ast.Return) and r.value is not None and _literal_default(r.value)]
+        if isinstance(n, ast.ClassDef):
+            for s in n.body:
+                target = s.target if isinstance(s, ast.AnnAssign) else (s.targets[0] if isinstance(s, ast.Assign) else None)
+                if isinstance(target, ast.Name) and target.id in KNOBS and s.value is not None \
+                        and _literal_default(s.value):
+                    out.append((s.lineno, f"field {n.name}.{target.id} = {ast.unparse(s.value)}"))
+    return out
+
+
+def test_no_numeric_knob_default_outside_guard():
+    found = [f"{p.relative_to(LIB.parent)}:{line}: {what}" for p in sorted(LIB.rglob("*.py"))
+             for line, what in numeric_defaults(ast.parse(p.read_text()))]
+    assert not found, ("a memory knob defaulted to a number outside guard.py (read guard.TOKEN_CHUNK / "
+                       "guard.CHUNK_ROWS, or take the value from the config passed in):\n" + "\n".join(found))
+
+
+def test_knob_constants_declared_once():
+    declared = {}
+    for p in sorted(LIB.rglob("*.py")):
+        for n in ast.parse(p.read_text()).body:
+            if isinstance(n, (ast.Assign, ast.AnnAssign)):
+                for t in (n.targets if isinstance(n, ast.Assign) else [n.target]):
+                    if isinstance(t, ast.Name) and t.id in KNOBS.values():
+                        declared.setdefault(t.id, []).append(p.name)
+    assert declared == {c: ["guard.py"] for c in KNOBS.values()}
+
+
+def test_scan_catches_a_numeric_default():
+    src = ("def f(m, token_chunk: int = 4096): pass\n"
+           "class C:\n    chunk_rows: int = field(default=64)\n    token_chunk: int = param(4096, 'doc')\n"
+           "def token_chunk():\n    return param(4096, 'doc')\n"
+           "def g(m, token_chunk: int = TOKEN_CHUNK, chunk_rows=None): pass\n")
+    assert [line for line, _ in numeric_defaults(ast.parse(src))] == [1, 3, 4, 6]
+
+
+def test_every_default_is_the_constant():
+    configs = [Compute, grpo.UpdateConfig, rollout.SampleConfig, value.ValueConfig,
+               *(m.Params for m in (fig01, fig02, fig03, fig04, fig05, fig06, fig07, fig08))]
+    for cls in configs:
+        for f in dataclasses.fields(cls):
+            if f.name in KNOBS:
+                assert f.default == getattr(guard, KNOBS[f.name]), (cls.__qualname__, f.name)
+    fns = [measure.token_stats, measure.token_stats_unchunked, measure.noise_floor, budget.pool_logp,
+           sampler.generate, sampler.generate_static, sampler.generate_lean, value.sample_continuations, train.evaluate]
+    for fn in fns:
+        for name, p in inspect.signature(fn).parameters.items():
+            if name in KNOBS and p.default is not inspect.Parameter.empty:
+                assert p.default == getattr(guard, KNOBS[name]), (fn.__qualname__, name)
+    assert (guard.TOKEN_CHUNK, guard.CHUNK_ROWS) == (4096, 64)   # moving either moves every cache key
