@@ -98,14 +98,11 @@ if R.sweep_shown is not None:
 # error), plus the training batch's reward and the policy's mean token entropy on it.
 
 # %%
-COLORS = fig07.COLORS
-
-
 def band(ax, df, x, y, name, **kw):
     g = df.groupby(x)[y]
     m, se = g.mean(), g.std(ddof=1).fillna(0) / np.sqrt(g.size())
-    ax.plot(m.index, m.values, color=COLORS[name], label=name, lw=1.3, **kw)
-    ax.fill_between(m.index, m - se, m + se, color=COLORS[name], alpha=0.15, lw=0)
+    ax.plot(m.index, m.values, color=fig07.COLORS[name], label=name, lw=1.3, **kw)
+    ax.fill_between(m.index, m - se, m + se, color=fig07.COLORS[name], alpha=0.15, lw=0)
 
 
 acc_panels = R.cols if len(R.set_names) > 1 else R.set_names  # one held-out set: its average is itself
@@ -145,17 +142,17 @@ w = 0.8 / len(show)
 for i, name in enumerate(show):
     a = R.agg[R.agg.strategy == name].set_index("set").reindex(R.cols)
     axes[0].bar(np.arange(len(R.cols)) + (i - (len(show) - 1) / 2) * w, 100 * a["mean"], w, yerr=100 * a["ci"],
-                color=COLORS[name], label=name, capsize=1.5, error_kw=dict(lw=0.6))
+                color=fig07.COLORS[name], label=name, capsize=1.5, error_kw=dict(lw=0.6))
 axes[0].axhline(R.start, color="k", lw=0.6, ls=":", label="start (avg)")
 axes[0].set(xticks=np.arange(len(R.cols)), xticklabels=R.cols, ylabel="final accuracy (%)", title="held-out accuracy")
 axes[0].legend(frameon=False, fontsize=5.5)
 for name in [s for s in ("random", "sign_partitioned") if s in P.strategies]:
     d = R.minibatches[R.minibatches.strategy == name]
     gn_ = d.grad_norm[d.grad_norm > 0]  # a mini-batch of only A = 0 rollouts has no gradient
-    axes[1].hist(np.log10(gn_), bins=25, histtype="step", lw=1.2, color=COLORS[name], density=True,
+    axes[1].hist(np.log10(gn_), bins=25, histtype="step", lw=1.2, color=fig07.COLORS[name], density=True,
                  label=f"{name} ({(d.composition == 'one sign').mean():.0%} one-sign)")
     k = d.groupby("minibatch").ratio_dev.agg(["mean", "sem"])
-    axes[2].errorbar(k.index, k["mean"], yerr=k["sem"].fillna(0), color=COLORS[name], marker="o", ms=3, lw=1.2,
+    axes[2].errorbar(k.index, k["mean"], yerr=k["sem"].fillna(0), color=fig07.COLORS[name], marker="o", ms=3, lw=1.2,
                      capsize=2, label=name)
 axes[1].set(xlabel="log10 mini-batch gradient norm", ylabel="density", title="update size")
 axes[1].legend(frameon=False, fontsize=5.5)

@@ -246,6 +246,18 @@ def test_fig04_thesis_point_is_the_matched_contrast_of_the_cells(row):
     assert r.n == len({x["batch"] for x in recs})
 
 
+
+def _two_stage_draw(rng, inner: dict) -> dict:
+    """One draw of a two-stage bootstrap by loops: outer units with replacement, then the inner units of
+    each drawn outer unit with replacement; (outer, inner) -> times drawn."""
+    w = defaultdict(float)
+    outer = sorted(inner)
+    for o in rng.choice(outer, len(outer)):
+        gs = sorted(inner[o])
+        for g in rng.choice(gs, len(gs)):
+            w[(o, g)] += 1.0
+    return w
+
 @pytest.mark.parametrize("row", ["pos_cancellation", "neg_cancellation", "pos_masked"])
 def test_fig04_thesis_interval_is_a_batch_then_group_bootstrap(row):
     """Our own two-stage bootstrap (another seed, 300 draws, loops): each end within 40% of the half-width."""
@@ -254,16 +266,10 @@ def test_fig04_thesis_interval_is_a_batch_then_group_bootstrap(row):
     groups = defaultdict(set)
     for x in recs:
         groups[x["batch"]].add(x["group"])
-    batches = sorted(groups)
     rng = np.random.default_rng(12345)
     reps = []
     for _ in range(300):
-        w = defaultdict(float)
-        for b in rng.choice(batches, len(batches)):
-            gs = sorted(groups[b])
-            for g in rng.choice(gs, len(gs)):
-                w[(b, g)] += 1.0
-        reps.append(orient * _matched(recs, pool, statistic, w))
+        reps.append(orient * _matched(recs, pool, statistic, _two_stage_draw(rng, groups)))
     lo, hi = np.nanquantile(reps, [0.025, 0.975])
     r = registry().loc[f"fig04_thesis_{row}"]
     h = (r.hi - r.lo) / 2
@@ -1073,16 +1079,10 @@ def test_fig01_sign_prediction_row_is_a_loop_over_the_token_table():
     by_step = defaultdict(list)
     for step, group in cells:
         by_step[step].append(group)
-    steps = sorted(by_step)
     rng = np.random.default_rng(2024)
     reps = []
     for _ in range(300):
-        w = defaultdict(float)
-        for s_ in rng.choice(steps, len(steps)):
-            gs = sorted(by_step[s_])
-            for g in rng.choice(gs, len(gs)):
-                w[(s_, g)] += 1.0
-        reps.append(_balanced(cells, w))
+        reps.append(_balanced(cells, _two_stage_draw(rng, by_step)))
     lo, hi = np.quantile(reps, [0.025, 0.975])
     h = (r.hi - r.lo) / 2
     assert abs(r.lo - lo) <= 0.4 * h and abs(r.hi - hi) <= 0.4 * h, ((r.lo, r.hi), (lo, hi))

@@ -18,6 +18,11 @@ class Strategy:
     trl: bool = True              # wired into engine.BatchingGRPOTrainer (else the small trainer only)
     table2: bool = True           # one of Table 2's default rows
     dynamic_sampling: bool = False  # DAPO's dynamic sampling buffer: sample until |B| rows of mixed groups
+
+    @property
+    def buffered(self) -> bool:
+        """Sampling goes through the buffer (RB or DS): an iteration may sample several rounds."""
+        return self.reward_balanced or self.dynamic_sampling
     doc: str = ""
 
 

@@ -427,8 +427,9 @@ def ci(x):
 
 def _fewer_steps_cause(name: str, P: Params) -> str:
     """Why strategy `name` can take fewer optimizer steps than the others."""
-    plan, rb = train.STRATEGIES[name]
-    if rb or strategies.STRATEGIES[name].dynamic_sampling:
+    s = strategies.STRATEGIES[name]
+    plan = s.plan
+    if s.buffered:
         return ("the whole-run sampling budget (run_rounds) ran out before every iteration had released a batch; "
                 "a larger run_rounds equalises them" if P.run_rounds else
                 "the buffer released no batch within max_rounds on some iterations; run_rounds > 0 keeps it sampling")
@@ -474,7 +475,7 @@ def _tables(P: Params, runs, probe) -> Result:
     table2 = pd.DataFrame(index=pd.Index(P.strategies, name="strategy"))
     table2["QB"] = [train.STRATEGIES[s][0] == "query_preserved" for s in P.strategies]
     table2["RB"] = [train.STRATEGIES[s][1] for s in P.strategies]
-    buffered = [train.STRATEGIES[s][1] or strategies.STRATEGIES[s].dynamic_sampling for s in P.strategies]
+    buffered = [strategies.STRATEGIES[s].buffered for s in P.strategies]
     for c in cols:
         a = agg[agg.set == c].set_index("strategy")
         table2[f"{c}_mean"], table2[f"{c}_ci95"] = 100 * a["mean"], 100 * a["ci"]
