@@ -52,10 +52,6 @@ def dtype(default: str = "float64"):
                  choices=["float64", "float32", "bfloat16", "float16"])
 
 
-def device():
-    return param("cpu", "cpu, cuda or cuda:N", nonempty=True)
-
-
 def sample_dtype(default: str = ""):
     return param(default, "dtype of the sampler copy (batches, Monte Carlo continuations); empty: the training "
                  "model itself (paper: bfloat16)", choices=["", "float64", "float32", "bfloat16", "float16"])
@@ -74,14 +70,6 @@ def gradient_checkpointing():
     return param(False, "recompute the body's activations in the backward (large models)")
 
 
-def chunk_rows():
-    return param(CHUNK_ROWS, "rows per body forward (gradient accumulation inside a mini-batch)", min=1)
-
-
-def token_chunk():
-    return param(TOKEN_CHUNK, "positions per LM-head call: bounds every (positions, vocabulary) logits tensor", min=1)
-
-
 def sample_rows():
     return param(256, "rollouts per HF sampler call: bounds the sampler's KV cache (rows x (prompt + max_new_tokens))",
                  min=1)
@@ -95,33 +83,27 @@ def seed():
     return param(0, "seeds prompts, sampling and every random draw of the figure", min=0)
 
 
-def problems_path():
-    return param("", "real problems (DAPO-Math-17k / MATH-500 / prompt+answer file); empty: generated arithmetic",
-                 path="file")
-
-
-def prompt_format():
-    return param("auto", "'auto' (chat template when the tokenizer has one), 'chat' or 'raw'",
-                 choices=["auto", "chat", "raw"])
-
-
-def answer_mode():
-    return param("auto", "how the reward finds a response's answer: 'answer_line' (DAPO's last Answer: line), 'boxed' "
-                 "(last \\boxed{}), 'last_sentence' (math-verify's extraction over the final sentence) or a '+' "
-                 "combination; 'auto': the paper's (a file: answer_line+boxed; generated arithmetic: exact \\boxed{})",
-                 choices=list(tasks.ANSWER_MODES))
-
-
-def unrewardable_golds():
-    return param("refuse", "a problem file with golds the reward can never credit (the gold check): 'refuse' it, "
-                 "'skip' those problems, or 'allow' them (kept, never rewarded)", choices=list(tasks.GOLD_POLICIES))
-
-
 @dataclass
 class FigureParams:
     """Base of every figure's Params: the Compute config and the runner's view of the fields."""
     # (check, message): check(**the parameters named by its arguments) -> bool, run by the runner after the rules
     CONSTRAINTS: ClassVar[tuple] = ()
+    # The fields every notebook takes, declared here once (a figure redeclares one only to change its default).
+    device: str = param("cpu", "cpu, cuda or cuda:N", nonempty=True)
+    chunk_rows: int = param(CHUNK_ROWS, "rows per body forward (gradient accumulation inside a mini-batch)", min=1)
+    token_chunk: int = param(TOKEN_CHUNK, "positions per LM-head call: bounds every (positions, vocabulary) logits "
+                             "tensor", min=1)
+    problems_path: str = param("", "real problems (DAPO-Math-17k / MATH-500 / prompt+answer file); empty: generated "
+                               "arithmetic", path="file")
+    prompt_format: str = param("auto", "'auto' (chat template when the tokenizer has one), 'chat' or 'raw'",
+                               choices=["auto", "chat", "raw"])
+    answer_mode: str = param("auto", "how the reward finds a response's answer: 'answer_line' (DAPO's last Answer: "
+                             "line), 'boxed' (last \\boxed{}), 'last_sentence' (math-verify's extraction over the final "
+                             "sentence) or a '+' combination; 'auto': the paper's (a file: answer_line+boxed; generated "
+                             "arithmetic: exact \\boxed{})", choices=list(tasks.ANSWER_MODES))
+    unrewardable_golds: str = param("refuse", "a problem file with golds the reward can never credit (the gold "
+                                    "check): 'refuse' it, 'skip' those problems, or 'allow' them (kept, never "
+                                    "rewarded)", choices=list(tasks.GOLD_POLICIES))
 
     def compute(self) -> Compute:
         """The Compute config of these parameters (the knobs the figure declares; defaults for the rest)."""

@@ -54,7 +54,6 @@ class Params(base.FigureParams):
     )
     model_path: str = param("data/policies/tiny-m", "the policy every run starts from", path="model")
     dtype: str = param("float32", "training precision (Adam steps are large; float32 suffices)", choices=DTYPES)
-    device: str = base.device()
     engine: str = param("small", "small: the exact trainer of this artifact (tiny reference); "
                         "trl: TRL GRPOTrainer (paper scale)", choices=["small", "trl"])
     threads: int = param(1, "torch CPU threads per run (fixed: float32 sums depend on it; 1 is robust on a "
@@ -100,13 +99,6 @@ class Params(base.FigureParams):
                               choices=["", *DTYPES])
     backend: str = param("hf", "sampler: 'hf' or 'vllm' (weights pushed after every update)", choices=["hf", "vllm"])
     gpu_memory_utilization: float = param(0.3, "vLLM's share of GPU memory, beside the training model", gt=0, max=1)
-    problems_path: str = param("", "training problems (DAPO-Math-17k / MATH-500 / prompt+answer file); empty: "
-                               "generated arithmetic", path="file")
-    prompt_format: str = base.prompt_format()
-    answer_mode: str = base.answer_mode()
-    unrewardable_golds: str = base.unrewardable_golds()
-    chunk_rows: int = base.chunk_rows()
-    token_chunk: int = base.token_chunk()
     gradient_checkpointing: bool = param(False, "recompute activations in the backward (large models)")
     trl_strategies: list = param(["random", "QB+RB"], "strategies also trained on TRL (engine.train_trl) as a "
                                  "cross-check ([] skips)", choices=STRATEGY_CHOICES, distinct=True)
