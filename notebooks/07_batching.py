@@ -52,7 +52,7 @@ import logging
 import matplotlib.pyplot as plt
 import numpy as np
 from cancellation import claims, plots
-from cancellation.figures import fig07
+from cancellation.figures import fig07, fig07_claims
 from IPython.display import HTML
 
 logging.basicConfig(level=logging.WARNING)
@@ -195,5 +195,5 @@ print(fig07.cross_check(R, P))
 
 # %%
 print(fig07.versus_random(R, P), f"best average: {R.table2.set_index('strategy')['average_mean'].idxmax()}",
-      fig07.undecidable(R, P), sep="\n")
-claims.record(results_dir, "07", fig07.claims(R, P));
+      fig07_claims.undecidable(R, P), sep="\n")
+claims.record(results_dir, "07", fig07_claims.claims(R, P));

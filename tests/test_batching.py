@@ -343,7 +343,7 @@ def test_cross_sign_row_fails_on_a_plan_that_mixes_signs():
     import pandas as pd
 
     from cancellation import claims as C
-    from cancellation.figures import fig07
+    from cancellation.figures import fig07, fig07_claims
     group, _, adv = _case(7, n_groups=8, G=8, p=0.5)
     rows = []
     for name, plan_name in fig07.IMBALANCE_PLANS.items():
@@ -351,11 +351,11 @@ def test_cross_sign_row_fails_on_a_plan_that_mixes_signs():
             xs, xg = batching.cross_sign_share(group, adv, batching.make_plan(plan_name, group, adv, 4, seed=draw))
             rows.append(dict(seed=0, strategy=name, draw=draw, cross_sign=xs, cross_sign_group=xg))
     m = pd.DataFrame(rows)
-    (ok,) = fig07.cross_sign_row(m, "Eq. 14")
+    (ok,) = fig07_claims.cross_sign_row(m, "Eq. 14")
     assert ok.measured == 0.0 and ok.verdict == C.BY_CONSTRUCTION and ok.n == 3
     mixed = m.copy()
     mixed.loc[mixed.strategy == "sign_partitioned", ["cross_sign", "cross_sign_group"]] = \
         m.loc[m.strategy == "random", ["cross_sign", "cross_sign_group"]].to_numpy()
-    (bad,) = fig07.cross_sign_row(mixed, "Eq. 14")
+    (bad,) = fig07_claims.cross_sign_row(mixed, "Eq. 14")
     assert bad.measured > 0.01 and bad.verdict == C.NOT_REPRODUCED
-    assert fig07.cross_sign_row(m.drop(columns=["cross_sign", "cross_sign_group"]), "Eq. 14") == []
+    assert fig07_claims.cross_sign_row(m.drop(columns=["cross_sign", "cross_sign_group"]), "Eq. 14") == []

@@ -12,9 +12,10 @@ import argparse
 
 from . import claims as C
 from . import run
-from .figures import fig07
+from .figures import fig07, fig07_claims
 
-REREADERS = {"07": fig07}
+# notebook: (its figure module: Params and result_from_tables, its claims module: claims)
+REREADERS = {"07": (fig07, fig07_claims)}
 
 
 def main(argv=None):
@@ -22,11 +23,11 @@ def main(argv=None):
     ap.add_argument("notebook", choices=sorted(REREADERS))
     ap.add_argument("profile", help="tiny or tiny-table2")
     a = ap.parse_args(argv)
-    mod = REREADERS[a.notebook]
+    mod, rows = REREADERS[a.notebook]
     params = run.resolve_params(run.find_notebook(a.notebook), a.profile)
     P = mod.Params(**{k: v for k, v in params.items() if k in mod.Params.defaults()})
     results_dir = run.ROOT / params["results_dir"]
-    C.record(results_dir, a.notebook, mod.claims(mod.result_from_tables(results_dir, P), P))
+    C.record(results_dir, a.notebook, rows.claims(mod.result_from_tables(results_dir, P), P))
 
 
 if __name__ == "__main__":

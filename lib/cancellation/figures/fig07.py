@@ -7,7 +7,7 @@ policy's content hash, dtype, device, threads and the run's config: `train.cache
 `train_trl` for a TRL run) and checkpointed every iteration, so runs are shared between the
 strategies' table and the sweep, an interrupted notebook resumes, and changing any parameter
 of a run recomputes it; the aggregation on top is cheap and recomputed every time (the wall
-time it reports is this session's). `claims(R, P)` gives the notebook's claim rows.
+time it reports is this session's). `fig07_claims.claims(R, P)` gives the notebook's claim rows.
 """
 from __future__ import annotations
 
@@ -23,7 +23,6 @@ from scipy import stats
 
 from .. import batching, cache, eq14, grpo, measure, plots, policy, rollout, stage, strategies, tasks, train
 from .. import engine as rl_engine
-from .. import claims as C
 from .. import workload as W
 from .. import stats as ST
 from ..seeds import derive
@@ -151,10 +150,10 @@ class Result:
     sweep_shown: pd.DataFrame | None   # the sweep as displayed
     grad_norm: pd.DataFrame      # median mini-batch gradient norm, strategy x composition
     drift: pd.Series             # mean |ρ − 1| at the last mini-batch step, per strategy
-    trl_monitor: pd.DataFrame | None   # the TRL runs' cancellation monitor (engine 'trl' or the cross-check)
-    trl_evals: pd.DataFrame | None     # the cross-check's TRL evaluations (engine 'small')
-    trl_vs_small: pd.DataFrame | None  # average held-out accuracy, small trainer vs TRL
-    trl_monitor_shares: pd.DataFrame | None  # mean monitor share per (strategy, sign) x status
+    trl_monitor: pd.DataFrame | None = None   # the TRL runs' cancellation monitor (engine 'trl' or the cross-check)
+    trl_evals: pd.DataFrame | None = None     # the cross-check's TRL evaluations (engine 'small')
+    trl_vs_small: pd.DataFrame | None = None  # average held-out accuracy, small trainer vs TRL
+    trl_monitor_shares: pd.DataFrame | None = None  # mean monitor share per (strategy, sign) x status
     budget: pd.DataFrame | None = None  # equal rollout budget: per (strategy, seed) final average, rollouts, steps
     imbalance: pd.DataFrame | None = None  # Eq. 14: per (seed, plan, draw) cross-advantage mass and gradient size
 
@@ -523,8 +522,10 @@ def _tables(P: Params, runs, probe) -> Result:
             "optimizer steps per run " + ("equal across strategies" if table2.optimizer_steps.nunique() == 1 else
                                           f"differ across strategies ({why})")
             + ": " + ", ".join(f"{s} {v:g}" for s, v in zip(table2.strategy, table2.optimizer_steps)))
-    return Result("", note, set_names, cols, evals, iters, mbs, curves, timing, agg, table2, shown, start, fa, pe,
-                  sweep, show_sweep, gn, drift, tmon, None, None, None)
+    return Result(summary="", table2_summary=note, set_names=set_names, cols=cols, evals=evals, iters=iters,
+                  minibatches=mbs, curves=curves, timing=timing, agg=agg, table2=table2, table2_shown=shown,
+                  start=start, final_avg=fa, probe_evals=pe, sweep=sweep, sweep_shown=show_sweep, grad_norm=gn,
+                  drift=drift, trl_monitor=tmon)
 
 
 def _cross_check(P: Params, source, R: Result) -> None:
@@ -585,287 +586,6 @@ def cross_check(R: Result, P: Params) -> str:
             + R.trl_monitor_shares.round(3).to_string())
 
 
-# ----------------------------------------------------------------------------- claims
-PAIRED_T = dict(estimator="paired t over seeds", resampling="seed")
-CP = dict(estimator="Clopper–Pearson", resampling="run")
-FISHER = dict(estimator="Fisher's exact test, one-sided (counts in params; no interval)", resampling="run")
-
-
-def nonzero_share(iters: pd.DataFrame) -> pd.Series:
-    """Per strategy: the share of the rollouts of its updates that carry A ≠ 0 (n_pos + n_neg over the
-    rollouts of every iteration that updated); zero-variance groups carry A = 0."""
-    u = iters[iters.updated.astype(bool)]
-    share = (u.n_pos + u.n_neg).groupby(u.strategy).sum() / u.n_rollouts.groupby(u.strategy).sum()
-    filtered = [s for s in share.index if train.STRATEGIES.get(s, ("",))[0] == "random_filter"]
-    share[filtered] = 1.0  # its plan drops the A = 0 rows: they are sampled, never in an update
-    return share
-
-
-def caveats(R: Result, P: Params, name: str) -> str:
-    """What a Table 2 row's number also rests on, beside it: the rollouts it sampled against the
-    baseline's, the share of its update rows with A ≠ 0, its own and the baseline's collapsed runs, and
-    the paired difference without the seeds where the baseline collapsed."""
-    fa, thr = R.final_avg, 0.5 * R.start / 100
-    t2 = R.table2.set_index("strategy")
-    nz = nonzero_share(R.iters)
-    out = [f"{t2.rollouts_sampled[name] / t2.rollouts_sampled['random']:.1f}× the baseline's rollouts",
-           f"A ≠ 0 on {100 * nz.get(name, np.nan):.0f}% of update rows vs {100 * nz.get('random', np.nan):.0f}%",
-           f"collapsed {int((fa[name] < thr).sum())}/{len(fa)} (baseline {int((fa['random'] < thr).sum())}/{len(fa)})"]
-    keep = fa["random"] >= thr
-    if (~keep).any() and keep.sum() >= 2:
-        m, lo, hi = ST.t_interval(100 * (fa[name] - fa["random"])[keep])
-        out.append(f"without the seeds where the baseline collapsed: {m:+.1f} [{lo:+.1f}, {hi:+.1f}] (n = {int(keep.sum())})")
-    return "; ".join(out)
-
-
-# A strategy is unstable when its share of collapsed runs (final average below half the start) has a
-# 95% Clopper-Pearson interval above this rate: more than one run in ten. One collapsed run of ten
-# (interval [0.003, 0.45]) is then inconclusive, never "unstable"; ten runs need four collapses.
-COLLAPSE_RATE = 0.1
-
-
-def claims(R: Result, P: Params) -> list[C.Claim]:
-    """Notebook 07's claim rows, without those that cannot pass at their n (`undecidable` says which)."""
-    return [c for c in _all_claims(R, P) if C.can_pass(c.rule, c.params, c.n, c.estimator)[0]]
-
-
-def undecidable(R: Result, P: Params) -> str:
-    """One line per claim left out because its rule cannot pass at the runs this profile has."""
-    out = []
-    for c in _all_claims(R, P):
-        ok, why = C.can_pass(c.rule, c.params, c.n, c.estimator)
-        if not ok:
-            out.append(f"{c.claim} ({c.statement}): not recorded at this profile's n = {c.n}: {why}")
-    return "\n".join(out) if out else "every claim can pass at its n"
-
-
-def drift_row(R: Result, P: Params) -> list[C.Claim]:
-    """§4's optimization drift: later mini-batches of an iteration see ρ ≠ 1 (the policy moved). Per
-    seed, the mean |ρ − 1| of random's last mini-batch step over iterations."""
-    m = R.minibatches
-    if m is None or not len(m) or "random" not in set(m.strategy) or m.minibatch.max() < 1:
-        return []
-    last = m[m.minibatch == m.minibatch.max()]
-    per = last[last.strategy == "random"].groupby("seed").ratio_dev.mean()
-    by = last.groupby("strategy")
-    return [C.Claim("sec4_drift", f"§4 optimization drift ({per.size} seeds x {P.iterations} iterations)",
-                    "later mini-batches use shifted importance ratios (the policy drifts within an iteration)",
-                    "present", *ST.t_interval(per), n=per.size, unit="mean |ρ − 1| at the last mini-batch step, random",
-                    rule="construction", params=dict(sign=1, ref=0.0, why="|ρ − 1| ≥ 0, and > 0 after any step with "
-                                                      "lr > 0; the size is the finding"),
-                    estimator="t over seeds (each the mean over iterations)", resampling="seed",
-                    detail="mean |ρ − 1| at the last mini-batch step: " + ", ".join(
-                        f"{s_} {v:.4f}" for s_, v in by.ratio_dev.mean().items())
-                    + f"; the clip binds on {100 * last[last.strategy == 'random'].clipfrac.mean():.1f}% of random's "
-                    "tokens there")]
-
-
-def _all_claims(R: Result, P: Params) -> list[C.Claim]:
-    rows, fa, start, sweep = [], R.final_avg, R.start, R.sweep
-    T2 = f"Table 2 ({len(P.seeds)} seeds x {P.iterations} iterations)"  # the run size, in the claim's figure column
-    T2_SWEEP = f"Table 2, lr sweep ({len(P.probe_seeds)} seeds x {P.iterations} iterations)"
-    for name, sign, stmt in (("QB+RB", 1, "QB+RB beats the baseline"), ("QB", 1, "QB beats the baseline"),
-                             ("RB", 1, "RB beats the baseline"), ("sign_partitioned", -1, "sign partitioning hurts")):
-        if name in fa and "random" in fa:
-            d = 100 * (fa[name] - fa["random"])
-            rows.append(C.Claim(f"table2_{name}", T2, stmt, "yes", *ST.t_interval(d), n=len(d),
-                                unit="pts vs random (paired)", rule="direction", params=dict(sign=sign), **PAIRED_T,
-                                detail=f"final average {100 * fa[name].mean():.1f}% vs random "
-                                f"{100 * fa['random'].mean():.1f}%; " + caveats(R, P, name)))
-    if "QB+RB" in fa and "RB" in fa:  # the paper's best strategy against its strongest single intervention
-        d = 100 * (fa["QB+RB"] - fa["RB"])
-        rows.append(C.Claim("table2_QB+RB_vs_RB", T2, "QB+RB does at least as well as RB (the best row)", "yes",
-                            *ST.t_interval(d), n=len(d), unit="pts QB+RB − RB (paired)", rule="direction",
-                            params=dict(sign=1), **PAIRED_T,
-                            detail=f"final average {100 * fa['QB+RB'].mean():.1f}% vs RB {100 * fa['RB'].mean():.1f}%"))
-    rows += _fair_baselines(R, P, T2)
-    rows += _imbalance_rows(R, P)
-    rows += drift_row(R, P)
-    if "random" in fa:
-        k = int((fa["random"] < 0.5 * start / 100).sum())
-        r, lo, hi, n = ST.proportion(fa["random"] < 0.5 * start / 100)
-        others = ", ".join(f"{s} {int((fa[s] < 0.5 * start / 100).sum())}/{len(fa)}" for s in fa if s != "random")
-        rows.append(C.Claim("table2_baseline_collapse", T2, "the baseline is unstable (collapses)", "yes",
-                            r, lo, hi, n=n, unit="share of baseline runs collapsed", rule="direction",
-                            params=dict(sign=1, ref=COLLAPSE_RATE), **CP,
-                            detail=f"{k}/{n} collapsed at lr {P.lr:g} (final average below half the start); unstable "
-                            f"means more than {COLLAPSE_RATE:g} of runs; the other strategies: {others}"))
-    for r_ in (P.probe_lrs if len(sweep) else []):
-        at = sweep[sweep.lr == r_].pivot(index="seed", columns="strategy", values="final")
-        if "random" in at:
-            k = int(sweep[(sweep.lr == r_) & (sweep.strategy == "random")].collapsed.sum())
-            pr, lo, hi, n = ST.proportion(sweep[(sweep.lr == r_) & (sweep.strategy == "random")].collapsed)
-            rows.append(C.Claim(f"table2_baseline_collapse_lr{r_:g}", T2_SWEEP, f"the baseline collapses at lr {r_:g}",
-                                "yes", pr, lo, hi, n=n, unit="share of baseline runs collapsed", rule="direction",
-                                params=dict(sign=1, ref=COLLAPSE_RATE), **CP,
-                                detail=f"{k}/{n} collapsed (unstable: more than {COLLAPSE_RATE:g} of runs)"))
-        for name in ("QB", "RB", "QB+RB"):   # the paper: QB and RB each mitigate instability, QB+RB the most
-            rows += _sweep_rows(sweep[sweep.lr == r_], name, r_, T2_SWEEP)
-    return rows
-
-
-def _sweep_rows(sw: pd.DataFrame, name: str, lr: float, label: str) -> list[C.Claim]:
-    """Strategy `name` against the baseline at one lr of the stability sweep (`sw`: its rows): collapses
-    compared by Fisher's exact test, and the paired final accuracy."""
-    col = sw.pivot(index="seed", columns="strategy", values="collapsed")
-    at = sw.pivot(index="seed", columns="strategy", values="final")
-    if name not in col or "random" not in col:
-        return []
-    q, b = sw[sw.strategy == name].collapsed, sw[sw.strategy == "random"].collapsed
-    k, n, kb, nb = int(q.sum()), len(q), int(b.sum()), len(b)
-    d = 100 * (at[name] - at["random"])
-    return [C.Claim(f"table2_{name}_stable_lr{lr:g}", label, f"{name} collapses less often than the baseline at lr "
-                    f"{lr:g}", f"yes ({name} stable, the baseline not)", k / n - kb / nb, n=n,
-                    unit=f"share collapsed, {name} − random", rule="exact",
-                    params=dict(k=k, n=n, k_ref=kb, n_ref=nb, sign=-1, alpha=0.05), **FISHER,
-                    detail=f"{name} {k}/{n} collapsed, random {kb}/{nb}; one-sided p = "
-                    f"{C.fisher_p(k, n, kb, nb, lower=True):.3g} (at {n} vs {nb} runs the smallest p possible is "
-                    f"{C.fisher_p(0, n, nb, nb, lower=True):.3g}); replaces a Clopper–Pearson bound below "
-                    f"{COLLAPSE_RATE:g}, which no count of fewer than 36 runs reaches"),
-            C.Claim(f"table2_{name}_lr{lr:g}", label, f"{name} beats the baseline at lr {lr:g}", "yes",
-                    *ST.t_interval(d), n=len(d), unit="pts vs random (paired)", rule="direction", params=dict(sign=1),
-                    **PAIRED_T, detail=f"final average {100 * at[name].mean():.1f}% vs random "
-                    f"{100 * at['random'].mean():.1f}%; {name} collapsed {int(col[name].sum())}/{len(col)} too (a win "
-                    "over a collapsed baseline, not stability)")]
-
-
-def _fair_baselines(R: Result, P: Params, T2: str) -> list[C.Claim]:
-    """The referee's controls of RB's win: DAPO's dynamic sampling (DS: the same buffer and batch size,
-    released once every group is mixed, no sign quota), the baseline with zero-variance groups dropped
-    from its own batch (random+filter: a smaller update batch, so a weaker control), and RB held to the
-    baseline's rollout budget. Each row says what its control shows."""
-    rows, fa = [], R.final_avg
-    controls = (("DS", "DAPO's dynamic sampling (sampling until the batch is full of mixed groups) beats the "
-                 "baseline", "its win is more than a batch full of mixed groups: RB's sign quota adds to it"),
-                ("random+filter", "the baseline's own mixed groups alone (zero-variance groups dropped, a smaller "
-                 "batch) beat the baseline", "its win is more than dropping the A = 0 groups of the baseline's batch"))
-    for ctl, stmt, more in controls:
-        if "random" not in fa or ctl not in fa:
-            continue
-        d = 100 * (fa[ctl] - fa["random"])
-        rows.append(C.Claim(f"table2_{ctl}", T2, stmt, "— (a control)", *ST.t_interval(d), n=len(d),
-                            unit="pts vs random (paired)", rule="direction", params=dict(sign=1), **PAIRED_T,
-                            detail=f"final average {100 * fa[ctl].mean():.1f}% vs random "
-                            f"{100 * fa['random'].mean():.1f}%; " + caveats(R, P, ctl)))
-        suffix = "filter" if ctl == "random+filter" else ctl   # table2_RB_vs_filter: the id rows had before DS
-        for name in ("RB", "QB+RB"):
-            if name in fa:
-                d = 100 * (fa[name] - fa[ctl])
-                rows.append(C.Claim(f"table2_{name}_vs_{suffix}", T2, f"{name} beats {ctl} ({more})", "implied",
-                                    *ST.t_interval(d), n=len(d), unit=f"pts vs {ctl} (paired)", rule="direction",
-                                    params=dict(sign=1), **PAIRED_T,
-                                    detail=f"final average {100 * fa[name].mean():.1f}% vs {ctl} "
-                                    f"{100 * fa[ctl].mean():.1f}%"))
-    if R.budget is not None and len(R.budget) and "random" in fa:
-        t2 = R.table2.set_index("strategy")
-        label = f"Table 2, equal rollouts ({len(P.seeds)} seeds x {P.iterations} iterations)"
-        for name, g in R.budget.groupby("strategy", sort=False):
-            b = g.set_index("seed").final
-            d = 100 * (b - fa["random"].reindex(b.index))
-            rows.append(C.Claim(f"table2_{name}_equal_rollouts", label, f"{name} beats the baseline at an equal "
-                                "rollout budget", "yes", *ST.t_interval(d), n=len(d), unit="pts vs random (paired)",
-                                rule="direction", params=dict(sign=1), **PAIRED_T,
-                                detail=f"final average {100 * b.mean():.1f}% vs random "
-                                f"{100 * fa['random'].reindex(b.index).mean():.1f}%; {g.rollouts_sampled.mean():.0f} "
-                                f"rollouts sampled (random {t2.rollouts_sampled['random']:.0f}), "
-                                f"{g.optimizer_steps.mean():.0f} optimizer steps (random "
-                                f"{t2.optimizer_steps['random']:.0f}); the equal-steps row is table2_{name}"))
-    return rows
-
-
-def _imbalance_rows(R: Result, P: Params) -> list[C.Claim]:
-    """Eq. 14 (§4, local imbalance): random mini-batches carry a nonzero S_B and lose the grouped
-    update's negative cross-advantage term; whether that makes the local update larger is measured."""
-    if R.imbalance is None or not len(R.imbalance):
-        return []
-    m = R.imbalance
-    per = m.groupby(["strategy", "seed"]).mean(numeric_only=True)
-    fig = f"§4 Eq. 14 ({m.seed.nunique()} seeds' first batches x {m.draw.nunique()} plan draws)"
-    T = dict(estimator="t over seeds (each the mean of its plan draws)", resampling="seed")
-    rows = []
-    if "random" in per.index.get_level_values(0):
-        r, extra = per.loc["random"], ""
-        if "sign_partitioned" in per.index.get_level_values(0):
-            extra = f"; sign-partitioned keeps {per.loc['sign_partitioned'].retained.mean():+.2f} (the term changes sign)"
-        rows.append(C.Claim(
-            "eq14_random_retained", fig, "under random mini-batching the grouped update's negative cross-advantage "
-            "terms are weakened", "weakened or lost", *ST.t_interval(r.retained), n=len(r),
-            unit="local / grouped Σ A_i A_j (i ≠ j, one group)", rule="construction",
-            params=dict(sign=-1, ref=1.0, why="Σ_B S_B² ≥ 0, so a split keeps at most the grouped term"), **T,
-            detail=f"random keeps {r.retained.mean():.3f} of the grouped mass (closed form over random plans "
-            f"{r.retained_expected.mean():.3f}: the chance two rows share a mini-batch); QB keeps 1 by construction"
-            + extra))
-        rows.append(C.Claim(
-            "eq14_sb_nonzero", fig, "the local advantage sum S_B of a query split across mini-batches is generally "
-            "nonzero", "generally nonzero", *ST.t_interval(r.sb_nonzero), n=len(r),
-            unit="share of (mini-batch, group) cells with A ≠ 0 and S_B ≠ 0", rule="construction",
-            params=dict(sign=1, ref=0.5, why="a group's advantages sum to 0 only over all of its rows; a random "
-                        "split leaves a part summing to 0 only by coincidence, a combinatorial property of random "
-                        "splits with no training signal"), **T,
-            detail=f"{r.live_groups.mean():.1f} of {P.n_prompts} groups per batch have A ≠ 0; "
-            f"{r.rows.mean():.0f} rows in {r.minibatches.mean():.0f} mini-batches"))
-    rows += cross_sign_row(m, fig)
-    for name, stmt in (("random", "random mini-batching makes the local update noisier than query-preserved"),
-                       ("sign_partitioned", "sign-partitioned mini-batches lose cancellation (a larger update)")):
-        if name in set(m.strategy) and "QB" in set(m.strategy):
-            lr_ = np.log10(scatter_vs_qb(m)[m.strategy == name]).groupby(m.seed).mean()
-            rows.append(C.Claim(
-                f"eq14_grad_{name}_vs_QB", fig, stmt, "yes", *ST.t_interval(lr_), n=len(lr_),
-                unit=f"log10 Σ_B (T_B/T)||g_B − g||², {name} / QB", rule="direction", params=dict(sign=1), **T,
-                detail=f"the mini-batch gradients scatter {10 ** lr_.mean():.2f}× as much around the whole batch's "
-                "as QB's (geometric mean); every gradient at the starting θ on the same batch, only the split "
-                "differs; the scatter is total: it also holds the spread between queries that QB's whole-group "
-                "mini-batches carry, where the paper's variance is along directions a query's rollouts share"))
-    if "shared_sq" in m and "random" in set(m.strategy):
-        r = m[m.strategy == "random"]
-        share = (r.shared_sq / r.grad_var).groupby(r.seed).mean()
-        detail = f"random: {share.mean():.2f} of its scatter, {(r.shared_sq / r.full_sq).mean():.2f}× ||g||²"
-        if "sign_partitioned" in set(m.strategy):
-            sp = m[m.strategy == "sign_partitioned"]
-            detail += (f"; sign-partitioned: {(sp.shared_sq / sp.grad_var).mean():.2f} of its scatter, "
-                       f"{(sp.shared_sq / sp.full_sq).mean():.2f}× ||g||²")
-        detail += "; QB: 0 (whole groups)"
-        if "QB" in set(m.strategy):
-            qb = m[m.strategy == "QB"].grad_var.mean()
-            detail += (f". Random's scatter is {r.grad_var.mean() / qb:.2f}× QB's, {(r.grad_var - r.shared_sq).mean() / qb:.2f}× "
-                       "without its shared part: QB removes that noise, and its whole-group mini-batches spread more "
-                       "between queries")
-        rows.append(C.Claim(
-            "eq14_shared_random", fig, "random mini-batches add noise along the directions a split query's rollouts "
-            "share, which the grouped update cancels", "present", *ST.t_interval(share), n=len(share),
-            unit="Σ_B (T_B/T)||s_B||² / Σ_B (T_B/T)||g_B − g||², random", rule="construction",
-            params=dict(sign=1, ref=0.0, why="||s_B||² ≥ 0, > 0 wherever S_B ≠ 0 (s_B = −(1/T_B) Σ_g S_B,g c_g, "
-                        "c_g the mean score of group g's rollouts); the size is the finding"), **T, detail=detail))
-    return rows
-
-
-CROSS_SIGN_TOL = 1e-9   # a mini-batch holding both signs keeps at least min|A|² / (P N) ≫ this (0 exactly otherwise)
-
-
-def cross_sign_row(m: pd.DataFrame, fig: str) -> list[C.Claim]:
-    """§4: "partitioning by advantage sign removes cross-sign gradient coupling". True of the plan by
-    construction (every sign-partitioned mini-batch holds one sign), so the row holds by construction:
-    the largest share of cross-sign advantage mass kept inside a mini-batch over every (seed, plan draw)
-    of the Eq. 14 table; a plan that mixed signs reads > 0 and fails (not reproduced)."""
-    if "cross_sign" not in m or "sign_partitioned" not in set(m.strategy):
-        return []   # an Eq. 14 table written before the cross-sign columns
-    sp = m[m.strategy == "sign_partitioned"]
-    worst = float(np.nanmax(np.maximum(sp.cross_sign, sp.cross_sign_group)))
-    keep = m.groupby("strategy", sort=False)[["cross_sign", "cross_sign_group"]].mean()
-    return [C.Claim(
-        "sec4_sign_partitioned_cross_sign", fig, "partitioning each batch by advantage sign removes cross-sign "
-        "coupling (no mini-batch holds a positive and a negative rollout)", "removed", worst, n=len(sp),
-        unit="largest share of cross-sign |A_i A_j| kept in a mini-batch, sign-partitioned",
-        rule="construction", params=dict(sign=-1, ref=CROSS_SIGN_TOL, point_ok=True,
-                                         why="every sign-partitioned mini-batch holds one sign "
-                                         "(batching.sign_partitioned), so Σ_B P_B N_B = 0 on any batch; a plan "
-                                         "that mixed signs would keep > 0 and fail"),
-        estimator="point (no interval): the largest over seeds × plan draws", resampling="none",
-        detail="share kept inside mini-batches, mean over seeds and draws (whole batch / within query groups): "
-        + ", ".join(f"{s} {r.cross_sign:.3f} / {r.cross_sign_group:.3f}" for s, r in keep.iterrows())
-        + "; the training result of breaking it is table2_sign_partitioned")]
-
-
 def result_from_tables(results_dir, P: Params) -> Result:
     """The part of a Result that `claims` reads, rebuilt from the tables `Result.write` committed
     (final accuracies, the start, iterations, Table 2 and the lr sweep): a registry's notebook-07 rows
@@ -881,10 +601,11 @@ def result_from_tables(results_dir, P: Params) -> Result:
     final = curves[curves.iteration == P.iterations]
     fa = final[final.set == "average"].pivot(index="seed", columns="strategy", values="accuracy")
     start = 100 * curves[(curves.iteration == 0) & (curves.set == "average")].accuracy.mean()
-    none = None
-    return Result("", "", [], [], pd.DataFrame(), iters, mbs if mbs is not None else pd.DataFrame(), curves, pd.DataFrame(), pd.DataFrame(),
-                  table2, pd.DataFrame(), start, fa, none, sweep, none, pd.DataFrame(), pd.Series(dtype=float),
-                  none, none, none, none, budget, imb)
+    return Result(summary="", table2_summary="", set_names=[], cols=[], evals=pd.DataFrame(), iters=iters,
+                  minibatches=mbs if mbs is not None else pd.DataFrame(), curves=curves, timing=pd.DataFrame(),
+                  agg=pd.DataFrame(), table2=table2, table2_shown=pd.DataFrame(), start=start, final_avg=fa,
+                  probe_evals=None, sweep=sweep, sweep_shown=None, grad_norm=pd.DataFrame(),
+                  drift=pd.Series(dtype=float), budget=budget, imbalance=imb)
 
 
 # ----------------------------------------------------------------------------- the planner's workload
