@@ -107,28 +107,42 @@ class PolicySampler:
         return rollout.sample(self.engine, tok, self.scfg, problems=problems, seed=seed)
 
 
-def delta_run(model, tokenizer, cfg: RunConfig, progress: bool = True, on_step=None, model_path=None) -> pd.DataFrame:
-    """Train `model` in place for cfg.steps GRPO steps; return the per-token table of every step.
-
-    At each step: a fresh batch is sampled from the current policy, log-probs are taken by a
-    training forward before the update (also θ_old of the clipped ratio), one GRPO step runs
-    (cfg.update.n_minibatches optimizer steps), and a second forward gives the log-probs after.
-    `on_step(step, model, batch, before, after)` may add measurements (it must not update).
-    `model_path` is needed only by a vLLM sampler (it loads the checkpoint, then takes our weights).
-    """
+def grpo_steps(model, tokenizer, cfg: RunConfig, desc: str, progress: bool = True, model_path=None):
+    """The one loop of a RunConfig's GRPO run: for each of cfg.steps, a fresh batch sampled from the current
+    policy, yielded as (step, batch, update). The caller measures what it needs, then calls `update(old_logp)`
+    once: one GRPO step (cfg.update.n_minibatches optimizer steps, a persistent optimizer, seed cfg.seed + step),
+    after which the sampler takes the new weights; it returns grpo_step's per-mini-batch infos. `delta_run`
+    and `sign_consistency_run` are this loop with their measurements around the update.
+    `model_path` is needed only by a vLLM sampler (it loads the checkpoint, then takes our weights)."""
     from tqdm import tqdm
 
     opt = grpo.make_optimizer(model, cfg.update)
     cfg.source.load()  # a bad problem file fails here, before any sampling
     sampler = PolicySampler(model, model_path, cfg.sample_config(model))
-    chunk, tchunk = cfg.update.chunk_rows, cfg.update.token_chunk
-    tables = []
-    for step in tqdm(range(cfg.steps), desc=f"GRPO run ({cfg.update.reweight})", disable=not progress):
+    for step in tqdm(range(cfg.steps), desc=desc, disable=not progress):
         pseed, sseed = rollout.round_seeds(cfg.seed, step)
         batch = sampler.sample(tokenizer, cfg.source.draw(cfg.n_prompts, pseed), sseed)
+
+        def update(old_logp=None, step=step, batch=batch):
+            infos = grpo.grpo_step(model, batch, cfg.update, optimizer=opt, old_logp=old_logp, seed=cfg.seed + step)
+            sampler.sync(model)
+            return infos
+        yield step, batch, update
+
+
+def delta_run(model, tokenizer, cfg: RunConfig, progress: bool = True, on_step=None, model_path=None) -> pd.DataFrame:
+    """Train `model` in place for cfg.steps GRPO steps (`grpo_steps`); return the per-token table of every step.
+
+    At each step a training forward before the update gives the log-probs (also θ_old of the clipped
+    ratio), and a second forward after it. `on_step(step, model, batch, before, after)` may add
+    measurements (it must not update).
+    """
+    chunk, tchunk = cfg.update.chunk_rows, cfg.update.token_chunk
+    tables = []
+    for step, batch, update in grpo_steps(model, tokenizer, cfg, f"GRPO run ({cfg.update.reweight})", progress,
+                                          model_path):
         before = measure.token_stats(model, batch, chunk, token_chunk=tchunk)
-        infos = grpo.grpo_step(model, batch, cfg.update, optimizer=opt, old_logp=before.logp, seed=cfg.seed + step)
-        sampler.sync(model)
+        infos = update(before.logp)
         after = measure.token_stats(model, batch, chunk, token_chunk=tchunk)
         if on_step is not None:
             on_step(step, model, batch, before, after)
@@ -155,21 +169,12 @@ def cached_delta_run(model_path, cfg: RunConfig, dtype: str = "float64", device:
 
 def sign_consistency_run(model, tokenizer, cfg: RunConfig, sgd_lr: float, progress: bool = True,
                          model_path=None) -> pd.DataFrame:
-    """A GRPO training run (persistent optimizer) that, before every step, compares an SGD lm_head
-    step with an SGD full step on that step's batch (Fig. 10). Trains `model` in place."""
-    from tqdm import tqdm
-
-
-    opt = grpo.make_optimizer(model, cfg.update)
-    cfg.source.load()
-    sampler = PolicySampler(model, model_path, cfg.sample_config(model))
+    """A GRPO training run (`grpo_steps`) that, before every step, compares an SGD lm_head step with an SGD
+    full step on that step's batch (Fig. 10). Trains `model` in place."""
     out = []
-    for step in tqdm(range(cfg.steps), desc="sign consistency run", disable=not progress):
-        pseed, sseed = rollout.round_seeds(cfg.seed, step)
-        batch = sampler.sample(tokenizer, cfg.source.draw(cfg.n_prompts, pseed), sseed)
+    for step, batch, update in grpo_steps(model, tokenizer, cfg, "sign consistency run", progress, model_path):
         row = coupling.proxy_sign_consistency(model, batch, sgd_lr, cfg.eps, Compute.of_update(cfg.update))
-        grpo.grpo_step(model, batch, cfg.update, optimizer=opt, seed=cfg.seed + step)
-        sampler.sync(model)
+        update()
         out.append({"step": step, "accuracy": float(batch.reward.mean()), **row})
     return pd.DataFrame(out)
 
