@@ -534,7 +534,7 @@ def test_table2_qbrb_vs_rb_and_collapse_rows_are_loops_over_the_committed_tables
     """QB+RB − RB: a Student-t interval of the per-seed differences of final averages (a loop over
     the training curves); the collapse rows: Clopper–Pearson (scipy's beta quantiles) of the
     collapsed runs, judged against COLLAPSE_RATE; QB+RB's stability at every probed lr."""
-    from cancellation.figures.fig07 import COLLAPSE_RATE
+    from cancellation.figures.fig07_claims import COLLAPSE_RATE
     d = ROOT / "data" / "results" / profile
     reg = registry(d / "claims.parquet")
     curves = pd.read_parquet(d / "fig08_training_curves.parquet")
@@ -596,7 +596,7 @@ def test_table2_qbrb_vs_rb_and_collapse_rows_are_loops_over_the_committed_tables
 def test_collapse_rule_needs_more_than_one_run(k, n, want):
     """'Unstable' needs the collapse share's Clopper–Pearson interval above COLLAPSE_RATE: one
     collapsed run of ten (or of one) never makes a strategy unstable; four of ten do."""
-    from cancellation.figures.fig07 import COLLAPSE_RATE
+    from cancellation.figures.fig07_claims import COLLAPSE_RATE
     lo = stats.beta.ppf(0.025, k, n - k + 1) if k else 0.0
     hi = stats.beta.ppf(0.975, k + 1, n - k) if k < n else 1.0
     assert C.direction(k / n, lo, hi, sign=1, ref=COLLAPSE_RATE) == want
