@@ -224,3 +224,58 @@ def test_a_profiles_common_answer_mode_reaches_every_notebook(tmp_path, monkeypa
     _profile(tmp_path / "b", monkeypatch, "common:\n  answer_mode: last_line\n")
     with pytest.raises(run.ParameterError, match="answer_mode"):
         run.resolve_params(run.find_notebook("01"), "mine")
+
+
+# Styles in which a mode finds an answer candidate at all (the coverage `with_answer` counts; by hand):
+# last_sentence always has one (every style ends in a sentence with a letter), answer_line reads the box on
+# "Answer: $\boxed{12}$" when the mode has no boxed extractor.
+WITH_CANDIDATE = {"answer_line": 3, "boxed": 3, "last_sentence": 6, "answer_line+boxed": 4,
+                  "answer_line+boxed+last_sentence": 6}
+
+
+@pytest.mark.parametrize("mode", list(WITH_CANDIDATE))
+def test_coverage_counts_the_responses_holding_a_candidate(mode, tmp_path):
+    f = tmp_path / "p.jsonl"
+    f.write_text(json.dumps({"prompt": "What is 7+5?", "answer": "12"}) + "\n")
+    assert tasks.ProblemSource(str(f), answer_mode=mode).with_answer(list(STYLES.values())) == WITH_CANDIDATE[mode]
+    assert tasks.ProblemSource().with_answer(list(STYLES.values())) is None   # the exact check: no coverage
+
+
+def test_07s_runs_record_coverage_per_iteration_and_report_it(tmp_path):
+    """A training run on a problem file records, per iteration, how many sampled responses hold an answer
+    (`with_answer`); it equals a recount over the same first round sampled again from the starting policy,
+    and fig07's line states the share. The generated task's runs have no such column."""
+    from cancellation import grpo, policy, rollout
+
+    f = tmp_path / "p.jsonl"
+    f.write_text("".join(json.dumps({"prompt": p.prompt, "answer": p.answer}) + "\n"   # the tiny task, as a file
+                         for p in tasks.sample_problems(3, seed=0)))
+    src = tasks.ProblemSource(str(f))
+    cfg = train.TrainConfig(iterations=1, n_prompts=2, G=2, max_new_tokens=96, eval_sets=["easy"], eval_n=2,
+                            eval_every=1, source=src, update=grpo.UpdateConfig(n_minibatches=1))
+    model, tok = policy.load_policy(str(run.ROOT / "data/policies/tiny-m"), dtype="float32")
+    again = rollout.sample(model, tok, cfg.sample_config(model), problems=src.draw(2, rollout.round_seeds(0, 0)[0]),
+                           seed=rollout.round_seeds(0, 0)[1])
+    want = sum(bool(tasks.extract_answers(t, tasks.FILE_MODE)) for t in again.texts)
+    it = train.train_run(model, tok, cfg, progress=False)["iterations"]
+    assert want > 0, again.texts   # the tiny policy ends its working in a \\boxed{} answer
+    assert int(it.with_answer.iloc[0]) == want
+    P = fig07.Params(n_prompts=2, G=2)
+    line = fig07.coverage_line(it, P)
+    assert f"{want} of 4 sampled responses ({100 * want / 4:.1f}%)" in line and "answer_line+boxed" in line
+    assert fig07.coverage_line(it.drop(columns=["with_answer"]), P) == ""
+
+
+def test_trls_reward_function_counts_coverage_as_the_small_trainer(tmp_path):
+    """engine.reward_function's `with_answer` adds up the graded completions holding a candidate (the count
+    BatchingGRPOTrainer records per iteration); None for the generated task."""
+    f = tmp_path / "p.jsonl"
+    f.write_text(json.dumps({"prompt": "What is 7+5?", "answer": "12"}) + "\n")
+    fn = engine_data.reward_function(tasks.ProblemSource(str(f)))
+    texts = list(STYLES.values())
+    n = len(texts)
+    assert fn.with_answer == 0
+    fn(["What is 7+5?"] * n, texts, ["12"] * n, ["file"] * n)
+    fn(["What is 7+5?"] * 2, texts[:2], ["12"] * 2, ["file"] * 2)
+    assert fn.with_answer == WITH_CANDIDATE["answer_line+boxed"] + 2   # answer_line and boxed styles again
+    assert engine_data.reward_function(tasks.ProblemSource()).with_answer is None

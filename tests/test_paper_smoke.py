@@ -127,6 +127,8 @@ def test_07(out_root):
     _figs(figs, "fig07a_sign_partition", "fig08_training_curves")
     curves = pd.read_parquet(res / "fig08_training_curves.parquet")
     assert "math500" in set(curves.set)  # evaluated on the MATH-500-shaped file, rewarded by math-verify
+    it = pd.read_parquet(res / "fig08_iterations.parquet")   # the reward's coverage, recorded per iteration
+    assert (it.with_answer >= 0).all() and (it.with_answer <= it.rounds * 2 * 4).all()   # n_prompts x G
     # engine: trl — the runs behind Fig. 8 / Table 2 are TRL's (its monitor table is written only then)
     assert len(pd.read_parquet(res / "fig08_trl_monitor.parquet"))
     mbs = pd.read_parquet(res / "fig07a_minibatches.parquet")
@@ -182,6 +184,7 @@ def test_paper_vocab(ref, vocab_root, tmp_path):
         mp.setenv("CANCELLATION_CACHE", str(tmp_path / "cache"))
         _run(ref, vocab_root, "paper-vocab", log=log)
     t = json.loads(log.read_text())
+    print("TALLY", ref, json.dumps(t))
     assert t["vocab"] == 151_936 and 0 < t["head_max"] <= 256
     assert t["head_positions"] >= MIN_HEAD_POSITIONS.get(ref, 16_000), t
     assert max(t["batch_max"], t["body_max"]) * t["vocab"] * 4 >= 8e9, t

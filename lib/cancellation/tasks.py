@@ -809,6 +809,15 @@ class ProblemSource:
             return line + f"; unrewardable_golds skip: {n_bad} of {total} problems dropped, {total - n_bad} left"
         return line + f"; unrewardable_golds allow: {n_bad} of {total} problems kept though never rewarded"
 
+    def with_answer(self, texts) -> int | None:
+        """How many of the responses `texts` hold an answer candidate under this source's extraction mode
+        (`extract_answers`): the reward's coverage, counted from the texts themselves, so it can be recorded
+        beside the results. None for the generated arithmetic task's exact check (no extraction mode)."""
+        if not self.path and self.answer_mode == "auto":
+            return None
+        mode = FILE_MODE if self.answer_mode == "auto" else self.answer_mode
+        return sum(bool(extract_answers(t, mode)) for t in texts)
+
     def reward_report(self) -> str:
         """One line on how the rewards so far were graded ('' for the exact arithmetic check)."""
         if dry_run() is not None:

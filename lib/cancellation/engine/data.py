@@ -42,17 +42,24 @@ def problem_dataset(source: tasks.ProblemSource, tokenizer, n: int, seed: int = 
 
 
 def reward_function(source: tasks.ProblemSource):
-    """A TRL reward function (prompts, completions, answer, kind) -> [float] from `source.verifier()`."""
+    """A TRL reward function (prompts, completions, answer, kind) -> [float] from `source.verifier()`.
+    Its `with_answer` attribute counts the completions it graded that hold an answer candidate
+    (`ProblemSource.with_answer`: the reward's coverage; None for the generated task's exact check), which
+    `BatchingGRPOTrainer` records per iteration as the small trainer does."""
     verifier = source.verifier()
 
     def correctness(prompts, completions, answer, kind, **_):
-        out = []
+        out, texts = [], []
         for p, c, a, k in zip(prompts, completions, answer, kind):
             text = c if isinstance(c, str) else c[-1]["content"]
             q = p if isinstance(p, str) else p[-1]["content"]
             out.append(float(verifier(tasks.Problem(q, a, k), text)))
+            texts.append(text)
+        if correctness.with_answer is not None:
+            correctness.with_answer += source.with_answer(texts)
         return out
 
+    correctness.with_answer = None if source.with_answer([]) is None else 0
     return correctness
 
 

@@ -152,10 +152,10 @@ def require_signal(batch, source: tasks.ProblemSource, what: str):
     raise no_signal(what, int((batch.reward > 0).sum()), len(batch.reward), source)
 
 
-def no_signal(what: str, rewarded: int, total: int, source: tasks.ProblemSource | None) -> NoSignal:
+def no_signal(what: str, rewarded: int, total: int, source: tasks.ProblemSource | None, report: str = "") -> NoSignal:
     """The NoSignal error of `require_signal`, for callers that hold counts rather than a batch (source None:
-    the grading happened elsewhere, e.g. in 07's run processes, so there is no grader report to add)."""
-    report = source.reward_report() if source is not None else ""
+    the grading happened elsewhere, e.g. in 07's run processes, whose `report` the caller gives instead)."""
+    report = source.reward_report() if source is not None else report
     return NoSignal(f"{what}: no group mixes rewarded and unrewarded responses ({rewarded} of {total} "
                    "rewarded), so every advantage is 0 and there is nothing to measure; the problems are too hard "
                    "or too easy for this policy, or the answer column is wrong: use other problems (problems_path), "
