@@ -36,6 +36,7 @@ def runs():
     return {s: _run(s) for s in engine.STRATEGIES}
 
 
+@pytest.mark.slow   # trains or runs a subprocess: make test, not make test-fast
 @pytest.mark.parametrize("strategy", list(engine.STRATEGIES))
 def test_strategy_property_from_trainer_record(runs, strategy):
     out = runs[strategy]
@@ -73,6 +74,7 @@ def test_strategy_property_from_trainer_record(runs, strategy):
     assert len(out["monitor"]) and out["monitor"].noise_floor.max() < 1e-5
 
 
+@pytest.mark.slow   # trains or runs a subprocess: make test, not make test-fast
 def test_random_splits_groups_somewhere(runs):
     """The baseline scatters a query's rollouts (what QB fixes) — at least once in the run."""
     mb = runs["random"]["minibatches"]
@@ -100,6 +102,7 @@ def test_micro_batch_sizing_binds_only_past_token_chunk():
     assert cfg.max_steps == 3 * 2 and engine.micro_rows(24, 64) == 2 and engine.micro_rows(2048, 2048) == 1
 
 
+@pytest.mark.slow   # trains or runs a subprocess: make test, not make test-fast
 def test_guard_sees_trls_fused_head():
     """TRL's loss forward reads lm_head.weight in its fused head without calling the head module: the
     Compute guard counts it on the model object, so a run whose mini-batch exceeds token_chunk raises."""
@@ -111,6 +114,7 @@ def test_guard_sees_trls_fused_head():
                          monitor=False, **{**RUN, "iterations": 1})
 
 
+@pytest.mark.slow   # trains or runs a subprocess: make test, not make test-fast
 @pytest.mark.parametrize("strategy", ["random", "sign_partitioned", "QB+RB"])
 def test_micro_batches_take_the_same_steps(strategy):
     """A run whose mini-batches are accumulated from micro-batches (token_chunk binding) takes the same
@@ -295,6 +299,7 @@ def test_measure_step_plain_function_on_rollout_batch(model64, batch):
     assert (abs(s - 1) < 1e-12).all()
 
 
+@pytest.mark.slow   # trains or runs a subprocess: make test, not make test-fast
 def test_small_trainer_frames_maps_a_trl_run(runs):
     """engine.small_trainer_frames gives train_run's three frames (columns, meanings) from a TRL run."""
     from cancellation import train  # noqa: F401  (the frames' reference: train.train_run)
@@ -448,6 +453,7 @@ def test_rb_extra_rounds_go_through_the_trainer_dataloader(monkeypatch):
     assert got == want[:5]
 
 
+@pytest.mark.slow   # trains or runs a subprocess: make test, not make test-fast
 def test_example_script_runs(tmp_path):
     """examples/trl_monitor.py: plain TRL with callbacks=[CancellationMonitor(...)] writes its rows."""
     import os
@@ -502,6 +508,7 @@ os._exit(0)
 '''
 
 
+@pytest.mark.slow   # trains or runs a subprocess: make test, not make test-fast
 def test_two_processes_qb_rb_with_monitor(tmp_path):
     """Two CPU processes under `accelerate launch --multi_gpu --num_processes 2` (its torchrun launcher;
     on a machine without GPUs the processes join with gloo. `--cpu` would pick accelerate's
@@ -542,6 +549,7 @@ def test_two_processes_qb_rb_with_monitor(tmp_path):
     assert not (tmp_path / "cancellation1").exists()
 
 
+@pytest.mark.slow   # trains or runs a subprocess: make test, not make test-fast
 def test_unscorable_rewards_stop_the_trainer_in_one_line():
     """A reward function that returns None (TRL: unscorable) for some completions: one line naming the
     function and the count, not a reward of 0 trained down as wrong nor a NaN advantage; a NaN of one

@@ -193,6 +193,7 @@ def test_run_rounds_gives_every_iteration_an_update_and_respects_the_budget():
     assert train.run_params(_tcfg(run_rounds=40, **plain)) == train.run_params(_tcfg(**plain))
 
 
+@pytest.mark.slow   # trains or runs a subprocess: make test, not make test-fast
 def test_cached_train_many_in_two_processes_equals_one(tmp_path, monkeypatch):
     from cancellation import cache
     monkeypatch.setattr(cache, "DEFAULT_DIR", tmp_path / "a")
