@@ -211,7 +211,8 @@ def compute(P: Params) -> Result:
                        measure.flip_fractions(df.assign(sign="all"), by=("step", "sign"))])
         rows.append(f.assign(model=Path(path).name))
     fig9 = pd.concat(rows, ignore_index=True)
-    return Result(probe, noise, signed, acc, frac, sens, comp, control, control_acc, fig9, P.eps)
+    return Result(probe=probe, noise=noise, signed=signed, accuracy=acc, frac=frac, sens=sens, categories=comp,
+                  control=control, control_accuracy=control_acc, fig9=fig9, eps=P.eps)
 
 
 def _noise_floor(P: Params, cfg: train.RunConfig):

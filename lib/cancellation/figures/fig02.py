@@ -96,7 +96,8 @@ def _compute(P: Params, source) -> Result:
     terms = pd.DataFrame({"row": f.rows.cpu().numpy(), "o": f.o.cpu().numpy(), "A": f.A.cpu().numpy(), "p": f.p.cpu().numpy(),
                           "entropy": f.entropy.cpu().numpy(), **{k: v.cpu().numpy() for k, v in t.items()},
                           "measured": scatter.measured.to_numpy()})
-    return Result(summary, pairs, pair_summary, heat, absolute, edges, fidelity, scatter, terms)
+    return Result(summary=summary, pairs=pairs, pair_summary=pair_summary, heat=heat, absolute=absolute, edges=edges,
+                  fidelity=fidelity, scatter=scatter, terms=terms)
 
 
 def _pairs(f: coupling.Features, P: Params) -> pd.DataFrame:

@@ -127,8 +127,9 @@ def _compute(P: Params, source, inputs: dict) -> Result:
     adam = pd.DataFrame([{"n_elements": len(ratio), "median_ratio": float(np.median(ratio)),
                           "share_above_0.99": float((ratio > 0.99).mean()),
                           "share_above_0.5": float((ratio > 0.5).mean()), "min_ratio": float(ratio.min())}])
-    return Result(summary, precision, effects, table1, scope_agree, _boost_vs_cos(effects, P), topk, consistency,
-                  adam, topk_effects)
+    return Result(summary=summary, precision=precision, effects=effects, table1=table1, scope_agree=scope_agree,
+                  boost_vs_cos=_boost_vs_cos(effects, P), topk=topk, consistency=consistency, adam=adam,
+                  topk_effects=topk_effects)
 
 
 def _precision(model, batch, P: Params) -> pd.DataFrame:

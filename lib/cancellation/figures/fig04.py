@@ -202,9 +202,11 @@ def compute(P: Params) -> Result:
     assert (tokens.copy_masked == ((cls == "shared") & (tokens.advantage < 0))).all(), "copies_mask != classify"
     tcells = thesis.cells(tokens, P.conf_bins)
     t_cats = [c for c in cats if c in set(tcells.category)]
-    return Result("\n".join(lines), tokens, audit, mass, summary, per, shift, table, top, top_labels, occurrences,
-                  cats, totals, conf, list(settings), {k: v[1] for k, v in settings.items()},
-                  _compare(settings, P), tcells, thesis.summary(tcells, t_cats, n_boot=P.n_boot, seed=P.seed))
+    return Result(summary="\n".join(lines), tokens=tokens, audit=audit, mass=mass, summary_table=summary, per=per,
+                  shift=shift, table=table, top=top, top_labels=top_labels, occurrences=occurrences, cats=cats,
+                  totals=totals, template_confidence=conf, settings=list(settings),
+                  setting_shifts={k: v[1] for k, v in settings.items()}, compare=_compare(settings, P),
+                  thesis_cells=tcells, thesis=thesis.summary(tcells, t_cats, n_boot=P.n_boot, seed=P.seed))
 
 
 def _top_tokens(tokens: pd.DataFrame, P: Params):

@@ -242,8 +242,9 @@ def _compute(P: Params, source) -> Result:
                                      verifier=verifier).assign(estimator=P.estimators[0])
         lines.append(f"held-out states: a second batch ({len(other)} rollouts, new prompts), split by the step on the "
                      f"first; {len(pool2)} tokens valued, {time.perf_counter() - t0:.1f} s")
-    return Result("\n".join(lines), counts, mc, se, vt, fig5a, gap1, fig5b, peak, strata, conf_gaps, v11, fig11,
-                  chosen, time.perf_counter() - t_start, heldout)
+    return Result(summary="\n".join(lines), counts=counts, mc=mc, se=se, values=vt, cells=fig5a, gap1=gap1,
+                  entropy_gap=fig5b, peak=peak, strata=strata, conf_gaps=conf_gaps, pool11=v11, repeated=fig11,
+                  chosen=chosen, seconds=time.perf_counter() - t_start, heldout=heldout)
 
 
 def _value_config(P: Params, estimator: str) -> value.ValueConfig:

@@ -271,8 +271,9 @@ def _compute(P: Params, source) -> Result:
     gaps, reps = budget.gap_table(sw, valued, subsets, P.n_boot, P.seed)
     trends = budget.trend_table(sw, valued, gaps, reps, subsets, P.M)
     group_trend = budget.composition_trend_groups(sw, valued, valued.group.to_numpy(), subsets, P.n_boot, P.seed)
-    return Result("\n".join(lines), valued, sw, gaps, trends, list(subsets), len(comp_gs), group_trend,
-                  dict(values=t_values, sweep=t_sweep, total=time.perf_counter() - t_start))
+    return Result(summary="\n".join(lines), valued=valued, sweep=sw, gaps=gaps, trends=trends, subsets=list(subsets),
+                  n_comp_groups=len(comp_gs), group_trend=group_trend,
+                  seconds=dict(values=t_values, sweep=t_sweep, total=time.perf_counter() - t_start))
 
 
 def token_subsets(valued: pd.DataFrame, top_fracs) -> dict:

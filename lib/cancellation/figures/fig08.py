@@ -123,8 +123,9 @@ def _compute(P: Params, source) -> Result:
     full = controls.summarise_pairs(pairs, "full_inner")
     corr = float(np.corrcoef(pairs.full_inner, pairs.lm_head_K)[0, 1])
     sign_agree = float((np.sign(pairs.full_inner) == np.sign(pairs.lm_head_K)).mean())
-    return Result(run_summary, freq, per_step, batch_summary, batch.mixed_groups(), lm, pooled, pairs, full, corr,
-                  sign_agree, time.time() - t1, cells)
+    return Result(run_summary=run_summary, freq=freq, per_step=per_step, batch_summary=batch_summary,
+                  mixed_groups=batch.mixed_groups(), lm=lm, pooled=pooled, pairs=pairs, full=full, corr=corr,
+                  sign_agree=sign_agree, seconds=time.time() - t1, cells=cells)
 
 
 def _frequency_matched(tokens: pd.DataFrame, P: Params):
