@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from . import rollout, tasks
+from . import rollout, seeds, tasks
 from .policy import n_params
 
 log = logging.getLogger(__name__)
@@ -151,7 +151,7 @@ def pretrain(cfg: PretrainConfig, out_dir: str | Path | None = None, progress: b
         bar.update(1)
         if step % cfg.eval_every == 0 or step == cfg.max_steps:
             model.eval()
-            acc = sampled_accuracy(model, tok, eval_problems, seed=cfg.seed + step)
+            acc = sampled_accuracy(model, tok, eval_problems, seed=seeds.derive(cfg.seed, "tiny_eval", step))
             history.append(dict(step=step, loss=float(loss.detach()), acc_t1=acc, minutes=(time.time() - t0) / 60))
             bar.set_postfix(loss=f"{float(loss.detach()):.3f}", acc=f"{acc:.2f}")
             log.info("step %d loss %.4f sampled acc %.3f", step, float(loss.detach()), acc)

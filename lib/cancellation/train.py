@@ -110,7 +110,7 @@ class PolicySampler:
 def grpo_steps(model, tokenizer, cfg: RunConfig, desc: str, progress: bool = True, model_path=None):
     """The one loop of a RunConfig's GRPO run: for each of cfg.steps, a fresh batch sampled from the current
     policy, yielded as (step, batch, update). The caller measures what it needs, then calls `update(old_logp)`
-    once: one GRPO step (cfg.update.n_minibatches optimizer steps, a persistent optimizer, seed cfg.seed + step),
+    once: one GRPO step (cfg.update.n_minibatches optimizer steps, a persistent optimizer, seed seeds.derive(cfg.seed, 'grpo_step', step)),
     after which the sampler takes the new weights; it returns grpo_step's per-mini-batch infos. `delta_run`
     and `sign_consistency_run` are this loop with their measurements around the update.
     `model_path` is needed only by a vLLM sampler (it loads the checkpoint, then takes our weights)."""
@@ -124,7 +124,8 @@ def grpo_steps(model, tokenizer, cfg: RunConfig, desc: str, progress: bool = Tru
         batch = sampler.sample(tokenizer, cfg.source.draw(cfg.n_prompts, pseed), sseed)
 
         def update(old_logp=None, step=step, batch=batch):
-            infos = grpo.grpo_step(model, batch, cfg.update, optimizer=opt, old_logp=old_logp, seed=cfg.seed + step)
+            infos = grpo.grpo_step(model, batch, cfg.update, optimizer=opt, old_logp=old_logp,
+                                   seed=seeds.derive(cfg.seed, "grpo_step", step))
             sampler.sync(model)
             return infos
         yield step, batch, update

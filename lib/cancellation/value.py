@@ -37,7 +37,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from . import cache, grpo, measure, procs, stage, tasks
+from . import cache, grpo, measure, procs, seeds, stage, tasks
 from . import stats as _stats
 from .guard import TOKEN_CHUNK, check_update
 from .rollout import _left_pad, stop_ids
@@ -490,7 +490,7 @@ def sign_gaps(df: pd.DataFrame, n_boot: int = 2000, seed: int = 0, status_col: s
         cells.append((b, s))
         g, lo, hi = _stats.bootstrap_gap(b, s, n_boot, seed)
         rows.append(dict(sign=sign, gap=g, lo=lo, hi=hi, n_boosted=len(b), n_suppressed=len(s)))
-    g, lo, hi = _stats.balanced_gap(cells, n_boot, seed + 1)
+    g, lo, hi = _stats.balanced_gap(cells, n_boot, seeds.derive(seed, "balanced_gap"))
     rows.append(dict(sign="all", gap=g, lo=lo, hi=hi, n_boosted=sum(len(b) for b, _ in cells),
                      n_suppressed=sum(len(s) for _, s in cells)))
     return rows

@@ -215,7 +215,7 @@ def topk_table(model, batch, f: coupling.Features, *, pools, n_cands: int, low_q
     table and the per-candidate δ's behind it (pool, k, scope, cand, delta)."""
     rows, per = [], []
     for p in pools:
-        cands_c, _ = coupling.masking_sets(f, n_cands, 1, low_quantile, seed=seed + 1, pool=p)
+        cands_c, _ = coupling.masking_sets(f, n_cands, 1, low_quantile, seed=seeds.derive(seed, "topk_candidates"), pool=p)
         fp = coupling.Features(**{**f.__dict__, "A": f.A * (f.A > 0) if p == "positive" else f.A})  # pool's weights
         top = coupling.top_coupled_sets(fp, cands_c, max(topk_sizes))
         for k in topk_sizes:

@@ -518,7 +518,7 @@ def reading(rows: list[C.Claim], R: Result, P: Params) -> str:
            f"rises then falls, gap(peak) − gap(all): {f('fig05b_peak_minus_end')}; peak (% of all tokens): "
            f"{f('fig05b_peak')}"]
     if R.heldout is not None and len(R.heldout):
-        g = {r["sign"]: r for r in value.sign_gaps(R.heldout, P.n_boot, P.seed + 9)}
+        g = {r["sign"]: r for r in value.sign_gaps(R.heldout, P.n_boot, seeds.derive(P.seed, "heldout_gaps"))}
         out.append(f"held-out states: balanced {f(f'fig05a_{est0}_heldout')}; per sign " + ", ".join(
             f"{s_} {g[s_]['gap']:+.3f} [{g[s_]['lo']:+.3f}, {g[s_]['hi']:+.3f}]"
             + ("" if g[s_]["lo"] > 0 else " (its interval holds 0)") for s_ in ("pos", "neg")))
