@@ -80,13 +80,12 @@ def test_math500_answer_and_solution_only_with_nested_boxed(tmp_path):
 def test_math500_parquet(tmp_path):
     f = tmp_path / "test.parquet"
     pd.DataFrame({"problem": ["p1", "p2"], "solution": ["s \\boxed{3}", "t"], "answer": ["3", "x^2"]}).to_parquet(f)
-    assert [(p.prompt, p.answer) for p in tasks.load_problems(f)] == [("p1", "3"), ("p2", "x^2")]
+    assert [(p.prompt, p.answer) for p in tasks.ProblemSource(str(f)).load()] == [("p1", "3"), ("p2", "x^2")]
 
 
 def test_plain_prompt_answer(tmp_path):
     f = write_jsonl(tmp_path / "plain.jsonl", [{"prompt": "2+2?", "answer": 4}, {"prompt": "3+3?", "answer": "6"}])
     assert tasks.ProblemSource(str(f)).load() == [tasks.Problem("2+2?", "4", "plain"), tasks.Problem("3+3?", "6", "plain")]
-    assert tasks.load_problems(f, limit=1) == [tasks.Problem("2+2?", "4", "plain")]
 
 
 @pytest.mark.parametrize("name, content, place, expected", [
@@ -220,7 +219,6 @@ def test_file_draw_is_a_seeded_sample_without_replacement(tmp_path):
     assert a == src.draw(10, seed=4) and len({p.prompt for p in a}) == 10
     import random
     assert [p.prompt for p in a] == [f"q{i}" for i in random.Random(4).sample(range(30), 10)]
-    assert a == tasks.draw_problems(10, 4, pool=tasks.load_problems(f))
     assert len(src.draw(100, seed=1)) == 30
 
 
@@ -315,7 +313,7 @@ def test_file_source_uses_one_math_verifier(tmp_path):
     src = tasks.ProblemSource(str(f))
     v = src.verifier()
     assert isinstance(v, tasks.MathVerifier) and src.verifier() is v
-    assert isinstance(tasks.verifier_for(str(f)), tasks.MathVerifier) and tasks.verifier_for(None) is tasks.verify
+    assert tasks.ProblemSource().verifier() is tasks.verify   # the generated task: the exact check
 
 
 def test_answer_candidates():

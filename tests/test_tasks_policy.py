@@ -42,13 +42,13 @@ def test_eval_sets_are_fixed_and_disjoint_by_difficulty():
 def test_load_problems_checks_columns(tmp_path):
     f = tmp_path / "p.jsonl"
     f.write_text(json.dumps({"prompt": "1+1?", "answer": "2"}) + "\n")
-    assert tasks.load_problems(f)[0].answer == "2"
+    assert tasks.ProblemSource(str(f)).load()[0].answer == "2"
     g = tmp_path / "q.jsonl"
     g.write_text(json.dumps({"question": "1+1?", "answer": "2"}) + "\n")
     with pytest.raises(ValueError, match="'prompt'"):
-        tasks.load_problems(g)
+        tasks.ProblemSource(str(g)).load()
     with pytest.raises(FileNotFoundError):
-        tasks.load_problems(tmp_path / "missing.parquet")
+        tasks.ProblemSource(str(tmp_path / "missing.parquet")).load()
 
 
 @pytest.mark.slow

@@ -857,23 +857,3 @@ class ProblemSource:
         return out
 
     cache_params = params   # a stage input's canonical form (stage.canonical)
-
-
-# Thin wrappers kept for call sites not yet moved to ProblemSource.
-def load_problems(path: str | Path, limit: int | None = None) -> list[Problem]:
-    """Problems of a .parquet/.jsonl/.json file (any of the three shapes), deduplicated."""
-    problems = ProblemSource(str(path)).load()
-    return problems[:limit] if limit else problems
-
-
-def draw_problems(n: int, seed: int, kinds=KINDS, pool: list | None = None) -> list[Problem]:
-    """`n` problems: from a loaded `pool` (real data) if given, else generated arithmetic."""
-    if pool:
-        rng = random.Random(seed)
-        return [pool[i] for i in rng.sample(range(len(pool)), min(n, len(pool)))]
-    return sample_problems(n, seed=seed, kinds=kinds)
-
-
-def verifier_for(problems_path: str | None):
-    """Exact arithmetic check for generated problems, math-verify for real data files."""
-    return ProblemSource(problems_path or "").verifier()
