@@ -38,7 +38,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from cancellation import claims, coupling, plots
-from cancellation.figures import fig03
+from cancellation.figures import fig03, fig03_claims
 
 logging.basicConfig(level=logging.WARNING)
 P = fig03.Params(**params)   # every parameter, its default, doc and allowed range: lib/cancellation/figures/fig03.py
@@ -154,8 +154,8 @@ for p in P.pools:
              for k in coupling.SET_KINDS]
     print(f"Boost Rate ({p} pool, lm_head/full): " + ", ".join(parts))
 print("sign-aware Boost Rate (nonzero pool, lm_head/full): " + ", ".join(
-    f"{k} {100 * fig03.signed_boost(R.effects, 'nonzero', k, 'lm_head').mean():.0f}%/"
-    f"{100 * fig03.signed_boost(R.effects, 'nonzero', k, 'full').mean():.0f}%" for k in coupling.SET_KINDS))
+    f"{k} {100 * fig03_claims.signed_boost(R.effects, 'nonzero', k, 'lm_head').mean():.0f}%/"
+    f"{100 * fig03_claims.signed_boost(R.effects, 'nonzero', k, 'full').mean():.0f}%" for k in coupling.SET_KINDS))
 print("scope agreement of δ (full vs lm_head): " + ", ".join(
     f"{p}: Pearson {r.pearson:.3f}, sign {100 * r.sign_agreement:.0f}%" for p, r in R.scope_agree.iterrows()))
 print(f"Fig. 10 sign consistency: mean {cons.mean():.3f} (range {cons.min():.3f}-{cons.max():.3f}); "
@@ -189,8 +189,8 @@ print(f"stock float32 norms vs exact: sign agreement of a full SGD step's Δlog 
 # candidates, paired where the candidates are shared):
 
 # %%
-rows = fig03.claims(R, P)
-print("\n".join(fig03.reading(rows, R)))
+rows = fig03_claims.claims(R, P)
+print("\n".join(fig03_claims.reading(rows, R)))
 
 # %%
 claims.record(results_dir, "03", rows);

@@ -51,7 +51,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from cancellation import claims, plots
-from cancellation.figures import fig05
+from cancellation.figures import fig05, fig05_claims
 
 logging.basicConfig(level=logging.WARNING)
 P = fig05.Params(**params)   # every parameter, its default, doc and allowed range: lib/cancellation/figures/fig05.py
@@ -193,6 +193,6 @@ print(f"M = {P.M}; median per-token SE: " + ", ".join(f"{e} {v:.3f}" for e, v in
 # lr's later step is not recorded twice. Held-out states are reported per sign. From the rows:
 
 # %%
-rows = fig05.claims(R, P)
-print(fig05.reading(rows, R, P))
+rows = fig05_claims.claims(R, P)
+print(fig05_claims.reading(rows, R, P))
 claims.record(results_dir, "05", rows);
