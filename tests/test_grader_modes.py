@@ -259,11 +259,11 @@ def test_07s_runs_record_coverage_per_iteration_and_report_it(tmp_path):
     want = sum(bool(tasks.extract_answers(t, tasks.FILE_MODE)) for t in again.texts)
     it = train.train_run(model, tok, cfg, progress=False)["iterations"]
     assert want > 0, again.texts   # the tiny policy ends its working in a \\boxed{} answer
-    assert int(it.with_answer.iloc[0]) == want
+    assert int(it.with_answer.iloc[0]) == want and int(it.graded.iloc[0]) == 4
     P = fig07.Params(n_prompts=2, G=2)
     line = fig07.coverage_line(it, P)
     assert f"{want} of 4 sampled responses ({100 * want / 4:.1f}%)" in line and "answer_line+boxed" in line
-    assert fig07.coverage_line(it.drop(columns=["with_answer"]), P) == ""
+    assert fig07.coverage_line(it.drop(columns=["with_answer", "graded"]), P) == ""
 
 
 def test_trls_reward_function_counts_coverage_as_the_small_trainer(tmp_path):
@@ -278,4 +278,5 @@ def test_trls_reward_function_counts_coverage_as_the_small_trainer(tmp_path):
     fn(["What is 7+5?"] * n, texts, ["12"] * n, ["file"] * n)
     fn(["What is 7+5?"] * 2, texts[:2], ["12"] * 2, ["file"] * 2)
     assert fn.with_answer == WITH_CANDIDATE["answer_line+boxed"] + 2   # answer_line and boxed styles again
+    assert fn.graded == n + 2
     assert engine_data.reward_function(tasks.ProblemSource()).with_answer is None

@@ -469,9 +469,10 @@ def _train_run(model, tok, cfg, opt, sampler, ckpt_path, ckpt_every, progress, o
                        loss=float(np.mean([i["loss"] for i in infos])) if infos else float("nan"),
                        t_update=time.time() - t1)
             st["mbs"] += [dict(i, iteration=it) for i in infos]
-        covered = cfg.source.with_answer([t for d in drawn for t in d.texts])
+        texts = [t for d in drawn for t in d.texts]
+        covered = cfg.source.with_answer(texts)
         if covered is not None:   # a problem file: how many sampled responses the reward found an answer in
-            row["with_answer"] = covered
+            row["with_answer"], row["graded"] = covered, len(texts)
         st["iters"].append(row)
         st["iteration"] = it + 1
         if (it + 1) % cfg.eval_every == 0 or it + 1 == cfg.iterations:

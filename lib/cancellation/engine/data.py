@@ -44,8 +44,9 @@ def problem_dataset(source: tasks.ProblemSource, tokenizer, n: int, seed: int = 
 def reward_function(source: tasks.ProblemSource):
     """A TRL reward function (prompts, completions, answer, kind) -> [float] from `source.verifier()`.
     Its `with_answer` attribute counts the completions it graded that hold an answer candidate
-    (`ProblemSource.with_answer`: the reward's coverage; None for the generated task's exact check), which
-    `BatchingGRPOTrainer` records per iteration as the small trainer does."""
+    (`ProblemSource.with_answer`: the reward's coverage; None for the generated task's exact check) and
+    `graded` the completions it graded, which `BatchingGRPOTrainer` records per iteration as the small
+    trainer does."""
     verifier = source.verifier()
 
     def correctness(prompts, completions, answer, kind, **_):
@@ -57,9 +58,11 @@ def reward_function(source: tasks.ProblemSource):
             texts.append(text)
         if correctness.with_answer is not None:
             correctness.with_answer += source.with_answer(texts)
+            correctness.graded += len(texts)
         return out
 
     correctness.with_answer = None if source.with_answer([]) is None else 0
+    correctness.graded = 0   # the completions graded in this process (each process grades its own shard)
     return correctness
 
 

@@ -19,13 +19,14 @@ from .recorder import StepRecorder
 from .trainer import BatchingGRPOTrainer
 
 
-# the columns of train.train_run's three frames, in its order (buffer_* only for RB runs, with_answer only on
-# a problem file)
+# the columns of train.train_run's three frames, in its order (buffer_* only for RB runs, with_answer and graded
+# only on a problem file)
 SMALL_FRAMES = {
     "evals": ["iteration", "updates", "set", "accuracy", "seconds"],
     "iterations": ["iteration", "rounds", "sampled_acc", "updated", "t_sample", "buffer_discarded",
                    "buffer_delayed", "buffer_buffered", "buffer_sampled", "buffer_released", "batch_acc", "entropy",
-                   "n_rollouts", "n_pos", "n_neg", "n_tokens", "resp_len", "loss", "t_update", "with_answer"],
+                   "n_rollouts", "n_pos", "n_neg", "n_tokens", "resp_len", "loss", "t_update", "with_answer",
+                   "graded"],
     "minibatches": ["loss", "clipfrac", "n_tokens", "ratio_dev", "minibatch", "rows", "n_pos", "n_neg",
                     "grad_norm", "iteration"],
 }
@@ -96,7 +97,7 @@ def small_trainer_frames(out: dict, n_minibatches: int | None = None) -> dict:
     its["t_update"] = (its.pop("_steps_s") - its.t_sample).where(its.updated)
     its.loc[~its.updated.astype(bool), ["batch_acc", "entropy", "n_rollouts", "n_pos", "n_neg", "n_tokens",
                                         "resp_len", "loss"]] = nan
-    cols = [c for c in SMALL_FRAMES["iterations"] if c in its or not c.startswith(("buffer_", "with_answer"))]
+    cols = [c for c in SMALL_FRAMES["iterations"] if c in its or not c.startswith(("buffer_", "with_answer", "graded"))]
     for c in cols:
         if c not in its:
             its[c] = nan

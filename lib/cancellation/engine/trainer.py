@@ -216,15 +216,16 @@ class BatchingGRPOTrainer(GRPOTrainer):
         def sample(r, k):
             return self._generate_round(generation_batch if k == 0 else self._extra_generation_batch())
 
-        covered = [getattr(f, "with_answer", None) for f in self.reward_funcs]   # engine.reward_function's count
+        rf = self.reward_funcs[0] if self.reward_funcs else None
+        covered = (rf.with_answer, rf.graded) if getattr(rf, "with_answer", None) is not None else None
         batch, drawn = batching.sample_until_release(sample, self.buffer, self._round, cap, self._agree)
         rounds = len(drawn)
         self._round += rounds
         row = dict(iteration=it, rounds=rounds, updated=batch is not None,
                    sampled_acc=float(torch.cat([d.reward for d in drawn]).mean()),
                    t_sample=time.perf_counter() - t0)
-        if covered and covered[0] is not None:   # a problem file: this process's sampled responses with an answer
-            row["with_answer"] = self.reward_funcs[0].with_answer - covered[0]
+        if covered is not None:   # a problem file: this process's graded responses, and those holding an answer
+            row["with_answer"], row["graded"] = rf.with_answer - covered[0], rf.graded - covered[1]
         if self.buffer is not None:
             st = self.buffer.stats()
             row.update({f"buffer_{k}": st[k] for k in ("discarded", "delayed", "buffered", "sampled", "released")})

@@ -418,12 +418,12 @@ def ci(x):
 
 def coverage_line(iters: pd.DataFrame, P: Params) -> str:
     """One line on the reward's coverage over the runs' sampled responses (a problem file; '' for the
-    generated task): how many held an answer the extraction mode finds (`with_answer`, per iteration in
-    fig08_iterations), so a low coverage is visible, not discovered."""
+    generated task): how many of the `graded` held an answer the extraction mode finds (`with_answer`, per
+    iteration in fig08_iterations), so a low coverage is visible, not discovered."""
     if "with_answer" not in iters:
         return ""
     counted = iters[iters.with_answer.notna()]   # iterations run before the column existed have none
-    total = int(counted.rounds.sum()) * P.n_prompts * P.G
+    total = int(counted.graded.sum())   # TRL on N processes: rank 0's shard, as with_answer
     n = int(counted.with_answer.sum())
     mode = tasks.FILE_MODE if P.answer_mode == "auto" else P.answer_mode
     return (f"answer coverage (answer_mode {mode}): {n} of {total} sampled responses ({100 * n / max(total, 1):.1f}%) "
