@@ -537,8 +537,9 @@ def _tables(P: Params, runs, probe) -> Result:
             "optimizer steps per run " + ("equal across strategies" if table2.optimizer_steps.nunique() == 1 else
                                           f"differ across strategies ({why})")
             + ": " + ", ".join(f"{s} {v:g}" for s, v in zip(table2.strategy, table2.optimizer_steps)))
-    if coverage_line(iters, P):
-        note += "\n" + coverage_line(iters, P)
+    coverage = coverage_line(iters, P)
+    if coverage:
+        note += "\n" + coverage
     return Result(summary="", table2_summary=note, set_names=set_names, cols=cols, evals=evals, iters=iters,
                   minibatches=mbs, curves=curves, timing=timing, agg=agg, table2=table2, table2_shown=shown,
                   start=start, final_avg=fa, probe_evals=pe, sweep=sweep, sweep_shown=show_sweep, grad_norm=gn,
