@@ -35,6 +35,9 @@ A ?=
 P ?=
 REPLACE ?=
 CORES ?= $(shell nproc 2>/dev/null || echo 1)
+# pytest-xdist workers of make test / test-fast, one test file each at a time (0: one process, no xdist)
+TEST_WORKERS ?= 2
+XDIST := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 PYTHON ?= python3
 TORCH_SPEC ?= torch==2.13.0
 VENV := .venv
@@ -95,10 +98,10 @@ verify: env
 	$(PY) -m cancellation.verify $(A) $(B)
 
 test: env
-	$(PY) -m pytest -q -x --durations=10
+	$(PY) -m pytest -q -x --durations=10 $(XDIST)
 
 test-fast: env
-	$(PY) -m pytest -q -x -m "not slow and not golden"
+	$(PY) -m pytest -q -x -m "not slow and not golden" $(XDIST)
 
 lint: env
 	$(PY) -m ruff check lib tests notebooks examples

@@ -14,6 +14,13 @@ _KEYDIR = tempfile.mkdtemp(prefix="cancellation-test-key-")
 os.environ["CANCELLATION_CACHE_KEY"] = os.path.join(_KEYDIR, "cache.key")
 atexit.register(shutil.rmtree, _KEYDIR, ignore_errors=True)
 
+# `make test` runs two pytest-xdist workers, one file each at a time (`--dist loadfile`, so a module's fixtures
+# and the cache entries its tests share stay in one process). Each worker is its own session above (its own
+# cache and key); on a CPU it takes one thread, inherited by the notebook kernels it starts, so two workers
+# fill two cores instead of four threads fighting over them. Alone (no xdist), torch's default threads.
+if os.environ.get("PYTEST_XDIST_WORKER") and "OMP_NUM_THREADS" not in os.environ:
+    os.environ["OMP_NUM_THREADS"] = "1"
+
 import pytest  # noqa: E402
 import torch  # noqa: E402
 

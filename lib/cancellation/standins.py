@@ -25,6 +25,8 @@ from pathlib import Path
 
 import torch
 
+from . import cache
+
 VERSION = 2  # bump when anything below changes what is written (the manifest check rebuilds then)
 
 EOT, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
@@ -331,8 +333,15 @@ def build(out_dir: str | Path, seed: int = 0, steps: int = 100, force: bool = Fa
     slow part: every logits row is 151,936 wide).
 
     Returns {"model", "dapo", "math500", "plain"} paths (str). Runs single-threaded, so the weights
-    are the same bytes on any machine with the same torch build."""
+    are the same bytes on any machine with the same torch build. A second process building the same
+    folder (two test workers, `make standins` beside a test run) waits for the first, then finds it built."""
     out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    with cache.lock(out / "manifest"):
+        return _build(out, seed, steps, force, paper_vocab)
+
+
+def _build(out: Path, seed: int, steps: int, force: bool, paper_vocab: bool) -> dict:
     paths = {"model": out / "model", "model_vocab": out / "model-vocab", "dapo": out / "dapo-math-17k.parquet",
              "math500": out / "math500.jsonl", "plain": out / "plain.jsonl"}
     man_path = out / "manifest.json"
