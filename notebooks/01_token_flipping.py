@@ -55,7 +55,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import numpy as np
 from cancellation import claims, measure, plots, run
-from cancellation.figures import fig01
+from cancellation.figures import fig01, fig01_claims
 
 logging.basicConfig(level=logging.WARNING)
 P = fig01.Params(**params)   # every parameter, its default, doc and allowed range: lib/cancellation/figures/fig01.py
@@ -154,7 +154,7 @@ if R.control is not None:
           R.control.groupby(["run", "sign", "status"]).fraction.mean().unstack("status").round(3).to_string())
 print("categories of the suppressed tokens in A > 0 rollouts (share of those tokens):")
 print(R.categories.to_string(float_format=lambda v: f"{100 * v:.1f}%"))
-print(fig01.control_drop(R).detail if R.control is not None else "no control policy (control_model_path is empty)")
+print(fig01_claims.control_drop(R).detail if R.control is not None else "no control policy (control_model_path is empty)")
 
 # %% [markdown]
 # ## Fig. 9 — across models
@@ -180,7 +180,7 @@ axes[0, 0].legend(frameon=False)
 fig.tight_layout()
 plots.save(fig, "fig09_flipping_across_models", fig_dir)
 plt.show()
-print(fig01.fig9_scope(P, run.load_profile("paper")))
+print(fig01_claims.fig9_scope(P, run.load_profile("paper")))
 R.fig9.groupby(["model", "sign", "status"]).fraction.mean().unstack("status").round(3)
 
 # %% [markdown]
@@ -194,7 +194,7 @@ R.fig9.groupby(["model", "sign", "status"]).fraction.mean().unstack("status").ro
 # are not. `fig01_signed_mean` checks that similar shares still favour positive rollouts on average.
 
 # %%
-rows = fig01.claims(R, P)
+rows = fig01_claims.claims(R, P)
 print("\n".join(f"{c.claim}: {c.measured:.1f} [{c.lo:.1f}, {c.hi:.1f}] ({c.verdict}); {c.detail}" for c in rows
                 if c.claim.startswith("fig01_nearly_half_opposite")))
 claims.record(results_dir, "01", rows);

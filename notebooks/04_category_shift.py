@@ -54,7 +54,7 @@ import logging
 import matplotlib.pyplot as plt
 
 from cancellation import claims, plots
-from cancellation.figures import fig04, fig04_plots
+from cancellation.figures import fig04, fig04_claims, fig04_plots
 
 logging.basicConfig(level=logging.WARNING)
 P = fig04.Params(**params)   # every parameter, its default, doc and allowed range: lib/cancellation/figures/fig04.py
@@ -70,13 +70,13 @@ print(R.summary)
 # the next run without recomputing.
 
 # %%
-print("\n".join(fig04.audit_lines(R.audit)))
+print("\n".join(fig04_claims.audit_lines(R.audit)))
 
 # %% [markdown]
 # ## Boosted and suppressed mass per category
 
 # %%
-fig04.mass_view(R.summary_table)
+fig04_claims.mass_view(R.summary_table)
 
 # %% [markdown]
 # ## Tokens whose Δlog p differs most between the two updates
@@ -84,7 +84,7 @@ fig04.mass_view(R.summary_table)
 # its occurrences in all batches, ranked by |mean Δ_GRPO − mean Δ_positive-only|.
 
 # %%
-print("\n".join(fig04.occurrence_lines(R.occurrences)))
+print("\n".join(fig04_claims.occurrence_lines(R.occurrences)))
 R.top.round(5)
 
 # %% [markdown]
@@ -102,7 +102,7 @@ plt.show()
 # the paired difference excluding zero. The cell below prints that test.
 
 # %%
-print("\n".join(fig04.shift_report(R)))
+print("\n".join(fig04_claims.shift_report(R)))
 
 # %% [markdown]
 # ## Which verdicts come from the tagging and which from the scaffold wording
@@ -112,7 +112,7 @@ print("\n".join(fig04.shift_report(R)))
 # 95% t intervals over batches.
 
 # %%
-fig04.compare_view(R.compare)
+fig04_claims.compare_view(R.compare)
 
 # %%
 fig = fig04_plots.settings_shift(R)
@@ -132,9 +132,9 @@ plt.show()
 # (falsification: if it does not, the copies are not the cause). Each row's rule names the refuting outcome.
 
 # %%
-T, TC = R.thesis, fig04.thesis_claims(R.thesis)
+T, TC = R.thesis, fig04_claims.thesis_claims(R.thesis)
 print("no group holds both classes: nothing to compare on this profile" if T.empty else "")
-fig04.thesis_view(T)
+fig04_claims.thesis_view(T)
 
 # %%
 fig = fig04_plots.thesis(T, TC)
@@ -142,7 +142,7 @@ plots.save(fig, "fig04_thesis", fig_dir)
 plt.show()
 
 # %%
-print("\n".join(fig04.thesis_report(R.thesis, TC)))
+print("\n".join(fig04_claims.thesis_report(R.thesis, TC)))
 
 # %% [markdown]
 # How to read the class means above: a contrast in the paper's direction can come from shared tokens
@@ -158,6 +158,6 @@ print("\n".join(fig04.thesis_report(R.thesis, TC)))
 # is also read in absolute mass (GRPO / positive-only, geometric mean over batches):
 
 # %%
-rows = fig04.claims(R, P)
-print(fig04.mass_reading(rows))
+rows = fig04_claims.claims(R, P)
+print(fig04_claims.mass_reading(rows))
 claims.record(results_dir, "04", rows);

@@ -1119,16 +1119,16 @@ def test_fig09_rows_only_for_runs_of_their_own_and_the_notebook_says_why():
     profiles, why two policies cannot test 'across models' and what the paper profile runs."""
     import yaml
 
-    from cancellation.figures import fig01
+    from cancellation.figures import fig01, fig01_claims
     reg = registry()
     assert "fig09_tiny-m" not in reg.index and "fig09_tiny-s" in reg.index
     assert "a GRPO run of its own" in reg.loc["fig09_tiny-s"].detail
     paper = yaml.safe_load((ROOT / "notebooks" / "params" / "paper.yaml").read_text())
-    line = fig01.fig9_scope(fig01.Params(), paper)
+    line = fig01_claims.fig9_scope(fig01.Params(), paper)
     assert "too few to test 'across models'" in line and "tiny-m is Fig. 1's own run" in line
     assert all(m in line for m in paper["common"]["models"]) and f"runs {len(paper['common']['models'])}:" in line
     three = fig01.Params(models=["data/policies/tiny-m", "data/policies/tiny-s", "data/policies/tiny-m-fixed"])
-    assert "too few" not in fig01.fig9_scope(three, paper)
+    assert "too few" not in fig01_claims.fig9_scope(three, paper)
     nb = json.loads((ROOT / "notebooks" / "executed" / "tiny" / "01_token_flipping.ipynb").read_text())
     text = "".join("".join(o.get("text", "")) for c in nb["cells"] for o in c.get("outputs", []))
     assert line in text

@@ -1,7 +1,7 @@
 """Notebook 04's figures, drawn from its Result (`fig04.compute`) and its thesis claim rows.
 
-Kept apart from `fig04` so that the figure module (its Params, compute, tables and claims: what the
-runner and the planner import) does not import matplotlib. Each function returns the figure; the
+Kept apart from `fig04` (its Params, compute and tables: what the runner and the planner import) and
+its claims (`fig04_claims`) so that neither imports matplotlib. Each function returns the figure; the
 notebook saves it (`plots.save`) and shows it.
 """
 from __future__ import annotations
