@@ -5,7 +5,7 @@
 #   make verify    compare data/results/ with the committed results (no rerun): every table within its stated
 #                  tolerance, every verdict equal; exit 0 when within (A=dir B=dir: any two results folders)
 #   make claims    regenerate README's claims table from data/results/tiny/claims.parquet (+ tiny-table2's)
-#   make test      the test suite (CPU, about 18 min on 2 cores from a fresh clone)
+#   make test      the test suite on TEST_WORKERS pytest-xdist workers (CPU, about 14 min on 2 cores from a fresh clone)
 #   make test-fast the tests that run no notebook and train nothing (pytest -m 'not slow')
 #   make lint      ruff check (the rules in pyproject.toml; CI runs it before make test)
 #   make bench     speed-ups and memory vs naive code (B=memory: one benchmark)
