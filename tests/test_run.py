@@ -67,6 +67,7 @@ def test_executed_notebooks_keep_results_not_progress_bars(tmp_path):
     nb = {"cells": [{"cell_type": "code", "metadata": {}, "outputs": [
         {"output_type": "stream", "name": "stderr", "text": ["\r", "train:  50%|█████     | 8/16 [00:17<00:19,  2.42s/it]"]},
         {"output_type": "stream", "name": "stderr", "text": ["/x/tqdm/auto.py:21: TqdmWarning: IProgress not found."]},
+        {"output_type": "stream", "name": "stderr", "text": ["\n"]},   # what a closed bar leaves behind
         {"output_type": "stream", "name": "stderr", "text": ["UserWarning: something real\n"]},
         {"output_type": "stream", "name": "stdout", "text": ["accuracy 0.50\n"]}]}], "metadata": {}}
     p = tmp_path / "nb.ipynb"

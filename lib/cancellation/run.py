@@ -571,11 +571,12 @@ def resolve_params(nb_path: Path, profile: str = "tiny", overrides: dict | None 
 
 
 def _is_progress(out: dict) -> bool:
-    """A stderr stream of progress-bar redraws (tqdm writes '\r...it/s]') or tqdm's IProgress notice."""
+    """A stderr stream of progress-bar redraws (tqdm writes '\r...it/s]'), tqdm's IProgress notice, or the bare
+    newline a closed bar leaves (a run that computed shows it, one that read the cache does not)."""
     if out.get("output_type") != "stream" or out.get("name") != "stderr":
         return False
     text = "".join(out.get("text", []))
-    return text.startswith("\r") or "TqdmWarning: IProgress not found" in text or (
+    return text.startswith("\r") or not text.strip() or "TqdmWarning: IProgress not found" in text or (
         "from .autonotebook import tqdm" in text)
 
 

@@ -217,7 +217,7 @@ def _compute(P: Params, source) -> Result:
                                   P.seed)
         st = {}
         vt = value.token_values(sampler, tok, b, vt, vcfg, mid=f"{fp}:{P.sample_dtype}", verifier=verifier, stats=st)
-        vt["group"] = b.group[torch.as_tensor(vt.rollout.to_numpy())].cpu().numpy()  # the query of the token
+        vt["group"] = b.group[torch.as_tensor(vt.rollout.to_numpy(copy=True))].cpu().numpy()  # the query of the token
         for k in ("cache_hits", "requests", "continuations"):
             stats[k] = stats.get(k, 0) + st.get(k, 0)
         parts.append(vt.assign(batch=name))
