@@ -7,7 +7,7 @@ import time
 import pytest
 import torch
 
-from cancellation import plan, policy, run
+from cancellation import plan, policy, run, standins
 from test_run import _readme_command, standin_paths  # noqa: F401 - the fixture
 
 # Qwen3-0.6B's hub config.json (the values that shape the model)
@@ -32,11 +32,10 @@ def _meta_model(path):
         return AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(str(path)))
 
 
-@pytest.mark.parametrize("which", ["data/standins/model", "data/policies/tiny-m", "qwen3-0.6b"])
+@pytest.mark.parametrize("which", ["standin", "data/policies/tiny-m", "qwen3-0.6b"])
 def test_shape_counts_the_parameters_of_the_built_model(which, qwen3_06b, tmp_path):
     path = qwen3_06b if which == "qwen3-0.6b" else run.ROOT / which
-    if which == "data/standins/model":   # the stand-in's architecture as its build makes it (without the build's
-        from cancellation import standins   # minute of training, which another test worker may be running)
+    if which == "standin":   # the config standins.build saves, without its minute of training (another worker's)
         path = tmp_path / "standin"
         standins.build_model(standins.build_tokenizer(), seed=0).config.save_pretrained(path)
     shape = plan.shape_of(str(path))
