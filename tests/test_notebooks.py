@@ -29,7 +29,7 @@ def _run(ref, out_root):
 
 @pytest.fixture(scope="module")
 def side_by_side(tmp_path_factory):
-    """Notebooks 05 and 06 (one CPU thread each) run side by side, as `make figures` runs them: the
+    """Notebooks 05 and 06 (one CPU thread each) run side by side, as `make figures`'s pool runs them: the
     command line with --cores 2, on a checkout copy (its notebooks, the repository's data by link), so
     that each runs in its own runner process and both write the one claims registry."""
     repo, root = Path(run.ROOT), tmp_path_factory.mktemp("side_by_side")
@@ -41,7 +41,7 @@ def side_by_side(tmp_path_factory):
     proc = subprocess.run([sys.executable, "-m", "cancellation.run", "05", "06", "--profile", "smoke", "--cores", "2",
                            "--root", str(root)], capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    assert "05_value_gap, 06_sampling_budget side by side (1 + 1 CPU threads" in proc.stdout
+    assert "2 notebooks in a pool of 2 cores" in proc.stdout and "(05 1, 06 1)" in proc.stdout
     assert "05_value_gap.py done in" in proc.stdout and "06_sampling_budget.py done in" in proc.stdout
     for stem in ("05_value_gap", "06_sampling_budget"):
         nb = json.loads((root / "notebooks" / "executed" / "smoke" / f"{stem}.ipynb").read_text())

@@ -296,20 +296,61 @@ def test_runner_outside_a_checkout_says_so_and_names_root(tmp_path, monkeypatch,
     assert "no notebooks/ directory under --root" in capsys.readouterr().err
 
 
-def test_side_by_side_groups_only_notebooks_whose_threads_fit_the_cores():
-    """`--cores N`: consecutive notebooks that fix their CPU threads share a group while their threads
-    fit in N; a notebook on torch's default threads (every core) or on an accelerator runs alone."""
+def test_cores_pool_the_cpu_notebooks_and_leave_accelerator_ones_alone():
+    """`--cores N`: every run of consecutive CPU notebooks is one pool (each notebook's threads pinned:
+    one, 07's two workers x one); with N = 1, or on an accelerator, every notebook is a segment of its own."""
     paths = run.all_notebooks()
     tiny = [(nb, run.resolve_params(nb, "tiny")) for nb in paths]
     stems = lambda groups: [[nb.stem[:2] for nb, _ in g] for g in groups]  # noqa: E731
-    assert [run.cpu_threads(p) for _, p in tiny] == [None, None, None, None, 1, 1, 2, None]  # 07: 2 workers x 1
-    assert stems(run.side_by_side(tiny, 1)) == [[s] for s in ("01", "02", "03", "04", "05", "06", "07", "08")]
-    assert stems(run.side_by_side(tiny, 2)) == [["01"], ["02"], ["03"], ["04"], ["05", "06"], ["07"], ["08"]]
-    assert stems(run.side_by_side(tiny, 4)) == [["01"], ["02"], ["03"], ["04"], ["05", "06", "07"], ["08"]]
+    assert [run.cpu_threads(p) for _, p in tiny] == [1, 1, 1, 1, 1, 1, 2, 1]  # 07: 2 workers x 1
+    every = ["01", "02", "03", "04", "05", "06", "07", "08"]
+    assert stems(run.segments(tiny, 1)) == [[s] for s in every]
+    assert stems(run.segments(tiny, 2)) == [every]
     gpu = [(nb, dict(p, device="cuda")) for nb, p in tiny]
-    assert stems(run.side_by_side(gpu, 64)) == [[s] for s in ("01", "02", "03", "04", "05", "06", "07", "08")]
+    assert stems(run.segments(gpu, 64)) == [[s] for s in every]
+    mixed = tiny[:3] + [gpu[3]] + tiny[4:]
+    assert stems(run.segments(mixed, 2)) == [["01", "02", "03"], ["04"], ["05", "06", "07", "08"]]
     trl = dict(tiny[6][1], engine="trl")   # TRL's trainer is one process whatever `workers` says
     assert run.cpu_threads(trl) == 1
+    assert run.cpu_threads({"device": "cpu"}) is None   # a notebook that does not pin its threads runs alone
+
+
+def test_the_pool_starts_notebooks_while_their_threads_fit_and_none_after_a_failure(tmp_path, monkeypatch, capsys):
+    """_run_pool with fake children: at most `cores` threads run at once (07's two workers wait for both
+    cores), every notebook runs, in order; after a failure nothing more starts and its exit status returns."""
+    import types
+    starts, live, peak = [], [], [0]
+
+    class Child:
+        def __init__(self, cmd, stdout, **kw):
+            self.stem, self.returncode, self.polls = cmd[3], None, 0
+            stdout.write(f"[run] {self.stem}.py done in 1 s\n")
+            starts.append(self.stem)
+            live.append(self)
+            peak[0] = max(peak[0], sum(2 if c.stem.startswith("07") else 1 for c in live))
+
+        def poll(self):
+            self.polls += 1
+            if self.polls >= 2 + len(self.stem) % 3 and self.returncode is None:
+                self.returncode = 1 if self.stem == FAIL[0] else 0
+                live.remove(self)
+            return self.returncode
+
+    FAIL = [""]
+    monkeypatch.setattr(run.subprocess, "Popen", Child)
+    monkeypatch.setattr(run.time, "sleep", lambda s: None)
+    monkeypatch.setattr(run, "ROOT", tmp_path)
+    group = [(run.Path(f"{s}.py"), {"threads": 1, "workers": 2 if s.startswith("07") else 1})
+             for s in ("01_a", "02_b", "03_c", "07_d", "08_e")]
+    a = types.SimpleNamespace(cores=2, profile="tiny", replace=False)
+    assert run._run_pool(group, a, {nb: {} for nb, _ in group}) == 0
+    assert starts == ["01_a", "02_b", "03_c", "07_d", "08_e"] and peak[0] == 2
+    starts.clear()
+    FAIL[0] = "02_b"
+    assert run._run_pool(group, a, {nb: {} for nb, _ in group}) == 1
+    assert "07_d" not in starts and "08_e" not in starts
+    err = capsys.readouterr().err
+    assert "02_b FAILED (exit 1)" in err and "not started after the failure" in err
 
 
 def test_a_kernel_whose_port_was_taken_is_started_again(tmp_path, monkeypatch, capsys):
@@ -401,7 +442,7 @@ run.subprocess.Popen = lambda cmd, **kw: real([sys.executable, "-c", CHILD, cmd[
 run.ROOT, run.STAGGER_S = out, 0.1
 group = [(Path("05_value_gap.py"), {"threads": 1}), (Path("06_sampling_budget.py"), {"threads": 1})]
 try:
-    run._run_side_by_side(group, types.SimpleNamespace(cores=2, profile="tiny", replace=False), {nb: {} for nb, _ in group})
+    run._run_pool(group, types.SimpleNamespace(cores=2, profile="tiny", replace=False), {nb: {} for nb, _ in group})
 except KeyboardInterrupt:
     sys.exit(130)
 '''

@@ -17,16 +17,18 @@ with --replace. Outputs are all or nothing (cancellation.staging): the notebook 
 through. A failing notebook prints its failing cell and the one-line cause, keeps
 <name>.failed.ipynb, exit 1; Ctrl-C exits 130 (SIGTERM 143) with a two-line message.
 --root DIR names the checkout (notebooks/, params, outputs) when the package is installed elsewhere.
---cores N lets consecutive notebooks that fix their CPU threads (05 and 06: one each) run side by
-side, each in its own runner process, while their threads fit in N cores (`make figures` passes the
-machine's core count); the numbers are those of one at a time. Every other notebook runs alone.
+--cores N runs CPU notebooks in a pool of N cores (`make figures` passes the machine's core count): each
+in its own runner process, started in notebook order while their threads fit (every figure pins its
+torch threads, `threads`, one by default; 07 runs `workers` processes of `threads` each); logs in
+.run-staging/logs/, each running notebook's latest line every minute. The numbers are those of one at a
+time. A notebook on an accelerator runs alone.
 
     python -m cancellation.run 01                      # notebooks/01_*.py on the tiny profile
     python -m cancellation.run 01 -p steps 5 -p seed 1 # -> figures/tiny/runs/<hash>/ ...
     python -m cancellation.run 01 -p steps 5 --replace # -> figures/tiny/ (the canonical outputs)
     python -m cancellation.run 07 --set 'eval_sets=[easy, medium]; tau=0.25'
     python -m cancellation.run all --profile tiny
-    python -m cancellation.run all --cores 2           # 05 and 06 side by side (one thread each)
+    python -m cancellation.run all --cores 2           # two notebooks at a time, one thread each
     python -m cancellation.run 05 06 --procs 8         # 05's and 06's Monte Carlo continuations on 8 ranks (GPUs)
 """
 from __future__ import annotations
@@ -933,9 +935,9 @@ def main(argv=None):
                     help="model_path's architecture from its config.json with seeded random weights, a coin-flip "
                          "reward; outputs only under dry-run/; records wall time and peak memory beside the plan")
     ap.add_argument("--cores", type=int, default=1, metavar="N",
-                    help="run consecutive notebooks that fix their CPU threads side by side while their threads fit "
-                         "in N cores, each in its own runner process (logs in .run-staging/logs/); same numbers as "
-                         "one at a time (default 1: one at a time)")
+                    help="run CPU notebooks in a pool of N cores, each in its own runner process on the threads it pins "
+                         "(`threads` x `workers`), started in order while they fit (logs in "
+                         ".run-staging/logs/); same numbers as one at a time (default 1: one at a time, in this process)")
     ap.add_argument("--root", metavar="DIR",
                     help=f"the repository checkout whose notebooks/, notebooks/params/, figures/ and data/results/ "
                          f"are used (default: the checkout this module lives in, {ROOT})")
@@ -1005,11 +1007,11 @@ def _main(a) -> int:
             return 2
         if a.plan:
             return 0
-        groups = [[x] for x in resolved] if (a.check or a.dry_run) else side_by_side(resolved, a.cores)
+        groups = [[x] for x in resolved] if (a.check or a.dry_run) else segments(resolved, a.cores)
         for group in groups:
             if len(group) > 1:
                 stem = ", ".join(nb.stem for nb, _ in group)
-                rc = _run_side_by_side(group, a, share)
+                rc = _run_pool(group, a, share)
                 if rc:
                     return rc
                 continue
@@ -1042,38 +1044,49 @@ def _main(a) -> int:
 
 
 def cpu_threads(params: dict) -> int | None:
-    """The CPU cores a notebook keeps busy: threads x workers when it fixes its torch threads on the
-    CPU; None (all of them) otherwise (torch's default threads, or an accelerator)."""
+    """The CPU cores a notebook keeps busy: its `threads` (every figure pins them: base.pin_threads) x
+    `workers` on the CPU; None (it runs alone) on an accelerator or without a `threads` parameter."""
     if str(params.get("device", "cpu")) != "cpu" or "threads" not in params:
         return None
     workers = params.get("workers", 1) if params.get("engine", "small") == "small" else 1
     return int(params["threads"]) * int(workers)
 
 
-def side_by_side(resolved: list, cores: int) -> list[list]:
-    """`resolved` (notebook, params) pairs in order, grouped: consecutive notebooks that fix their CPU
-    threads (`cpu_threads`) share a group while the group's threads fit in `cores`; every other
-    notebook is a group of its own. A group of several runs side by side (`_run_side_by_side`)."""
-    groups: list[list] = []
-    used = None  # the last group's threads; None when it holds a notebook that takes every core
+def segments(resolved: list, cores: int) -> list[list]:
+    """`resolved` (notebook, params) pairs in order, cut into what runs together: with `cores` > 1, each
+    run of consecutive CPU notebooks is one pool (`_run_pool`: started in order while their threads,
+    `cpu_threads`, fit in `cores`); a notebook on an accelerator, and every notebook with `cores` 1, is a
+    segment of its own and runs in the runner's process (its output live in the terminal)."""
+    out: list[list] = []
     for nb, params in resolved:
-        need = cpu_threads(params)
-        if groups and need is not None and used is not None and used + need <= cores:
-            groups[-1].append((nb, params))
-            used += need
+        pooled = cores > 1 and cpu_threads(params) is not None
+        if pooled and out and out[-1][0][2]:
+            out[-1].append((nb, params, True))
         else:
-            groups.append([(nb, params)])
-            used = need
-    return groups
+            out.append([(nb, params, pooled)])
+    return [[(nb, params) for nb, params, _ in seg] for seg in out]
 
 
-STAGGER_S = 5.0
+STAGGER_S = 5.0    # between two starts: kernels that start apart do not race for ports (run_notebook retries)
+HEARTBEAT_S = 60.0  # how often a pool prints where each running notebook is
 
 
-def _run_side_by_side(group: list, a, share: dict) -> int:
-    """Every notebook of `group` in its own `python -m cancellation.run` process, all at once. Each
-    writes its log to .run-staging/logs/<notebook>.log; a finished one prints its last line, a failed
-    one its log's tail. Returns the first failure's exit status (1, 130, 143), 0 when all ran through.
+def _last_line(log: Path) -> str:
+    """The last non-blank line of a child's log, a progress bar's latest state included (tqdm ends its
+    updates with a carriage return, not a newline)."""
+    with open(log, "rb") as f:
+        f.seek(max(0, f.seek(0, 2) - 4096))
+        tail = f.read().decode(errors="replace")
+    lines = [ln.strip() for ln in re.split(r"[\r\n]", tail) if ln.strip()]
+    return lines[-1][:120] if lines else ""
+
+
+def _run_pool(group: list, a, share: dict) -> int:
+    """The notebooks of `group`, each in its own `python -m cancellation.run` process, started in order
+    while their threads (`cpu_threads`) fit in `a.cores`.
+    Each writes its log to .run-staging/logs/<notebook>.log; every HEARTBEAT_S the pool prints each running
+    notebook's latest line; a finished one prints its last line, a failed one its log's tail, and no
+    further notebook starts. Returns the first failure's exit status (1, 130, 143), 0 when all ran through.
     Each child runs in a session of its own, so a signal reaches it once, from the runner: Ctrl-C in the
     terminal or `kill -INT <runner's pid>` is passed on as SIGINT, SIGTERM as SIGTERM. Either way every
     child restores its own outputs before the runner returns, and none outlives it."""
@@ -1081,25 +1094,40 @@ def _run_side_by_side(group: list, a, share: dict) -> int:
     logs.mkdir(parents=True, exist_ok=True)
     # an owner record keeps staging.clear_stale (in the children) from removing the logs of a live run
     (logs / "owner.json").write_text(json.dumps({"host": socket.gethostname(), "pid": os.getpid()}))
-    running, rc, t0 = {}, 0, time.time()
-    threads = " + ".join(str(cpu_threads(p)) for _, p in group)
-    print(f"[run] {', '.join(nb.stem for nb, _ in group)} side by side ({threads} CPU threads, --cores {a.cores}); "
-          f"logs in {_show(logs)}/", flush=True)
+    queue, running, rc, t0 = list(group), {}, 0, time.time()
+    threads = ", ".join(f"{nb.stem[:2]} {cpu_threads(p)}" for nb, p in group)
+    print(f"[run] {len(group)} notebooks in a pool of {a.cores} cores, started in order while their threads fit "
+          f"({threads}); logs in {_show(logs)}/", flush=True)
+    beat = time.time()
     try:
-        for nb, _ in group:
-            cmd = [sys.executable, "-m", "cancellation.run", nb.stem, "--profile", a.profile, "--root", str(ROOT),
-                   "--no-plan-check"]  # every plan was checked above
-            for k, v in share[nb].items():
-                cmd += ["-p", k, v if isinstance(v, str) else json.dumps(v)]  # as typed (JSON is YAML 1.2)
-            if a.replace:
-                cmd.append("--replace")
-            if running:
-                time.sleep(STAGGER_S)   # kernels that start apart do not race for ports (run_notebook retries if they do)
-            log = open(logs / f"{nb.stem}.log", "w")
-            running[nb.stem] = (subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True), log)
-        while running:
+        while queue or running:
+            used = sum(need for _, need, _, _ in running.values())
+            if queue and not rc and (not running or used + cpu_threads(queue[0][1]) <= a.cores):
+                nb, params = queue.pop(0)
+                if running:
+                    time.sleep(STAGGER_S)
+                cmd = [sys.executable, "-m", "cancellation.run", nb.stem, "--profile", a.profile, "--root",
+                       str(ROOT), "--no-plan-check"]  # every plan was checked above
+                for k, v in share[nb].items():
+                    cmd += ["-p", k, v if isinstance(v, str) else json.dumps(v)]  # as typed (JSON is YAML 1.2)
+                if a.replace:
+                    cmd.append("--replace")
+                log = open(logs / f"{nb.stem}.log", "w")
+                print(f"[run] {nb.stem} started ({cpu_threads(params)} of {a.cores} cores)", flush=True)
+                proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                running[nb.stem] = (proc, cpu_threads(params), log, time.time())
+                continue
+            if queue and rc:
+                print(f"[run] not started after the failure: {', '.join(nb.stem for nb, _ in queue)}",
+                      file=sys.stderr, flush=True)
+                queue = []
             time.sleep(0.5)
-            for stem, (proc, log) in list(running.items()):
+            if time.time() - beat >= HEARTBEAT_S:
+                beat = time.time()
+                for stem, (_, _, _, since) in running.items():
+                    print(f"[run] {stem} running {time.time() - since:.0f} s: {_last_line(logs / f'{stem}.log')}",
+                          flush=True)
+            for stem, (proc, _, log, _) in list(running.items()):
                 if proc.poll() is None:
                     continue
                 log.close()
@@ -1114,14 +1142,14 @@ def _run_side_by_side(group: list, a, share: dict) -> int:
                     print(done[-1] if done else f"[run] {stem} done", flush=True)
     except KeyboardInterrupt:  # the children are in sessions of their own: pass the signal on, once each
         sig = signal.SIGTERM if isinstance(sys.exc_info()[1], staging.Terminated) else signal.SIGINT
-        for proc, _ in running.values():
+        for proc, _, _, _ in running.values():
             if proc.poll() is None:
                 proc.send_signal(sig)
-        for proc, log in running.values():
+        for proc, _, log, _ in running.values():
             proc.wait()
             log.close()
         raise
-    print(f"[run] {len(group)} notebooks side by side in {time.time() - t0:.0f} s", flush=True)
+    print(f"[run] {len(group)} notebooks in {time.time() - t0:.0f} s on {a.cores} cores", flush=True)
     return rc
 
 

@@ -28,6 +28,8 @@ import dataclasses
 from dataclasses import dataclass, field, fields
 from typing import ClassVar
 
+import torch
+
 from .. import policy, rollout, sampler, stage, tasks
 from ..compute import Compute
 from ..dryrun import dry_run
@@ -75,8 +77,6 @@ def sample_rows():
                  min=1)
 
 
-def threads():
-    return param(1, "torch CPU threads (tiny decode steps gain nothing from more; busy cores make them spin)", min=1)
 
 
 def seed():
@@ -90,6 +90,9 @@ class FigureParams:
     CONSTRAINTS: ClassVar[tuple] = ()
     # The fields every notebook takes, declared here once (a figure redeclares one only to change its default).
     device: str = param("cpu", "cpu, cuda or cuda:N", nonempty=True)
+    threads: int = param(1, "torch CPU threads on the CPU, pinned: a float sum can split by the thread count, so "
+                         "the numbers would follow the machine's cores (make figures runs notebooks side by side, "
+                         "one thread each)", min=1)
     chunk_rows: int = param(CHUNK_ROWS, "rows per body forward (gradient accumulation inside a mini-batch)", min=1)
     token_chunk: int = param(TOKEN_CHUNK, "positions per LM-head call: bounds every (positions, vocabulary) logits "
                              "tensor", min=1)
@@ -128,6 +131,13 @@ class FigureParams:
 
 
 # ------------------------------------------------------------------ what every compute() starts with
+def pin_threads(P):
+    """torch's CPU threads set to P.threads (on the CPU; an accelerator run leaves them): the first line of
+    every compute(), so a notebook's numbers do not depend on how many cores the machine has."""
+    if str(P.device) == "cpu":
+        torch.set_num_threads(P.threads)
+
+
 def problem_source(P) -> tasks.ProblemSource:
     """The figure's problems, loaded now: a malformed problem file stops here, before any model loads."""
     source = tasks.ProblemSource(path=P.problems_path, prompt_format=P.prompt_format,

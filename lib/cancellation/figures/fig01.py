@@ -153,6 +153,7 @@ def eps_sensitivity(signed: pd.DataFrame, eps: float) -> pd.DataFrame:
 
 
 def compute(P: Params) -> Result:
+    base.pin_threads(P)
     torch.manual_seed(P.seed)
     source = base.problem_source(P)
     cfg = run_config(P, source)

@@ -88,6 +88,7 @@ class Result:
 
 
 def compute(P: Params) -> Result:
+    base.pin_threads(P)
     source = base.problem_source(P)
     inputs = base.inputs(P, source)   # the expensive stages inside read these too: a new version of the
     return stage.FIG03.cached(lambda: _compute(P, source, inputs), **inputs)   # Result leaves them cached

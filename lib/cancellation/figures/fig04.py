@@ -128,6 +128,7 @@ def batch_deltas(P: Params, source, i: int, path: str, load) -> pd.DataFrame:
 
 
 def compute(P: Params) -> Result:
+    base.pin_threads(P)
     torch.manual_seed(P.seed)
     source = base.problem_source(P)
     loaded, lines = {}, []

@@ -74,7 +74,6 @@ class Params(base.FigureParams):
     rows_per_chunk: int = param(1024, "continuation rows per sampler batch", min=1)
     backend: str = base.backend()
     gpu_memory_utilization: float = base.gpu_memory_utilization()
-    threads: int = base.threads()
     sample_rows: int = base.sample_rows()
     gradient_checkpointing: bool = base.gradient_checkpointing()
     seed: int = base.seed()
@@ -126,6 +125,7 @@ def category_fingerprint(path: str = "") -> str:
 
 
 def compute(P: Params) -> Result:
+    base.pin_threads(P)
     source = base.problem_source(P)
     tagger = categories.Categorizer(P.category_map or None, tagger=P.tagger).tagger  # 'auto' resolved
     return base.cached(stage.FIG05, P, source, lambda: _compute(P, source),

@@ -86,7 +86,6 @@ class Params(base.FigureParams):
     rows_per_chunk: int = param(1024, "continuation rows per sampler batch", min=1)
     backend: str = base.backend()
     gpu_memory_utilization: float = base.gpu_memory_utilization()
-    threads: int = base.threads()
     sample_rows: int = base.sample_rows()
     gradient_checkpointing: bool = base.gradient_checkpointing()
     step_mode: str = param("scores", "'scores': steps from per-rollout scores h (small models); 'grpo': a real "
@@ -139,6 +138,7 @@ def resolved(t) -> str:
 
 
 def compute(P: Params) -> Result:
+    base.pin_threads(P)
     source = base.problem_source(P)
     R = base.cached(stage.FIG06, P, source, lambda: _compute(P, source))
     # the two-way intervals (seeds × query groups) of every trend row, from the cached sweep (fast)

@@ -270,7 +270,7 @@ def admit_eval_sets(P: Params, source) -> None:
 
 
 def compute(P: Params) -> Result:
-    torch.set_num_threads(P.threads)
+    base.pin_threads(P)
     source = base.problem_source(P)
     admit_eval_sets(P, source)
     t0 = time.time()

@@ -88,6 +88,7 @@ class Result:
 
 
 def compute(P: Params) -> Result:
+    base.pin_threads(P)
     source = base.problem_source(P)
     return base.cached(stage.FIG12, P, source, lambda: _compute(P, source))
 
