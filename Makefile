@@ -24,8 +24,9 @@
 #                  They write to figures/<profile>/runs/<hash>/, data/results/<profile>/runs/<hash>/,
 #                  notebooks/executed/<profile>/runs/<hash>/. Bad parameters stop before anything runs (exit 2).
 #   REPLACE=1      with P, write the canonical (committed) outputs instead
-#   CORES=N        cores make figures fills: notebooks that fix their CPU threads (05 and 06: one each) run
-#                  side by side while their threads fit (default: this machine's cores; 1: one at a time)
+#   CORES=N        cores make figures fills: each notebook pins its torch threads (one; 07: two workers x one),
+#                  and they run in a pool, started in order while they fit (default: this machine's cores; 1: one
+#                  at a time)
 #   B=NAME         the benchmark of make bench;  TORCH_SPEC=torch==2.x  the torch of make env;  PYTHON=python3
 #   BUDGET=S       make gpu-check's seconds (default 540: one 10-minute device call)
 PROFILE ?= tiny

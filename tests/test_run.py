@@ -316,8 +316,8 @@ def test_cores_pool_the_cpu_notebooks_and_leave_accelerator_ones_alone():
 
 
 def test_the_pool_starts_notebooks_while_their_threads_fit_and_none_after_a_failure(tmp_path, monkeypatch, capsys):
-    """_run_pool with fake children: at most `cores` threads run at once (07's two workers wait for both
-    cores), every notebook runs, in order; after a failure nothing more starts and its exit status returns."""
+    """_run_pool with fake children: at most `cores` threads run at once, the widest notebook (07's two
+    workers) first, then in order; after a failure nothing more starts and its exit status returns."""
     import types
     starts, live, peak = [], [], [0]
 
@@ -344,11 +344,11 @@ def test_the_pool_starts_notebooks_while_their_threads_fit_and_none_after_a_fail
              for s in ("01_a", "02_b", "03_c", "07_d", "08_e")]
     a = types.SimpleNamespace(cores=2, profile="tiny", replace=False)
     assert run._run_pool(group, a, {nb: {} for nb, _ in group}) == 0
-    assert starts == ["01_a", "02_b", "03_c", "07_d", "08_e"] and peak[0] == 2
+    assert starts == ["07_d", "01_a", "02_b", "03_c", "08_e"] and peak[0] == 2   # the widest first
     starts.clear()
     FAIL[0] = "02_b"
     assert run._run_pool(group, a, {nb: {} for nb, _ in group}) == 1
-    assert "07_d" not in starts and "08_e" not in starts
+    assert starts[:3] == ["07_d", "01_a", "02_b"] and "08_e" not in starts
     err = capsys.readouterr().err
     assert "02_b FAILED (exit 1)" in err and "not started after the failure" in err
 

@@ -18,8 +18,9 @@ through. A failing notebook prints its failing cell and the one-line cause, keep
 <name>.failed.ipynb, exit 1; Ctrl-C exits 130 (SIGTERM 143) with a two-line message.
 --root DIR names the checkout (notebooks/, params, outputs) when the package is installed elsewhere.
 --cores N runs CPU notebooks in a pool of N cores (`make figures` passes the machine's core count): each
-in its own runner process, started in notebook order while their threads fit (every figure pins its
-torch threads, `threads`, one by default; 07 runs `workers` processes of `threads` each); logs in
+in its own runner process, started while their threads fit, the widest first, then in notebook order
+(every figure pins its torch threads, `threads`, one by default; 07 runs `workers` processes of
+`threads` each); logs in
 .run-staging/logs/, each running notebook's latest line every minute. The numbers are those of one at a
 time. A notebook on an accelerator runs alone.
 
@@ -936,7 +937,7 @@ def main(argv=None):
                          "reward; outputs only under dry-run/; records wall time and peak memory beside the plan")
     ap.add_argument("--cores", type=int, default=1, metavar="N",
                     help="run CPU notebooks in a pool of N cores, each in its own runner process on the threads it pins "
-                         "(`threads` x `workers`), started in order while they fit (logs in "
+                         "(`threads` x `workers`), started while they fit, the widest first (logs in "
                          ".run-staging/logs/); same numbers as one at a time (default 1: one at a time, in this process)")
     ap.add_argument("--root", metavar="DIR",
                     help=f"the repository checkout whose notebooks/, notebooks/params/, figures/ and data/results/ "
@@ -1054,7 +1055,7 @@ def cpu_threads(params: dict) -> int | None:
 
 def segments(resolved: list, cores: int) -> list[list]:
     """`resolved` (notebook, params) pairs in order, cut into what runs together: with `cores` > 1, each
-    run of consecutive CPU notebooks is one pool (`_run_pool`: started in order while their threads,
+    run of consecutive CPU notebooks is one pool (`_run_pool`: started while their threads,
     `cpu_threads`, fit in `cores`); a notebook on an accelerator, and every notebook with `cores` 1, is a
     segment of its own and runs in the runner's process (its output live in the terminal)."""
     out: list[list] = []
@@ -1077,13 +1078,18 @@ def _last_line(log: Path) -> str:
     with open(log, "rb") as f:
         f.seek(max(0, f.seek(0, 2) - 4096))
         tail = f.read().decode(errors="replace")
-    lines = [ln.strip() for ln in re.split(r"[\r\n]", tail) if ln.strip()]
+    lines = [ln.strip() for ln in re.split(r"[\r\n]", tail) if ln.strip() and not _is_tqdm_notice(ln)]
     return lines[-1][:120] if lines else ""
 
 
+def _is_tqdm_notice(line: str) -> bool:
+    """A line of tqdm's IProgress notice (two lines every kernel prints once on importing tqdm.auto)."""
+    return "TqdmWarning: IProgress not found" in line or "from .autonotebook import tqdm" in line
+
+
 def _run_pool(group: list, a, share: dict) -> int:
-    """The notebooks of `group`, each in its own `python -m cancellation.run` process, started in order
-    while their threads (`cpu_threads`) fit in `a.cores`.
+    """The notebooks of `group`, each in its own `python -m cancellation.run` process, started while their
+    threads (`cpu_threads`) fit in `a.cores`: the widest first (07's workers), then in notebook order.
     Each writes its log to .run-staging/logs/<notebook>.log; every HEARTBEAT_S the pool prints each running
     notebook's latest line; a finished one prints its last line, a failed one its log's tail, and no
     further notebook starts. Returns the first failure's exit status (1, 130, 143), 0 when all ran through.
@@ -1094,10 +1100,13 @@ def _run_pool(group: list, a, share: dict) -> int:
     logs.mkdir(parents=True, exist_ok=True)
     # an owner record keeps staging.clear_stale (in the children) from removing the logs of a live run
     (logs / "owner.json").write_text(json.dumps({"host": socket.gethostname(), "pid": os.getpid()}))
-    queue, running, rc, t0 = list(group), {}, 0, time.time()
+    # widest first: a notebook that needs every core can start only on an empty pool, so waiting for it
+    # later would leave cores idle while the pool drains; then notebook order
+    queue = sorted(group, key=lambda x: -cpu_threads(x[1]))
+    running, rc, t0 = {}, 0, time.time()
     threads = ", ".join(f"{nb.stem[:2]} {cpu_threads(p)}" for nb, p in group)
-    print(f"[run] {len(group)} notebooks in a pool of {a.cores} cores, started in order while their threads fit "
-          f"({threads}); logs in {_show(logs)}/", flush=True)
+    print(f"[run] {len(group)} notebooks in a pool of {a.cores} cores, started while their threads fit, the widest "
+          f"first ({threads}); logs in {_show(logs)}/", flush=True)
     beat = time.time()
     try:
         while queue or running:
