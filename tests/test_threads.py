@@ -6,13 +6,14 @@ agree). Unpinned, a notebook's numbers would follow the machine's core count, an
 (`run._run_pool`, one thread per notebook) would compute something else than a notebook run alone.
 """
 import importlib
+from pathlib import Path
 
 import pytest
 import torch
 
 from cancellation.figures import base
 
-FIGURES = [f"cancellation.figures.fig0{i}" for i in range(1, 9)]
+FIGURES = sorted(f"cancellation.figures.{p.stem}" for p in (Path(base.__file__).parent).glob("fig[0-9][0-9].py"))
 
 
 class _Stop(Exception):
