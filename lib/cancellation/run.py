@@ -579,8 +579,7 @@ def _is_progress(out: dict) -> bool:
     if out.get("output_type") != "stream" or out.get("name") != "stderr":
         return False
     text = "".join(out.get("text", []))
-    return text.startswith("\r") or not text.strip() or "TqdmWarning: IProgress not found" in text or (
-        "from .autonotebook import tqdm" in text)
+    return text.startswith("\r") or not text.strip() or _is_tqdm_notice(text)
 
 
 def _renamed(x, renames: dict):
