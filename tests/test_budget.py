@@ -8,6 +8,9 @@ import pytest
 import torch
 
 from cancellation import budget, grpo, measure
+from cancellation.compute import Compute
+
+KNOBS = Compute()   # the default memory knobs, passed whole to every model call
 
 
 def verl_advantages(rewards):
@@ -60,12 +63,12 @@ def hand_sgd_delta(model, batch, rows, pool, lr):
 
 
 def test_pool_delta_matches_hand_sgd_step(fresh, batch, tok):
-    before = measure.token_stats(fresh, batch)
+    before = measure.token_stats(fresh, batch, KNOBS)
     table = measure.token_table(batch, before)
     pool = table.sample(n=40, random_state=0).sort_values(["rollout", "position"]).reset_index(drop=True)
     state = copy.deepcopy(fresh.state_dict())
     cfg = grpo.UpdateConfig(optimizer="sgd", lr=1.0, scope="full")
-    pb = budget.pool_logp(fresh, batch, pool)
+    pb = budget.pool_logp(fresh, batch, pool, KNOBS)
     assert np.allclose(pb, pool.logp_before, atol=1e-12, rtol=0)
     rows = budget.nested_rows(budget.nested_order(batch, seed=0), 2, 3)
     d = budget.pool_delta(fresh, batch, rows, pool, cfg, before.logp, pb)
@@ -114,7 +117,7 @@ def test_composition_plan_nested(batch):
 def test_steps_from_scores_equal_real_grpo_steps(fresh, batch, score_dtype, tol):
     """Every setting's step taken as θ + Σ c_i h_i equals a real grpo_step on the sub-batch (budget.pool_delta,
     grpo.trial) and a hand-written SGD step on unpadded rows; θ is restored after the sweep."""
-    before = measure.token_stats(fresh, batch)
+    before = measure.token_stats(fresh, batch, KNOBS)
     table = measure.token_table(batch, before)
     state = copy.deepcopy(fresh.state_dict())
     plan = budget.budget_plan(batch, [1, 3], 2, [1, 4], 3, 1, seeds=[0])
@@ -134,7 +137,8 @@ def test_steps_from_scores_equal_real_grpo_steps(fresh, batch, score_dtype, tol)
     for e in plan:
         d = sw[(sw.panel == e["panel"]) & (sw.x == e["x"])].sort_values("tok")
         sel = toks.iloc[d.tok.to_numpy()]
-        real = budget.pool_delta(fresh, batch, e["rows"], sel, cfg, before.logp, budget.pool_logp(fresh, batch, sel))
+        real = budget.pool_delta(fresh, batch, e["rows"], sel, cfg, before.logp,
+                                 budget.pool_logp(fresh, batch, sel, KNOBS))
         assert np.abs(real).max() > 1e-6
         assert np.allclose(d.delta.to_numpy(), real, rtol=tol, atol=tol * np.abs(real).max())
         if e["panel"] == "rollouts" and e["x"] == 4:

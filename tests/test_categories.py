@@ -9,6 +9,9 @@ import pytest
 
 from cancellation import categories as C
 from cancellation import measure, policy, rollout, tasks
+from cancellation.compute import Compute
+
+KNOBS = Compute()   # the default memory knobs, passed whole to every model call
 
 RAW = tasks.ProblemSource(prompt_format="raw")  # prompts as given, rewards by tasks.verify
 
@@ -183,7 +186,7 @@ def test_tag_table_matches_batch(cz, tiny_tok):
     model, tok = policy.load_policy("data/policies/tiny-m")
     batch = rollout.sample(model, tok, rollout.SampleConfig(n_prompts=3, G=2, source=RAW),
                            problems=tasks.sample_problems(3, seed=1), seed=1)
-    st = measure.token_stats(model, batch)
+    st = measure.token_stats(model, batch, KNOBS)
     df = measure.token_table(batch, st, tokenizer=tok)
     ref = cz.tag_batch(batch, tok)
     shuffled = df.sample(frac=1.0, random_state=0)

@@ -8,6 +8,8 @@ import torch
 from cancellation import coupling, grpo, guard, measure
 from cancellation.compute import Compute
 
+KNOBS = Compute()   # the default memory knobs, passed whole to every model call
+
 
 def test_update_and_stats_carry_the_knobs(model64, batch):
     c = Compute(chunk_rows=3, token_chunk=5, gradient_checkpointing=True)
@@ -15,7 +17,7 @@ def test_update_and_stats_carry_the_knobs(model64, batch):
     assert (cfg.chunk_rows, cfg.token_chunk, cfg.gradient_checkpointing, cfg.lr) == (3, 5, True, 0.1)
     assert Compute.of_update(cfg) == Compute(chunk_rows=3, token_chunk=5, gradient_checkpointing=True)
     # chunking never changes a number beyond round-off (float64 model)
-    ref = measure.token_stats(model64, batch, 64, token_chunk=4096).logp
+    ref = measure.token_stats(model64, batch, Compute(chunk_rows=64, token_chunk=4096)).logp
     assert torch.allclose(c.stats(model64, batch).logp, ref, rtol=0, atol=1e-12)
 
 
@@ -30,11 +32,11 @@ def test_guard_bounds_every_lm_head_call(model64, batch, monkeypatch):
     m = guard.guard_lm_head(copy.deepcopy(model64), token_chunk=16)
     n = int(batch.response_mask.sum())
     assert n > 16
-    measure.token_stats(m, batch, 64, token_chunk=16)          # chunked: every call ≤ 16 positions
+    measure.token_stats(m, batch, Compute(chunk_rows=64, token_chunk=16))          # chunked: every call ≤ 16 positions
     with pytest.raises(guard.MemoryBoundError, match="token_chunk is 16"):
-        measure.token_stats(m, batch, 64, token_chunk=17)
+        measure.token_stats(m, batch, Compute(chunk_rows=64, token_chunk=17))
     with pytest.raises(guard.MemoryBoundError):
-        measure.token_stats_unchunked(m, batch)                 # the full-logits reference is caught too
+        measure.token_stats_unchunked(m, batch, KNOBS)                 # the full-logits reference is caught too
 
 
 def test_guard_rejects_an_update_config_with_other_knobs(monkeypatch):

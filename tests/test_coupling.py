@@ -5,6 +5,9 @@ import pytest
 import torch
 
 from cancellation import coupling, grpo, measure, policy, rollout, tasks
+from cancellation.compute import Compute
+
+KNOBS = Compute()   # the default memory knobs, passed whole to every model call
 
 RAW = tasks.ProblemSource(prompt_format="raw")  # prompts as given, rewards by tasks.verify
 
@@ -108,7 +111,7 @@ def test_lm_head_grad_closed_form_equals_grpo_loss_grad(tiny, feats):
     """At ρ = 1 the clipped token-mean loss has the gradient −(1/N) Σ A_k g_k: compare with grpo's backward."""
     model, b = tiny
     W = grpo.lm_head_param(model)
-    old = measure.token_stats(model, b).logp
+    old = measure.token_stats(model, b, KNOBS).logp
     cfg = grpo.UpdateConfig(optimizer="sgd", lr=0.1, scope="lm_head")
     model.zero_grad(set_to_none=True)
     with grpo.only_grad_for(model, [W]):
@@ -123,9 +126,9 @@ def test_first_order_prediction_matches_tiny_sgd_step(tiny, feats):
     model, b = tiny
     lr = 1e-4
     snap = grpo.snapshot(model, "lm_head")
-    old = measure.token_stats(model, b).logp
+    old = measure.token_stats(model, b, KNOBS).logp
     grpo.grpo_step(model, b, grpo.UpdateConfig(optimizer="sgd", lr=lr, scope="lm_head"), old_logp=old)
-    delta = (measure.token_stats(model, b).logp - old)[feats.rows, feats.cols]
+    delta = (measure.token_stats(model, b, KNOBS).logp - old)[feats.rows, feats.cols]
     grpo.restore(model, snap)
     pred = coupling.first_order_delta(feats, lr, chunk=50, vocab_chunk=9)
     # the second-order remainder is O(lr²): relative error ~1e-4 here, a wrong N/sign/η would be O(1)
@@ -168,7 +171,7 @@ def test_exact_norms_make_float64_gradients_linear_in_token_weights(tiny, feats)
     """The masked shortcut relies on ∇L(w) being linear in the token weights w. transformers'
     float32-only RMSNorm breaks that at ~1e-4 relative in a float64 model; exact_norms restores it."""
     model, b = tiny
-    old = measure.token_stats(model, b).logp
+    old = measure.token_stats(model, b, KNOBS).logp
     cfg = grpo.UpdateConfig(optimizer="sgd", lr=0.1)
     params = list(model.parameters())
 

@@ -13,6 +13,9 @@ import torch
 pytest.importorskip("trl")
 
 from cancellation import engine, grpo, measure, policy, rollout, tasks  # noqa: E402
+from cancellation.compute import Compute
+
+KNOBS = Compute()   # the default memory knobs, passed whole to every model call
 
 RAW = tasks.ProblemSource(prompt_format="raw")  # prompts as given, rewards by tasks.verify
 
@@ -161,7 +164,7 @@ def _loss_case():
     d = engine.from_rollout(b, tok.pad_token_id, "cpu")
     d["advantages"] = b.advantage.clone()   # float64 (from_rollout gives TRL's float32)
     g = torch.Generator().manual_seed(0)
-    cur = measure.token_stats(model, b).logp
+    cur = measure.token_stats(model, b, KNOBS).logp
     old_full = cur + 1.5 * (2 * torch.rand(cur.shape, generator=g, dtype=torch.float64) - 1)
     # TRL's completion layout: response tokens start at column 0 of completion_ids
     C = d["completion_ids"].shape[1]
@@ -268,8 +271,8 @@ def test_monitor_equals_token_stats_on_same_step():
             if inputs.get("_skip"):
                 return
             b = engine.to_rollout(inputs)
-            t = measure.token_table(b, measure.token_stats(self.before, b), measure.token_stats(tr.model, b),
-                                    step=state.global_step)
+            t = measure.token_table(b, measure.token_stats(self.before, b, KNOBS),
+                                    measure.token_stats(tr.model, b, KNOBS), step=state.global_step)
             ours.append(t)
 
     tr.add_callback(Reference())
@@ -288,11 +291,11 @@ def test_monitor_equals_token_stats_on_same_step():
 def test_measure_step_plain_function_on_rollout_batch(model64, batch):
     """measure_step for any trainer: the RolloutBatch path equals token_stats before/after."""
     m = copy.deepcopy(model64)
-    before = measure.token_stats(m, batch).logp
+    before = measure.token_stats(m, batch, KNOBS).logp
     opt = torch.optim.SGD(m.parameters(), lr=0.1)
     grpo.grpo_step(m, batch, grpo.UpdateConfig(optimizer="sgd", lr=0.1), optimizer=opt, old_logp=before)
-    tokens, shares = engine.measure_step(m, batch, before)
-    after = measure.token_stats(m, batch).logp
+    tokens, shares = engine.measure_step(m, batch, before, knobs=KNOBS)
+    after = measure.token_stats(m, batch, KNOBS).logp
     assert abs(tokens.delta.values - (after - before)[batch.response_mask].numpy()).max() < 1e-12
     assert set(shares.sign) <= {"pos", "neg"} and set(shares.conf_bin) <= {"all", *engine.CONF_BINS}
     s = shares[shares.conf_bin == "all"].groupby("sign").fraction.sum()

@@ -4,6 +4,9 @@ import pytest
 import torch
 
 from cancellation import eq14, grpo, measure
+from cancellation.compute import Compute
+
+KNOBS = Compute()   # the default memory knobs, passed whole to every model call
 
 
 def per_token_loss_scalar(logp, old, a, cl=0.2, ch=0.28, c=3.0):
@@ -30,7 +33,7 @@ def test_policy_loss_closed_form():
 def test_loss_gradient_matches_brute_force_per_token(fresh, batch):
     """Batched token-mean loss gradient == sum over tokens of per-token autograd grads / N."""
     model, batch = fresh, batch.select([0, 1, 8, 9])  # two mixed groups, 4 rows: the brute force is slow
-    old = measure.token_stats(model, batch).logp
+    old = measure.token_stats(model, batch, KNOBS).logp
     # perturb θ_old so ratios leave [0.8, 1.28] for some tokens (clipped: zero gradient)
     g = torch.Generator().manual_seed(0)
     old = old + 0.4 * torch.randn(old.shape, generator=g, dtype=old.dtype)
@@ -64,9 +67,9 @@ def test_delta_logp_equals_manual_sgd_recomputation(fresh, batch):
     """measure + grpo_step vs an independent manual SGD step and per-sequence forwards."""
     lr = 0.5
     ref = copy.deepcopy(fresh)
-    before = measure.token_stats(fresh, batch)
+    before = measure.token_stats(fresh, batch, KNOBS)
     grpo.grpo_step(fresh, batch, grpo.UpdateConfig(optimizer="sgd", lr=lr), old_logp=before.logp)
-    after = measure.token_stats(fresh, batch)
+    after = measure.token_stats(fresh, batch, KNOBS)
     delta = (after.logp - before.logp)[batch.response_mask]
 
     # independent: J = (1/N) Σ A_i log π(o_t) (ρ = 1, no clipping active), θ' = θ + lr ∇J, per-sequence forwards
@@ -107,11 +110,11 @@ def test_tied_lm_head_is_untied_before_an_lm_head_step(fresh, batch):
 
 def test_snapshot_restore_and_reweightings(fresh, batch):
     snap = grpo.snapshot(fresh)
-    before = measure.token_stats(fresh, batch).logp
+    before = measure.token_stats(fresh, batch, KNOBS).logp
     grpo.grpo_step(fresh, batch, grpo.UpdateConfig(optimizer="adam", lr=1e-2, n_minibatches=2))
-    assert not torch.equal(measure.token_stats(fresh, batch).logp, before)
+    assert not torch.equal(measure.token_stats(fresh, batch, KNOBS).logp, before)
     grpo.restore(fresh, snap)
-    assert torch.equal(measure.token_stats(fresh, batch).logp, before)
+    assert torch.equal(measure.token_stats(fresh, batch, KNOBS).logp, before)
     w = grpo.reweight_advantage(batch, "positive_only")
     assert torch.equal(w[batch.reward == 0], torch.zeros_like(w[batch.reward == 0]))
     assert torch.equal(w[batch.reward == 1], batch.advantage[batch.reward == 1])
@@ -121,7 +124,7 @@ def test_snapshot_restore_and_reweightings(fresh, batch):
 
 def test_zero_weight_update_and_repeat_forward_have_zero_noise(fresh, batch):
     zero = torch.zeros(batch.input_ids.shape, dtype=torch.float64)
-    floor = measure.noise_floor(fresh, batch, step_fn=lambda m, b: grpo.grpo_step(
+    floor = measure.noise_floor(fresh, batch, KNOBS, step_fn=lambda m, b: grpo.grpo_step(
         m, b, grpo.UpdateConfig(optimizer="adam", lr=1e-2), token_weight=zero))
     assert floor == {"repeat": 0.0, "zero_update": 0.0}
 
@@ -167,12 +170,12 @@ def test_trial_delta_equals_a_step_on_a_copy_and_restores_theta(fresh, batch):
     """trial_delta (snapshot, step, measure, restore) vs the same step on an independent deep copy."""
     cfg = grpo.UpdateConfig(optimizer="adam", lr=1e-2, n_minibatches=2)
     theta = {k: v.clone() for k, v in fresh.state_dict().items()}
-    before = measure.token_stats(fresh, batch).logp
+    before = measure.token_stats(fresh, batch, KNOBS).logp
     delta = grpo.trial_delta(fresh, batch, cfg, before)
     ref = copy.deepcopy(fresh)
     grpo.grpo_step(ref, batch, cfg, old_logp=before)
     assert delta[batch.response_mask].abs().max() > 1e-4
-    assert torch.equal(delta, measure.token_stats(ref, batch).logp - before)
+    assert torch.equal(delta, measure.token_stats(ref, batch, KNOBS).logp - before)
     assert all(torch.equal(v, theta[k]) for k, v in fresh.state_dict().items())
     assert all(p.grad is None for p in fresh.parameters())
     with pytest.raises(RuntimeError, match="boom"), grpo.trial(fresh):  # restored on error too
@@ -193,7 +196,7 @@ def test_minibatch_grads_leave_theta_and_average_to_the_whole_batch(fresh, batch
     infos = grpo.minibatch_grads(model, batch, plan, cfg)
     assert all(torch.equal(a, p) for a, p in zip(before, model.parameters()))
     assert all(p.grad is None for p in model.parameters())
-    old = measure.token_stats(model, batch).logp
+    old = measure.token_stats(model, batch, KNOBS).logp
     params = list(model.parameters())
 
     def vec(rows):
@@ -224,7 +227,7 @@ def test_shared_energy_matches_explicit_per_rollout_scores(fresh, batch):
     model = fresh
     cfg = grpo.UpdateConfig(optimizer="sgd", lr=1e-2)
     params = list(model.parameters())
-    old = measure.token_stats(model, batch).logp
+    old = measure.token_stats(model, batch, KNOBS).logp
 
     def score(i):
         model.zero_grad(set_to_none=True)

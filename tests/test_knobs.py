@@ -1,12 +1,15 @@
 """The memory knobs are defaulted in one place: `guard.TOKEN_CHUNK` and `guard.CHUNK_ROWS`.
 
-Every config field (Compute, UpdateConfig, SampleConfig, ValueConfig, a figure's Params) and every
-function parameter named `token_chunk` or `chunk_rows` either has no default or reads the constant;
-a number written as such a default anywhere else in lib/ fails here (the knob would stop following
-the profile the moment the two numbers part).
+Every config field named `token_chunk` or `chunk_rows` (Compute, UpdateConfig, SampleConfig, ValueConfig,
+a figure's Params) reads the constant; a number written as such a default anywhere else in lib/ fails
+here (the knob would stop following the profile the moment the two numbers part). No function defaults
+one at all: a function that calls a model takes the run's Compute whole (`measure.token_stats(model, batch,
+compute)`) or, in the sampler's primitives, the knob as a required keyword, so a call that forgets it is
+a TypeError where it is written rather than a silent 4096.
 """
 import ast
 import dataclasses
+import importlib
 import inspect
 from pathlib import Path
 
@@ -89,10 +92,44 @@ def test_every_default_is_the_constant():
         for f in dataclasses.fields(cls):
             if f.name in KNOBS:
                 assert f.default == getattr(guard, KNOBS[f.name]), (cls.__qualname__, f.name)
-    fns = [measure.token_stats, measure.token_stats_unchunked, measure.noise_floor, budget.pool_logp,
-           sampler.generate, sampler.generate_static, sampler.generate_lean, value.sample_continuations, train.evaluate]
-    for fn in fns:
-        for name, p in inspect.signature(fn).parameters.items():
-            if name in KNOBS and p.default is not inspect.Parameter.empty:
-                assert p.default == getattr(guard, KNOBS[name]), (fn.__qualname__, name)
     assert (guard.TOKEN_CHUNK, guard.CHUNK_ROWS) == (4096, 64)   # moving either moves every cache key
+
+
+def _functions():
+    """Every function and method defined in lib/ (imported modules walked, not parsed)."""
+    for p in sorted(LIB.rglob("*.py")):
+        mod = importlib.import_module("cancellation." + ".".join(p.relative_to(LIB).with_suffix("").parts)
+                                      .removesuffix(".__init__"))
+        for _, obj in inspect.getmembers(mod):
+            if inspect.isfunction(obj) and obj.__module__ == mod.__name__:
+                yield obj
+            elif inspect.isclass(obj) and obj.__module__ == mod.__name__ and not dataclasses.is_dataclass(obj):
+                yield from (f for _, f in inspect.getmembers(obj, inspect.isfunction) if f.__module__ == mod.__name__)
+
+
+def _unbounded(fn, p) -> bool:
+    """The TRL engine's public API (`grpo_config`, `BatchingGRPOTrainer`) is written for users of TRL who
+    hold no Compute: there `token_chunk=None` means no bound (TRL's own micro-batches), not a number."""
+    return fn.__module__.startswith("cancellation.engine.") and p.default is None
+
+
+def test_no_function_defaults_a_knob():
+    """A knob reaches a function from the config passed in, never from its signature."""
+    found, seen = [], 0
+    for fn in _functions():
+        seen += 1
+        for name, p in inspect.signature(fn).parameters.items():
+            if name in KNOBS and p.default is not inspect.Parameter.empty and not _unbounded(fn, p):
+                found.append(f"{fn.__module__}.{fn.__qualname__}({name}={p.default!r})")
+    assert seen > 300, seen   # the walk found the library
+    assert not found, "take the run's Compute (or the knob without a default):\n" + "\n".join(found)
+
+
+def test_model_calls_take_the_config_whole():
+    for fn in (measure.token_stats, measure.token_stats_unchunked, measure.noise_floor):
+        assert list(inspect.signature(fn).parameters)[:3] == ["model", "batch", "knobs"], fn.__qualname__
+    assert "knobs" in inspect.signature(budget.pool_logp).parameters
+    for fn in (sampler.generate, sampler.generate_static, sampler.generate_lean, value.sample_continuations,
+               train.evaluate):
+        p = inspect.signature(fn).parameters["token_chunk"]
+        assert p.kind is inspect.Parameter.KEYWORD_ONLY and p.default is inspect.Parameter.empty, fn.__qualname__

@@ -6,6 +6,9 @@ import pytest
 import torch
 
 from cancellation import coupling, grpo, measure, policy
+from cancellation.compute import Compute
+
+KNOBS = Compute()   # the default memory knobs, passed whole to every model call
 
 
 def _grads(model):
@@ -16,7 +19,7 @@ def _grads(model):
 def test_chunked_loss_gradient_equals_unchunked_autograd(fresh, batch, scope):
     """Per-token-chunk loss backward through detached hidden states == one autograd of the full loss."""
     g = torch.Generator().manual_seed(0)
-    old = measure.token_stats(fresh, batch).logp
+    old = measure.token_stats(fresh, batch, KNOBS).logp
     old = old + 0.4 * torch.randn(old.shape, generator=g, dtype=old.dtype)   # some ratios clipped
     tw = torch.rand(batch.input_ids.shape, generator=g, dtype=torch.float64)
     w = grpo.reweight_advantage(batch, "grpo")
@@ -41,9 +44,9 @@ def test_chunked_loss_gradient_equals_unchunked_autograd(fresh, batch, scope):
 
 
 def test_token_stats_small_token_chunks_equal_naive_reference(model64, batch):
-    fast = measure.token_stats(model64, batch, chunk_rows=5, hidden=True, token_chunk=7)
+    fast = measure.token_stats(model64, batch, Compute(chunk_rows=5, token_chunk=7), hidden=True)
     slow = measure.token_stats_per_sequence(model64, batch)
-    old = measure.token_stats_unchunked(model64, batch, chunk_rows=5, hidden=True)
+    old = measure.token_stats_unchunked(model64, batch, Compute(chunk_rows=5), hidden=True)
     m = batch.response_mask
     assert (fast.logp[m] - slow.logp[m]).abs().max() <= 1e-10
     assert (fast.entropy[m] - slow.entropy[m]).abs().max() <= 1e-10
@@ -51,7 +54,7 @@ def test_token_stats_small_token_chunks_equal_naive_reference(model64, batch):
     assert (fast.entropy[m] - old.entropy[m]).abs().max() <= 1e-12
     assert torch.equal(fast.hidden, old.hidden)
     assert (fast.logp[~m] == 0).all() and (fast.entropy[~m] == 0).all()   # only response tokens are computed
-    again = measure.token_stats(model64, batch, chunk_rows=5, token_chunk=7)
+    again = measure.token_stats(model64, batch, Compute(chunk_rows=5, token_chunk=7))
     assert torch.equal(again.logp, fast.logp)                             # deterministic: noise floor 0
 
 
@@ -61,7 +64,7 @@ def test_grpo_step_chunked_matches_unchunked_delta_logp(fresh, batch):
     grpo.grpo_step(a, batch, cfg, seed=3)
     grpo.grpo_step(b, batch, cfg, seed=3, unchunked=True)
     m = batch.response_mask
-    la, lb = measure.token_stats(a, batch).logp, measure.token_stats(b, batch).logp
+    la, lb = measure.token_stats(a, batch, KNOBS).logp, measure.token_stats(b, batch, KNOBS).logp
     assert (la - lb)[m].abs().max() <= 1e-10
 
 
@@ -78,7 +81,7 @@ def test_gradient_checkpointing_same_step_and_state_restored(fresh, batch):
     assert not any(getattr(mod, "gradient_checkpointing", False) for mod in b.modules())
     assert not any(mod.training for mod in b.modules())
     m = batch.response_mask
-    d = (measure.token_stats(a, batch).logp - measure.token_stats(b, batch).logp)[m].abs().max()
+    d = (measure.token_stats(a, batch, KNOBS).logp - measure.token_stats(b, batch, KNOBS).logp)[m].abs().max()
     assert d <= 1e-12
 
 
@@ -99,7 +102,8 @@ def test_lm_head_step_never_backpropagates_through_the_body(fresh, batch):
     hook.remove()
     assert backward_calls == []
     m = batch.response_mask
-    assert (measure.token_stats(ref, batch).logp - measure.token_stats(b, batch).logp)[m].abs().max() <= 1e-12
+    d = measure.token_stats(ref, batch, KNOBS).logp - measure.token_stats(b, batch, KNOBS).logp
+    assert d[m].abs().max() <= 1e-12
 
 
 # ----------------------------------------------------------------------------- tied embeddings, padded vocab
@@ -133,23 +137,23 @@ def test_tied_model_is_tied_again_after_lm_head_step_and_restore(batch, tok, sna
     opt = grpo.make_optimizer(model, full)                  # built before any lm_head step
     opt_never = grpo.make_optimizer(never, full)
     emb = model.model.embed_tokens.weight
-    before = measure.token_stats(model, b).logp
+    before = measure.token_stats(model, b, KNOBS).logp
 
     snap = grpo.snapshot(model, snap_scope)
     grpo.grpo_step(model, b, grpo.UpdateConfig(optimizer="sgd", lr=1.0, scope="lm_head"), old_logp=before)
     assert model.lm_head.weight is not emb and model.model.embed_tokens.weight is emb
     assert not torch.equal(model.lm_head.weight, emb)     # a separate copy moved; the embedding did not
-    assert not torch.equal(measure.token_stats(model, b).logp, before)
+    assert not torch.equal(measure.token_stats(model, b, KNOBS).logp, before)
     grpo.restore(model, snap)
     assert model.lm_head.weight is emb and model.model.embed_tokens.weight is emb
     assert model.config.tie_word_embeddings is True
-    assert torch.equal(measure.token_stats(model, b).logp, before)
+    assert torch.equal(measure.token_stats(model, b, KNOBS).logp, before)
 
     # a later full step with the optimizer made before == the same step on a model that never had one
     grpo.grpo_step(model, b, full, optimizer=opt)
     grpo.grpo_step(never, b, full, optimizer=opt_never)
     assert model.lm_head.weight is model.model.embed_tokens.weight
-    after, after_never = measure.token_stats(model, b).logp, measure.token_stats(never, b).logp
+    after, after_never = measure.token_stats(model, b, KNOBS).logp, measure.token_stats(never, b, KNOBS).logp
     assert not torch.equal(after, before)
     assert torch.equal(after - before, after_never - before)
 
@@ -157,7 +161,7 @@ def test_tied_model_is_tied_again_after_lm_head_step_and_restore(batch, tok, sna
 def test_padded_token_ids_get_placeholder_strings(batch, tok):
     b = padded_batch(batch, tok)
     model = tied_qwen3()
-    s = measure.token_stats(model, b)
+    s = measure.token_stats(model, b, KNOBS)
     df = measure.token_table(b, s, s, tokenizer=tok)
     pad = df.token_id >= len(tok)
     assert pad.any() and (~pad).any()
@@ -168,7 +172,7 @@ def test_padded_token_ids_get_placeholder_strings(batch, tok):
 
 def test_token_table_accepts_device_stats_and_coupling_indices_follow_features(model64, batch):
     """On CPU this checks the plumbing (.cpu() before numpy, index devices); the gpu tests run it on CUDA."""
-    s = measure.token_stats(model64, batch, hidden=True)
+    s = measure.token_stats(model64, batch, KNOBS, hidden=True)
     f = coupling.features(model64, batch, s)
     cands, sets = coupling.masking_sets(f, 3, 2, seed=0)
     assert cands.device == f.h.device and all(v.device == f.h.device for v in sets.values())
@@ -191,8 +195,8 @@ def _cuda(model):
 
 @gpu
 def test_gpu_token_stats_and_table_match_cpu(model64, batch, tok):
-    cpu = measure.token_stats(_exact(model64), batch, chunk_rows=5, hidden=True, token_chunk=7)
-    gpu_ = measure.token_stats(_cuda(model64), batch, chunk_rows=5, hidden=True, token_chunk=7)
+    cpu = measure.token_stats(_exact(model64), batch, Compute(chunk_rows=5, token_chunk=7), hidden=True)
+    gpu_ = measure.token_stats(_cuda(model64), batch, Compute(chunk_rows=5, token_chunk=7), hidden=True)
     m = batch.response_mask
     assert (cpu.logp[m] - gpu_.logp[m]).abs().max() <= 1e-10
     assert (cpu.entropy[m] - gpu_.entropy[m]).abs().max() <= 1e-10
@@ -207,12 +211,12 @@ def test_gpu_grpo_step_matches_cpu(fresh, batch, scope):
     cfg = grpo.UpdateConfig(optimizer="sgd", lr=0.5, scope=scope, chunk_rows=5, token_chunk=7)
     fresh = policy.exact_rope(fresh)
     g = _cuda(fresh)
-    before = measure.token_stats(fresh, batch).logp
+    before = measure.token_stats(fresh, batch, KNOBS).logp
     grpo.grpo_step(fresh, batch, cfg, old_logp=before)
     grpo.grpo_step(g, batch, cfg, old_logp=before)
     m = batch.response_mask
-    d_cpu = measure.token_stats(fresh, batch).logp - before
-    d_gpu = measure.token_stats(g, batch).logp - before
+    d_cpu = measure.token_stats(fresh, batch, KNOBS).logp - before
+    d_gpu = measure.token_stats(g, batch, KNOBS).logp - before
     assert d_cpu[m].abs().max() > 1e-4
     assert (d_cpu - d_gpu)[m].abs().max() <= 1e-10
 

@@ -75,6 +75,9 @@ from pathlib import Path
 import pytest
 
 from cancellation import value
+from cancellation.compute import Compute
+
+KNOBS = Compute()   # the default memory knobs, passed whole to every model call
 
 DOT = tasks.VOCAB.index(".")        # a second stop id, as <|im_end|> beside <|endoftext|>
 FAKE_VLLM = Path(__file__).parent / "fake_vllm"
@@ -145,11 +148,12 @@ def test_sampler_stops_at_every_stop_id(tok, model64, stop):
         assert ends >= len(b) // 2
         if certain:  # the sampler itself stops (it does not just get cut afterwards)
             ids = b.input_ids[:2, :b.response_mask.int().argmax(1).min()]
-            new = sampler.generate(m, ids, (ids != tok.pad_token_id).long(), 16, 1.0, sorted(stops), tok.pad_token_id)
+            new = sampler.generate(m, ids, (ids != tok.pad_token_id).long(), 16, 1.0, sorted(stops), tok.pad_token_id,
+                                   token_chunk=KNOBS.token_chunk)
             assert new.tolist() == [[stop], [stop]]
         # the MC sampler stops there too
         conts = value.sample_continuations(m, [b.input_ids[0, b.attention_mask[0].bool()].tolist()[:4]], 8, [16],
-                                           sorted(stops), tok.pad_token_id, [5])[0]
+                                           sorted(stops), tok.pad_token_id, [5], token_chunk=KNOBS.token_chunk)[0]
         for row in conts.tolist():
             end = next(j for j, t in enumerate(row + [tok.pad_token_id]) if t in stops or t == tok.pad_token_id)
             assert row[end] == stop or (certain is False and row[end] in stops)
@@ -164,7 +168,8 @@ def test_prefill_computes_last_position_logits_only(tok, model64):
     rollout.sample(m, tok, rollout.SampleConfig(G=2, max_new_tokens=4, source=Source()), problems=probs)
     assert shapes[0] == (4, len(tok)) and all(s[0] <= 4 for s in shapes)   # rows x V, never rows x L x V
     shapes.clear()
-    value.sample_continuations(m, [[3, 5, 6, 7, 8]], 4, [3], tok.eos_token_id, tok.pad_token_id, [0])
+    value.sample_continuations(m, [[3, 5, 6, 7, 8]], 4, [3], tok.eos_token_id, tok.pad_token_id, [0],
+                               token_chunk=KNOBS.token_chunk)
     assert shapes[0] == (4, len(tok)) and all(s[0] <= 4 for s in shapes)
 
 
@@ -181,7 +186,8 @@ def test_decode_logits_in_token_chunks_draw_the_same_tokens(tok, model64):
     chunked = rollout.sample(m, tok, replace(cfg, token_chunk=5), problems=probs, seed=3)
     assert max(rows) == 5 and torch.equal(whole.input_ids, chunked.input_ids)
     prefixes = [[3, 5, 6, 7, 8], [3, 5, 9]]
-    a = value.sample_continuations(m, prefixes, 6, [8, 5], tok.eos_token_id, tok.pad_token_id, [0, 1], bans=[5, None])
+    a = value.sample_continuations(m, prefixes, 6, [8, 5], tok.eos_token_id, tok.pad_token_id, [0, 1], bans=[5, None],
+                                   token_chunk=KNOBS.token_chunk)
     rows.clear()
     b = value.sample_continuations(m, prefixes, 6, [8, 5], tok.eos_token_id, tok.pad_token_id, [0, 1], bans=[5, None],
                                    token_chunk=5)
@@ -339,7 +345,8 @@ def test_vllm_exclude_bans_the_first_token(fake_vllm, saved_model, tok):
     assert not (got[0][:, 0] == top).any()                             # the banned first token never comes
     assert (got[1][:, 0] == top).sum() > M // 4                          # (it is the likely one)
     # the first tokens are those the HF sampler draws for the same request
-    hf = value.sample_continuations(m, [prefix], M, [5], stops, tok.pad_token_id, [seeds[0]], bans=[top])[0]
+    hf = value.sample_continuations(m, [prefix], M, [5], stops, tok.pad_token_id, [seeds[0]], bans=[top],
+                                    token_chunk=KNOBS.token_chunk)[0]
     assert torch.equal(got[0][:, 0], hf[:, 0])
     # vLLM continues each prefix ⊕ a with the rest of the budget and the stop ids
     cont = [c for c in llm.calls if len(c["prompt_token_ids"]) == len(prefix) + 1]
@@ -357,7 +364,7 @@ def test_token_values_through_vllm_exclude(fake_vllm, saved_model, tok, tmp_path
     llm = sampler.make_sampler(m, path, backend="vllm", dtype="float64")
     b = rollout.sample(m, tok, rollout.SampleConfig(n_prompts=1, G=1, max_new_tokens=8, source=RAW),
                        problems=tasks.sample_problems(1, seed=0), seed=0)
-    table = measure.token_table(b, measure.token_stats(m, b), tokenizer=tok).iloc[:2]
+    table = measure.token_table(b, measure.token_stats(m, b, KNOBS), tokenizer=tok).iloc[:2]
     table = table.assign(prob=0.5)
     cfg = value.ValueConfig(M=4, max_new_tokens=10, estimator="exclude", backend="vllm")
     got = value.token_values(llm, tok, b, table, cfg, mid="fake", cache_dir=tmp_path, progress=False)
@@ -379,7 +386,8 @@ def test_cuda_sampling_matches_cpu(tok, model64):
     s1, s2 = (rollout.sample(cuda, tok, gpu_cfg, problems=probs, seed=4) for _ in range(2))
     assert torch.equal(s1.input_ids, s2.input_ids) and s1.input_ids.device.type == "cpu"
     assert s1.reward.shape == (6,) and s1.group.tolist() == [0, 0, 1, 1, 2, 2]
-    c1, c2 = (value.sample_continuations(cuda, [[3, 5, 6]], 8, [6], [1, DOT], 0, [9]) for _ in range(2))
+    c1, c2 = (value.sample_continuations(cuda, [[3, 5, 6]], 8, [6], [1, DOT], 0, [9],
+                                         token_chunk=KNOBS.token_chunk) for _ in range(2))
     assert torch.equal(c1[0], c2[0]) and c1[0].device.type == "cpu"
 
 

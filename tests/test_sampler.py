@@ -5,6 +5,9 @@ import pytest
 import torch
 
 from cancellation import measure, policy, rollout, sampler
+from cancellation.compute import Compute
+
+KNOBS = Compute()   # the default memory knobs, passed whole to every model call
 
 
 def _batch(V, rows=12, P=9, seed=0, device="cpu"):
@@ -30,8 +33,10 @@ def test_static_eager_draws_the_eager_paths_tokens(tiny, T):
     ids, mask = _batch(model.config.vocab_size)
     stop = rollout.stop_ids(tok, model)
     ga, gb = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
-    a = sampler.generate(model, ids, mask, T, 1.0, stop, tok.pad_token_id, generator=ga, static=False)
-    b = sampler.generate_static(model, ids, mask, T, 1.0, stop, tok.pad_token_id, generator=gb)
+    a = sampler.generate(model, ids, mask, T, 1.0, stop, tok.pad_token_id, generator=ga, static=False,
+                         token_chunk=KNOBS.token_chunk)
+    b = sampler.generate_static(model, ids, mask, T, 1.0, stop, tok.pad_token_id, generator=gb,
+                                token_chunk=KNOBS.token_chunk)
     assert a.shape == b.shape and torch.equal(a, b)
     assert torch.equal(ga.get_state(), gb.get_state())     # the next chunk's draws are unchanged too
 
@@ -42,11 +47,12 @@ def test_stops_at_any_stop_id_and_pads_after(tiny):
     model, tok = tiny
     ids, mask = _batch(model.config.vocab_size)
     free = sampler.generate(model, ids, mask, 40, 1.0, [-1], tok.pad_token_id, generator=torch.Generator().manual_seed(1),
-                            static=False)
+                            static=False, token_chunk=KNOBS.token_chunk)
     common = int(torch.mode(free.flatten()).values)          # a token most rows draw early
     stop = [tok.eos_token_id, common]
     out, lp = sampler.generate_static(model, ids, mask, 40, 1.0, stop, tok.pad_token_id,
-                                      generator=torch.Generator().manual_seed(1), draw="icdf", return_logprobs=True)
+                                      generator=torch.Generator().manual_seed(1), draw="icdf", return_logprobs=True,
+                                      token_chunk=KNOBS.token_chunk)
     is_stop = torch.isin(out, torch.tensor(stop))
     assert is_stop.any(1).all() or out.shape[1] == 40
     for r in range(len(out)):
@@ -65,7 +71,7 @@ def test_padding_rows_never_leak(tiny):
     model, tok = tiny
     ids, mask = _batch(model.config.vocab_size, rows=5)
     stop = rollout.stop_ids(tok, model)
-    kw = dict(generator=None, draw="icdf", return_logprobs=True)
+    kw = dict(generator=None, draw="icdf", return_logprobs=True, token_chunk=KNOBS.token_chunk)
     a, la = sampler.generate_static(model, ids, mask, 30, 1.0, stop, tok.pad_token_id, **kw)
     b, lb = sampler.generate_static(model, ids, mask, 30, 1.0, stop, tok.pad_token_id, pad_rows=8, **kw)
     assert b.shape[0] == 5 and torch.equal(a, b) and torch.allclose(la, lb, atol=1e-12, rtol=0)
@@ -78,7 +84,7 @@ def test_graph_shapes_run_eagerly_draw_the_same_tokens(tiny):
     model, tok = tiny
     ids, mask = _batch(model.config.vocab_size, rows=6)
     stop = rollout.stop_ids(tok, model)
-    kw = dict(generator=None, draw="icdf", return_logprobs=True)
+    kw = dict(generator=None, draw="icdf", return_logprobs=True, token_chunk=KNOBS.token_chunk)
     a, la = sampler.generate_static(model, ids, mask, 40, 1.0, stop, tok.pad_token_id, **kw)
     b, lb = sampler.generate_static(model, ids, mask, 40, 1.0, stop, tok.pad_token_id, graph_shapes=True, **kw)
     assert torch.equal(a, b) and torch.allclose(la, lb, atol=1e-12, rtol=0)
@@ -91,9 +97,10 @@ def test_icdf_logprobs_are_teacher_forced_logprobs(tiny):
     ids, mask = _batch(model.config.vocab_size, rows=6)
     stop = rollout.stop_ids(tok, model)
     out, lp = sampler.generate_static(model, ids, mask, 20, 1.0, stop, tok.pad_token_id,
-                                      generator=torch.Generator().manual_seed(5), draw="icdf", return_logprobs=True)
+                                      generator=torch.Generator().manual_seed(5), draw="icdf", return_logprobs=True,
+                                      token_chunk=KNOBS.token_chunk)
     batch = rollout.assemble(tok, [None] * 6, ids, mask, out, 1, verifier=lambda p, t: 0.0, stop=stop)
-    st = measure.token_stats(model, batch)
+    st = measure.token_stats(model, batch, KNOBS)
     resp = batch.response_mask
     got = lp[resp[:, ids.shape[1]:]]
     want = st.logp[resp]
@@ -143,9 +150,10 @@ def test_captured_logprobs_are_teacher_forced_on_cuda():
     ids, mask = _batch(model.config.vocab_size, rows=10, device="cuda")
     stop = rollout.stop_ids(tok, model)
     out, lp = sampler.generate_static(model, ids, mask, 24, 1.0, stop, tok.pad_token_id,
-                                      torch.Generator("cuda").manual_seed(4), capture=True, return_logprobs=True)
+                                      torch.Generator("cuda").manual_seed(4), capture=True, return_logprobs=True,
+                                      token_chunk=KNOBS.token_chunk)
     batch = rollout.assemble(tok, [None] * 10, ids.cpu(), mask.cpu(), out.cpu(), 1, verifier=lambda p, t: 0.0, stop=stop)
-    st = measure.token_stats(model, batch.to("cuda"))
+    st = measure.token_stats(model, batch.to("cuda"), KNOBS)
     resp = batch.response_mask
     got, want = lp.cpu()[resp[:, ids.shape[1]:]], st.logp.cpu()[resp]
     assert torch.allclose(got.double(), want.double(), atol=1e-3), (got - want).abs().max()
@@ -230,8 +238,9 @@ def test_lean_generate_draws_the_loops_tokens(tiny, T):
     ids, mask = _batch(model.config.vocab_size, rows=12)
     stop = rollout.stop_ids(tok, model)
     ga, gb = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
-    a = sampler.generate(model, ids, mask, T, 1.0, stop, tok.pad_token_id, generator=ga, lean=False)
-    b = sampler.generate(model, ids, mask, T, 1.0, stop, tok.pad_token_id, generator=gb)
+    a = sampler.generate(model, ids, mask, T, 1.0, stop, tok.pad_token_id, generator=ga, lean=False,
+                         token_chunk=KNOBS.token_chunk)
+    b = sampler.generate(model, ids, mask, T, 1.0, stop, tok.pad_token_id, generator=gb, token_chunk=KNOBS.token_chunk)
     assert sampler.lean_supported(model)
     assert a.shape == b.shape and torch.equal(a, b) and not b.is_inference()
     assert torch.equal(ga.get_state(), gb.get_state())

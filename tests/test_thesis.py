@@ -11,6 +11,9 @@ import pytest
 import torch
 
 from cancellation import grpo, measure, thesis
+from cancellation.compute import Compute
+
+KNOBS = Compute()   # the default memory knobs, passed whole to every model call
 
 
 def _tokens(seed=0, n_batches=3, groups=3, G=4, L=6, vocab=5):
@@ -124,7 +127,7 @@ def test_undefined_statistic_gives_no_interval():
 
 def _grads(model, batch, cfg, **kw):
     model.zero_grad(set_to_none=True)
-    old = measure.token_stats(model, batch).logp
+    old = measure.token_stats(model, batch, KNOBS).logp
     with grpo.only_grad_for(model, grpo.scope_params(model, cfg.scope)):
         grpo.accumulate_grad(model, batch, torch.arange(len(batch)), old, grpo.reweight_advantage(batch, cfg.reweight),
                              cfg, **kw)
@@ -147,7 +150,7 @@ def test_positive_only_is_grpo_with_positive_advantages_and_the_mask_drops_the_c
     masked = _grads(fresh, b, grpo.UpdateConfig(optimizer="sgd", lr=0.1), token_weight=w)
     # brute force: the token-mean loss with the masked tokens' terms left out, N unchanged
     fresh.zero_grad(set_to_none=True)
-    old = measure.token_stats(fresh, b).logp
+    old = measure.token_stats(fresh, b, KNOBS).logp
     with grpo.only_grad_for(fresh, list(fresh.parameters())):
         logp = measure.token_logp(measure.forward_logits(fresh, b), b.input_ids)
         loss = grpo.policy_loss(logp, old, b.advantage[:, None].expand_as(logp), b.response_mask & (w > 0),

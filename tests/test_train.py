@@ -25,13 +25,16 @@ def test_token_stats_on_cuda_match_cpu():
     from cancellation import rollout, tasks
     batch = rollout.sample(model, tok, rollout.SampleConfig(n_prompts=4, G=2, source=tasks.ProblemSource(prompt_format="raw")),
                            problems=tasks.sample_problems(4, seed=0), seed=0)
-    cpu = measure.token_stats(model, batch).logp
-    gpu = measure.token_stats(model.to("cuda"), batch).logp
+    cpu = measure.token_stats(model, batch, KNOBS).logp
+    gpu = measure.token_stats(model.to("cuda"), batch, KNOBS).logp
     assert torch.allclose(cpu[batch.response_mask], gpu[batch.response_mask], atol=1e-9)
 
 
 # --------------------------------------------------------------------------- train_run (issue 7)
 import copy  # noqa: E402
+from cancellation.compute import Compute
+
+KNOBS = Compute()   # the default memory knobs, passed whole to every model call
 
 EPS_LOW, EPS_HIGH, C = 0.2, 0.28, 3.0
 
@@ -83,7 +86,7 @@ def test_two_step_iteration_matches_hand_computation(fresh, batch):
     lr = 3e-3
     cfg = grpo.UpdateConfig(optimizer="adam", lr=lr)
     ref = copy.deepcopy(fresh)
-    old = measure.token_stats(fresh, b).logp
+    old = measure.token_stats(fresh, b, KNOBS).logp
     opt = grpo.make_optimizer(fresh, cfg)
     infos = train.minibatch_update(fresh, b, plan, old, opt, cfg)
 
@@ -211,7 +214,8 @@ def test_cached_train_many_in_two_processes_equals_one(tmp_path, monkeypatch):
 def test_initial_eval_given_equals_evaluating_at_iteration_0():
     cfg = _tcfg(iterations=2, eval_sets=["easy"])
     m, tok = _load_m()
-    ev0 = train.evaluate(m, tok, cfg.eval_sets, cfg.eval_n, cfg.eval_samples, cfg.eval_temperature, cfg.max_new_tokens)
+    ev0 = train.evaluate(m, tok, cfg.eval_sets, cfg.eval_n, cfg.eval_samples, cfg.eval_temperature, cfg.max_new_tokens,
+                         token_chunk=KNOBS.token_chunk)
     a = train.train_run(m, tok, cfg, progress=False)
     b = train.train_run(_load_m()[0], tok, cfg, progress=False, initial_eval=ev0)
     for k in a:

@@ -8,6 +8,9 @@ import pytest
 import torch
 
 from cancellation import measure, rollout, sampler, stats, tasks, value
+from cancellation.compute import Compute
+
+KNOBS = Compute()   # the default memory knobs, passed whole to every model call
 
 RAW = tasks.ProblemSource(prompt_format="raw")  # prompts as given, rewards by tasks.verify
 
@@ -44,7 +47,7 @@ def setup(peaky, tok):
     prob = tasks.Problem(prompt="Q: 1 2 + 3 4 = ? A:", answer="46", kind="add2")
     batch = rollout.sample(peaky, tok, rollout.SampleConfig(n_prompts=1, G=1, max_new_tokens=12, source=LastWord(prompt_format="raw")),
                            problems=[prob], seed=3)
-    table = measure.token_table(batch, measure.token_stats(peaky, batch), tokenizer=tok)
+    table = measure.token_table(batch, measure.token_stats(peaky, batch, KNOBS), tokenizer=tok)
     return batch, table
 
 
@@ -105,10 +108,11 @@ def test_shared_prefix_sampling_equals_independent(peaky, tok, setup):
     budgets, bans, M = [6, 4, 5], [None, resp[3], None], 16
     seeds = [value.prefix_seed(0, p, b) for p, b in zip(prefixes, bans)]
     eos, pad = tok.eos_token_id, tok.pad_token_id
-    together = value.sample_continuations(peaky, prefixes, M, budgets, eos, pad, seeds, bans=bans)
+    together = value.sample_continuations(peaky, prefixes, M, budgets, eos, pad, seeds, bans=bans,
+                                          token_chunk=KNOBS.token_chunk)
     for i, p in enumerate(prefixes):
         alone = value.sample_continuations(peaky, [p], M, [budgets[i]], eos, pad, [seeds[i]], bans=[bans[i]],
-                                           share_prefill=False)[0]
+                                           share_prefill=False, token_chunk=KNOBS.token_chunk)[0]
         assert torch.equal(together[i][:, :alone.shape[1]], alone)
         assert (together[i][:, alone.shape[1]:] == pad).all()
     assert not (together[1][:, 0] == resp[3]).any()             # the banned first token never appears
@@ -122,10 +126,11 @@ def test_sampler_distribution_matches_generate(peaky, tok, setup):
     batch, _ = setup
     prompt, resp = value.split_rollout(batch, 0)
     s, M = list(prompt + resp[:5]), 4000
-    ours = value.sample_continuations(peaky, [s], M, [1], tok.eos_token_id, tok.pad_token_id, [7])[0][:, 0]
+    ours = value.sample_continuations(peaky, [s], M, [1], tok.eos_token_id, tok.pad_token_id, [7],
+                                      token_chunk=KNOBS.token_chunk)[0][:, 0]
     ids = torch.tensor([s] * M)
     theirs = sampler.generate(peaky, ids, torch.ones_like(ids), 1, 1.0, tok.eos_token_id, tok.pad_token_id,
-                              generator=torch.Generator().manual_seed(7))[:, 0]
+                              generator=torch.Generator().manual_seed(7), token_chunk=KNOBS.token_chunk)[:, 0]
     with torch.no_grad():
         pi = torch.softmax(peaky(input_ids=torch.tensor([s])).logits[0, -1].double(), -1)
     se = torch.sqrt(pi * (1 - pi) / M) + 1e-3
@@ -255,11 +260,11 @@ def test_repeated_deltas_are_cumulative_steps_with_one_optimizer_and_restore_the
     D = value.repeated_deltas(m, b, cfg, K=2)
     assert all(torch.equal(v, theta[k]) for k, v in m.state_dict().items())
     ref = copy.deepcopy(model64)  # independent: two steps of one Adam on a copy, θ_old fixed at θ0
-    before = measure.token_stats(ref, b).logp
+    before = measure.token_stats(ref, b, KNOBS).logp
     opt = torch.optim.Adam(ref.parameters(), lr=1e-2)
     for k in range(2):
         grpo.grpo_step(ref, b, cfg, optimizer=opt, old_logp=before)
-        want = (measure.token_stats(ref, b).logp - before)[b.response_mask].numpy()
+        want = (measure.token_stats(ref, b, KNOBS).logp - before)[b.response_mask].numpy()
         assert np.allclose(D[k], want, rtol=0, atol=1e-12)
     assert np.abs(D[1] - D[0]).max() > 1e-4
 
@@ -279,8 +284,8 @@ def test_heldout_deltas_are_one_step_on_the_first_batch_read_on_the_second(model
     D = value.heldout_deltas(m, b, other, cfg)
     assert all(torch.equal(v, theta[k]) for k, v in m.state_dict().items())
     ref = copy.deepcopy(model64)  # independent: a plain SGD step on a copy, read on the other batch
-    before = measure.token_stats(ref, other).logp
+    before = measure.token_stats(ref, other, KNOBS).logp
     grpo.grpo_step(ref, b, cfg, optimizer=torch.optim.SGD(ref.parameters(), lr=0.1))
-    want = (measure.token_stats(ref, other).logp - before)[other.response_mask].numpy()
+    want = (measure.token_stats(ref, other, KNOBS).logp - before)[other.response_mask].numpy()
     assert D.shape == (int(other.response_mask.sum()),) and np.allclose(D, want, rtol=0, atol=1e-12)
     assert np.abs(D).max() > 1e-6

@@ -21,7 +21,10 @@ import torch
 
 from . import coupling, engine, grpo, measure, policy, rollout, scale, standins, tasks, value
 from . import categories as C
+from .compute import Compute
 from .sampler import generate
+
+KNOBS = Compute()   # the default memory knobs of every timed call (a bench times the code, not a profile)
 
 RAW = tasks.ProblemSource(prompt_format="raw")  # the tiny policy's prompts as given, rewards by tasks.verify
 
@@ -82,7 +85,7 @@ def _policy_batch(n_prompts=16, G=8, dtype="float64"):
 def token_stats(n_prompts: int = 16, G: int = 8, repeats: int = 3):
     """Token log-probs/entropies of a batch: batched forward (row chunks) vs one forward per sequence."""
     model, _, batch = _policy_batch(n_prompts, G)
-    r = paired({"batched": lambda: measure.token_stats(model, batch, chunk_rows=64),
+    r = paired({"batched": lambda: measure.token_stats(model, batch, Compute(chunk_rows=64)),
                 "per-seq": lambda: measure.token_stats_per_sequence(model, batch)}, repeats)
     fast, slow = r["batched"], r["per-seq"]
     m = batch.response_mask
@@ -238,8 +241,9 @@ def memory(rows: int = 8, resp: int = 4096, repeats: int = 3):
     scale = rows / n_old
     old_batch = batch.select(list(range(n_old)))
 
-    r = paired({"new": lambda: measure.token_stats(model, batch, chunk_rows=64, token_chunk=tc_stats),
-                "old": lambda: measure.token_stats_unchunked(model, old_batch, chunk_rows=64)}, repeats, memory=True)
+    r = paired({"new": lambda: measure.token_stats(model, batch, Compute(chunk_rows=64, token_chunk=tc_stats)),
+                "old": lambda: measure.token_stats_unchunked(model, old_batch, Compute(chunk_rows=64))},
+               repeats, memory=True)
     s_new, s_old = r["new"].pop("out"), r["old"].pop("out")
     m = old_batch.response_mask
     err_s = float((s_new.logp[:n_old][m] - s_old.logp[m]).abs().max())
@@ -329,13 +333,14 @@ def value_continuations(n_prompts: int = 4, G: int = 4, M: int = 16, repeats: in
 
     def shared():
         for s in range(0, len(prefixes), 64):
-            value.sample_continuations(model, prefixes[s:s + 64], M, budgets[s:s + 64], eos, pad, seeds[s:s + 64])
+            value.sample_continuations(model, prefixes[s:s + 64], M, budgets[s:s + 64], eos, pad, seeds[s:s + 64],
+                                       token_chunk=KNOBS.token_chunk)
 
     def naive():  # one generate call per continuation set: the prefix copied M times, prefilled M times
         g = torch.Generator().manual_seed(0)
         for p, b in zip(prefixes, budgets):
             ids = torch.tensor([p] * M)
-            generate(model, ids, torch.ones_like(ids), b, 1.0, eos, pad, generator=g)
+            generate(model, ids, torch.ones_like(ids), b, 1.0, eos, pad, generator=g, token_chunk=KNOBS.token_chunk)
 
     r = paired({"shared": shared, "naive": naive}, repeats)
     torch.set_num_threads(threads)
@@ -397,8 +402,10 @@ def sampler(device: str = "auto", shapes: str = "auto", compile: bool = True, ea
         g = torch.Generator(device=device).manual_seed(0)
         ids = torch.randint(0, V, (rows, prompt), generator=g, device=device)
         mask = torch.ones_like(ids)
-        ours = lambda n=new: generate(model, ids, mask, n, 1.0, [-1], 0, generator=g, static=True)  # noqa: E731
-        eager = lambda n=new: generate(model, ids, mask, n, 1.0, [-1], 0, generator=g, static=False)  # noqa: E731
+        ours = lambda n=new: generate(model, ids, mask, n, 1.0, [-1], 0, generator=g, static=True,
+                                       token_chunk=KNOBS.token_chunk)  # noqa: E731
+        eager = lambda n=new: generate(model, ids, mask, n, 1.0, [-1], 0, generator=g, static=False,
+                                        token_chunk=KNOBS.token_chunk)  # noqa: E731
         def hf(cache=None, n=new):
             gc = GenerationConfig(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=n,
                                   min_new_tokens=n, eos_token_id=None, pad_token_id=0,
@@ -486,7 +493,8 @@ def sampler_cpu(shapes: str = "auto", repeats: int = 5, threads: int = 1):
                                   min_new_tokens=new, eos_token_id=None, pad_token_id=0)
 
             def ours(lean=True):
-                return generate(model, ids, mask, new, 1.0, [-1], 0, generator=g.manual_seed(0), lean=lean)
+                return generate(model, ids, mask, new, 1.0, [-1], 0, generator=g.manual_seed(0), lean=lean,
+                                token_chunk=KNOBS.token_chunk)
             ways = {"ours (lean step)": ours,
                     "transformers generate": lambda: model.generate(input_ids=ids, attention_mask=mask,
                                                                     generation_config=gc),

@@ -25,7 +25,6 @@ import pandas as pd
 import torch
 
 from . import grpo, measure, procs, rollout
-from .guard import CHUNK_ROWS, TOKEN_CHUNK
 from .policy import load_policy
 from .value import model_id
 
@@ -64,12 +63,12 @@ def pool_index(batch, pool: pd.DataFrame) -> tuple[torch.Tensor, torch.Tensor, t
     return rows, local, cols
 
 
-def pool_logp(model, batch, pool: pd.DataFrame, chunk_rows: int = CHUNK_ROWS,
-              token_chunk: int = TOKEN_CHUNK) -> np.ndarray:
-    """log π of every pool token under `model` (one forward over the pool's rows only)."""
+def pool_logp(model, batch, pool: pd.DataFrame, knobs) -> np.ndarray:
+    """log π of every pool token under `model` (one forward over the pool's rows only; `knobs`: the run's
+    Compute or an UpdateConfig carrying its knobs)."""
     rows, local, cols = pool_index(batch, pool)
     sub = trim(batch.select(rows), int(cols.max()) + 1 if len(cols) else None)
-    lp = measure.token_stats(model, sub, chunk_rows, token_chunk=token_chunk).logp
+    lp = measure.token_stats(model, sub, knobs).logp
     return lp[local, cols].double().cpu().numpy()
 
 
@@ -93,7 +92,7 @@ def pool_delta(model, batch, rows, pool: pd.DataFrame, cfg: grpo.UpdateConfig, o
     sub = regroup(batch, rows)
     with grpo.trial(model, cfg.scope):
         grpo.grpo_step(model, sub, cfg, old_logp=old_logp[torch.as_tensor(rows)])
-        return pool_logp(model, batch, pool, cfg.chunk_rows, cfg.token_chunk) - before
+        return pool_logp(model, batch, pool, cfg) - before
 
 
 # --------------------------------------------------------------------------- the value gap
@@ -260,7 +259,7 @@ def sweep_deltas(model, batch, plan: list[dict], tokens: pd.DataFrame, cfg: grpo
     n_tokens, n_mixed). `before` (a dict) keeps the valued tokens' log-probs under θ across calls."""
     if cfg.optimizer != "sgd" or cfg.scope != "full" or cfg.n_minibatches != 1:
         raise ValueError("sweep_deltas: the steps from scores are plain SGD, full scope, one mini-batch")
-    lr, chunk_rows, token_chunk = cfg.lr, cfg.chunk_rows, cfg.token_chunk
+    lr = cfg.lr
     index = {int(r): j for j, r in enumerate(torch.as_tensor(H_rows).tolist())} if H is not None else {}
     roll = tokens.rollout.to_numpy()
     before, out = ({} if before is None else before), []
@@ -284,13 +283,13 @@ def sweep_deltas(model, batch, plan: list[dict], tokens: pd.DataFrame, cfg: grpo
                 continue
             sel = tokens.iloc[tok]
             if key not in before:
-                before[key] = pool_logp(model, batch, sel, chunk_rows, token_chunk)
+                before[key] = pool_logp(model, batch, sel, cfg)
             if H is None:
                 delta = pool_delta(model, batch, e["rows"], sel, cfg, old_logp, before[key])
             else:
                 with grpo.trial(model, "full"):
                     add_to_params(model, U[j].double())
-                    delta = pool_logp(model, batch, sel, chunk_rows, token_chunk) - before[key]
+                    delta = pool_logp(model, batch, sel, cfg) - before[key]
             sub = batch.select(e["rows"])
             out.append(pd.DataFrame(dict(panel=e["panel"], x=e["x"], seed=e["seed"], tok=tok,
                                          delta=delta, in_update=np.isin(roll[tok], e["rows"].numpy()),

@@ -56,7 +56,7 @@ class Compute:
 
     def stats(self, model, batch, hidden: bool = False):
         """`measure.token_stats` with this Compute's chunking."""
-        return measure.token_stats(model, batch, self.chunk_rows, hidden=hidden, token_chunk=self.token_chunk)
+        return measure.token_stats(model, batch, self, hidden=hidden)
 
     def cache_params(self) -> dict:
         """The knobs that can change a result, for cache keys (stage.canonical)."""

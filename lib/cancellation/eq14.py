@@ -52,7 +52,7 @@ def group_score_gram(model, batch, cfg: grpo.UpdateConfig, old_logp=None, max_by
     if len(groups) * sum(p.numel() for p in params) * 8 > max_bytes:
         return None
     if old_logp is None:
-        old_logp = measure.token_stats(model, batch, cfg.chunk_rows, token_chunk=cfg.token_chunk).logp
+        old_logp = measure.token_stats(model, batch, cfg).logp
     unit = dataclasses.replace(cfg, reweight="grpo")
     ones = torch.ones(len(batch), dtype=torch.float64)
     C = []
@@ -94,7 +94,7 @@ def shared_energy(model, batch, plan, cfg: grpo.UpdateConfig, old_logp=None, gra
             total += float(S @ M @ S) / (T * float(batch.response_mask[torch.as_tensor(rows)].sum()))
         return total
     if old_logp is None:
-        old_logp = measure.token_stats(model, batch, cfg.chunk_rows, token_chunk=cfg.token_chunk).logp
+        old_logp = measure.token_stats(model, batch, cfg).logp
     every = torch.arange(len(batch))
     total = 0.0
     for rows, w in zip(plan, W):

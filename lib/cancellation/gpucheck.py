@@ -37,6 +37,7 @@ from pathlib import Path
 import torch
 
 from . import sampler, scale
+from .compute import Compute
 from .plan import device_kind
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -71,7 +72,7 @@ def profile_decode(rows: int = 64, prompt: int = 64, new: int = 32, top: int = 1
 
     def run(capture):
         return sampler.generate_static(model, ids, mask, new, 1.0, [-1], 0, generator=g, capture=capture,
-                                       draw="icdf", graph_shapes=True)
+                                       draw="icdf", graph_shapes=True, token_chunk=Compute().token_chunk)
     cuda = device.startswith("cuda")
     if cuda:
         run(True)                        # capture once

@@ -310,8 +310,8 @@ def grpo_step(model, batch, cfg: UpdateConfig, optimizer=None, plan=None, token_
     params = scope_params(model, cfg.scope)
     optimizer = optimizer or make_optimizer(model, cfg)
     if old_logp is None:
-        old_logp = measure.token_stats_unchunked(model, batch, cfg.chunk_rows).logp if unchunked else \
-            token_stats(model, batch, cfg.chunk_rows, token_chunk=cfg.token_chunk).logp
+        old_logp = measure.token_stats_unchunked(model, batch, cfg).logp if unchunked else \
+            token_stats(model, batch, cfg).logp
     weight = reweight_advantage(batch, cfg.reweight)
     plan = plan if plan is not None else random_plan(len(batch), cfg.n_minibatches, seed)
     acc = accumulate_grad_unchunked if unchunked else accumulate_grad
@@ -376,4 +376,4 @@ def trial_delta(model, batch, cfg: UpdateConfig, before_logp: torch.Tensor, meas
         step_kw.setdefault("old_logp", before_logp)
     with trial(model, cfg.scope):
         grpo_step(model, batch, cfg, **step_kw)
-        return token_stats(model, mb, cfg.chunk_rows, token_chunk=cfg.token_chunk).logp - before_logp
+        return token_stats(model, mb, cfg).logp - before_logp

@@ -14,7 +14,6 @@ import pandas as pd
 import torch
 
 from . import guard
-from .guard import CHUNK_ROWS, TOKEN_CHUNK
 
 STATUSES = ("boosted", "suppressed", "stable")
 CONFIDENT = 0.9  # the paper's confidence split: a token with p ≥ CONFIDENT is confident, p < CONFIDENT uncertain
@@ -109,17 +108,18 @@ def _logp_entropy(model, h: torch.Tensor, targets: torch.Tensor, entropy: bool =
 
 
 @torch.no_grad()
-def token_stats(model, batch, chunk_rows: int = CHUNK_ROWS, hidden: bool = False,
-                token_chunk: int = TOKEN_CHUNK) -> TokenStats:
+def token_stats(model, batch, knobs, hidden: bool = False) -> TokenStats:
     """Log-probs and entropies of every response token of `batch`, with memory bounded by chunks.
 
-    The model body runs on `chunk_rows` rows at a time (final hidden states only, no logits);
-    logits, log-softmax and entropy are then computed for at most `token_chunk` response
+    `knobs`: the run's Compute (or a config that carries its knobs, an UpdateConfig), passed whole.
+    The model body runs on `knobs.chunk_rows` rows at a time (final hidden states only, no logits);
+    logits, log-softmax and entropy are then computed for at most `knobs.token_chunk` response
     positions at a time, so the largest vocabulary-wide tensor is (token_chunk, V). Entries
     outside `response_mask` are 0. Results are on the CPU, in the model's dtype. The chunking
     is fixed by the two chunk sizes alone, so two calls with the same model give bit-identical
     results (the noise floor of a no-op update is then exactly 0 on CPU).
     """
+    chunk_rows, token_chunk = knobs.chunk_rows, knobs.token_chunk
     B, L = batch.input_ids.shape
     guard.tally_batch(B * L)  # the memory guard's tally (tests); a no-op otherwise
     logp = ent = None
@@ -147,8 +147,10 @@ def token_stats(model, batch, chunk_rows: int = CHUNK_ROWS, hidden: bool = False
 
 
 @torch.no_grad()
-def token_stats_unchunked(model, batch, chunk_rows: int = CHUNK_ROWS, hidden: bool = False) -> TokenStats:
-    """The old way (reference for tests and `make bench`): full (rows, L, V) logits per row chunk."""
+def token_stats_unchunked(model, batch, knobs, hidden: bool = False) -> TokenStats:
+    """The old way (reference for tests and `make bench`): full (rows, L, V) logits per chunk of
+    `knobs.chunk_rows` rows (`knobs.token_chunk` is ignored: that is the point)."""
+    chunk_rows = knobs.chunk_rows
     logps, ents, hs = [], [], []
     for s in range(0, len(batch), chunk_rows):
         rows = slice(s, s + chunk_rows)
@@ -245,21 +247,21 @@ def flip_fractions(df: pd.DataFrame, by=("sign",)) -> pd.DataFrame:
 
 
 @torch.no_grad()
-def noise_floor(model, batch, chunk_rows: int = CHUNK_ROWS, step_fn=None, token_chunk: int = TOKEN_CHUNK) -> dict:
+def noise_floor(model, batch, knobs, step_fn=None) -> dict:
     """Measured Δlog p when nothing should change.
 
     'repeat': two forward passes, no update. 'zero_update': before/after an update whose token
     weights are all zero (`step_fn(model, batch)` performs it; skipped if None). Reported as
-    the max |Δ| over response tokens; ε must sit above both. Pass the run's Compute knobs
-    (`chunk_rows`, `token_chunk`): the floor is that of the forwards the analysis really uses.
+    the max |Δ| over response tokens; ε must sit above both. `knobs`: the run's Compute, so the floor is
+    that of the forwards the analysis really uses.
     """
     m = batch.response_mask
-    a = token_stats(model, batch, chunk_rows, token_chunk=token_chunk).logp
-    b = token_stats(model, batch, chunk_rows, token_chunk=token_chunk).logp
+    a = token_stats(model, batch, knobs).logp
+    b = token_stats(model, batch, knobs).logp
     out = {"repeat": float((a - b)[m].abs().max())}
     if step_fn is not None:
         with torch.enable_grad():
             step_fn(model, batch)
-        c = token_stats(model, batch, chunk_rows, token_chunk=token_chunk).logp
+        c = token_stats(model, batch, knobs).logp
         out["zero_update"] = float((c - a)[m].abs().max())
     return out

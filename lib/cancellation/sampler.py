@@ -44,7 +44,6 @@ import torch
 import torch.nn.functional as F
 
 from . import measure
-from .guard import TOKEN_CHUNK
 from .policy import cast, load_policy
 
 ROW_BUCKETS = (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
@@ -305,7 +304,7 @@ def _prefill(model, input_ids, attention_mask):
 
 @torch.no_grad()
 def generate_static(model, input_ids, attention_mask, max_new_tokens: int, temperature: float, stop, pad_id: int,
-                    generator: torch.Generator | None = None, token_chunk: int = TOKEN_CHUNK,
+                    generator: torch.Generator | None = None, *, token_chunk: int,
                     capture: bool | None = None, draw: str | None = None, check_every: int = 16,
                     return_logprobs: bool = False, pad_rows: int | None = None, repeats: int = 1, uniforms=None,
                     budgets=None, bans=None, compact: bool | None = None, graph_shapes: bool = False):
@@ -539,7 +538,7 @@ class LeanStep:
 
 
 def generate_lean(model, input_ids, attention_mask, max_new_tokens: int, temperature: float, stop, pad_id: int,
-                  generator: torch.Generator | None = None, token_chunk: int = TOKEN_CHUNK,
+                  generator: torch.Generator | None = None, *, token_chunk: int,
                   drop_rows: bool = True) -> torch.Tensor:
     """`generate`'s eager loop with the lean step: the same prefill, the same multinomial draws
     from the same generator (every row drawn every step, so the generator's stream is unchanged), the
@@ -629,7 +628,7 @@ def draw_chunked(model, h: torch.Tensor, token_chunk: int, draw) -> torch.Tensor
 
 @torch.no_grad()
 def generate(model, input_ids, attention_mask, max_new_tokens: int, temperature: float, stop, pad_id: int,
-             generator: torch.Generator | None = None, token_chunk: int = TOKEN_CHUNK,
+             generator: torch.Generator | None = None, *, token_chunk: int,
              static: bool | None = None, lean: bool | None = None) -> torch.Tensor:
     """Batched ancestral sampling with a KV cache; returns (B, T) new tokens, pad after the first stop id.
 

@@ -86,10 +86,12 @@ UNIT_SIZES = {"cpu": dict(rows=8, chunk_rows=4, prompt=16, responses=(16, 112), 
 
 
 def probe(shape: str, device: str = "cuda", n_prompts: int = 4, G: int = 8, prompt: int = 128, response: int = 1024,
-          chunk_rows: int = UNIT_SIZES["cuda"]["chunk_rows"], token_chunk: int = UNIT_SIZES["cuda"]["token_chunk"],
-          sample_rows: int = 64, sample_tokens: int = 512,
+          compute: Compute | None = None, sample_rows: int = 64, sample_tokens: int = 512,
           steps: tuple = ("analysis", "adam_full", "sgd_lm_head", "sample")) -> list[dict]:
-    """Time each building block once after one warm-up call; one row per block."""
+    """Time each building block once after one warm-up call; one row per block. `compute`: the memory
+    knobs of every forward and step (default: the cuda timing point's, with activation checkpointing)."""
+    cc = compute or Compute(device=device, chunk_rows=UNIT_SIZES["cuda"]["chunk_rows"],
+                            token_chunk=UNIT_SIZES["cuda"]["token_chunk"], gradient_checkpointing=True)
     model = build(shape, device=device)
     batch = synthetic_batch(n_prompts, G, prompt, response, model.config.vocab_size)
     n_tok, rows = batch.n_tokens, []
@@ -102,17 +104,16 @@ def probe(shape: str, device: str = "cuda", n_prompts: int = 4, G: int = 8, prom
         print(f"{shape} {name}: {secs:.2f} s for {tokens} tokens ({rows[-1]['ms_per_1k_tokens']:.1f} ms / 1k tokens), "
               f"peak {peak:.1f} GiB", flush=True)
 
-    stats = lambda: measure.token_stats(model, batch, chunk_rows, token_chunk=token_chunk)  # noqa: E731
+    stats = lambda: measure.token_stats(model, batch, cc)  # noqa: E731
     if "analysis" in steps:
         stats()
         secs, peak, _ = _timed(stats, device)
         add("analysis_forward", secs, peak, n_tok)
     old = stats().logp if {"adam_full", "sgd_lm_head"} & set(steps) else None   # θ_old of the steps
-    for name, cfg in (("adam_full", grpo.UpdateConfig(optimizer="adam", lr=1e-6, scope="full")),
-                      ("sgd_lm_head", grpo.UpdateConfig(optimizer="sgd", lr=0.1, scope="lm_head"))):
+    for name, cfg in (("adam_full", cc.update(optimizer="adam", lr=1e-6, scope="full")),
+                      ("sgd_lm_head", cc.update(optimizer="sgd", lr=0.1, scope="lm_head"))):
         if name not in steps:
             continue
-        cfg.chunk_rows, cfg.token_chunk, cfg.gradient_checkpointing = chunk_rows, token_chunk, True
         opt = grpo.make_optimizer(model, cfg)
         step = lambda opt=opt, cfg=cfg: grpo.grpo_step(model, batch, cfg, optimizer=opt, old_logp=old)
         step()                                    # warm-up (allocates Adam state)
@@ -126,7 +127,8 @@ def probe(shape: str, device: str = "cuda", n_prompts: int = 4, G: int = 8, prom
         ids = batch.input_ids[:1, :prompt].repeat(sample_rows, 1).to(device)
         mask = torch.ones_like(ids)
         gen = torch.Generator(device=device).manual_seed(0)
-        run = lambda n: generate(sampler, ids, mask, n, 1.0, [-1], 0, generator=gen)  # noqa: E731
+        run = lambda n: generate(sampler, ids, mask, n, 1.0, [-1], 0, generator=gen,
+                                 token_chunk=cc.token_chunk)  # noqa: E731
         with torch.no_grad():
             run(8)
             secs, peak, out = _timed(lambda: run(sample_tokens), device)

@@ -20,7 +20,6 @@ import torch
 from . import batching, grpo, measure, rollout, tasks
 from . import cache, coupling, policy, seeds, stage, strategies
 from .compute import Compute
-from .guard import TOKEN_CHUNK
 from .sampler import make_sampler, sync_weights
 
 log = logging.getLogger(__name__)
@@ -138,13 +137,12 @@ def delta_run(model, tokenizer, cfg: RunConfig, progress: bool = True, on_step=N
     ratio), and a second forward after it. `on_step(step, model, batch, before, after)` may add
     measurements (it must not update).
     """
-    chunk, tchunk = cfg.update.chunk_rows, cfg.update.token_chunk
     tables = []
     for step, batch, update in grpo_steps(model, tokenizer, cfg, f"GRPO run ({cfg.update.reweight})", progress,
                                           model_path):
-        before = measure.token_stats(model, batch, chunk, token_chunk=tchunk)
+        before = measure.token_stats(model, batch, cfg.update)
         infos = update(before.logp)
-        after = measure.token_stats(model, batch, chunk, token_chunk=tchunk)
+        after = measure.token_stats(model, batch, cfg.update)
         if on_step is not None:
             on_step(step, model, batch, before, after)
         t = measure.token_table(batch, before, after, eps=cfg.eps, step=step)
@@ -281,7 +279,7 @@ def eval_problems(name: str, n: int, like: tasks.ProblemSource | None = None) ->
 
 
 def evaluate(model, tok, sets, n: int, samples: int = 1, temperature: float = 1.0,
-             max_new_tokens: int = 96, like: tasks.ProblemSource | None = None, token_chunk: int = TOKEN_CHUNK) -> dict:
+             max_new_tokens: int = 96, like: tasks.ProblemSource | None = None, *, token_chunk: int) -> dict:
     """Accuracy (avg@samples) on each held-out set (a difficulty of the generated task or a file).
 
     The generated sets go through one batched sampling call (fewer decode loops); its seed is
@@ -455,7 +453,7 @@ def _train_run(model, tok, cfg, opt, sampler, ckpt_path, ckpt_every, progress, o
                         or (k == "filtered" and cfg.dynamic_sampling)})
         if batch is not None:
             t1 = time.time()
-            old = measure.token_stats(model, batch, cfg.update.chunk_rows, token_chunk=cfg.update.token_chunk)
+            old = measure.token_stats(model, batch, cfg.update)
             plan = batching.make_plan(cfg.plan, batch.group, batch.advantage, cfg.update.n_minibatches,
                                       seed=seeds.derive(cfg.seed, "plan", it))
             infos = minibatch_update(model, batch, plan, old.logp, opt, cfg.update) if plan else []

@@ -78,7 +78,7 @@ def prefix_seed(seed: int, ids, ban: int | None) -> int:
 
 @torch.no_grad()
 def sample_continuations(model, prefixes, M: int, budgets, eos_id, pad_id: int, seeds, temperature: float = 1.0,
-                         bans=None, share_prefill: bool = True, token_chunk: int = TOKEN_CHUNK) -> list[torch.Tensor]:
+                         bans=None, share_prefill: bool = True, *, token_chunk: int) -> list[torch.Tensor]:
     """M continuations of each prefix; returns one (M, max(budgets)) long tensor per prefix (on CPU),
     pad after the first stop id.
 
@@ -423,13 +423,13 @@ def repeated_deltas(model, batch, cfg: "grpo.UpdateConfig", K: int) -> np.ndarra
     (row-major over batch.response_mask) after each of K GRPO steps on the same batch with the
     same θ_old = θ0 (K epochs on one rollout batch; one optimizer, its state carried across the
     steps). θ is restored afterwards (grpo.trial)."""
-    before = measure.token_stats(model, batch, cfg.chunk_rows, token_chunk=cfg.token_chunk).logp
+    before = measure.token_stats(model, batch, cfg).logp
     out = []
     with grpo.trial(model, cfg.scope):
         opt = grpo.make_optimizer(model, cfg)
         for _ in range(K):
             grpo.grpo_step(model, batch, cfg, optimizer=opt, old_logp=before)
-            after = measure.token_stats(model, batch, cfg.chunk_rows, token_chunk=cfg.token_chunk).logp
+            after = measure.token_stats(model, batch, cfg).logp
             out.append((after - before)[batch.response_mask].double().cpu().numpy())
     return np.stack(out)
 
@@ -438,10 +438,10 @@ def heldout_deltas(model, batch, other, cfg: "grpo.UpdateConfig") -> np.ndarray:
     """Δlog p = log π_θ1 − log π_θ0 of every response token of `other` (row-major over its
     response_mask) after one GRPO step on `batch`: states the update never saw. θ is restored
     afterwards (grpo.trial)."""
-    before = measure.token_stats(model, other, cfg.chunk_rows, token_chunk=cfg.token_chunk).logp
+    before = measure.token_stats(model, other, cfg).logp
     with grpo.trial(model, cfg.scope):
         grpo.grpo_step(model, batch, cfg, optimizer=grpo.make_optimizer(model, cfg))
-        after = measure.token_stats(model, other, cfg.chunk_rows, token_chunk=cfg.token_chunk).logp
+        after = measure.token_stats(model, other, cfg).logp
     return (after - before)[other.response_mask].double().cpu().numpy()
 
 

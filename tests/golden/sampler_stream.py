@@ -14,6 +14,9 @@ from pathlib import Path
 import torch
 
 from cancellation import policy, rollout, sampler, tasks, value
+from cancellation.compute import Compute
+
+KNOBS = Compute()   # the default memory knobs, passed whole to every model call
 
 PINS = Path(__file__).with_name("sampler_stream.json")
 ROOT = Path(__file__).resolve().parents[2]
@@ -68,7 +71,8 @@ def cases() -> dict:
                     for p in tasks.ProblemSource().draw(3, 9)]
         prefixes = [p + [5, 7][: i] for i, p in enumerate(prefixes)]
         outs = value.sample_continuations(model, prefixes, M=6, budgets=[30, 12, 40], eos_id=rollout.stop_ids(tok, model),
-                                          pad_id=tok.pad_token_id, seeds=[1, 2, 3], bans=[None, 4, 6])
+                                          pad_id=tok.pad_token_id, seeds=[1, 2, 3], bans=[None, 4, 6],
+                                          token_chunk=KNOBS.token_chunk)
         return [o.tolist() for o in outs]
     out["tiny-m f64 continuations M=6"] = continuations
 
@@ -77,18 +81,20 @@ def cases() -> dict:
             model, tok = _load(STANDIN, "float32")
             ids, mask = _random_prompts(model.config.vocab_size, 8, 16, s)
             g = torch.Generator().manual_seed(s)
-            return sampler.generate(model, ids, mask, 40, 1.0, rollout.stop_ids(tok, model), 0, generator=g).tolist()
+            return sampler.generate(model, ids, mask, 40, 1.0, rollout.stop_ids(tok, model), 0, generator=g,
+                                    token_chunk=KNOBS.token_chunk).tolist()
         out[f"stand-in f32 generate seed={seed}"] = standin
     # the bench's call: no stop ids, every row to the cap, the static-cache path eagerly
     out["stand-in f32 generate static=True no stop"] = lambda: sampler.generate(
         _load(STANDIN, "float32")[0], *_random_prompts(1088, 16, 24, 2), 24, 1.0, [-1], 0,
-        generator=torch.Generator().manual_seed(2), static=True).tolist()
+        generator=torch.Generator().manual_seed(2), static=True, token_chunk=KNOBS.token_chunk).tolist()
     # prompts of one length: no attention mask at all (and SDPA's grouped-query path on the stand-in)
     for path, dtype, V in ((TINY_M, "float64", 53), (STANDIN, "float32", 1088)):
         for static in (False, True):
             out[f"{Path(path).name} {dtype} unpadded static={static}"] = lambda p=path, d=dtype, v=V, st=static: \
                 sampler.generate(_load(p, d)[0], *_random_prompts(v, 12, 10, 4, pad=False), 30, 1.0, [1, 1000], 0,
-                                 generator=torch.Generator().manual_seed(4), static=st).tolist()
+                                 generator=torch.Generator().manual_seed(4), static=st,
+                                 token_chunk=KNOBS.token_chunk).tolist()
     return out
 
 

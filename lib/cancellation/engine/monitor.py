@@ -74,18 +74,21 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def measure_step(model, inputs, logp_before, eps: float = 1e-6, conf_threshold: float = 0.9, forward=None,
-                 **extra) -> tuple[pd.DataFrame, pd.DataFrame]:
+                 knobs=None, **extra) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Δlog p of a just-taken optimizer step on its own mini-batch, for any trainer.
 
     `inputs`: the mini-batch in TRL's layout (prompt_ids, prompt_mask, completion_ids,
     completion_mask, advantages) or a RolloutBatch; `logp_before`: its completion log-probs
     before the step ((B, C), or (B, L) for a RolloutBatch, e.g. measure.token_stats(...).logp);
     `forward(model, inputs) -> (B, C)` the after-forward (default: a plain forward with positions
-    from the attention mask; the monitor passes the trainer's own loss forward).
+    from the attention mask; the monitor passes the trainer's own loss forward). `knobs`: the run's
+    Compute, which a RolloutBatch's after-forward (`measure.token_stats`) needs.
     Returns (per-token table, `summarize` shares).
     """
     if isinstance(inputs, rollout.RolloutBatch):
-        after = measure.token_stats(model, inputs).logp
+        if knobs is None:
+            raise TypeError("measure_step on a RolloutBatch needs knobs= (the run's Compute) for its forward")
+        after = measure.token_stats(model, inputs, knobs).logp
         t = measure.token_table(inputs, measure.TokenStats(logp_before, torch.zeros_like(logp_before)),
                                 measure.TokenStats(after, torch.zeros_like(after)), eps=eps, **extra)
         t["conf_bin"] = conf_bin(t.prob.values, conf_threshold)

@@ -222,7 +222,7 @@ def _noise_floor(P: Params, cfg: train.RunConfig):
     probe = rollout.sample(model, tok, replace(cfg.sample_config(model), backend="hf"),  # HF
                            seed=seeds.derive(P.seed, "noise_probe"))
     zero_w = torch.zeros(probe.input_ids.shape, dtype=torch.float64)
-    floor = measure.noise_floor(model, probe, P.chunk_rows, token_chunk=P.token_chunk,
+    floor = measure.noise_floor(model, probe, cc,
                                 step_fn=lambda m, b: grpo.grpo_step(m, b, replace(cfg.update, n_minibatches=1),
                                                                     token_weight=zero_w))
     low, high = ("float32", model) if P.dtype == "float64" else (P.dtype, policy.cast(model, "float64"))

@@ -360,7 +360,7 @@ def local_imbalance(P: Params, source) -> pd.DataFrame:
         for cfg in cfgs:
             pseed, sseed = rollout.round_seeds(cfg.seed, 0)    # the run's first sampling round
             batch = sampler.sample(tok, cfg.source.draw(cfg.n_prompts, pseed), sseed)
-            old = measure.token_stats(model, batch, cfg.update.chunk_rows, token_chunk=cfg.update.token_chunk).logp
+            old = measure.token_stats(model, batch, cfg.update).logp
             live = set(batch.group[batch.advantage != 0].tolist())
             full_sq = grpo.minibatch_grads(model, batch, [torch.arange(len(batch))], cfg.update,
                                            old_logp=old)[0]["grad_norm"] ** 2
