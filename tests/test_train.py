@@ -168,6 +168,25 @@ def test_resume_equals_uninterrupted(tmp_path):
         train.train_run(_load_m()[0], tok, _tcfg(seed=4), ckpt_path=ck, progress=False)
 
 
+def test_checkpoint_waits_for_ckpt_seconds(tmp_path):
+    """With ckpt_seconds, an iteration saves only once that long has passed since the last save: a run
+    interrupted after its first iteration within it leaves no checkpoint (it restarts); with 0, one."""
+    tok = _load_m()[1]
+
+    class Interrupt(Exception):
+        pass
+
+    def stop(it, model):
+        if it == 0:
+            raise Interrupt
+    for seconds, kept in ((1e9, False), (0.0, True)):
+        ck = tmp_path / f"run-{seconds:g}.pt"
+        with pytest.raises(Interrupt):
+            train.train_run(_load_m()[0], tok, _tcfg(eval_n=2, reward_balanced=False, plan="random"), ckpt_path=ck,
+                            progress=False, on_iteration=stop, ckpt_seconds=seconds)
+        assert ck.exists() == kept, seconds
+
+
 def test_bad_plan_named():
     with pytest.raises(ValueError, match="plan"):
         train.TrainConfig(plan="by_length")

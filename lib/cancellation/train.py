@@ -362,7 +362,7 @@ def _load_error(e: Exception) -> str:
 
 
 def train_run(model, tok, cfg: TrainConfig, ckpt_path=None, ckpt_every: int = 1, progress: bool = True,
-              on_iteration=None, model_path=None, initial_eval: dict | None = None) -> dict:
+              on_iteration=None, model_path=None, initial_eval: dict | None = None, ckpt_seconds: float = 0.0) -> dict:
     """Train `model` in place; returns {'iterations', 'minibatches', 'evals'} DataFrames.
 
     Iteration: sample a round of cfg.n_prompts x cfg.G rollouts (with RB: into the buffer, and
@@ -370,8 +370,9 @@ def train_run(model, tok, cfg: TrainConfig, ckpt_path=None, ckpt_every: int = 1,
     θ_old log-probs and entropies with one forward, split by cfg.plan, one optimizer step per
     mini-batch. Every seed derives from (cfg.seed, round or iteration), so the run is a function
     of its config. With `ckpt_path`, the model, optimizer, buffer, counters, RNG state and
-    history are saved every `ckpt_every` iterations, and a run finds and continues its
-    checkpoint: interrupted + resumed == uninterrupted, bit for bit.
+    history are saved every `ckpt_every` iterations (and, with `ckpt_seconds`, only once that many
+    seconds have passed since the last save; the last iteration always), and a run finds and continues
+    its checkpoint: interrupted + resumed == uninterrupted, bit for bit.
     `on_iteration(it, model)` is called after each iteration (after the checkpoint).
     `initial_eval`: the evaluation of the starting policy ({set: accuracy}, e.g. cached: it is the
     same for every run from one checkpoint) used instead of evaluating at iteration 0.
@@ -390,10 +391,11 @@ def train_run(model, tok, cfg: TrainConfig, ckpt_path=None, ckpt_every: int = 1,
     # One run per checkpoint at a time: a second run of the same config waits, then resumes the
     # finished checkpoint (and returns at once) instead of racing the first.
     with cache.lock(ckpt_path) if ckpt_path else contextlib.nullcontext():
-        return _train_run(model, tok, cfg, opt, sampler, ckpt_path, ckpt_every, progress, on_iteration, initial_eval)
+        return _train_run(model, tok, cfg, opt, sampler, ckpt_path, (ckpt_every, ckpt_seconds), progress,
+                          on_iteration, initial_eval)
 
 
-def _train_run(model, tok, cfg, opt, sampler, ckpt_path, ckpt_every, progress, on_iteration, initial_eval) -> dict:
+def _train_run(model, tok, cfg, opt, sampler, ckpt_path, ckpt_when, progress, on_iteration, initial_eval) -> dict:
     import time
 
     from tqdm import tqdm
@@ -413,6 +415,7 @@ def _train_run(model, tok, cfg, opt, sampler, ckpt_path, ckpt_every, progress, o
         torch.set_rng_state(ck["torch_rng"])
         st = ck["state"]
         log.info("resumed %s at iteration %d", ckpt_path, st["iteration"])
+    saved = time.monotonic()   # the last checkpoint (or the start): ckpt_seconds counts from here
 
     def do_eval(it):
         t = time.time()
@@ -475,9 +478,12 @@ def _train_run(model, tok, cfg, opt, sampler, ckpt_path, ckpt_every, progress, o
         st["iteration"] = it + 1
         if (it + 1) % cfg.eval_every == 0 or it + 1 == cfg.iterations:
             do_eval(it + 1)
-        if ckpt_path and ((it + 1) % ckpt_every == 0 or it + 1 == cfg.iterations):
+        every, seconds = ckpt_when
+        due = (it + 1) % every == 0 and time.monotonic() - saved >= seconds
+        if ckpt_path and (due or it + 1 == cfg.iterations):
             _save(ckpt_path, dict(config=run_params(cfg), model=model.state_dict(), optimizer=opt.state_dict(),
                                   torch_rng=torch.get_rng_state(), state=st))
+            saved = time.monotonic()
         log.info("iteration %d: %s", it, {k: v for k, v in row.items() if isinstance(v, (int, float))})
         if on_iteration is not None:
             on_iteration(it, model)
@@ -486,6 +492,9 @@ def _train_run(model, tok, cfg, opt, sampler, ckpt_path, ckpt_every, progress, o
 
 
 # --------------------------------------------------------------------------- cached runs, in parallel
+CKPT_SECONDS = 60.0   # a cached run saves its checkpoint at most once a minute (and at its last iteration)
+
+
 def _train_inputs(model_path, cfg: TrainConfig, dtype: str, device: str, threads: int) -> dict:
     """The inputs of one small-trainer run (stage.TRAIN_RUN)."""
     return dict(model=policy.fingerprint(model_path), dtype=dtype, device=device, threads=threads, run=cfg)
@@ -496,8 +505,10 @@ def cached_train(model_path, cfg: TrainConfig, dtype: str = "float32", device: s
     """One cached `train_run` from the policy at `model_path`: {'iterations', 'minibatches', 'evals'}.
 
     The key is the policy's content hash, dtype, device, torch threads (float32 sums depend on
-    them) and the config. The run is checkpointed every iteration under the cache's ckpt/ folder,
-    so an interrupted run resumes; the checkpoint is deleted once the result is cached.
+    them) and the config. The run is checkpointed under the cache's ckpt/ folder at the end of an
+    iteration once CKPT_SECONDS have passed since the last save (every iteration wrote ~11 GB an hour
+    per process: 13 MB each, for a resume that loses at most a minute), so an interrupted run resumes;
+    the checkpoint is deleted once the result is cached.
     """
     inputs = _train_inputs(model_path, cfg, dtype, device, threads)
     ckpt_dir = cache.DEFAULT_DIR / "ckpt"
@@ -514,7 +525,8 @@ def cached_train(model_path, cfg: TrainConfig, dtype: str = "float32", device: s
             model=inputs["model"], dtype=dtype, device=device, threads=threads, sets=list(cfg.eval_sets),
             n=cfg.eval_n, samples=cfg.eval_samples, temperature=cfg.eval_temperature,
             max_new_tokens=cfg.max_new_tokens, source=cfg.source, files=run_params(cfg).get("eval_fingerprints"))
-        return train_run(model, tok, cfg, ckpt_path=ckpt, model_path=model_path, progress=progress, initial_eval=ev0)
+        return train_run(model, tok, cfg, ckpt_path=ckpt, model_path=model_path, progress=progress, initial_eval=ev0,
+                         ckpt_seconds=CKPT_SECONDS)
 
     out = stage.TRAIN_RUN.cached(compute, **inputs)
     ckpt.unlink(missing_ok=True)  # the cached result supersedes the checkpoint
