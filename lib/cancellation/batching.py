@@ -31,14 +31,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, fields
+from types import MappingProxyType
 
 import torch
 
 from .grpo import random_plan
 from .rollout import RolloutBatch
-
-PLANS = ("random", "query_preserved", "sign_partitioned", "random_filter")
-
 
 def _perm(n: int, seed: int) -> torch.Tensor:
     return torch.randperm(n, generator=torch.Generator().manual_seed(seed))
@@ -111,18 +109,22 @@ def random_filter(group: torch.Tensor, advantage: torch.Tensor, n_minibatches: i
     return [keep[p] for p in random_plan(len(keep), n_minibatches, seed)] if len(keep) else []
 
 
+# The mini-batch plans: name -> plan(group, advantage, n_minibatches, seed), each reading what it needs.
+# A new plan is one entry here (TrainConfig, the strategies and the TRL trainer validate against these keys).
+PLANS = MappingProxyType({
+    "random": lambda group, advantage, n, seed: random(group, n, seed),
+    "query_preserved": lambda group, advantage, n, seed: query_preserved(group, n, seed),
+    "sign_partitioned": lambda group, advantage, n, seed: sign_partitioned(advantage, n, seed),
+    "random_filter": lambda group, advantage, n, seed: random_filter(group, advantage, n, seed),
+})
+
+
 def make_plan(name: str, group: torch.Tensor, advantage: torch.Tensor, n_minibatches: int,
               seed: int = 0) -> list[torch.Tensor]:
-    """Dispatch by name (PLANS)."""
-    if name == "random":
-        return random(group, n_minibatches, seed)
-    if name == "query_preserved":
-        return query_preserved(group, n_minibatches, seed)
-    if name == "sign_partitioned":
-        return sign_partitioned(advantage, n_minibatches, seed)
-    if name == "random_filter":
-        return random_filter(group, advantage, n_minibatches, seed)
-    raise ValueError(f"unknown mini-batch plan {name!r}; allowed: {', '.join(PLANS)}")
+    """The mini-batches of plan `name` (a PLANS key)."""
+    if name not in PLANS:
+        raise ValueError(f"unknown mini-batch plan {name!r}; allowed: {', '.join(PLANS)}")
+    return PLANS[name](group, advantage, n_minibatches, seed)
 
 
 def cross_advantage(group: torch.Tensor, advantage: torch.Tensor, plan: list[torch.Tensor]):

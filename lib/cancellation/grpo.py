@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
+from types import MappingProxyType
 
 import torch
 
@@ -18,7 +19,13 @@ from . import measure
 from .guard import CHUNK_ROWS, TOKEN_CHUNK, check_update
 from .measure import forward_logits, token_logp, token_stats
 
-REWEIGHTS = ("grpo", "positive_only", "negative_only")
+# The reweightings of docs/methods.md ("The update"): name -> the per-rollout weight from the advantages A
+# (float64) and the rewards r. A new one is one entry here (UpdateConfig validates against these keys).
+REWEIGHTS = MappingProxyType({
+    "grpo": lambda A, r: A,                            # the GRPO update itself
+    "positive_only": lambda A, r: A * (r > 0.5),       # the rewarded rollouts' share of it
+    "negative_only": lambda A, r: A * (r <= 0.5),      # the unrewarded rollouts' share
+})
 SCOPES = ("full", "lm_head")
 OPTIMIZERS = ("adam", "sgd")
 
@@ -70,14 +77,9 @@ def clip_binds(ratio, advantage, clip_low=0.2, clip_high=0.28):
 
 def reweight_advantage(batch, how: str = "grpo") -> torch.Tensor:
     """Per-rollout weight A_i under a reweighting of docs/methods.md ("The update")."""
-    a = batch.advantage.to(torch.float64)
-    if how == "grpo":
-        return a
-    if how == "positive_only":
-        return a * (batch.reward > 0.5)
-    if how == "negative_only":
-        return a * (batch.reward <= 0.5)
-    raise ValueError(f"unknown reweighting {how!r}; allowed: {', '.join(REWEIGHTS)}")
+    if how not in REWEIGHTS:
+        raise ValueError(f"unknown reweighting {how!r}; allowed: {', '.join(REWEIGHTS)}")
+    return REWEIGHTS[how](batch.advantage.to(torch.float64), batch.reward)
 
 
 _UNTIED = "_cancellation_untied"   # model attribute: (original head Parameter, config flag) while untied
