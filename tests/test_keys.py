@@ -147,4 +147,20 @@ def test_stages_tiny_never_looks_up_hold_the_keys_they_had():
         backend=vc.backend, answer="7", verifier="exact", stops=[1], device="cpu")
     scfg = rollout.SampleConfig(n_prompts=2, G=2)
     assert stage.canonical(scfg) == rollout.config_params(scfg)
-    assert stage.canonical(fig07.Params().compute()) == dataclasses.asdict(fig07.Params().compute())
+    before = {k: v for k, v in dataclasses.asdict(fig07.Params().compute()).items() if k != "trim_padding"}
+    assert stage.canonical(fig07.Params().compute()) == before   # a knob added later: keyless at its default
+
+
+def test_trim_padding_enters_a_key_only_when_on():
+    """trim_padding (added after every cache entry was written) leaves each key as it was while off, and
+    moves the keys of a figure, a Compute input and a run when on (other round-off: another entry)."""
+    from cancellation.figures import fig01
+    off, on = fig01.Params(), fig01.Params(trim_padding=True)
+    assert "trim_padding" not in off.cache_params() and on.cache_params()["trim_padding"] is True
+    assert "trim_padding" not in stage.canonical(off.compute()) and stage.canonical(on.compute())["trim_padding"]
+    run_off = train.TrainConfig(update=off.compute().update(lr=1e-3))
+    run_on = train.TrainConfig(update=on.compute().update(lr=1e-3))
+    assert "trim_padding" not in train.run_params(run_off)["update"]
+    assert train.run_params(run_on)["update"]["trim_padding"] is True
+    kw = dict(model="m", dtype="float32", device="cpu", threads=1)
+    assert stage.TRAIN_RUN.key(**kw, run=run_off) != stage.TRAIN_RUN.key(**kw, run=run_on)

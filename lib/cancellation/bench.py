@@ -97,6 +97,40 @@ def token_stats(n_prompts: int = 16, G: int = 8, repeats: int = 3):
 
 
 @bench
+def trim(n_prompts: int = 8, G: int = 8, repeats: int = 3, rows: str = "64,16"):
+    """trim_padding on a sampled tiny-m batch (float64, fig04's size): token_stats and one full-scope SGD
+    step over every column (the tiny profile's committed way) vs each chunk's real columns only, rows
+    shortest first, at the chunk sizes `rows`; max |Δ| between the two ways beside the speed-up."""
+    model, _, batch = _policy_batch(n_prompts, G)
+    B, L = batch.input_ids.shape
+    lengths = batch.attention_mask.sum(1).double()
+    print(f"trim: tiny-m float64, {B} rollouts x {L} columns, real tokens per row {lengths.mean():.0f} mean, "
+          f"{lengths.min():.0f}–{lengths.max():.0f} (a {lengths.sum() / (B * L):.0%} share of the positions); "
+          f"median (min–max) of {repeats} alternating rounds, {torch.get_num_threads()} thread(s)")
+    old = measure.token_stats(model, batch, KNOBS).logp
+
+    def step(knobs):
+        m = copy.deepcopy(model)
+        grpo.grpo_step(m, batch, knobs.update(optimizer="sgd", lr=0.1, scope="full"), old_logp=old)
+        return [p.detach() for p in m.parameters()]
+    for cr in (int(x) for x in str(rows).split(",")):
+        full, cut = Compute(chunk_rows=cr), Compute(chunk_rows=cr, trim_padding=True)
+        positions = sum(len(r) * (c.stop - c.start) for r, c in measure.chunks(batch.attention_mask,
+                                                                                 torch.arange(B), cut))
+        r = paired({"full": lambda: measure.token_stats(model, batch, full),
+                    "trim": lambda: measure.token_stats(model, batch, cut),
+                    "step full": lambda: step(full), "step trim": lambda: step(cut)}, repeats)
+        d_stats = float((r["full"]["out"].logp - r["trim"]["out"].logp).abs().max())
+        d_step = max(float((a - b).abs().max()) for a, b in zip(r["step full"]["out"], r["step trim"]["out"]))
+        print(f"  chunk_rows {cr}: forwards over {positions / (B * L):.0%} of the positions\n"
+              f"    token_stats  full {spread(r['full']['s'], 1e3, '.0f')} ms   trim {spread(r['trim']['s'], 1e3, '.0f')} ms"
+              f"   speed-up {spread(ratios(r['full']['s'], r['trim']['s']), fmt='.2f')}x   max |Δ logp| {d_stats:.1e}\n"
+              f"    SGD step     full {spread(r['step full']['s'], 1e3, '.0f')} ms   trim "
+              f"{spread(r['step trim']['s'], 1e3, '.0f')} ms   speed-up "
+              f"{spread(ratios(r['step full']['s'], r['step trim']['s']), fmt='.2f')}x   max |Δθ| {d_step:.1e}")
+
+
+@bench
 def categories_tagging(n_tokens: int = 100_000, repeats: int = 3):
     """Fig. 4 tagging of 100k response tokens: word-level (detokenise, tag each distinct word once,
     map back) vs naive per-token tagging (every token alone through the NLTK tagger). Budget 10 s."""

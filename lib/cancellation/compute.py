@@ -18,7 +18,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from . import grpo, measure
+from . import grpo, measure, stage
 from .guard import CHUNK_ROWS, KNOBS, TOKEN_CHUNK
 
 
@@ -31,6 +31,8 @@ class Compute:
     chunk_rows: int = field(default=CHUNK_ROWS, metadata={"doc": "rows per body forward (gradient accumulation inside a mini-batch)"})
     token_chunk: int = field(default=TOKEN_CHUNK, metadata={"doc": "positions per LM-head call: bounds every (positions, V) logits tensor"})
     gradient_checkpointing: bool = field(default=False, metadata={"doc": "recompute the body's activations in the backward"})
+    trim_padding: bool = field(default=False, metadata={"doc": "each body forward over its rows' real columns only, "
+                                                        "rows shortest first (measure.chunks): less work, other round-off"})
     backend: str = field(default="hf", metadata={"doc": "sampler: 'hf' or 'vllm'"})
     gpu_memory_utilization: float = field(default=0.3, metadata={"doc": "vLLM's share of GPU memory"})
 
@@ -59,5 +61,6 @@ class Compute:
         return measure.token_stats(model, batch, self, hidden=hidden)
 
     def cache_params(self) -> dict:
-        """The knobs that can change a result, for cache keys (stage.canonical)."""
-        return dataclasses.asdict(self)
+        """The knobs that can change a result, for cache keys (stage.canonical); a knob added later
+        (stage.KEYLESS['compute']) only while it is not at its default."""
+        return stage.without_defaults(dataclasses.asdict(self), "compute")

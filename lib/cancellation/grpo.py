@@ -44,6 +44,7 @@ class UpdateConfig:
     chunk_rows: int = CHUNK_ROWS  # rows per forward chunk (gradient accumulation inside a mini-batch)
     token_chunk: int = TOKEN_CHUNK  # response positions per LM-head chunk (bounds the (tokens, V) logits)
     gradient_checkpointing: bool = False  # HF activation checkpointing of the body during the step
+    trim_padding: bool = False    # body forwards over each chunk's real columns only (measure.chunks)
 
     def __post_init__(self):
         for name, allowed in (("optimizer", OPTIMIZERS), ("scope", SCOPES), ("reweight", REWEIGHTS)):
@@ -194,7 +195,8 @@ def _loss_terms(logp, old, adv, tw, mask, cfg: UpdateConfig, n_tok):
 def accumulate_grad(model, batch, rows, old_logp, weight, cfg: UpdateConfig, token_weight=None) -> dict:
     """Backward of the mini-batch loss over `rows`; grads accumulate in .grad. Memory-bounded.
 
-    Per chunk of `cfg.chunk_rows` rows the body runs once (final hidden states h, no logits).
+    Per chunk of `cfg.chunk_rows` rows the body runs once (final hidden states h, no logits; with
+    `cfg.trim_padding` over the chunk's real columns only, rows shortest first: `measure.chunks`).
     The token-mean loss is a sum over response tokens with a fixed denominator N, so it splits
     exactly over chunks of `cfg.token_chunk` positions: each chunk computes its logits from a
     detached copy of h, its loss term and that term's backward (into the LM head's .grad and
@@ -207,17 +209,17 @@ def accumulate_grad(model, batch, rows, old_logp, weight, cfg: UpdateConfig, tok
     # A frozen body (lm_head scope) runs without a graph: no activations kept, no backward through it,
     # whatever hooks make the embeddings' output require grad (gradient checkpointing adds one).
     body_grad = any(p.requires_grad for p in model.get_decoder().parameters())
-    for s in range(0, len(rows), cfg.chunk_rows):
-        r = rows[s:s + cfg.chunk_rows]
+    for r, cols in measure.chunks(batch.attention_mask, rows, cfg):
         with torch.set_grad_enabled(body_grad and torch.is_grad_enabled()):
-            h = measure.forward_hidden(model, batch, r)
+            h = measure.forward_hidden(model, batch, r, cols)
         dev, dt = h.device, h.dtype
-        rr, cc = measure.response_positions(batch.response_mask[r])
-        ids = batch.input_ids[r][rr, cc].to(dev)
+        rr, cc = measure.response_positions(batch.response_mask[r][:, cols])
+        ids = batch.input_ids[r][:, cols][rr, cc].to(dev)
         adv = weight.detach()[r.to(weight.device)][rr.to(weight.device)].to(dev, dt)
-        old = old_logp[r.to(old_logp.device)][rr.to(old_logp.device), cc.to(old_logp.device)].to(dev, dt)
+        cb = cc + cols.start   # the batch's columns of the chunk's response positions
+        old = old_logp[r.to(old_logp.device)][rr.to(old_logp.device), cb.to(old_logp.device)].to(dev, dt)
         tw = None if token_weight is None else \
-            token_weight[r.to(token_weight.device)][rr.to(token_weight.device), cc.to(token_weight.device)].to(dev, dt)
+            token_weight[r.to(token_weight.device)][rr.to(token_weight.device), cb.to(token_weight.device)].to(dev, dt)
         hd = h.detach().requires_grad_(h.requires_grad)
         rd, cd = rr.to(dev), cc.to(dev)
         n = n_tok.to(dev)

@@ -17,7 +17,7 @@ import json
 import os
 
 GUARD_ENV = "CANCELLATION_COMPUTE_GUARD"
-KNOBS = ("chunk_rows", "token_chunk", "gradient_checkpointing")  # what an UpdateConfig carries from Compute
+KNOBS = ("chunk_rows", "token_chunk", "gradient_checkpointing", "trim_padding")  # what an UpdateConfig carries from Compute
 # The memory knobs' defaults, declared here once (the bottom layer, so every config can read them): Compute,
 # UpdateConfig, SampleConfig, ValueConfig, the figures' Params and every signature that still defaults one
 # read these names; tests/test_knobs.py fails on a number written anywhere else.

@@ -23,10 +23,12 @@ def _device(model) -> torch.device:
     return next(model.parameters()).device
 
 
-def _inputs(model, batch, rows=None):
+def _inputs(model, batch, rows=None, cols=None):
     ids, am = batch.input_ids, batch.attention_mask
     if rows is not None:
         ids, am = ids[rows], am[rows]
+    if cols is not None:   # a chunk's real columns (`chunks`): the positions count from its first one
+        ids, am = ids[:, cols], am[:, cols]
     dev = _device(model)
     ids, am = ids.to(dev), am.to(dev)
     return ids, am, (am.cumsum(-1) - 1).clamp(min=0)
@@ -44,14 +46,43 @@ def forward_logits(model, batch, rows=None, output_hidden: bool = False):
     return (out.logits, out.hidden_states[-1]) if output_hidden else out.logits
 
 
-def forward_hidden(model, batch, rows=None) -> torch.Tensor:
+def forward_hidden(model, batch, rows=None, cols=None) -> torch.Tensor:
     """Final hidden states (b, L, d) of (a subset of) rows: the LM-head input, after the final norm.
 
     Runs only the model body (`model.get_decoder()`), so no logits exist; `head_logits` turns
     any subset of positions into logits. Same forward as the full model's (mask, positions).
+    `cols`: a slice of columns holding every real token of those rows (`chunks`); L is then its width.
     """
-    ids, am, pos = _inputs(model, batch, rows)
+    ids, am, pos = _inputs(model, batch, rows, cols)
     return model.get_decoder()(input_ids=ids, attention_mask=am, position_ids=pos, use_cache=False).last_hidden_state
+
+
+def chunks(attention_mask: torch.Tensor, rows, knobs):
+    """The body forwards of `rows` (an index tensor into the batch): (row indices, column slice) per
+    chunk of `knobs.chunk_rows` rows, in order, over every column.
+
+    With `knobs.trim_padding` the rows go shortest first (by their last real column, a stable sort) and
+    each chunk keeps only the columns from its first to its last real token, so a chunk of short
+    responses does not pay for the batch's longest. Exact in arithmetic: the model is causal, the
+    cut columns are padding (masked, and leading ones add nothing to the positions' cumulative
+    count); the floats change by round-off (other matmul shapes, other rows per chunk), which is why
+    it is a knob, off in the tiny profile's committed tables.
+    """
+    rows = torch.as_tensor(rows)
+    L = attention_mask.shape[1]
+    trim = getattr(knobs, "trim_padding", False)
+    if trim and len(rows):
+        real = attention_mask[rows].bool()
+        last = torch.where(real, torch.arange(L), -1).max(1).values
+        rows = rows[torch.argsort(last, stable=True)]
+    for s in range(0, len(rows), knobs.chunk_rows):
+        r = rows[s:s + knobs.chunk_rows]
+        cols = slice(0, L)
+        if trim:
+            live = attention_mask[r].bool().any(0).nonzero().squeeze(1)
+            if len(live):
+                cols = slice(int(live[0]), int(live[-1]) + 1)
+        yield r, cols
 
 
 def head_logits(model, h: torch.Tensor) -> torch.Tensor:
@@ -112,38 +143,38 @@ def token_stats(model, batch, knobs, hidden: bool = False) -> TokenStats:
     """Log-probs and entropies of every response token of `batch`, with memory bounded by chunks.
 
     `knobs`: the run's Compute (or a config that carries its knobs, an UpdateConfig), passed whole.
-    The model body runs on `knobs.chunk_rows` rows at a time (final hidden states only, no logits);
+    The model body runs on `knobs.chunk_rows` rows at a time (`chunks`: with `knobs.trim_padding`,
+    over each chunk's real columns only; final hidden states only, no logits);
     logits, log-softmax and entropy are then computed for at most `knobs.token_chunk` response
     positions at a time, so the largest vocabulary-wide tensor is (token_chunk, V). Entries
     outside `response_mask` are 0. Results are on the CPU, in the model's dtype. The chunking
     is fixed by the two chunk sizes alone, so two calls with the same model give bit-identical
     results (the noise floor of a no-op update is then exactly 0 on CPU).
     """
-    chunk_rows, token_chunk = knobs.chunk_rows, knobs.token_chunk
+    token_chunk = knobs.token_chunk
     B, L = batch.input_ids.shape
     guard.tally_batch(B * L)  # the memory guard's tally (tests); a no-op otherwise
-    logp = ent = None
-    hs = []
-    for s in range(0, B, chunk_rows):
-        rows = slice(s, s + chunk_rows)
-        h = forward_hidden(model, batch, rows)
+    logp = ent = hs = None
+    for rows, cols in chunks(batch.attention_mask, torch.arange(B), knobs):
+        h = forward_hidden(model, batch, rows, cols)
         if logp is None:
             logp = torch.zeros(B, L, dtype=h.dtype)
             ent = torch.zeros(B, L, dtype=h.dtype)
-        r, c = response_positions(batch.response_mask[rows])
-        ids = batch.input_ids[rows][r, c].to(h.device)
+            hs = torch.zeros(B, L, h.shape[-1], dtype=h.dtype) if hidden else None
+        r, c = response_positions(batch.response_mask[rows][:, cols])
+        ids = batch.input_ids[rows][:, cols][r, c].to(h.device)
         rd, cd = r.to(h.device), c.to(h.device)
         for t in range(0, len(r), token_chunk):
             k = slice(t, t + token_chunk)
             lp, e = _logp_entropy(model, h[rd[k], cd[k] - 1], ids[k])   # h at t-1 predicts token t
-            logp[s + r[k], c[k]] = lp.cpu()
-            ent[s + r[k], c[k]] = e.cpu()
-        if hidden:
-            hs.append(torch.nn.functional.pad(h[:, :-1], (0, 0, 1, 0)).cpu())
+            logp[rows[r[k]], cols.start + c[k]] = lp.cpu()
+            ent[rows[r[k]], cols.start + c[k]] = e.cpu()
+        if hidden:   # the hidden state that predicts token t sits at t - 1 (zeros at columns a trim cut)
+            hs[rows, cols.start + 1:cols.stop] = h[:, :-1].cpu()
     if logp is None:
         dt = next(model.parameters()).dtype
         logp, ent = torch.zeros(B, L, dtype=dt), torch.zeros(B, L, dtype=dt)
-    return TokenStats(logp, ent, torch.cat(hs) if hidden else None)
+    return TokenStats(logp, ent, hs)
 
 
 @torch.no_grad()

@@ -34,7 +34,10 @@ from . import cache
 # fields of a config dropped from keys while at these values (added after entries were cached without them)
 KEYLESS = MappingProxyType({
     # a figure's Params (base.FigureParams.cache_params): the grader's knobs also enter through the source
-    "params": MappingProxyType({"answer_mode": "auto", "unrewardable_golds": "refuse"}),
+    "params": MappingProxyType({"answer_mode": "auto", "unrewardable_golds": "refuse", "trim_padding": False}),
+    # a Compute (Compute.cache_params) and the update config inside a run's (train.run_params)
+    "compute": MappingProxyType({"trim_padding": False}),
+    "update": MappingProxyType({"trim_padding": False}),
     # a training run's config (train.run_params: RunConfig, TrainConfig)
     "run": MappingProxyType({"run_rounds": 0, "sample_rows": 256, "dynamic_sampling": False}),
 })

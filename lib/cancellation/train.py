@@ -186,6 +186,8 @@ def run_params(cfg) -> dict:
     if not (p.get("reward_balanced") or p.get("dynamic_sampling")):  # run_rounds shapes a buffer's sampling only:
         p["run_rounds"] = 0    # a run without one is the same run whatever it is: one key (and one cache entry)
     stage.without_defaults(p, "run")   # fields added after runs were cached: at their default, the earlier key
+    if isinstance(p.get("update"), dict):
+        stage.without_defaults(p["update"], "update")
     files = [d for d in getattr(cfg, "eval_sets", ()) if d not in tasks.DIFFICULTIES]
     if files:  # held-out problem files by content too (generated sets keep their keys)
         p["eval_fingerprints"] = {d: eval_source(d, cfg.source).fingerprint() for d in files}

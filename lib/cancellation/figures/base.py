@@ -96,6 +96,8 @@ class FigureParams:
     chunk_rows: int = param(CHUNK_ROWS, "rows per body forward (gradient accumulation inside a mini-batch)", min=1)
     token_chunk: int = param(TOKEN_CHUNK, "positions per LM-head call: bounds every (positions, vocabulary) logits "
                              "tensor", min=1)
+    trim_padding: bool = param(False, "forward each chunk of rows over its real columns only, rows shortest first: "
+                               "less work where responses differ in length (paper), round-off-level other numbers")
     problems_path: str = param("", "real problems (DAPO-Math-17k / MATH-500 / prompt+answer file); empty: generated "
                                "arithmetic", path="file")
     prompt_format: str = param("auto", "'auto' (chat template when the tokenizer has one), 'chat' or 'raw'",
