@@ -21,7 +21,7 @@ def test_list_names_every_step_in_order():
     p = subprocess.run([sys.executable, "-m", "cancellation.gpucheck", "--list", "--notebooks", "05", "01"],
                        capture_output=True, text=True, check=True)
     names = [line.split()[0] for line in p.stdout.splitlines()]
-    assert names == ["pytest", "sampler", "profile", "units", "dry-05", "dry-01"]
+    assert names == ["pytest", "sampler", "profile", "units", "trim", "dry-05", "dry-01"]
 
 
 def test_dry_overrides_per_notebook():
@@ -42,6 +42,10 @@ def test_markdown_from_a_report():
                                  dict(shape="64 x 512", way="weight-read limit", tokens_per_s=99999.0,
                                       first_call_s=None)]),
                       dict(step="units", rc=124, seconds=150.0),
+                      dict(step="trim", rc=0, seconds=90.0,
+                           trim=[dict(block="analysis_forward", rows=16, columns=1280, chunk_rows=4,
+                                      positions_share=0.6234, seconds_full=2.0, seconds_trim=1.25, speedup=1.6,
+                                      max_abs_diff=3.1e-6)]),
                       dict(step="dry-03", rc=0, seconds=60.0,
                            measured=dict(notebook="03_masked_updates", measured_seconds=61.4, peak_cuda_gib=40.0,
                                          planned=dict(predicted_seconds=40.0, peak_gib=50.0))),
@@ -49,6 +53,7 @@ def test_markdown_from_a_report():
     md = gpucheck.markdown(rep)
     assert "| pytest | ok | 80.0 |" in md and "10 passed in 70.1s" in md
     assert "| units | timed out |" in md
+    assert "| analysis_forward | 16 x 1280 | 4 | 62% | 2.00 | 1.25 | 1.60x | 3.1e-06 |" in md
     assert "| 64 x 512 | ours | 12,346 | 3.2 |" in md
     assert "| 03_masked_updates | 61 s, 40.0 GiB | 40 s, 50.0 GiB | 1.53x, 0.80x |" in md  # 61.4/40, 40/50
     assert "| 05 | not measured (budget: 20 s left, estimated 75 s) | | |" in md

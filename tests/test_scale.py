@@ -32,3 +32,16 @@ def test_probe_runs_every_block_on_cpu(monkeypatch):
     assert [r["block"] for r in rows] == ["analysis_forward", "grpo_step_adam_full", "grpo_step_sgd_lm_head",
                                           "hf_sample_bf16"]
     assert rows[0]["tokens"] == 4 * 16 and rows[-1]["tokens"] == 2 * 5 and all(r["seconds"] > 0 for r in rows)
+
+
+def test_trim_probe_on_cpu(monkeypatch):
+    """gpu-check's trim step at a toy shape in float32: both blocks, the positions it runs over (responses
+    stopping from 1/8 of the cap to the cap), and the two ways agreeing to float32 round-off."""
+    monkeypatch.setitem(scale.SHAPES, "toy", dict(arch="qwen3", vocab_size=300, hidden_size=32, intermediate_size=64,
+                                                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                                  head_dim=8, tie_word_embeddings=True))
+    rows = scale.trim_probe("toy", device="cpu", n_prompts=2, G=4, prompt=8, response=64, chunk_rows=2)
+    assert [r["block"] for r in rows] == ["analysis_forward", "grpo_step_sgd_full"]
+    for r in rows:
+        assert 0.4 < r["positions_share"] < 0.75 and r["seconds_full"] > 0 and r["seconds_trim"] > 0
+        assert r["max_abs_diff"] < 1e-4, r

@@ -17,7 +17,9 @@ so, when its estimate no longer fits in what is left of the budget):
 4. Unit costs (`cancellation.scale`): the planner's per-token and per-call seconds of every block on
    this card, at Qwen3-1.7B's shape -> `<out>/<kind>.units.json`, and data/scale/<kind>.json when that
    kind has none yet (the planner's file: the dry runs after it are planned with it).
-5. Dry runs (`run NN --dry-run`) at Qwen3-1.7B's shape, random weights and coin-flip rewards, at small
+5. `trim_padding` at Qwen3-1.7B's shape (`scale.trim_probe`): an analysis forward and a full-scope
+   SGD step over every column vs each chunk's real columns only, responses of spread lengths.
+6. Dry runs (`run NN --dry-run`) at Qwen3-1.7B's shape, random weights and coin-flip rewards, at small
    stated sizes (DRY_SIZES), notebooks in the order given by --notebooks (default: the ones never
    measured on a GPU first): wall time and peak GPU memory beside the planner's prediction.
 
@@ -48,7 +50,7 @@ DRY_SIZES = dict(model_path=SHAPE, device="cuda", token_chunk=2048, max_new_toke
 DRY_PER_NOTEBOOK = {"03": dict(mask_size=1), "06": dict(n_prompts=16), "08": dict(grad_chunk=2)}
 DRY_ORDER = ["03", "05", "06", "08", "01", "02", "04", "07"]   # never measured on a GPU first
 # Estimated seconds per step on an H100/H200 (from the 2026-11-25 session), used only to skip what will not fit.
-EST = {"pytest": 100, "sampler": 150, "profile": 45, "units": 120, "dry": 75}
+EST = {"pytest": 100, "sampler": 150, "profile": 45, "units": 120, "trim": 100, "dry": 75}
 # dry runs measured on an H200 (2026-11-26), 10 s added: a step is skipped when its estimate does not fit
 EST_DRY = {"03": 100, "05": 70, "06": 95, "08": 90}
 # transformers' dynamic-cache generate only at 256 x 256 (at 64 x 512 it takes 76 s of an H100's time)
@@ -128,7 +130,7 @@ def _dry_overrides(nb: str) -> list[str]:
 
 def plan_steps(notebooks: list[str]) -> list[tuple[str, int]]:
     return [("pytest", EST["pytest"]), ("sampler", EST["sampler"]), ("profile", EST["profile"]),
-            ("units", EST["units"])] + \
+            ("units", EST["units"]), ("trim", EST["trim"])] + \
         [(f"dry-{nb}", EST_DRY.get(nb, EST["dry"])) for nb in notebooks]
 
 
@@ -183,6 +185,14 @@ def run_check(budget: float, out: Path, notebooks: list[str], skip: set[str]) ->
                 if not planner.exists():   # a kind never measured: the dry runs after this are planned with it
                     planner.write_text(units.read_text())
                     r["planner_file"] = str(planner.relative_to(ROOT))
+        elif name == "trim":
+            js = out / f".{kind}.trim.json"
+            code = (f"import json; from cancellation import scale; "
+                    f"json.dump(scale.trim_probe(), open({str(js)!r}, 'w'))")
+            r = _step(name, [py, "-c", code], limit)
+            if js.exists():
+                r["trim"] = json.loads(js.read_text())
+                js.unlink()
         else:
             nb = name.split("-")[1]
             r = _step(name, [py, "-m", "cancellation.run", nb, "--profile", "paper-vocab", "--dry-run",
@@ -249,6 +259,15 @@ def markdown(report: dict) -> str:
                     lines.append(f"| {k} | {v['s_per_param_token'] * 1e12:.3g} | {v['s_per_call']:.3g} |")
             if "start" in u:
                 lines.append(f"| notebook start | | {u['start']['seconds']:.1f} |")
+        if s.get("trim"):
+            lines += ["", "**trim_padding at Qwen3-1.7B's shape**, float32, random weights, responses stopping at lengths "
+                      "spread from 1/8 of the cap to the cap (`scale.trim_probe`):", "",
+                      "| block | rows x columns | chunk_rows | positions run | full (s) | trimmed (s) | speed-up | max abs diff |",
+                      "|---|---|---|---|---|---|---|---|"]
+            for r in s["trim"]:
+                lines.append(f"| {r['block']} | {r['rows']} x {r['columns']} | {r['chunk_rows']} | "
+                             f"{r['positions_share']:.0%} | {r['seconds_full']:.2f} | {r['seconds_trim']:.2f} | "
+                             f"{r['speedup']:.2f}x | {r['max_abs_diff']:.1e} |")
     dry = [s for s in report["steps"] if s.get("step", "").startswith("dry-")]
     if dry:
         sizes = ", ".join(f"{k} {v}" for k, v in DRY_SIZES.items() if k not in ("model_path", "device"))

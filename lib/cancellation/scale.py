@@ -20,6 +20,7 @@ of each block, so a measurement at one shape predicts another.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import time
@@ -153,6 +154,47 @@ for a in ax.ravel():
     a.hist(np.random.default_rng(0).normal(size=10000), bins=60)
 plots.save(fig, "start", out)
 """
+
+
+def trim_probe(shape: str = "qwen3-1.7b", device: str = "cuda", n_prompts: int = 4, G: int = 4, prompt: int = 256,
+               response: int = 1024, chunk_rows: int = 4, token_chunk: int = 2048, seed: int = 0) -> list[dict]:
+    """`trim_padding` at a paper shape: an analysis forward and a full-scope SGD step over every column vs
+    each chunk's real columns only (measure.chunks), on a batch whose responses stop at lengths spread
+    evenly from response/8 to response (a math RL batch's spread; the padding a sampler leaves after a
+    stop). One row per block: seconds both ways (fastest of 3 after a warm-up), the share of positions
+    the trimmed forwards run over, and the largest |Δ log p| or |Δθ| between the two ways."""
+    model = build(shape, device=device, seed=seed)
+    batch = synthetic_batch(n_prompts, G, prompt, response, model.config.vocab_size, seed)
+    B, L = batch.input_ids.shape
+    stops = torch.linspace(response / 8, response, B).round().long()[torch.randperm(B, generator=torch.Generator()
+                                                                                    .manual_seed(seed))]
+    for i, n in enumerate(stops.tolist()):
+        batch.attention_mask[i, prompt + n:] = 0
+        batch.response_mask[i, prompt + n:] = False
+    full = Compute(device=device, chunk_rows=chunk_rows, token_chunk=token_chunk, gradient_checkpointing=True)
+    cut = dataclasses.replace(full, trim_padding=True)
+    positions = sum(len(r) * (c.stop - c.start) for r, c in measure.chunks(batch.attention_mask, torch.arange(B), cut))
+    old = measure.token_stats(model, batch, full).logp
+    init = {k: v.clone() for k, v in model.state_dict().items()}
+
+    def step(knobs):
+        model.load_state_dict(init)
+        grpo.grpo_step(model, batch, knobs.update(optimizer="sgd", lr=1e-3, scope="full"), old_logp=old)
+        return [p.detach().clone() for p in model.parameters()][-3:]   # the last blocks' weights and the head
+    rows = []
+    for name, fn, diff in (("analysis_forward", lambda k: measure.token_stats(model, batch, k).logp,
+                            lambda a, b: float((a - b).abs().max())),
+                           ("grpo_step_sgd_full", step,
+                            lambda a, b: max(float((x - y).abs().max()) for x, y in zip(a, b)))):
+        t_full, t_cut = _best(lambda: fn(full), device), _best(lambda: fn(cut), device)
+        d = diff(fn(full), fn(cut))
+        rows.append(dict(shape=shape, device=device, block=name, rows=B, columns=L, chunk_rows=chunk_rows,
+                         positions_share=positions / (B * L), seconds_full=t_full, seconds_trim=t_cut,
+                         speedup=t_full / t_cut, max_abs_diff=d))
+        print(f"{shape} {name}: full {t_full:.2f} s, trim {t_cut:.2f} s ({t_full / t_cut:.2f}x; forwards over "
+              f"{positions / (B * L):.0%} of the positions), max |Δ| {d:.1e}", flush=True)
+    model.load_state_dict(init)
+    return rows
 
 
 def _best(fn, device, reps: int = 3) -> float:
