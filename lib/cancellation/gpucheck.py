@@ -116,6 +116,18 @@ def _step(name: str, cmd: list[str], timeout: float, env: dict | None = None) ->
     return dict(step=name, cmd=cmd, rc=rc, seconds=round(secs, 1), output_tail=_tail(out))
 
 
+def _json_step(name: str, expr: str, js: Path, timeout: float) -> dict:
+    """A step that evaluates `expr` (in a process of its own, with bench, gpucheck and scale imported) and
+    returns what it evaluated to under "json" (absent when the process wrote nothing)."""
+    code = (f"import json; from cancellation import bench, gpucheck, scale; "
+            f"json.dump({expr}, open({str(js)!r}, 'w'))")
+    r = _step(name, [sys.executable, "-c", code], timeout)
+    if js.exists():
+        r["json"] = json.loads(js.read_text())
+        js.unlink()
+    return r
+
+
 def _device() -> dict:
     p = torch.cuda.get_device_properties(0)
     return dict(kind=device_kind("cuda"), name=p.name, memory_gib=round(p.total_memory / 2**30, 1),
@@ -159,22 +171,14 @@ def run_check(budget: float, out: Path, notebooks: list[str], skip: set[str]) ->
         if name == "pytest":
             r = _step(name, [py, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", "tests"], limit)
         elif name == "sampler":
-            js = out / f".{kind}.sampler.json"
-            code = (f"import json,sys; from cancellation import bench; rows = bench.sampler({SAMPLER_KW}); "
-                    f"json.dump(rows, open({str(js)!r}, 'w'))")
-            r = _step(name, [py, "-c", code], limit)
-            if js.exists():
+            r = _json_step(name, f"bench.sampler({SAMPLER_KW})", out / f".{kind}.sampler.json", limit)
+            if "json" in r:
                 r["rows"] = [dict(shape=d, way=w, tokens_per_s=t, first_call_s=None if f != f else f)
-                             for d, w, t, f in json.loads(js.read_text())]
-                js.unlink()
+                             for d, w, t, f in r.pop("json")]
         elif name == "profile":
-            js = out / f".{kind}.profile.json"
-            code = ("import json; from cancellation import gpucheck; "
-                    f"json.dump(gpucheck.profile_decode(), open({str(js)!r}, 'w'))")
-            r = _step(name, [py, "-c", code], limit)
-            if js.exists():
-                r["profile"] = json.loads(js.read_text())
-                js.unlink()
+            r = _json_step(name, "gpucheck.profile_decode()", out / f".{kind}.profile.json", limit)
+            if "json" in r:
+                r["profile"] = r.pop("json")
         elif name == "units":
             units = out / f"{kind}.units.json"
             r = _step(name, [py, "-m", "cancellation.scale", "--device", "cuda", "--out", str(units)], limit)
@@ -186,13 +190,9 @@ def run_check(budget: float, out: Path, notebooks: list[str], skip: set[str]) ->
                     planner.write_text(units.read_text())
                     r["planner_file"] = str(planner.relative_to(ROOT))
         elif name == "trim":
-            js = out / f".{kind}.trim.json"
-            code = (f"import json; from cancellation import scale; "
-                    f"json.dump(scale.trim_probe(), open({str(js)!r}, 'w'))")
-            r = _step(name, [py, "-c", code], limit)
-            if js.exists():
-                r["trim"] = json.loads(js.read_text())
-                js.unlink()
+            r = _json_step(name, "scale.trim_probe()", out / f".{kind}.trim.json", limit)
+            if "json" in r:
+                r["trim"] = r.pop("json")
         else:
             nb = name.split("-")[1]
             r = _step(name, [py, "-m", "cancellation.run", nb, "--profile", "paper-vocab", "--dry-run",
