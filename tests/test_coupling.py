@@ -187,3 +187,26 @@ def test_exact_norms_make_float64_gradients_linear_in_token_weights(tiny, feats)
     err = (full - grad(one - k) - grad(k)).abs().max() / full.abs().max()
     model.zero_grad(set_to_none=True)
     assert float(err) < 1e-12   # float32 norms: ~1e-8
+
+
+def test_top_coupled_sets_take_ties_in_token_order(feats, monkeypatch):
+    """Fig. 3(c)'s top-k: against a brute-force ranking (K rounded at TIE_RTOL, then token order) on real
+    features, and on a kernel whose ties carry round-off: the same tokens whichever tied entry got the
+    last bit (torch.topk left that to the round-off, and tied tokens' advantages can have opposite signs)."""
+    cands = torch.arange(0, len(feats), max(1, len(feats) // 7))[:7]
+    top = coupling.top_coupled_sets(feats, cands, 5)
+    K = coupling.kernel(feats, cands, None)
+    for row, c in enumerate(cands.tolist()):
+        keep = [k for k in range(len(feats)) if k != c and float(feats.A[k]) != 0]
+        scale = max(abs(float(K[row, k])) for k in keep)
+        want = sorted(keep, key=lambda k: (-round(float(K[row, k]) / (scale * coupling.TIE_RTOL)), k))[:5]
+        assert top[row].tolist() == want
+    f = coupling.Features(**{**feats.__dict__, "A": torch.ones_like(feats.A)})
+    n = len(f)
+    for bump in (2, 3):   # which of the tied tokens 2, 3, 4 carries a round-off excess
+        k = torch.full((1, n), -5.0, dtype=torch.float64)
+        k[0, 2:5] = 100.0
+        k[0, bump] = 100.0 * (1 + 4e-16)
+        k[0, 7] = 100.0 * (1 - 1e-6)           # a distinct value just below the tie: ranked after it
+        monkeypatch.setattr(coupling, "kernel", lambda *a, k=k, **kw: k.clone())
+        assert coupling.top_coupled_sets(f, torch.tensor([0]), 4).tolist() == [[2, 3, 4, 7]]

@@ -387,13 +387,26 @@ def masking_sets(f: Features, n_cands: int, size: int, low_quantile: float = 0.5
     return cands.to(dev), {k: torch.stack(v).to(dev) for k, v in sets.items()}
 
 
+# Relative precision at which two kernels count as tied in `top_coupled_sets`: far above the round-off of K
+# (float64 ~1e-14, float32 ~1e-6 relative), far below the gaps between distinct tokens' kernels.
+TIE_RTOL, TIE_RTOL_LOW = 1e-9, 1e-4   # float64; float32 and narrower
+
+
 def top_coupled_sets(f: Features, cands: torch.Tensor, size: int, **kw) -> torch.Tensor:
-    """The `size` tokens (A ≠ 0, ≠ c) with the largest proxy kernel K_ck for each candidate (Fig. 3c)."""
+    """The `size` tokens (A ≠ 0, ≠ c) with the largest proxy kernel K_ck for each candidate (Fig. 3c).
+
+    Ties are common and matter: the same token after the same prefix in several rollouts of a group has
+    the same hidden state, so the same K_ck, and those rollouts' advantages can have opposite signs.
+    Which of them is masked flips the sign of the candidate's Δ. So K is compared at TIE_RTOL relative
+    precision and tied tokens are taken in token order: round-off (another BLAS path, another machine,
+    `trim_padding`) cannot reorder a tie. `torch.topk` left that order to the round-off."""
     cands = _idx(cands, len(f), f.h.device)
     Kc = kernel(f, cands, None, **kw)
     Kc[:, f.A == 0] = -float("inf")
     Kc[torch.arange(len(cands), device=Kc.device), cands] = -float("inf")
-    return Kc.topk(size, dim=1).indices
+    scale = torch.where(torch.isfinite(Kc), Kc.abs(), 0).amax(1, keepdim=True).clamp(min=torch.finfo(Kc.dtype).tiny)
+    q = torch.round(Kc / (scale * (TIE_RTOL if Kc.dtype == torch.float64 else TIE_RTOL_LOW)))  # -inf stays
+    return torch.sort(-q, dim=1, stable=True).indices[:, :size]             # stable: ties in token order
 
 
 def proxy_cosine(f: Features, cands: torch.Tensor, sets: torch.Tensor, **kw) -> torch.Tensor:

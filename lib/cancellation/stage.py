@@ -140,8 +140,8 @@ def _fixed(**kw) -> MappingProxyType:
 # Figure-level stages: one notebook's whole Result (its inner stages stay cached when a version moves).
 FIG01_NOISE_FLOOR = Stage("fig01_noise_floor", FIGURE, doc="01: the repeat and zero-update noise floor")
 FIG02 = Stage("fig02", FIGURE, version=2, doc="02's Result (2: `terms`)")
-FIG03 = Stage("fig03", FIGURE, version=3, version_field="effects_columns",
-              doc="03's Result (2: mask_adv_sum; 3: topk_effects)")
+FIG03 = Stage("fig03", FIGURE, version=4, version_field="effects_columns",
+              doc="03's Result (2: mask_adv_sum; 3: topk_effects; 4: top-k ties in token order)")
 CATEGORY_SHIFT = Stage("category_shift", FIGURE + ("i", "main"), doc="04: Algorithm 2 on batch i (main: the thesis rows)")
 FIG05 = Stage("fig05", FIGURE + ("categories", "tagger_used"), version=2,
               doc="05's Result (2: Fig. 5(b)'s peak at the pool's end reads 100%, a rule that can fail)")
@@ -153,8 +153,8 @@ FIG12 = Stage("fig12", FIGURE, version=3,
 MASKED_FULL = Stage("masked_full", FIGURE + ("compute", "pool", "n_cands", "n_full", "mask_size", "low_quantile",
                                              "lr", "seed"), doc="03: Table 1's full-scope masked steps of a pool")
 MASKED_TOPK_FULL = Stage("masked_topk_full", FIGURE + ("compute", "pool", "sizes", "n", "n_cands", "low_quantile",
-                                                       "max_k", "lr", "seed"),
-                         doc="03: Fig. 3(c)'s full-scope top-coupled masked steps of a pool")
+                                                       "max_k", "lr", "seed"), version=2,
+                         doc="03: Fig. 3(c)'s full-scope top-coupled masked steps of a pool (2: ties in token order)")
 SIGN_CONSISTENCY_RUN = Stage("sign_consistency_run", FIGURE + ("run",), doc="03: Fig. 10's training run")
 REPEATED_DELTAS = Stage("repeated_deltas", ("model", "dtype", "sample", "optimizer", "lr", "K"),
                         doc="05: K steps' cumulative Δlog p on the value batch")
