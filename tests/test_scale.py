@@ -3,6 +3,7 @@ import pytest
 import torch
 
 from cancellation import policy, rollout, scale
+from cancellation.compute import Compute
 
 # Parameter counts published on the models' hub cards (total, non-embedding), in billions.
 CARDS = {"qwen3-1.7b": (1.7, 1.4), "qwen3-4b": (4.0, 3.6), "qwen2.5-math-7b": (7.61, 6.53)}
@@ -40,7 +41,8 @@ def test_trim_probe_on_cpu(monkeypatch):
     monkeypatch.setitem(scale.SHAPES, "toy", dict(arch="qwen3", vocab_size=300, hidden_size=32, intermediate_size=64,
                                                   num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                                                   head_dim=8, tie_word_embeddings=True))
-    rows = scale.trim_probe("toy", device="cpu", n_prompts=2, G=4, prompt=8, response=64, chunk_rows=2)
+    rows = scale.trim_probe("toy", device="cpu", n_prompts=2, G=4, prompt=8, response=64,
+                            compute=Compute(chunk_rows=2, token_chunk=64))
     assert [r["block"] for r in rows] == ["analysis_forward", "grpo_step_sgd_full"]
     for r in rows:
         assert 0.4 < r["positions_share"] < 0.75 and r["seconds_full"] > 0 and r["seconds_trim"] > 0

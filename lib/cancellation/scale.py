@@ -157,12 +157,13 @@ plots.save(fig, "start", out)
 
 
 def trim_probe(shape: str = "qwen3-1.7b", device: str = "cuda", n_prompts: int = 4, G: int = 4, prompt: int = 256,
-               response: int = 1024, chunk_rows: int = 4, token_chunk: int = 2048, seed: int = 0) -> list[dict]:
+               response: int = 1024, compute: Compute | None = None, seed: int = 0) -> list[dict]:
     """`trim_padding` at a paper shape: an analysis forward and a full-scope SGD step over every column vs
     each chunk's real columns only (measure.chunks), on a batch whose responses stop at lengths spread
     evenly from response/8 to response (a math RL batch's spread; the padding a sampler leaves after a
     stop). One row per block: seconds both ways (fastest of 3 after a warm-up), the share of positions
-    the trimmed forwards run over, and the largest |Δ log p| or |Δθ| between the two ways."""
+    the trimmed forwards run over, and the largest |Δ log p| or |Δθ| between the two ways. `compute`: the
+    full-width knobs (default: the cuda timing point's, with activation checkpointing, as `probe`)."""
     model = build(shape, device=device, seed=seed)
     batch = synthetic_batch(n_prompts, G, prompt, response, model.config.vocab_size, seed)
     B, L = batch.input_ids.shape
@@ -171,7 +172,8 @@ def trim_probe(shape: str = "qwen3-1.7b", device: str = "cuda", n_prompts: int =
     for i, n in enumerate(stops.tolist()):
         batch.attention_mask[i, prompt + n:] = 0
         batch.response_mask[i, prompt + n:] = False
-    full = Compute(device=device, chunk_rows=chunk_rows, token_chunk=token_chunk, gradient_checkpointing=True)
+    full = compute or Compute(device=device, chunk_rows=UNIT_SIZES["cuda"]["chunk_rows"],
+                              token_chunk=UNIT_SIZES["cuda"]["token_chunk"], gradient_checkpointing=True)
     cut = dataclasses.replace(full, trim_padding=True)
     positions = sum(len(r) * (c.stop - c.start) for r, c in measure.chunks(batch.attention_mask, torch.arange(B), cut))
     old = measure.token_stats(model, batch, full).logp
@@ -188,7 +190,7 @@ def trim_probe(shape: str = "qwen3-1.7b", device: str = "cuda", n_prompts: int =
                             lambda a, b: max(float((x - y).abs().max()) for x, y in zip(a, b)))):
         t_full, t_cut = _best(lambda: fn(full), device), _best(lambda: fn(cut), device)
         d = diff(fn(full), fn(cut))
-        rows.append(dict(shape=shape, device=device, block=name, rows=B, columns=L, chunk_rows=chunk_rows,
+        rows.append(dict(shape=shape, device=device, block=name, rows=B, columns=L, chunk_rows=full.chunk_rows,
                          positions_share=positions / (B * L), seconds_full=t_full, seconds_trim=t_cut,
                          speedup=t_full / t_cut, max_abs_diff=d))
         print(f"{shape} {name}: full {t_full:.2f} s, trim {t_cut:.2f} s ({t_full / t_cut:.2f}x; forwards over "
