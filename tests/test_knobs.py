@@ -1,7 +1,8 @@
-"""The memory knobs are defaulted in one place: `guard.TOKEN_CHUNK` and `guard.CHUNK_ROWS`.
+"""The memory knobs are declared in one place: `guard.KNOB_FIELDS` (default, doc, rules; `guard.TOKEN_CHUNK`
+and `guard.CHUNK_ROWS` the numbers).
 
-Every config field named `token_chunk` or `chunk_rows` (Compute, UpdateConfig, SampleConfig, ValueConfig,
-a figure's Params) reads the constant; a number written as such a default anywhere else in lib/ fails
+Every config field named like a knob (Compute, UpdateConfig, SampleConfig, ValueConfig, a figure's Params)
+is built by `guard.knob(name)`; a number written as such a default anywhere else in lib/ fails
 here (the knob would stop following the profile the moment the two numbers part). No function defaults
 one at all: a function that calls a model takes the run's Compute whole (`measure.token_stats(model, batch,
 compute)`) or, in the sampler's primitives, the knob as a required keyword, so a call that forgets it is
@@ -85,14 +86,44 @@ def test_scan_catches_a_numeric_default():
     assert [line for line, _ in numeric_defaults(ast.parse(src))] == [1, 3, 4, 6]
 
 
-def test_every_default_is_the_constant():
-    configs = [Compute, grpo.UpdateConfig, rollout.SampleConfig, value.ValueConfig,
-               *(m.Params for m in (fig01, fig02, fig03, fig04, fig05, fig06, fig07, fig08))]
-    for cls in configs:
+def _dataclasses():
+    """Every dataclass defined in lib/ (imported modules walked)."""
+    for p in sorted(LIB.rglob("*.py")):
+        mod = importlib.import_module("cancellation." + ".".join(p.relative_to(LIB).with_suffix("").parts)
+                                      .removesuffix(".__init__"))
+        for _, obj in inspect.getmembers(mod, inspect.isclass):
+            if obj.__module__ == mod.__name__ and dataclasses.is_dataclass(obj):
+                yield obj
+
+
+def test_every_knob_field_is_declared_by_guard():
+    """A config field named like a memory knob is `guard.knob(name)`: its default and rules are
+    guard.KNOB_FIELDS's (one declaration), whichever config carries it."""
+    carriers, wrong = set(), []
+    for cls in _dataclasses():
+        for f in dataclasses.fields(cls):
+            if f.name in guard.KNOB_FIELDS:
+                carriers.add(cls.__qualname__)
+                default, _, rules = guard.KNOB_FIELDS[f.name]
+                if f.default != default or f.metadata.get("rules") != rules or not f.metadata.get("doc"):
+                    wrong.append(f"{cls.__module__}.{cls.__qualname__}.{f.name}")
+    assert {"Compute", "UpdateConfig", "SampleConfig", "ValueConfig", "FigureParams"} <= carriers, carriers
+    assert not wrong, "declare these as guard.knob(name):\n" + "\n".join(wrong)
+    for cls in [Compute, grpo.UpdateConfig, rollout.SampleConfig, value.ValueConfig,
+                *(m.Params for m in (fig01, fig02, fig03, fig04, fig05, fig06, fig07, fig08))]:
         for f in dataclasses.fields(cls):
             if f.name in KNOBS:
                 assert f.default == getattr(guard, KNOBS[f.name]), (cls.__qualname__, f.name)
     assert (guard.TOKEN_CHUNK, guard.CHUNK_ROWS) == (4096, 64)   # moving either moves every cache key
+
+
+def test_knob_fields_reach_a_param_like_the_runner_reads():
+    """guard.knob's metadata is figures/base.param's format (doc, rules), so the runner validates it."""
+    f = {f.name: f for f in dataclasses.fields(fig01.Params)}
+    assert fig01.Params.rules()["token_chunk"] == {"min": 1}
+    assert fig01.Params.docs()["chunk_rows"] == guard.KNOB_FIELDS["chunk_rows"][1]
+    assert f["gradient_checkpointing"].default is False
+    assert "Fig. 10" in fig03.Params.docs()["gradient_checkpointing"]   # a figure may say what it does there
 
 
 def _functions():

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from . import grpo, measure, stage
-from .guard import CHUNK_ROWS, KNOBS, TOKEN_CHUNK
+from .guard import KNOBS, knob
 
 
 @dataclass(frozen=True)
@@ -28,11 +28,10 @@ class Compute:
     device: str = field(default="cpu", metadata={"doc": "cpu, cuda or cuda:N"})
     dtype: str = field(default="float64", metadata={"doc": "precision of analysis forwards and updates"})
     sample_dtype: str = field(default="", metadata={"doc": "dtype of the sampler copy; empty: the training model itself"})
-    chunk_rows: int = field(default=CHUNK_ROWS, metadata={"doc": "rows per body forward (gradient accumulation inside a mini-batch)"})
-    token_chunk: int = field(default=TOKEN_CHUNK, metadata={"doc": "positions per LM-head call: bounds every (positions, V) logits tensor"})
-    gradient_checkpointing: bool = field(default=False, metadata={"doc": "recompute the body's activations in the backward"})
-    trim_padding: bool = field(default=False, metadata={"doc": "each body forward over its rows' real columns only, "
-                                                        "rows shortest first (measure.chunks): less work, other round-off"})
+    chunk_rows: int = knob("chunk_rows")
+    token_chunk: int = knob("token_chunk")
+    gradient_checkpointing: bool = knob("gradient_checkpointing")
+    trim_padding: bool = knob("trim_padding")
     backend: str = field(default="hf", metadata={"doc": "sampler: 'hf' or 'vllm'"})
     gpu_memory_utilization: float = field(default=0.3, metadata={"doc": "vLLM's share of GPU memory"})
 

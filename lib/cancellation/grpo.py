@@ -16,7 +16,7 @@ from types import MappingProxyType
 import torch
 
 from . import measure
-from .guard import CHUNK_ROWS, TOKEN_CHUNK, check_update
+from .guard import check_update, knob
 from .measure import forward_logits, token_logp, token_stats
 
 # The reweightings of docs/methods.md ("The update"): name -> the per-rollout weight from the advantages A
@@ -41,10 +41,11 @@ class UpdateConfig:
     clip_low: float = 0.2         # ε_low
     clip_high: float = 0.28       # ε_high (clip-higher)
     clip_ratio_c: float = 3.0     # dual-clip constant for A < 0
-    chunk_rows: int = CHUNK_ROWS  # rows per forward chunk (gradient accumulation inside a mini-batch)
-    token_chunk: int = TOKEN_CHUNK  # response positions per LM-head chunk (bounds the (tokens, V) logits)
-    gradient_checkpointing: bool = False  # HF activation checkpointing of the body during the step
-    trim_padding: bool = False    # body forwards over each chunk's real columns only (measure.chunks)
+    # the memory knobs (guard.KNOB_FIELDS: default and doc declared there); Compute.update fills them from the run's
+    chunk_rows: int = knob("chunk_rows")
+    token_chunk: int = knob("token_chunk")
+    gradient_checkpointing: bool = knob("gradient_checkpointing")
+    trim_padding: bool = knob("trim_padding")
 
     def __post_init__(self):
         for name, allowed in (("optimizer", OPTIMIZERS), ("scope", SCOPES), ("reweight", REWEIGHTS)):

@@ -12,6 +12,7 @@ piece. A `"log": path` key makes the guard tally the positions it sees into that
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import os
@@ -23,6 +24,25 @@ KNOBS = ("chunk_rows", "token_chunk", "gradient_checkpointing", "trim_padding") 
 # read these names; tests/test_knobs.py fails on a number written anywhere else.
 TOKEN_CHUNK = 4096   # positions per LM-head call: bounds every (positions, V) logits tensor
 CHUNK_ROWS = 64      # rows per body forward (gradient accumulation inside a mini-batch)
+
+# Each knob declared once: its default, its one-line doc and the runner's rules (figures/base.param's format).
+# Every config that carries a knob (Compute, UpdateConfig, SampleConfig, ValueConfig, a figure's Params)
+# declares that field as `knob(name)`, so a changed default or doc reaches all of them (tests/test_knobs.py).
+KNOB_FIELDS = {
+    "chunk_rows": (CHUNK_ROWS, "rows per body forward (gradient accumulation inside a mini-batch)", {"min": 1}),
+    "token_chunk": (TOKEN_CHUNK, "positions per LM-head call: bounds every (positions, vocabulary) logits tensor",
+                    {"min": 1}),
+    "gradient_checkpointing": (False, "recompute the body's activations in the backward (large models)", {}),
+    "trim_padding": (False, "forward each chunk of rows over its real columns only, rows shortest first: "
+                     "less work where responses differ in length (paper), round-off-level other numbers", {}),
+}
+
+
+def knob(name: str, doc: str | None = None):
+    """The dataclass field of memory knob `name`: its default and rules from KNOB_FIELDS, and its doc (a
+    figure may say what the knob does in it, `doc`; the default it cannot change)."""
+    default, doc0, rules = KNOB_FIELDS[name]
+    return dataclasses.field(default=default, metadata={"doc": doc or doc0, "rules": dict(rules)})
 
 
 class MemoryBoundError(RuntimeError):

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, fields
 import torch
 
 from . import seeds, tasks
-from .guard import TOKEN_CHUNK, check_update
+from .guard import check_update, knob
 from .sampler import sample_hf, sample_vllm
 
 
@@ -121,7 +121,7 @@ class SampleConfig:
     seed: int = 0                   # default seed of `sample` (problem draw and sampling)
     source: tasks.ProblemSource = field(default_factory=lambda: tasks.ProblemSource())  # problems, rendering, verifier
     chunk_size: int = 256           # rollouts per HF sampler call: bounds the KV cache
-    token_chunk: int = TOKEN_CHUNK  # rows per LM-head call of a decode step: bounds its (rows, V) logits (Compute)
+    token_chunk: int = knob("token_chunk")  # a decode step's LM-head calls: rows per call (guard.KNOB_FIELDS)
     gpu_memory_utilization: float = 0.3   # vLLM's share of GPU memory (the HF model sits beside it)
 
     def __post_init__(self):

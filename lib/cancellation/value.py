@@ -39,7 +39,7 @@ import torch
 
 from . import cache, grpo, measure, procs, seeds, stage, tasks
 from . import stats as _stats
-from .guard import TOKEN_CHUNK, check_update
+from .guard import check_update, knob
 from .rollout import _left_pad, stop_ids
 from .sampler import generate_static, load_sampler, sample_vllm_continuations
 
@@ -56,7 +56,7 @@ class ValueConfig:
     estimator: str = "paper"      # 'paper' (Eq. 20) or 'exclude' (see module docstring)
     p_max: float = 1 - 1e-3       # skip tokens with p_t above this
     rows_per_chunk: int = 1024    # continuation rows per sampler batch (prefixes per batch = this // M)
-    token_chunk: int = TOKEN_CHUNK  # rows per LM-head call of a decode step: bounds its (rows, V) logits (Compute)
+    token_chunk: int = knob("token_chunk")  # a decode step's LM-head calls: rows per call (guard.KNOB_FIELDS)
     backend: str = "hf"           # 'hf' (shared-prefix KV cache) or 'vllm'
 
     def __post_init__(self):

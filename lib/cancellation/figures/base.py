@@ -33,7 +33,7 @@ import torch
 from .. import policy, rollout, sampler, stage, tasks
 from ..compute import Compute
 from ..dryrun import dry_run
-from ..guard import CHUNK_ROWS, TOKEN_CHUNK
+from ..guard import knob
 
 
 def param(default, doc: str, **rules):
@@ -68,8 +68,8 @@ def gpu_memory_utilization():
     return param(0.3, "vLLM's share of GPU memory, beside the training model", gt=0, max=1)
 
 
-def gradient_checkpointing():
-    return param(False, "recompute the body's activations in the backward (large models)")
+def gradient_checkpointing(doc: str | None = None):
+    return knob("gradient_checkpointing", doc)
 
 
 def sample_rows():
@@ -93,11 +93,9 @@ class FigureParams:
     threads: int = param(1, "torch CPU threads on the CPU, pinned: a float sum can split by the thread count, so "
                          "the numbers would follow the machine's cores (make figures runs notebooks side by side, "
                          "one thread each)", min=1)
-    chunk_rows: int = param(CHUNK_ROWS, "rows per body forward (gradient accumulation inside a mini-batch)", min=1)
-    token_chunk: int = param(TOKEN_CHUNK, "positions per LM-head call: bounds every (positions, vocabulary) logits "
-                             "tensor", min=1)
-    trim_padding: bool = param(False, "forward each chunk of rows over its real columns only, rows shortest first: "
-                               "less work where responses differ in length (paper), round-off-level other numbers")
+    chunk_rows: int = knob("chunk_rows")      # the memory knobs: default, doc and rules in guard.KNOB_FIELDS
+    token_chunk: int = knob("token_chunk")
+    trim_padding: bool = knob("trim_padding")
     problems_path: str = param("", "real problems (DAPO-Math-17k / MATH-500 / prompt+answer file); empty: generated "
                                "arithmetic", path="file")
     prompt_format: str = param("auto", "'auto' (chat template when the tokenizer has one), 'chat' or 'raw'",

@@ -63,8 +63,8 @@ class Params(base.FigureParams):
     run_G: int = param(8, "Fig. 10: rollouts per prompt", min=2)
     adam_lr: float = param(1e-4, "Fig. 10 training optimizer and App. D.3 Adam step", gt=0)
     sample_rows: int = base.sample_rows()
-    gradient_checkpointing: bool = param(False, "recompute activations in the backward of the Fig. 10 run "
-                                         "(large models)")
+    gradient_checkpointing: bool = base.gradient_checkpointing("recompute activations in the backward of the "
+                                                               "Fig. 10 run (large models)")
     seed: int = param(0, "seeds prompts, sampling, candidates and masks", min=0)
 
 

@@ -58,7 +58,7 @@ class Params(base.FigureParams):
     top_k: int = param(14, "tokens in the panel of largest Δlog p differences", min=1)
     min_count: int = param(20, "a token type needs this many occurrences to enter that panel", min=1)
     sample_rows: int = base.sample_rows()
-    gradient_checkpointing: bool = param(False, "recompute activations in the backward (large models)")
+    gradient_checkpointing: bool = base.gradient_checkpointing()
     seed: int = param(0, "first batch seed (batch i uses seed + 1000 + i)", min=0)
     conf_bins: list = param([0.5, 0.9, 0.99], "edges on p of the confidence bins the thesis contrasts match on",
                             gt=0, lt=1, distinct=True)

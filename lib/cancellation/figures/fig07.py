@@ -98,7 +98,7 @@ class Params(base.FigureParams):
                               choices=["", *DTYPES])
     backend: str = param("hf", "sampler: 'hf' or 'vllm' (weights pushed after every update)", choices=["hf", "vllm"])
     gpu_memory_utilization: float = param(0.3, "vLLM's share of GPU memory, beside the training model", gt=0, max=1)
-    gradient_checkpointing: bool = param(False, "recompute activations in the backward (large models)")
+    gradient_checkpointing: bool = base.gradient_checkpointing()
     trl_strategies: list = param(["random", "QB+RB"], "strategies also trained on TRL (engine.train_trl) as a "
                                  "cross-check ([] skips)", choices=STRATEGY_CHOICES, distinct=True)
     trl_seeds: list = param([0], "seeds of the TRL runs", min=0, distinct=True)
