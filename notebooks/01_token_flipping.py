@@ -61,7 +61,7 @@ logging.basicConfig(level=logging.WARNING)
 P = fig01.Params(**params)   # every parameter, its default, doc and allowed range: lib/cancellation/figures/fig01.py
 R = fig01.compute(P)         # noise floor, the runs (cached), flip fractions, categories, Fig. 9
 R.write(results_dir)
-print(R.probe)
+print(fig01.probe_summary(R))
 print(R.noise.to_string(index=False))
 print(R.accuracy.unstack("run").round(3).T.to_string())
 frac, signed = R.frac, R.signed

@@ -45,7 +45,7 @@ logging.basicConfig(level=logging.WARNING)
 P = fig02.Params(**params)   # every parameter, its default, doc and allowed range: lib/cancellation/figures/fig02.py
 R = fig02.compute(P)         # sampling, kernel, pairs, heatmap and first-order steps (cached)
 R.write(results_dir)
-print(R.summary)
+print(fig02.summary(R))
 
 # %% [markdown]
 # ## (a), (b): hidden-state similarity and φ for same- vs different-token pairs

@@ -44,7 +44,7 @@ logging.basicConfig(level=logging.WARNING)
 P = fig03.Params(**params)   # every parameter, its default, doc and allowed range: lib/cancellation/figures/fig03.py
 R = fig03.compute(P)         # the batch, masked updates, top-coupled masks, Fig. 10 run, Adam step (cached)
 R.write(results_dir)
-print(R.summary)
+print(fig03.summary(R))
 
 # %% [markdown]
 # ## Precision check: float32 inside a float64 model

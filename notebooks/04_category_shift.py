@@ -60,7 +60,7 @@ logging.basicConfig(level=logging.WARNING)
 P = fig04.Params(**params)   # every parameter, its default, doc and allowed range: lib/cancellation/figures/fig04.py
 R = fig04.compute(P)         # Algorithm 2 on every batch (cached per batch), tagging, masses, shifts, settings
 R.write(results_dir)
-print(R.summary)
+print(fig04.summary(R))
 
 # %% [markdown]
 # ## Tagging check

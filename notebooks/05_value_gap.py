@@ -57,7 +57,7 @@ logging.basicConfig(level=logging.WARNING)
 P = fig05.Params(**params)   # every parameter, its default, doc and allowed range: lib/cancellation/figures/fig05.py
 R = fig05.compute(P)         # batch, GRPO steps, Monte Carlo values, gaps (cached; the values per prefix)
 R.write(results_dir)
-print(R.summary, "\nremaining tokens per cell after step 1 (p_t ≤ p_max):", R.counts.to_string(), "",
+print(fig05.summary(R), "\nremaining tokens per cell after step 1 (p_t ≤ p_max):", R.counts.to_string(), "",
       R.mc.to_string(index=False), f"\nper-token standard error of Δ̂ (M = {P.M}):", sep="\n")
 R.se.round(3)
 

@@ -60,7 +60,7 @@ logging.basicConfig(level=logging.WARNING)
 P = fig06.Params(**params)   # every parameter, its default, doc and allowed range: lib/cancellation/figures/fig06.py
 R = fig06.compute(P)         # batches, plans, Monte Carlo values, the sweep of steps, gaps, trends (cached)
 R.write(results_dir)
-print(R.summary)
+print(fig06.summary(R))
 
 # %% [markdown]
 # ## Value gap per setting, its trends, and what it would take to resolve them

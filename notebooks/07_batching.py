@@ -59,7 +59,7 @@ logging.basicConfig(level=logging.WARNING)
 P = fig07.Params(**params)   # every parameter, its default, doc and allowed range: lib/cancellation/figures/fig07.py
 R = fig07.compute(P)         # every training run (each cached and checkpointed on its own), then the tables
 R.write(results_dir)
-print(R.summary)
+print(fig07.summary(R))
 R.timing.round(2)  # where the time goes, seconds as measured when each run was computed (RB's extra rounds included)
 
 # %% [markdown]
@@ -68,7 +68,7 @@ R.timing.round(2)  # where the time goes, seconds as measured when each run was 
 # The last columns count rollouts: sampled, and (RB only) discarded for age and used later (delayed).
 
 # %%
-print(R.table2_summary)
+print(fig07.table2_summary(R, P))
 if profile == "tiny":
     print(fig07.LIGHT_RUN_NOTE)
 HTML(fig07.table2_html(R))
@@ -88,9 +88,9 @@ print(fig07.equal_rollouts(R))
 # `probe_lrs` (seeds `probe_seeds`) beside `lr`: final average, runs collapsed (below half the start), steps.
 
 # %%
-if R.sweep_shown is not None:
+if (sweep := fig07.sweep_shown(R)) is not None:
     print(f"start: average {R.start:.1f}%; seeds {P.probe_seeds}; final average ± 95% t half-width over seeds")
-    display(R.sweep_shown)
+    display(sweep)
 
 # %% [markdown]
 # ## Fig. 8 — training curves

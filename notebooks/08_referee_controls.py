@@ -57,7 +57,7 @@ R.write(results_dir)
 # cached per-token table of its GRPO run is reused.
 
 # %%
-print(R.run_summary)
+print(fig08.run_summary(R))
 R.freq.pivot_table(index=["tokens", "stratum", "measure"], columns="status", values="gap").round(2)
 
 # %% [markdown]
@@ -65,7 +65,7 @@ R.freq.pivot_table(index=["tokens", "stratum", "measure"], columns="status", val
 # The batch is drawn as in notebook 02 (same seed offset), so it is the batch of Fig. 2.
 
 # %%
-print(R.batch_summary)
+print(fig08.batch_summary(R))
 R.lm.round(6)
 
 # %% [markdown]

@@ -66,8 +66,8 @@ def test_one_registry():
     """Every stage is declared once, in stage.py; the versions are the ones the cache's keys hold."""
     assert len(stage.STAGES) == len({s.name for s in stage.STAGES.values()})
     assert {n: (s.version_field, s.version) for n, s in stage.STAGES.items() if s.version} == {
-        "fig02": ("revision", 2), "fig03": ("effects_columns", 4), "fig05": ("revision", 2), "fig06": ("revision", 2),
-        "fig12": ("revision", 3), "train_trl": ("record", "steps"), "local_imbalance": ("shared", 2),
+        "fig01_noise_floor": ("revision", 1), "fig02": ("revision", 3), "fig03": ("effects_columns", 5),
+        "fig05": ("revision", 3), "fig06": ("revision", 3), "fig12": ("revision", 4), "train_trl": ("record", "steps"), "local_imbalance": ("shared", 2),
         "masked_topk_full": ("revision", 2)}
 
 

@@ -23,7 +23,7 @@ OLD = {  # purpose -> the expression each call site held before seeds.py
     "round_problems": lambda s, i: 1000003 * (s + 1) + i,  # rollout.round_seeds
     "round_sampling": lambda s, i: s * 7919 + i,          # rollout.round_seeds
     "eval_set": lambda s, i: 10000019 * (1 + i) + s,      # tasks.eval_set
-    "grpo_step": lambda s, i: s + i,                      # train.grpo_steps
+    "grpo_step": lambda s, i: s + i,                      # train._run_loop
     "topk_candidates": lambda s, i: s + 1,                # fig03.topk_table
     "balanced_gap": lambda s, i: s + 1,                   # value.sign_gaps
     "tiny_eval": lambda s, i: s + i,                      # tiny.pretrain

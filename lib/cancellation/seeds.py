@@ -32,7 +32,7 @@ PURPOSES: dict = {
     "round_problems": (lambda s, i: ROUND_PRIME * (s + 1) + i, "the problem draw of training round i"),
     "round_sampling": (lambda s, i: s * ROUND_SAMPLE + i, "the sampling seed of training round i"),
     "eval_set": (lambda s, i: EVAL_PRIME * (1 + i) + s, "the held-out evaluation set of difficulty index i"),
-    "grpo_step": (lambda s, i: s + i, "a GRPO run's step i: its mini-batch shuffle (train.grpo_steps)"),
+    "grpo_step": (lambda s, i: s + i, "a GRPO run's step i: its mini-batch shuffle (train.delta_run, train.sign_consistency_run)"),
     "topk_candidates": (lambda s, i: s + 1, "Fig. 3(c): the masking candidates of the top-k table"),
     "balanced_gap": (lambda s, i: s + 1, "the sign-balanced value gap's bootstrap, beside the per-sign ones at s"),
     "tiny_eval": (lambda s, i: s + i, "building the tiny policy: the sampled-accuracy check at step i"),

@@ -138,16 +138,20 @@ def _fixed(**kw) -> MappingProxyType:
 
 # ------------------------------------------------------------------------------------------- the registry
 # Figure-level stages: one notebook's whole Result (its inner stages stay cached when a version moves).
-FIG01_NOISE_FLOOR = Stage("fig01_noise_floor", FIGURE, doc="01: the repeat and zero-update noise floor")
-FIG02 = Stage("fig02", FIGURE, version=2, doc="02's Result (2: `terms`)")
-FIG03 = Stage("fig03", FIGURE, version=4, version_field="effects_columns",
-              doc="03's Result (2: mask_adv_sum; 3: topk_effects; 4: top-k ties in token order)")
+FIG01_NOISE_FLOOR = Stage("fig01_noise_floor", FIGURE, version=1,
+                          doc="01: the repeat and zero-update noise floor (1: the probe batch as numbers, not a line)")
+FIG02 = Stage("fig02", FIGURE, version=3, doc="02's Result (2: `terms`; 3: the batch as numbers, not a line)")
+FIG03 = Stage("fig03", FIGURE, version=5, version_field="effects_columns",
+              doc="03's Result (2: mask_adv_sum; 3: topk_effects; 4: top-k ties in token order; 5: the batch as "
+                  "numbers, not a line)")
 CATEGORY_SHIFT = Stage("category_shift", FIGURE + ("i", "main"), doc="04: Algorithm 2 on batch i (main: the thesis rows)")
-FIG05 = Stage("fig05", FIGURE + ("categories", "tagger_used"), version=2,
-              doc="05's Result (2: Fig. 5(b)'s peak at the pool's end reads 100%, a rule that can fail)")
-FIG06 = Stage("fig06", FIGURE, version=2, doc="06's Result (2: groups resampled)")
-FIG12 = Stage("fig12", FIGURE, version=3,
-              doc="08's Result, the paper's Fig. 12 (2: matched per conf bin; 3: two-way rollout intervals)")
+FIG05 = Stage("fig05", FIGURE + ("categories", "tagger_used"), version=3,
+              doc="05's Result (2: Fig. 5(b)'s peak at the pool's end reads 100%, a rule that can fail; 3: its "
+                  "summary as numbers, not lines)")
+FIG06 = Stage("fig06", FIGURE, version=3, doc="06's Result (2: groups resampled; 3: its summary as numbers, not lines)")
+FIG12 = Stage("fig12", FIGURE, version=4,
+              doc="08's Result, the paper's Fig. 12 (2: matched per conf bin; 3: two-way rollout intervals; 4: its "
+                  "summaries as numbers, not lines)")
 
 # Stages inside a figure, and the ones several notebooks share.
 MASKED_FULL = Stage("masked_full", FIGURE + ("compute", "pool", "n_cands", "n_full", "mask_size", "low_quantile",

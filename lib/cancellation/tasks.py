@@ -818,19 +818,19 @@ class ProblemSource:
         mode = FILE_MODE if self.answer_mode == "auto" else self.answer_mode
         return sum(bool(extract_answers(t, mode)) for t in texts)
 
-    def reward_report(self) -> str:
-        """One line on how the rewards so far were graded ('' for the exact arithmetic check)."""
+    def grading(self) -> dict:
+        """How the rewards so far were graded, as numbers: {} for the exact arithmetic check, {'dry_run': True}
+        under a dry run, else math-verify's mode and counts (`grading_report` writes the line)."""
         if dry_run() is not None:
-            return CoinFlip.REPORT
+            return {"dry_run": True}
         v = self.verifier()
         if not isinstance(v, MathVerifier):
-            return ""
-        st = v.stats
-        cov = f" ({100 * (1 - st['unparsed_response'] / st['graded']):.1f}% had an answer)" if st["graded"] else ""
-        mode = f" (answer_mode {v.mode})" if v.mode != FILE_MODE else ""
-        return (f"math-verify{mode}: {st['graded']} responses graded{cov}; counted as wrong because unparseable: "
-                f"{st['unparsed_response']} responses, {st['unparsed_gold']} gold answers; {st['errors']} errors"
-                + (f"; {st['as_words']} graded against word answers as text" if st.get("as_words") else ""))
+            return {}
+        return {"mode": v.mode, **{k: int(n) for k, n in v.stats.items()}}
+
+    def reward_report(self) -> str:
+        """One line on how the rewards so far were graded ('' for the exact arithmetic check)."""
+        return grading_report(self.grading())
 
     def fingerprint(self) -> str:
         """sha256 of the file's bytes, or 'arith:<kinds>' for the generated task."""
@@ -857,3 +857,16 @@ class ProblemSource:
         return out
 
     cache_params = params   # a stage input's canonical form (stage.canonical)
+
+
+def grading_report(g: dict) -> str:
+    """The line of `ProblemSource.grading()`'s numbers ('' for the exact arithmetic check)."""
+    if not g:
+        return ""
+    if g.get("dry_run"):
+        return CoinFlip.REPORT
+    cov = f" ({100 * (1 - g['unparsed_response'] / g['graded']):.1f}% had an answer)" if g["graded"] else ""
+    mode = f" (answer_mode {g['mode']})" if g["mode"] != FILE_MODE else ""
+    return (f"math-verify{mode}: {g['graded']} responses graded{cov}; counted as wrong because unparseable: "
+            f"{g['unparsed_response']} responses, {g['unparsed_gold']} gold answers; {g['errors']} errors"
+            + (f"; {g['as_words']} graded against word answers as text" if g.get("as_words") else ""))

@@ -7,6 +7,9 @@ measurement behind Fig. 1, Fig. 9 and Fig. 10.
 `train_run` is a GRPO training loop with mini-batch plans (random / query-preserved /
 sign-partitioned), the reward-balanced buffer, held-out evaluation, checkpoints and resume:
 the runs behind Fig. 7(a), Fig. 8 and Table 2.
+
+Both, and Fig. 10's `sign_consistency_run`, are one loop, `grpo_loop` (sample rounds, the θ_old forward,
+the mini-batch plan, `Step.update()`), and what each does around the update.
 """
 from __future__ import annotations
 
@@ -106,48 +109,96 @@ class PolicySampler:
         return rollout.sample(self.engine, tok, self.scfg, problems=problems, seed=seed)
 
 
-def grpo_steps(model, tokenizer, cfg: RunConfig, desc: str, progress: bool = True, model_path=None):
-    """The one loop of a RunConfig's GRPO run: for each of cfg.steps, a fresh batch sampled from the current
-    policy, yielded as (step, batch, update). The caller measures what it needs, then calls `update(old_logp)`
-    once: one GRPO step (cfg.update.n_minibatches optimizer steps, a persistent optimizer, seed seeds.derive(cfg.seed, 'grpo_step', step)),
-    after which the sampler takes the new weights; it returns grpo_step's per-mini-batch infos. `delta_run`
-    and `sign_consistency_run` are this loop with their measurements around the update.
-    `model_path` is needed only by a vLLM sampler (it loads the checkpoint, then takes our weights)."""
+@dataclass
+class Step:
+    """One iteration of `grpo_loop`: its sampling rounds, the batch they released (None: a buffer released
+    none), the θ_old statistics and mini-batch plan of that batch, and `update()`, which takes the step."""
+    it: int
+    drawn: list                     # the rounds sampled this iteration (RolloutBatch each)
+    batch: rollout.RolloutBatch | None
+    t_sample: float                 # seconds spent sampling
+    old: measure.TokenStats | None = None   # log-probs and entropies before the update (θ_old of the ratio)
+    plan: list | None = None        # the mini-batches (row indices) of the update
+    t_old: float = 0.0              # seconds of the θ_old forward and the plan
+    take: object = None             # the update (set by grpo_loop)
+
+    def update(self) -> list[dict]:
+        """One optimizer step per mini-batch of `plan` (`minibatch_update`), then the sampler takes the new
+        weights; the per-mini-batch infos ([] when the plan is empty: random_filter on a zero-variance batch)."""
+        return self.take()
+
+
+def grpo_loop(model, tok, cfg, opt, sampler, st: dict, iterations: int, *, plan: str = "random",
+              plan_seed: str = "plan", buffer=None, cap=lambda st: 1, desc: str = "", progress: bool = True):
+    """The one GRPO loop: every run of the library (a Δlog p run, the sign-consistency run, Table 2's
+    strategy runs) is this loop and what its caller does around `Step.update()`.
+
+    For each iteration from st['iteration'] to `iterations`: sample rounds (round r's problems and
+    sampling seeds from `rollout.round_seeds(cfg.seed, r)`; with a `buffer`, until it releases a batch or
+    `cap(st)` rounds), take the batch's θ_old statistics with one forward, split it by `plan` (seeded by
+    seeds.derive(cfg.seed, plan_seed, it)), and yield a `Step`. The caller measures what it needs, calls
+    `step.update()` at most once, and advances st['iteration'] (a checkpoint holds `st`). `st['round']`
+    counts the rounds drawn."""
+    import time
+
     from tqdm import tqdm
 
+    def sample(r, k):
+        pseed, sseed = rollout.round_seeds(cfg.seed, r)
+        return sampler.sample(tok, cfg.source.draw(cfg.n_prompts, pseed), sseed)
+
+    for it in tqdm(range(st["iteration"], iterations), desc=desc, disable=not progress, initial=st["iteration"],
+                   total=iterations):
+        t0 = time.time()
+        batch, drawn = batching.sample_until_release(sample, buffer, st["round"], cap(st))
+        st["round"] += len(drawn)
+        step = Step(it=it, drawn=drawn, batch=batch, t_sample=time.time() - t0)
+        if batch is not None:
+            t1 = time.time()
+            step.old = measure.token_stats(model, batch, cfg.update)
+            step.plan = batching.make_plan(plan, batch.group, batch.advantage, cfg.update.n_minibatches,
+                                           seed=seeds.derive(cfg.seed, plan_seed, it))
+            step.t_old = time.time() - t1
+
+            def take(step=step):
+                infos = minibatch_update(model, step.batch, step.plan, step.old.logp, opt, cfg.update) \
+                    if step.plan else []
+                sampler.sync(model)
+                return infos
+            step.take = take
+        yield step
+
+
+def _run_loop(model, tokenizer, cfg: RunConfig, desc: str, progress: bool, model_path):
+    """`grpo_loop` for a RunConfig: cfg.steps steps, one batch each, the random plan seeded per step
+    ('grpo_step', as these runs were first cached), a persistent optimizer. `model_path` is needed only by a
+    vLLM sampler (it loads the checkpoint, then takes our weights)."""
     opt = grpo.make_optimizer(model, cfg.update)
     cfg.source.load()  # a bad problem file fails here, before any sampling
     sampler = PolicySampler(model, model_path, cfg.sample_config(model))
-    for step in tqdm(range(cfg.steps), desc=desc, disable=not progress):
-        pseed, sseed = rollout.round_seeds(cfg.seed, step)
-        batch = sampler.sample(tokenizer, cfg.source.draw(cfg.n_prompts, pseed), sseed)
-
-        def update(old_logp=None, step=step, batch=batch):
-            infos = grpo.grpo_step(model, batch, cfg.update, optimizer=opt, old_logp=old_logp,
-                                   seed=seeds.derive(cfg.seed, "grpo_step", step))
-            sampler.sync(model)
-            return infos
-        yield step, batch, update
+    st = dict(iteration=0, round=0)
+    for step in grpo_loop(model, tokenizer, cfg, opt, sampler, st, cfg.steps, plan_seed="grpo_step", desc=desc,
+                          progress=progress):
+        yield step
+        st["iteration"] = step.it + 1
 
 
 def delta_run(model, tokenizer, cfg: RunConfig, progress: bool = True, on_step=None, model_path=None) -> pd.DataFrame:
-    """Train `model` in place for cfg.steps GRPO steps (`grpo_steps`); return the per-token table of every step.
+    """Train `model` in place for cfg.steps GRPO steps (`grpo_loop`); return the per-token table of every step.
 
-    At each step a training forward before the update gives the log-probs (also θ_old of the clipped
-    ratio), and a second forward after it. `on_step(step, model, batch, before, after)` may add
-    measurements (it must not update).
+    At each step the loop's θ_old forward gives the log-probs before the update, and a second forward
+    after it. `on_step(step, model, batch, before, after)` may add measurements (it must not update).
     """
     tables = []
-    for step, batch, update in grpo_steps(model, tokenizer, cfg, f"GRPO run ({cfg.update.reweight})", progress,
-                                          model_path):
-        before = measure.token_stats(model, batch, cfg.update)
-        infos = update(before.logp)
+    for step in _run_loop(model, tokenizer, cfg, f"GRPO run ({cfg.update.reweight})", progress, model_path):
+        batch, before = step.batch, step.old
+        infos = step.update()
         after = measure.token_stats(model, batch, cfg.update)
         if on_step is not None:
-            on_step(step, model, batch, before, after)
-        t = measure.token_table(batch, before, after, eps=cfg.eps, step=step)
+            on_step(step.it, model, batch, before, after)
+        t = measure.token_table(batch, before, after, eps=cfg.eps, step=step.it)
         tables.append(t[RUN_COLUMNS])
-        log.info("step %d: acc %.3f, mixed groups %d/%d, loss %.4f", step, float(batch.reward.mean()),
+        log.info("step %d: acc %.3f, mixed groups %d/%d, loss %.4f", step.it, float(batch.reward.mean()),
                  batch.mixed_groups(), cfg.n_prompts, infos[0]["loss"])
     return pd.concat(tables, ignore_index=True)
 
@@ -168,13 +219,13 @@ def cached_delta_run(model_path, cfg: RunConfig, dtype: str = "float64", device:
 
 def sign_consistency_run(model, tokenizer, cfg: RunConfig, sgd_lr: float, progress: bool = True,
                          model_path=None) -> pd.DataFrame:
-    """A GRPO training run (`grpo_steps`) that, before every step, compares an SGD lm_head step with an SGD
+    """A GRPO training run (`grpo_loop`) that, before every step, compares an SGD lm_head step with an SGD
     full step on that step's batch (Fig. 10). Trains `model` in place."""
     out = []
-    for step, batch, update in grpo_steps(model, tokenizer, cfg, "sign consistency run", progress, model_path):
-        row = coupling.proxy_sign_consistency(model, batch, sgd_lr, cfg.eps, Compute.of_update(cfg.update))
-        update()
-        out.append({"step": step, "accuracy": float(batch.reward.mean()), **row})
+    for step in _run_loop(model, tokenizer, cfg, "sign consistency run", progress, model_path):
+        row = coupling.proxy_sign_consistency(model, step.batch, sgd_lr, cfg.eps, Compute.of_update(cfg.update))
+        step.update()
+        out.append({"step": step.it, "accuracy": float(step.batch.reward.mean()), **row})
     return pd.DataFrame(out)
 
 
@@ -400,8 +451,6 @@ def train_run(model, tok, cfg: TrainConfig, ckpt_path=None, ckpt_every: int = 1,
 def _train_run(model, tok, cfg, opt, sampler, ckpt_path, ckpt_when, progress, on_iteration, initial_eval) -> dict:
     import time
 
-    from tqdm import tqdm
-
     B = cfg.n_prompts * cfg.G
     st = dict(iteration=0, round=0, iters=[], mbs=[], evals=[],
               buffer=batching.RewardBalancedBuffer(B, cfg.tau, cfg.plan == "query_preserved", cfg.max_age,
@@ -431,46 +480,34 @@ def _train_run(model, tok, cfg, opt, sampler, ckpt_path, ckpt_when, progress, on
             do_eval(0)
         else:
             st["evals"] += [dict(iteration=0, updates=0, set=d, accuracy=a, seconds=0.0) for d, a in initial_eval.items()]
-    name = cfg.label
-    for it in tqdm(range(st["iteration"], cfg.iterations), desc=f"train {name} s{cfg.seed}", disable=not progress,
-                   initial=st["iteration"], total=cfg.iterations):
-        t0 = time.time()
+
+    def cap(st):
         if not cfg.buffered:
-            cap = 1
-        elif cfg.run_rounds:  # equal optimizer steps: keep sampling while the run's budget lasts
-            cap = max(0, cfg.run_rounds - st["round"])
-        else:
-            cap = cfg.max_rounds
+            return 1
+        if cfg.run_rounds:  # equal optimizer steps: keep sampling while the run's budget lasts
+            return max(0, cfg.run_rounds - st["round"])
+        return cfg.max_rounds
 
-        def sample(r, k):
-            pseed, sseed = rollout.round_seeds(cfg.seed, r)
-            return sampler.sample(tok, cfg.source.draw(cfg.n_prompts, pseed), sseed)
-
-        batch, drawn = batching.sample_until_release(sample, st["buffer"], st["round"], cap)
-        rounds = len(drawn)
-        st["round"] += rounds
-        t_sample = time.time() - t0
-        row = dict(iteration=it, rounds=rounds, sampled_acc=float(torch.cat([d.reward for d in drawn]).mean()) if drawn else float("nan"),
-                   updated=batch is not None, t_sample=t_sample)
+    for step in grpo_loop(model, tok, cfg, opt, sampler, st, cfg.iterations, plan=cfg.plan, plan_seed="plan",
+                          buffer=st["buffer"], cap=cap, desc=f"train {cfg.label} s{cfg.seed}", progress=progress):
+        it, batch, drawn = step.it, step.batch, step.drawn
+        row = dict(iteration=it, rounds=len(drawn), sampled_acc=float(torch.cat([d.reward for d in drawn]).mean())
+                   if drawn else float("nan"), updated=batch is not None, t_sample=step.t_sample)
         if st["buffer"] is not None:
             row.update({f"buffer_{k}": v for k, v in st["buffer"].stats().items()
                         if k in ("discarded", "delayed", "buffered", "sampled", "released")
                         or (k == "filtered" and cfg.dynamic_sampling)})
         if batch is not None:
             t1 = time.time()
-            old = measure.token_stats(model, batch, cfg.update)
-            plan = batching.make_plan(cfg.plan, batch.group, batch.advantage, cfg.update.n_minibatches,
-                                      seed=seeds.derive(cfg.seed, "plan", it))
-            infos = minibatch_update(model, batch, plan, old.logp, opt, cfg.update) if plan else []
+            infos = step.update()
             row["updated"] = bool(infos)  # random_filter: a batch of zero-variance groups only takes no step
-            sampler.sync(model)
             s = batching.sign(batch.advantage)
             m = batch.response_mask
-            row.update(batch_acc=float(batch.reward.mean()), entropy=float(old.entropy[m].mean()),
+            row.update(batch_acc=float(batch.reward.mean()), entropy=float(step.old.entropy[m].mean()),
                        n_rollouts=len(batch), n_pos=int((s > 0).sum()), n_neg=int((s < 0).sum()),
                        n_tokens=int(m.sum()), resp_len=float(m.sum(1).double().mean()),
                        loss=float(np.mean([i["loss"] for i in infos])) if infos else float("nan"),
-                       t_update=time.time() - t1)
+                       t_update=step.t_old + time.time() - t1)
             st["mbs"] += [dict(i, iteration=it) for i in infos]
         texts = [t for d in drawn for t in d.texts]
         covered = cfg.source.with_answer(texts)

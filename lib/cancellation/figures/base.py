@@ -149,6 +149,19 @@ def problem_source(P) -> tasks.ProblemSource:
     return source
 
 
+def batch_facts(batch, n_prompts: int, source: tasks.ProblemSource, **more) -> dict:
+    """The numbers of a figure's line on its batch (Results hold numbers; each module's `summary(R)` writes
+    the line): rollouts, accuracy, mixed-reward groups of `n_prompts`, how the rewards were graded, and `more`."""
+    return dict(rollouts=len(batch), accuracy=float(batch.reward.mean()), mixed_groups=int(batch.mixed_groups()),
+                n_prompts=n_prompts, grading=source.grading(), **more)
+
+
+def with_grading(line: str, facts: dict) -> str:
+    """`line`, then the grader's line (tasks.grading_report) when the rewards were not the exact check."""
+    report = tasks.grading_report(facts.get("grading") or {})
+    return line + ("\n" + report if report else "")
+
+
 class NoSignal(ValueError):
     """A batch that carries no GRPO signal: no group mixes rewarded and unrewarded responses, so every
     advantage is 0. The runner prints its message as the notebook's one-line outcome."""

@@ -75,7 +75,7 @@ def positive_only(cfg: train.RunConfig) -> train.RunConfig:
 @dataclass
 class Result:
     """What Fig. 1 and Fig. 9 plot and the claims read."""
-    probe: str                     # the probe batch of the noise floor, one line (and the verifier's report)
+    probe: dict                    # the noise floor's probe batch (base.batch_facts; `probe_summary(R)` writes it)
     noise: pd.DataFrame            # fig01_noise_floor: measurement, max_abs_delta, eps
     signed: pd.DataFrame           # tokens with A ≠ 0 of both runs: run, step, rollout, ..., delta, status
     accuracy: pd.Series            # mean reward per (run, step)
@@ -233,11 +233,14 @@ def _noise_floor(P: Params, cfg: train.RunConfig):
     del lo_model, high
     noise = pd.DataFrame([{"measurement": k, "max_abs_delta": v} for k, v in floor.items()])
     noise["eps"] = P.eps
-    line = (f"probe batch: {len(probe)} rollouts, {probe.n_tokens} response tokens, "
-            f"accuracy {probe.reward.float().mean():.2f}, mixed groups {probe.mixed_groups()}/{P.n_prompts}")
-    if cfg.source.reward_report():
-        line += "\n" + cfg.source.reward_report()
-    return line, noise
+    return base.batch_facts(probe, P.n_prompts, cfg.source, tokens=int(probe.n_tokens)), noise
+
+
+def probe_summary(R: Result) -> str:
+    """The noise floor's probe batch, one line (and the grader's)."""
+    b = R.probe
+    return base.with_grading(f"probe batch: {b['rollouts']} rollouts, {b['tokens']} response tokens, accuracy "
+                             f"{b['accuracy']:.2f}, mixed groups {b['mixed_groups']}/{b['n_prompts']}", b)
 
 
 # ----------------------------------------------------------------------------- the planner's workload

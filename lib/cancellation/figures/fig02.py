@@ -52,7 +52,7 @@ class Params(base.FigureParams):
 @dataclass
 class Result:
     """What Fig. 2 plots and its claims read."""
-    summary: str                 # one line on the batch
+    batch: dict                  # the batch's numbers (base.batch_facts; `summary(R)` writes its line)
     pairs: pd.DataFrame          # one row per sampled pair: pair, j, k, hdot, hcos, phi, kernel, entropy_j, entropy_k
     pair_summary: pd.DataFrame   # per split: means, positive shares, |φ| quantities
     heat: pd.DataFrame           # per (bin_j, bin_k): mean and mean |A_k⟨h_j,h_k⟩φ_jk|
@@ -81,11 +81,8 @@ def _compute(P: Params, source) -> Result:
     base.require_signal(batch, source, "02: the coupling batch")
     before = cc.stats(model, batch, hidden=True)
     f = coupling.features(model, batch, before, chunk=P.chunk, vocab_chunk=P.vocab_chunk)
-    summary = (f"{len(batch)} rollouts, {len(f)} response tokens, vocabulary {f.W.shape[0]}, hidden {f.h.shape[1]}; "
-               f"accuracy {batch.reward.mean():.2f}, mixed groups {batch.mixed_groups()}/{P.n_prompts}, "
-               f"tokens with A ≠ 0: {int((f.A != 0).sum())}")
-    if source.reward_report():
-        summary += "\n" + source.reward_report()
+    facts = base.batch_facts(batch, P.n_prompts, source, tokens=len(f), vocabulary=int(f.W.shape[0]),
+                             hidden=int(f.h.shape[1]), signed_tokens=int((f.A != 0).sum()))
     pairs = _pairs(f, P)
     pair_summary = pairs.groupby("pair").agg(
         hdot_mean=("hdot", "mean"), hcos_mean=("hcos", "mean"), hdot_positive=("hdot", lambda x: (x > 0).mean()),
@@ -97,7 +94,7 @@ def _compute(P: Params, source) -> Result:
     terms = pd.DataFrame({"row": f.rows.cpu().numpy(), "o": f.o.cpu().numpy(), "A": f.A.cpu().numpy(), "p": f.p.cpu().numpy(),
                           "entropy": f.entropy.cpu().numpy(), **{k: v.cpu().numpy() for k, v in t.items()},
                           "measured": scatter.measured.to_numpy()})
-    return Result(summary=summary, pairs=pairs, pair_summary=pair_summary, heat=heat, absolute=absolute, edges=edges,
+    return Result(batch=facts, pairs=pairs, pair_summary=pair_summary, heat=heat, absolute=absolute, edges=edges,
                   fidelity=fidelity, scatter=scatter, terms=terms)
 
 
@@ -271,6 +268,15 @@ def claims(R: Result, P: Params) -> list[C.Claim]:
                 detail=f"sign agreement {100 * row.sign_agreement:.1f}% at η = {P.lr:g}",
                 estimator="point (every token)", resampling="none"),
     ]
+
+
+def summary(R: Result) -> str:
+    """One line on the batch (and the grader's, for a problem file)."""
+    b = R.batch
+    return base.with_grading(
+        f"{b['rollouts']} rollouts, {b['tokens']} response tokens, vocabulary {b['vocabulary']}, hidden {b['hidden']}; "
+        f"accuracy {b['accuracy']:.2f}, mixed groups {b['mixed_groups']}/{b['n_prompts']}, "
+        f"tokens with A ≠ 0: {b['signed_tokens']}", b)
 
 
 def decomposition_summary(R: Result) -> str:

@@ -71,7 +71,7 @@ class Params(base.FigureParams):
 @dataclass
 class Result:
     """What Fig. 3, Table 1, Fig. 10 and App. D.3 plot and their claims read."""
-    summary: str                 # one line on the batch
+    batch: dict                  # the batch's numbers (base.batch_facts; `summary(R)` writes its line)
     precision: pd.DataFrame      # stock float32 norms vs exact: median |Δ|, median |error|, sign agreement
     effects: pd.DataFrame        # per (pool, kind, scope, cand): delta, proxy_cos, cand_sign, mask_adv_sum
     table1: pd.DataFrame         # per (pool, kind, scope): Boost Rate and Mean Boost with intervals
@@ -101,10 +101,7 @@ def _compute(P: Params, source, inputs: dict) -> Result:
     batch = rollout.sample(model, tok, base.sample_config(P, source), seed=seeds.derive(P.seed, "masked_batch"))
     base.require_signal(batch, source, "03: the masked-update batch")
     f = coupling.features(model, batch, compute=cc)
-    summary = (f"{len(batch)} rollouts, {len(f)} response tokens, accuracy {batch.reward.mean():.2f}, "
-               f"mixed groups {batch.mixed_groups()}/{P.n_prompts}, tokens with A ≠ 0: {int((f.A != 0).sum())}")
-    if source.reward_report():
-        summary += "\n" + source.reward_report()
+    facts = base.batch_facts(batch, P.n_prompts, source, tokens=len(f), signed_tokens=int((f.A != 0).sum()))
     precision = _precision(model, batch, P)
     effects = masking_effects(model, batch, f, pools=P.pools, n_cands=P.n_cands, n_cands_full=P.n_cands_full,
                               mask_size=P.mask_size, low_quantile=P.low_quantile, lr=P.lr, seed=P.seed, inputs=inputs,
@@ -126,10 +123,18 @@ def _compute(P: Params, source, inputs: dict) -> Result:
     adam = pd.DataFrame([{"n_elements": len(ratio), "median_ratio": float(np.median(ratio)),
                           "share_above_0.99": float((ratio > 0.99).mean()),
                           "share_above_0.5": float((ratio > 0.5).mean()), "min_ratio": float(ratio.min())}])
-    return Result(summary=summary, precision=precision, effects=effects, table1=table1, scope_agree=scope_agree,
+    return Result(batch=facts, precision=precision, effects=effects, table1=table1, scope_agree=scope_agree,
                   boost_vs_cos=_boost_vs_cos(effects, P), topk=topk, consistency=consistency, adam=adam,
                   topk_effects=topk_effects)
 
+
+
+def summary(R: Result) -> str:
+    """One line on the batch (and the grader's, for a problem file)."""
+    b = R.batch
+    return base.with_grading(f"{b['rollouts']} rollouts, {b['tokens']} response tokens, accuracy {b['accuracy']:.2f}, "
+                             f"mixed groups {b['mixed_groups']}/{b['n_prompts']}, tokens with A ≠ 0: "
+                             f"{b['signed_tokens']}", b)
 
 def _precision(model, batch, P: Params) -> pd.DataFrame:
     """The same full-parameter SGD step with transformers' float32 RMSNorm and with policy.exact_norms."""

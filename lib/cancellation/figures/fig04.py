@@ -68,7 +68,8 @@ class Params(base.FigureParams):
 @dataclass
 class Result:
     """What Fig. 4 plots, its reading prints and its claims read."""
-    summary: str                 # per policy: batches, tokens, accuracy, mixed groups; the category table
+    batches: dict                # per policy: batches, tokens, accuracy, mixed groups, seconds; the category table
+                                 # and the grading (numbers; `summary(R)` writes the lines)
     tokens: pd.DataFrame         # every response token of the kept batches, tagged, with delta_<update>
     audit: pd.DataFrame          # per (category, token type): occurrences, most frequent first
     mass: pd.DataFrame           # per (update, batch, category): boosted / suppressed mass, counts, shares
@@ -131,7 +132,7 @@ def compute(P: Params) -> Result:
     base.pin_threads(P)
     torch.manual_seed(P.seed)
     source = base.problem_source(P)
-    loaded, lines = {}, []
+    loaded, facts = {}, {"policies": []}
 
     def load(path):
         if path not in loaded:
@@ -150,11 +151,9 @@ def compute(P: Params) -> Result:
         assert per.restore_error.max() == 0.0, "θ₀ was not restored exactly between the two updates"
         # a batch without a mixed-reward group has A = 0 everywhere: neither update moves anything
         empty = per.index[per.mixed_groups == 0].tolist()
-        lines.append(f"{what}: {P.n_batches} batches x {P.n_prompts * P.G} rollouts, {len(df)} response tokens, "
-                     f"accuracy {per.accuracy.mean():.2f}, mixed groups per batch {per.mixed_groups.mean():.1f}/"
-                     f"{P.n_prompts}, {time.time() - t0:.0f} s (cached batches are instant)"
-                     + (f"; batches {empty} have no mixed-reward group (no update signal) and are left out"
-                        if empty else ""))
+        facts["policies"].append(dict(policy=what, n_batches=P.n_batches, rollouts=P.n_prompts * P.G, tokens=len(df),
+                                      accuracy=float(per.accuracy.mean()), mixed_groups=float(per.mixed_groups.mean()),
+                                      n_prompts=P.n_prompts, seconds=time.time() - t0, empty=list(empty)))
         df = df[~df.batch.isin(empty)].reset_index(drop=True)
         if df.empty:
             raise base.no_signal(f"04: the {P.n_batches} batches ({what})", int(round(per.accuracy.sum() * P.n_prompts * P.G)),
@@ -164,9 +163,7 @@ def compute(P: Params) -> Result:
     cz = categories.Categorizer(P.category_map or None, tagger=P.tagger)
     tok = load(P.model_path)[1]
     tokens = batches(P.model_path, Path(P.model_path).name)
-    lines.append(f"category table: {P.category_map or categories.DEFAULT_MAP}, tagger={cz.tagger}")
-    if source.reward_report():
-        lines.append(source.reward_report())
+    facts.update(category_map=P.category_map or categories.DEFAULT_MAP, tagger=cz.tagger, grading=source.grading())
     audit = (tokens.groupby(["category", "token"]).size().rename("n").reset_index()
              .sort_values(["category", "n"], ascending=[True, False]))
     mass, summary, per = categories.share_shift(tokens, UPDATES, eps=P.eps)
@@ -201,11 +198,24 @@ def compute(P: Params) -> Result:
     assert (tokens.copy_masked == ((cls == "shared") & (tokens.advantage < 0))).all(), "copies_mask != classify"
     tcells = thesis.cells(tokens, P.conf_bins)
     t_cats = [c for c in cats if c in set(tcells.category)]
-    return Result(summary="\n".join(lines), tokens=tokens, audit=audit, mass=mass, summary_table=summary, per=per,
+    return Result(batches=facts, tokens=tokens, audit=audit, mass=mass, summary_table=summary, per=per,
                   shift=shift, table=table, top=top, top_labels=top_labels, occurrences=occurrences, cats=cats,
                   totals=totals, template_confidence=conf, settings=list(settings),
                   setting_shifts={k: v[1] for k, v in settings.items()}, compare=_compare(settings, P),
                   thesis_cells=tcells, thesis=thesis.summary(tcells, t_cats, n_boot=P.n_boot, seed=P.seed))
+
+
+def summary(R: Result) -> str:
+    """Per policy: its batches, tokens, accuracy, mixed groups and seconds; the category table; the grader's line."""
+    lines = [f"{b['policy']}: {b['n_batches']} batches x {b['rollouts']} rollouts, {b['tokens']} response tokens, "
+             f"accuracy {b['accuracy']:.2f}, mixed groups per batch {b['mixed_groups']:.1f}/{b['n_prompts']}, "
+             f"{b['seconds']:.0f} s (cached batches are instant)"
+             + (f"; batches {b['empty']} have no mixed-reward group (no update signal) and are left out"
+                if b["empty"] else "") for b in R.batches["policies"]]
+    # the main policy, its category table and grading, then the control's batches (the order they ran in)
+    head = base.with_grading(f"{lines[0]}\ncategory table: {R.batches['category_map']}, tagger={R.batches['tagger']}",
+                             R.batches)
+    return "\n".join([head] + lines[1:])
 
 
 def _top_tokens(tokens: pd.DataFrame, P: Params):

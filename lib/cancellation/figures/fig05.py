@@ -86,7 +86,7 @@ class Params(base.FigureParams):
 @dataclass
 class Result:
     """What Fig. 5 and Fig. 11 plot and their claims read."""
-    summary: str              # the batch, the GRPO steps and the tokens of mixed groups
+    facts: dict               # the batch, the GRPO steps, the tokens of mixed groups (numbers; `summary(R)`)
     counts: pd.DataFrame      # tokens of mixed groups with p_t ≤ p_max per (sign) × (status after step 1)
     mc: pd.DataFrame          # per estimator: continuations sampled, cache hits, seconds
     se: pd.DataFrame          # per estimator: mean / median / 90% / max per-token standard error of Δ̂
@@ -143,10 +143,7 @@ def _compute(P: Params, source) -> Result:
     scfg = base.sample_config(P, source, sampler=True)
     batch = rollout.sample(sampler, tok, scfg, seed=seeds.derive(P.seed, "value_batch"))
     base.require_signal(batch, source, "05: the value-gap batch")
-    lines = [f"batch: {len(batch)} rollouts, {batch.n_tokens} response tokens, accuracy {batch.reward.mean():.2f}, "
-             f"mixed groups {batch.mixed_groups()}/{P.n_prompts}"]
-    if source.reward_report():
-        lines.append(source.reward_report())
+    facts = base.batch_facts(batch, P.n_prompts, source, tokens=int(batch.n_tokens))
 
     def steps_run(optimizer, step_lr, K):
         """(K, response tokens) cumulative Δlog p of K steps on the batch (cached)."""
@@ -164,17 +161,14 @@ def _compute(P: Params, source) -> Result:
     tokens["status"] = measure.classify(tokens["delta"], P.eps)
     grid = P.grid()
     deltas = {(o, r): steps_run(o, r, P.repeat_steps) for o, r in grid}
-    lines.append(f"1 + {len(grid)} x {P.repeat_steps} GRPO steps + forwards: {time.perf_counter() - t0:.1f} s "
-                 "(cached after the first run)")
+    facts.update(grid=len(grid), repeat_steps=P.repeat_steps, steps_seconds=time.perf_counter() - t0)
     mixed = (tokens.sign != "zero").to_numpy()
-    for (o, r), D in deltas.items():
-        lines.append(f"{o} lr {r:g}: median |Δlog p| after step 1 {np.median(np.abs(D[0][mixed])):.1e}, after step "
-                     f"{P.repeat_steps} {np.median(np.abs(D[-1][mixed])):.1e}")
+    facts["medians"] = [dict(optimizer=o, lr=r, first=float(np.median(np.abs(D[0][mixed]))),
+                             last=float(np.median(np.abs(D[-1][mixed])))) for (o, r), D in deltas.items()]
     signed = tokens[tokens.sign != "zero"]
     skipped = signed.prob > P.p_max
     counts = signed[~skipped].groupby(["sign", "status"]).size().unstack("status", fill_value=0)
-    lines.append(f"tokens of mixed groups: {len(signed)}; skipped (p_t > {P.p_max}): {int(skipped.sum())} "
-                 f"({100 * skipped.mean():.1f}%)")
+    facts.update(signed=len(signed), p_max=P.p_max, skipped=int(skipped.sum()), skipped_share=float(skipped.mean()))
 
     # Fig. 5's pool: n_per_cell tokens per (sign, boosted/suppressed) cell of step 1, valued under π_θ0
     cells = signed[~skipped & (signed.status != "stable")]
@@ -239,11 +233,28 @@ def _compute(P: Params, source) -> Result:
         pool2 = value.balanced_sample(cells2, seed=seeds.derive(P.seed, "heldout_pool"), n=P.heldout_per_cell)
         heldout = value.token_values(sampler, tok, other, pool2, _value_config(P, P.estimators[0]), mid=mid,
                                      verifier=verifier).assign(estimator=P.estimators[0])
-        lines.append(f"held-out states: a second batch ({len(other)} rollouts, new prompts), split by the step on the "
-                     f"first; {len(pool2)} tokens valued, {time.perf_counter() - t0:.1f} s")
-    return Result(summary="\n".join(lines), counts=counts, mc=mc, se=se, values=vt, cells=fig5a, gap1=gap1,
+        facts["heldout"] = dict(rollouts=len(other), tokens=len(pool2), seconds=time.perf_counter() - t0)
+    return Result(facts=facts, counts=counts, mc=mc, se=se, values=vt, cells=fig5a, gap1=gap1,
                   entropy_gap=fig5b, peak=peak, strata=strata, conf_gaps=conf_gaps, pool11=v11, repeated=fig11,
                   chosen=chosen, seconds=time.perf_counter() - t_start, heldout=heldout)
+
+
+def summary(R: Result) -> str:
+    """The batch (and the grader's line), the GRPO steps, the tokens of mixed groups, the held-out batch."""
+    f = R.facts
+    lines = [base.with_grading(f"batch: {f['rollouts']} rollouts, {f['tokens']} response tokens, accuracy "
+                               f"{f['accuracy']:.2f}, mixed groups {f['mixed_groups']}/{f['n_prompts']}", f),
+             f"1 + {f['grid']} x {f['repeat_steps']} GRPO steps + forwards: {f['steps_seconds']:.1f} s "
+             "(cached after the first run)"]
+    lines += [f"{m['optimizer']} lr {m['lr']:g}: median |Δlog p| after step 1 {m['first']:.1e}, after step "
+              f"{f['repeat_steps']} {m['last']:.1e}" for m in f["medians"]]
+    lines.append(f"tokens of mixed groups: {f['signed']}; skipped (p_t > {f['p_max']}): {f['skipped']} "
+                 f"({100 * f['skipped_share']:.1f}%)")
+    if f.get("heldout"):
+        h = f["heldout"]
+        lines.append(f"held-out states: a second batch ({h['rollouts']} rollouts, new prompts), split by the step on "
+                     f"the first; {h['tokens']} tokens valued, {h['seconds']:.1f} s")
+    return "\n".join(lines)
 
 
 def _value_config(P: Params, estimator: str) -> value.ValueConfig:

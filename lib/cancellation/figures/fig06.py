@@ -98,7 +98,7 @@ class Params(base.FigureParams):
 @dataclass
 class Result:
     """What Fig. 6 and Fig. 7(b) plot and their claims read."""
-    summary: str              # the batches, the valued tokens and the sweep
+    facts: dict               # the batches, the valued tokens and the sweep (numbers; `summary(R)` writes them)
     valued: pd.DataFrame      # the valued tokens (Fig. 6's, then 7(b)'s): Δ̂, its SE, reward, p, entropy
     sweep: pd.DataFrame       # one row per (panel, x, seed, valued token): Δlog p of the setting's step, status
     gaps: pd.DataFrame        # per (panel, x, subset, scope): pooled gap with its seed-resampled interval
@@ -183,19 +183,17 @@ def _compute(P: Params, source) -> Result:
     batch = rollout.sample(sampler, tok, scfg, seed=derive(P.seed, "budget_batch"))
     base.require_signal(batch, source, "06: the sampling-budget batch")
     n_pos = pd.Series([int(batch.reward[batch.group == g].sum()) for g in range(P.n_prompts)])
-    lines = [f"Fig. 6 base batch: {len(batch)} rollouts, {batch.n_tokens} response tokens, accuracy "
-             f"{batch.reward.mean():.2f}, mixed groups {batch.mixed_groups()}/{P.n_prompts}",
-             "positives per group (of %d): %s" % (P.G, sorted(n_pos.tolist()))]
+    facts = base.batch_facts(batch, P.n_prompts, source, tokens=int(batch.n_tokens), G=P.G,
+                             positives=sorted(n_pos.tolist()))
     ccfg = base.sample_config(P, source, sampler=True, n_prompts=P.comp_prompts, G=P.comp_G)
     cfull = rollout.sample(sampler, tok, ccfg, seed=derive(P.seed, "composition_batch"))
     comp_gs, comp_rows = budget.composition_rows_capped(cfull, P.G_comp, P.comp_groups, seed=P.seed)
     cbatch = cfull.select(comp_rows)
     c_pos = [int(cfull.reward[cfull.group == g].sum()) for g in range(P.comp_prompts)]
-    lines.append(f"7(b) batch: {len(cfull)} rollouts, positives per group (of {P.comp_G}): {sorted(c_pos)}; "
-                 f"{len(comp_gs)} of the {len(budget.composition_groups(cfull, P.G_comp))} groups with at least "
-                 f"{P.G_comp - 1} positive and {P.G_comp - 1} negative rollouts used, {len(cbatch)} rows")
-    if source.reward_report():
-        lines.append(source.reward_report())
+    facts["composition"] = dict(rollouts=len(cfull), G=P.comp_G, positives=sorted(c_pos), used=len(comp_gs),
+                                groups=len(budget.composition_groups(cfull, P.G_comp)), G_comp=P.G_comp,
+                                rows=len(cbatch))
+    facts["grading"] = source.grading()
 
     # the plans (nested sub-batches per seed) and the valued tokens of all seeds, valued in one call per batch
     seeds = [derive(P.seed, "budget_plan", s) for s in range(P.n_seeds)]
@@ -224,14 +222,15 @@ def _compute(P: Params, source) -> Result:
     t_values = time.perf_counter() - t0
     tokens = {p.batch.iloc[0]: p.reset_index(drop=True) for p in parts}
     allv = pd.concat(parts, ignore_index=True)
-    lines.append("valued tokens: " + ", ".join(f"{k} {len(t)} from {t.rollout.nunique()} rollouts"
-                                               for k, t in tokens.items())
-                 + f"; {stats['cache_hits']}/{stats['requests']} prefixes cached, {stats['continuations']} "
-                 f"continuations sampled, {t_values:.0f} s; median SE of Δ̂ {allv.delta_se.median():.3f}")
+    facts["values"] = dict(cache_hits=stats["cache_hits"], requests=stats["requests"],
+                           continuations=stats["continuations"], seconds=t_values,
+                           median_se=float(allv.delta_se.median()))
+    facts["valued"] = []
     for k, t in tokens.items():
         v = t.delta_hat.to_numpy()
-        lines.append(f"{k}: Δ̂ mean {v.mean():+.3f}, positive rollouts {v[t.reward > 0.5].mean():+.3f}, "
-                     f"negative {v[t.reward <= 0.5].mean():+.3f}; |Δ̂| > 0.1 for {(np.abs(v) > 0.1).mean():.0%}")
+        facts["valued"].append(dict(batch=k, tokens=len(t), rollouts=int(t.rollout.nunique()), mean=float(v.mean()),
+                                    positive=float(v[t.reward > 0.5].mean()), negative=float(v[t.reward <= 0.5].mean()),
+                                    above_0_1=float((np.abs(v) > 0.1).mean())))
 
     # the sweep: scores h_i of every rollout a plan draws from, each setting's exact step from them
     def sweep():
@@ -260,21 +259,41 @@ def _compute(P: Params, source) -> Result:
     sw["tok"] = sw.tok + np.where(sw.panel == "composition", off["fig7b"], 0)
     valued = pd.concat([tokens[k] for k in ("fig6", "fig7b") if k in tokens], ignore_index=True)
     n_steps = sw.groupby(["panel", "x", "seed"]).ngroups
-    lines.append(f"{n_steps} settings x seeds, sweep {t_sweep:.0f} s (cached after the first run); valued tokens per "
-                 "update " + ", ".join(f"{p} {sw[sw.panel == p].groupby(['x', 'seed']).size().mean():.1f}"
-                                       for p in sw.panel.unique())
-                 + f"; median |Δlog p| {sw.delta.abs().median():.1e}, stable (|Δ| ≤ ε) "
-                 f"{np.mean(sw.status == 'stable'):.3f}")
+    facts["sweep"] = dict(settings=n_steps, seconds=t_sweep, median_abs_delta=float(sw.delta.abs().median()),
+                          stable=float(np.mean(sw.status == "stable")),
+                          per_update={p: float(sw[sw.panel == p].groupby(["x", "seed"]).size().mean())
+                                      for p in sw.panel.unique()})
 
     # the gap per setting for all valued tokens and the top-f% by |Δ̂|, and its trends
     subsets = token_subsets(valued, P.top_fracs)
     gaps, reps = budget.gap_table(sw, valued, subsets, P.n_boot, P.seed)
     trends = budget.trend_table(sw, valued, gaps, reps, subsets, P.M)
     group_trend = budget.composition_trend_groups(sw, valued, valued.group.to_numpy(), subsets, P.n_boot, P.seed)
-    return Result(summary="\n".join(lines), valued=valued, sweep=sw, gaps=gaps, trends=trends, subsets=list(subsets),
+    return Result(facts=facts, valued=valued, sweep=sw, gaps=gaps, trends=trends, subsets=list(subsets),
                   n_comp_groups=len(comp_gs), group_trend=group_trend,
                   seconds=dict(values=t_values, sweep=t_sweep, total=time.perf_counter() - t_start))
 
+
+
+def summary(R: Result) -> str:
+    """The two batches (and the grader's line), the valued tokens and the sweep, a line each."""
+    f, c, v, sw = R.facts, R.facts["composition"], R.facts["values"], R.facts["sweep"]
+    lines = [f"Fig. 6 base batch: {f['rollouts']} rollouts, {f['tokens']} response tokens, accuracy "
+             f"{f['accuracy']:.2f}, mixed groups {f['mixed_groups']}/{f['n_prompts']}",
+             "positives per group (of %d): %s" % (f["G"], f["positives"]),
+             base.with_grading(f"7(b) batch: {c['rollouts']} rollouts, positives per group (of {c['G']}): "
+                               f"{c['positives']}; {c['used']} of the {c['groups']} groups with at least "
+                               f"{c['G_comp'] - 1} positive and {c['G_comp'] - 1} negative rollouts used, "
+                               f"{c['rows']} rows", f),
+             "valued tokens: " + ", ".join(f"{t['batch']} {t['tokens']} from {t['rollouts']} rollouts" for t in f["valued"])
+             + f"; {v['cache_hits']}/{v['requests']} prefixes cached, {v['continuations']} continuations sampled, "
+             f"{v['seconds']:.0f} s; median SE of Δ̂ {v['median_se']:.3f}"]
+    lines += [f"{t['batch']}: Δ̂ mean {t['mean']:+.3f}, positive rollouts {t['positive']:+.3f}, negative "
+              f"{t['negative']:+.3f}; |Δ̂| > 0.1 for {t['above_0_1']:.0%}" for t in f["valued"]]
+    lines.append(f"{sw['settings']} settings x seeds, sweep {sw['seconds']:.0f} s (cached after the first run); valued "
+                 "tokens per update " + ", ".join(f"{p} {n:.1f}" for p, n in sw["per_update"].items())
+                 + f"; median |Δlog p| {sw['median_abs_delta']:.1e}, stable (|Δ| ≤ ε) {sw['stable']:.3f}")
+    return "\n".join(lines)
 
 def token_subsets(valued: pd.DataFrame, top_fracs) -> dict:
     """'all', then 'top<f>': the valued tokens whose |Δ̂| is in the top f% (a bool mask each)."""

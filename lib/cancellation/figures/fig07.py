@@ -109,10 +109,37 @@ LIGHT_RUN_NOTE = ("The light run of `make figures`. The full test (10 seeds x 64
                   "docs/claims.md.")
 
 
+def table2_shown(R) -> pd.DataFrame:
+    """Table 2 as displayed: mean ± 95% half-width per set, rollouts (sampled / discarded / delayed for a buffered
+    strategy), optimizer steps."""
+    t = R.table2
+    shown = t[["strategy", "QB", "RB"]].copy()
+    for c in R.cols:
+        shown[c] = [f"{m:.1f} ± {h:.1f}" for m, h in zip(t[f"{c}_mean"], t[f"{c}_ci95"])]
+    buffered = [strategies.STRATEGIES[s].buffered for s in t.strategy]
+    shown["rollouts (sampled / discarded / delayed)"] = [
+        f"{s:.0f} / {d:.0f} / {y:.0f}" if r else f"{s:.0f}" for s, d, y, r in
+        zip(t.rollouts_sampled, t.rollouts_discarded.fillna(0), t.rollouts_delayed.fillna(0), buffered)]
+    shown["optimizer steps"] = t.optimizer_steps.round(1)
+    return shown
+
+
 def table2_html(R) -> str:
     """Table 2 as shown, as HTML with a fixed id (a pandas Styler prints a new id and memory address on every
     run, so the executed notebook would change with each rerun)."""
-    return R.table2_shown.style.hide(axis="index").set_uuid("table2").to_html()
+    return table2_shown(R).style.hide(axis="index").set_uuid("table2").to_html()
+
+
+def sweep_shown(R) -> pd.DataFrame | None:
+    """The lr sweep as displayed (None without one): final average ± 95% t half-width over seeds, runs
+    collapsed, optimizer steps."""
+    if R.probe_evals is None or R.sweep.empty:
+        return None
+    return R.sweep.groupby(["strategy", "lr"]).agg(
+        final_avg=("final", lambda x: f"{100 * x.mean():.1f} ± {100 * ST.t_interval(x)[2] - 100 * x.mean():.1f}"
+                   if len(x) > 1 else f"{100 * x.mean():.1f}"),
+        collapsed=("collapsed", lambda x: f"{int(x.sum())}/{len(x)}"),
+        optimizer_steps=("optimizer_steps", "mean")).unstack("strategy")
 
 
 TIMING_DIR = "timing"   # <results_dir>/timing/: the runs' wall-clock seconds, which change with every cold run
@@ -131,8 +158,8 @@ def split_seconds(df: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
 @dataclass
 class Result:
     """What Fig. 7(a), Fig. 8 and Table 2 plot and read."""
-    summary: str                 # the runs: how many, this session's seconds, threads (engine 'trl': the frames' notes)
-    table2_summary: str          # the starting accuracy, run size, evaluation noise and optimizer steps per run
+    runs: dict                   # how many runs, this session's seconds, threads, engine (`summary(R)`; Table 2's
+                                 # lines: `table2_summary(R, P)`)
     set_names: list              # held-out sets as displayed (a file by its stem)
     cols: list                   # set_names + ['average']
     evals: pd.DataFrame          # per (strategy, seed, iteration, set): accuracy, seconds
@@ -142,12 +169,10 @@ class Result:
     timing: pd.DataFrame         # per strategy: sampling / update / evaluation seconds
     agg: pd.DataFrame            # final accuracy per (strategy, set): mean, ci (95% t half-width)
     table2: pd.DataFrame         # Table 2 (unrounded; written rounded to 3 decimals)
-    table2_shown: pd.DataFrame   # Table 2 as displayed
     start: float                 # average held-out accuracy at iteration 0 (%)
     final_avg: pd.DataFrame      # final average accuracy, seed x strategy
     probe_evals: pd.DataFrame | None   # the sweep's evaluations (None without a sweep)
     sweep: pd.DataFrame          # per (strategy, lr, seed): final average, optimizer steps, collapsed
-    sweep_shown: pd.DataFrame | None   # the sweep as displayed
     grad_norm: pd.DataFrame      # median mini-batch gradient norm, strategy x composition
     drift: pd.Series             # mean |ρ − 1| at the last mini-batch step, per strategy
     trl_monitor: pd.DataFrame | None = None   # the TRL runs' cancellation monitor (engine 'trl' or the cross-check)
@@ -291,14 +316,8 @@ def compute(P: Params) -> Result:
     R = _tables(P, runs, probe)
     R.budget = _budget_table(P, budget) if budget else None
     R.imbalance = local_imbalance(P, source) if P.imbalance_plans else None
-    R.summary = (f"{len(runs) + len(probe) + len(budget)} runs ({len(P.strategies)} strategies x seeds {P.seeds}, "
-                 f"{len(probe)} sweep runs, {len(budget)} equal-rollout-budget runs), {wall:.0f} s in this session "
-                 f"(0 s means every run came from the cache), torch threads {torch.get_num_threads()}")
-    if P.engine == "trl":
-        R.summary += ("\nengine = 'trl': every run below (Fig. 8, Table 2, Fig. 7(a), the lr sweep) is TRL's "
-                      "GRPOTrainer (engine.train_trl), read back through engine.small_trainer_frames into the small "
-                      "trainer's frames. Differences from the small trainer's columns:\n- "
-                      + "\n- ".join(rl_engine.TRL_FRAME_NOTES))
+    R.runs = dict(runs=len(runs) + len(probe) + len(budget), strategies=len(P.strategies), seeds=list(P.seeds),
+                  sweep=len(probe), budget=len(budget), seconds=wall, threads=torch.get_num_threads(), engine=P.engine)
     if P.engine == "small" and P.trl_strategies:
         _cross_check(P, source, R)
     return R
@@ -416,6 +435,40 @@ def ci(x):
     return float(stats.t.ppf(0.975, len(x) - 1) * x.std(ddof=1) / np.sqrt(len(x))) if len(x) > 1 else float("nan")
 
 
+def summary(R: Result) -> str:
+    """The runs: how many, this session's seconds, threads (engine 'trl': how its frames differ)."""
+    r = R.runs
+    if not r:
+        return ""
+    out = (f"{r['runs']} runs ({r['strategies']} strategies x seeds {r['seeds']}, {r['sweep']} sweep runs, "
+           f"{r['budget']} equal-rollout-budget runs), {r['seconds']:.0f} s in this session "
+           f"(0 s means every run came from the cache), torch threads {r['threads']}")
+    if r["engine"] == "trl":
+        out += ("\nengine = 'trl': every run below (Fig. 8, Table 2, Fig. 7(a), the lr sweep) is TRL's "
+                "GRPOTrainer (engine.train_trl), read back through engine.small_trainer_frames into the small "
+                "trainer's frames. Differences from the small trainer's columns:\n- " + "\n- ".join(rl_engine.TRL_FRAME_NOTES))
+    return out
+
+
+def table2_summary(R: Result, P: Params) -> str:
+    """The starting accuracy, run size, evaluation noise, optimizer steps per run (and why some took fewer),
+    and the reward's coverage of a problem file."""
+    table2 = R.table2
+    causes = {}   # why a strategy took fewer steps than the most: each cause, with the strategies it applies to
+    for s in table2.strategy[table2.optimizer_steps < table2.optimizer_steps.max()]:
+        causes.setdefault(_fewer_steps_cause(s, P), []).append(s)
+    why = "; ".join(f"{', '.join(names)}: {cause}" for cause, names in causes.items())
+    note = (f"start (every run's iteration 0): average accuracy {R.start:.1f}%; {len(P.seeds)} seeds {P.seeds}, "
+            f"{P.iterations} iterations x {P.n_minibatches} Adam steps, lr {P.lr:g}; evaluation avg@{P.eval_samples} "
+            f"on {P.eval_n} problems per set (binomial SE of one run's score on one set up to "
+            f"{100 * 0.5 / np.sqrt(P.eval_n * P.eval_samples):.1f} pts)\n"
+            "optimizer steps per run " + ("equal across strategies" if table2.optimizer_steps.nunique() == 1 else
+                                          f"differ across strategies ({why})")
+            + ": " + ", ".join(f"{s} {v:g}" for s, v in zip(table2.strategy, table2.optimizer_steps)))
+    coverage = coverage_line(R.iters, P)
+    return note + ("\n" + coverage if coverage else "")
+
+
 def coverage_line(iters: pd.DataFrame, P: Params) -> str:
     """One line on the reward's coverage over the runs' sampled responses (a problem file; '' for the
     generated task): how many of the `graded` held an answer the extraction mode finds (`with_answer`, per
@@ -481,7 +534,6 @@ def _tables(P: Params, runs, probe) -> Result:
     table2 = pd.DataFrame(index=pd.Index(P.strategies, name="strategy"))
     table2["QB"] = [train.STRATEGIES[s][0] == "query_preserved" for s in P.strategies]
     table2["RB"] = [train.STRATEGIES[s][1] for s in P.strategies]
-    buffered = [strategies.STRATEGIES[s].buffered for s in P.strategies]
     for c in cols:
         a = agg[agg.set == c].set_index("strategy")
         table2[f"{c}_mean"], table2[f"{c}_ci95"] = 100 * a["mean"], 100 * a["ci"]
@@ -494,17 +546,9 @@ def _tables(P: Params, runs, probe) -> Result:
     table2["n_seeds"] = len(P.seeds)
     start = 100 * curves[(curves.iteration == 0) & (curves.set == "average")].accuracy.mean()
     table2 = table2.reset_index()
-    shown = table2[["strategy", "QB", "RB"]].copy()
-    for c in cols:
-        shown[c] = [f"{m:.1f} ± {h:.1f}" for m, h in zip(table2[f"{c}_mean"], table2[f"{c}_ci95"])]
-    shown["rollouts (sampled / discarded / delayed)"] = [
-        f"{s:.0f} / {d:.0f} / {y:.0f}" if r else f"{s:.0f}" for s, d, y, r in
-        zip(table2.rollouts_sampled, table2.rollouts_discarded.fillna(0), table2.rollouts_delayed.fillna(0),
-            buffered)]
-    shown["optimizer steps"] = table2.optimizer_steps.round(1)
     fa = final[final.set == "average"].pivot(index="seed", columns="strategy", values="accuracy")
     # the stability sweep
-    sweep, pe, show_sweep = pd.DataFrame(), None, None
+    sweep, pe = pd.DataFrame(), None
     if probe:
         pe = pd.concat([r["evals"] for r in probe], ignore_index=True)
         pit = pd.concat([r["iterations"] for r in probe], ignore_index=True)
@@ -516,33 +560,13 @@ def _tables(P: Params, runs, probe) -> Result:
                   .mul(P.n_minibatches).rename("optimizer_steps").reset_index())
         sweep = fin.merge(steps_, on=["strategy", "lr", "seed"])
         sweep["collapsed"] = sweep.final < 0.5 * start / 100
-        show_sweep = sweep.groupby(["strategy", "lr"]).agg(
-            final_avg=("final", lambda x: f"{100 * x.mean():.1f} ± {100 * ST.t_interval(x)[2] - 100 * x.mean():.1f}"
-                       if len(x) > 1 else f"{100 * x.mean():.1f}"),
-            collapsed=("collapsed", lambda x: f"{int(x.sum())}/{len(x)}"),
-            optimizer_steps=("optimizer_steps", "mean")).unstack("strategy")
     # Fig. 7(a)'s numbers
     mbs["composition"] = np.where((mbs.n_pos > 0) & (mbs.n_neg > 0), "mixed", "one sign")
     gn = mbs.groupby(["strategy", "composition"]).grad_norm.median().unstack()
     drift = mbs[mbs.minibatch == mbs.minibatch.max()].groupby("strategy").ratio_dev.mean()
-    # why a strategy took fewer steps than the most: each cause, with the strategies it applies to
-    causes = {}
-    for s in table2.strategy[table2.optimizer_steps < table2.optimizer_steps.max()]:
-        causes.setdefault(_fewer_steps_cause(s, P), []).append(s)
-    why = "; ".join(f"{', '.join(names)}: {cause}" for cause, names in causes.items())
-    note = (f"start (every run's iteration 0): average accuracy {start:.1f}%; {len(P.seeds)} seeds {P.seeds}, "
-            f"{P.iterations} iterations x {P.n_minibatches} Adam steps, lr {P.lr:g}; evaluation avg@{P.eval_samples} "
-            f"on {P.eval_n} problems per set (binomial SE of one run's score on one set up to "
-            f"{100 * 0.5 / np.sqrt(P.eval_n * P.eval_samples):.1f} pts)\n"
-            "optimizer steps per run " + ("equal across strategies" if table2.optimizer_steps.nunique() == 1 else
-                                          f"differ across strategies ({why})")
-            + ": " + ", ".join(f"{s} {v:g}" for s, v in zip(table2.strategy, table2.optimizer_steps)))
-    coverage = coverage_line(iters, P)
-    if coverage:
-        note += "\n" + coverage
-    return Result(summary="", table2_summary=note, set_names=set_names, cols=cols, evals=evals, iters=iters,
-                  minibatches=mbs, curves=curves, timing=timing, agg=agg, table2=table2, table2_shown=shown,
-                  start=start, final_avg=fa, probe_evals=pe, sweep=sweep, sweep_shown=show_sweep, grad_norm=gn,
+    return Result(runs={}, set_names=set_names, cols=cols, evals=evals, iters=iters,
+                  minibatches=mbs, curves=curves, timing=timing, agg=agg, table2=table2,
+                  start=start, final_avg=fa, probe_evals=pe, sweep=sweep, grad_norm=gn,
                   drift=drift, trl_monitor=tmon)
 
 
@@ -619,10 +643,10 @@ def result_from_tables(results_dir, P: Params) -> Result:
     final = curves[curves.iteration == P.iterations]
     fa = final[final.set == "average"].pivot(index="seed", columns="strategy", values="accuracy")
     start = 100 * curves[(curves.iteration == 0) & (curves.set == "average")].accuracy.mean()
-    return Result(summary="", table2_summary="", set_names=[], cols=[], evals=pd.DataFrame(), iters=iters,
+    return Result(runs={}, set_names=[], cols=[], evals=pd.DataFrame(), iters=iters,
                   minibatches=mbs if mbs is not None else pd.DataFrame(), curves=curves, timing=pd.DataFrame(),
-                  agg=pd.DataFrame(), table2=table2, table2_shown=pd.DataFrame(), start=start, final_avg=fa,
-                  probe_evals=None, sweep=sweep, sweep_shown=None, grad_norm=pd.DataFrame(),
+                  agg=pd.DataFrame(), table2=table2, start=start, final_avg=fa,
+                  probe_evals=None, sweep=sweep, grad_norm=pd.DataFrame(),
                   drift=pd.Series(dtype=float), budget=budget, imbalance=imb)
 
 

@@ -62,10 +62,10 @@ TABLES = ("fig12_frequency_matched", "fig12_matched_per_step", "fig12_lm_head_ke
 @dataclass
 class Result:
     """What Fig. 12 plots and its claims read."""
-    run_summary: str             # (a) the run's tokens and the matched subset, one line
+    run: dict                    # (a) the run's tokens and the matched subset (numbers; `run_summary(R)`)
     freq: pd.DataFrame           # (a) per (tokens, stratum, status, measure): shares, gap and t interval
     per_step: pd.DataFrame       # (a) boosted gap pos − neg per step (index): all tokens, matched, within-id
-    batch_summary: str           # (b) the batch, one line (and the verifier's report)
+    batch: dict                  # (b) the batch's numbers (base.batch_facts; `batch_summary(R)`)
     mixed_groups: int            # (b) groups with both signs in the batch
     lm: pd.DataFrame             # (b) LM-head K_jk per (bin_j, bin_k, same/different token), every pair
     pooled: dict                 # (b) pair kind -> (mean K, lo, hi, n) over every same/different-token pair
@@ -99,7 +99,7 @@ def _compute(P: Params, source) -> Result:
     if not {"pos", "neg"} <= set(tokens.sign.unique()):
         r = tokens.groupby(["step", "rollout"]).reward.first()
         raise base.no_signal(f"08: the GRPO run's {P.steps} batches", int((r > 0).sum()), len(r), source)
-    run_summary, freq, per_step = _frequency_matched(tokens, P)
+    run, freq, per_step = _frequency_matched(tokens, P)
 
     cc = P.compute()
     model, tok = policy.load_policy(P.model_path, dtype=P.dtype, device=P.device)
@@ -108,11 +108,9 @@ def _compute(P: Params, source) -> Result:
     before = cc.stats(model, batch, hidden=True)
     f = coupling.features(model, batch, before, chunk=P.chunk, vocab_chunk=P.vocab_chunk)
     n_pos, n_neg = int((f.A > 0).sum()), int((f.A < 0).sum())
-    batch_summary = (f"{len(batch)} rollouts, {len(f)} response tokens ({n_pos} in A>0, {n_neg} in A<0 rollouts), "
-                     f"share p ≥ {P.conf_threshold}: {float((f.p >= P.conf_threshold).double().mean()):.1%}; "
-                     f"mixed groups {batch.mixed_groups()}/{P.n_prompts}")
-    if source.reward_report():
-        batch_summary += "\n" + source.reward_report()
+    facts = base.batch_facts(batch, P.n_prompts, source, tokens=len(f), n_pos=n_pos, n_neg=n_neg,
+                             conf_threshold=P.conf_threshold,
+                             confident=float((f.p >= P.conf_threshold).double().mean()))
     cells = controls.cross_kernel_cells(f, P.conf_threshold, P.chunk, P.vocab_chunk)
     lm = controls.cross_kernel_summary(n_boot=P.n_boot, seed=P.seed, cells=cells)
     pooled = {p: controls.pooled_same_token(n_boot=P.n_boot, seed=P.seed, pair=p, cells=cells) for p in controls.SAME}
@@ -124,7 +122,7 @@ def _compute(P: Params, source) -> Result:
     full = controls.summarise_pairs(pairs, "full_inner")
     corr = float(np.corrcoef(pairs.full_inner, pairs.lm_head_K)[0, 1])
     sign_agree = float((np.sign(pairs.full_inner) == np.sign(pairs.lm_head_K)).mean())
-    return Result(run_summary=run_summary, freq=freq, per_step=per_step, batch_summary=batch_summary,
+    return Result(run=run, freq=freq, per_step=per_step, batch=facts,
                   mixed_groups=batch.mixed_groups(), lm=lm, pooled=pooled, pairs=pairs, full=full, corr=corr,
                   sign_agree=sign_agree, seconds=time.time() - t1, cells=cells)
 
@@ -160,9 +158,24 @@ def _frequency_matched(tokens: pd.DataFrame, P: Params):
     per_step = pd.concat([controls.status_gap(d, "boosted").rename(name) for name, d in
                           (("all tokens", signed), ("frequency-matched", matched))], axis=1)
     per_step["within-id"] = controls.within_id_gap_per_step(signed, "boosted")
-    summary = (f"GRPO run: {signed.step.nunique()} steps, {len(signed)} signed tokens; frequency-matched: "
-               f"{len(matched)} tokens ({100 * len(matched) / len(signed):.0f}%), {matched.token_id.nunique()} token ids")
-    return summary, freq, per_step
+    run = dict(steps=int(signed.step.nunique()), signed=len(signed), matched=len(matched),
+               matched_ids=int(matched.token_id.nunique()))
+    return run, freq, per_step
+
+
+def run_summary(R: Result) -> str:
+    """(a) The run's tokens and the frequency-matched subset, one line."""
+    r = R.run
+    return (f"GRPO run: {r['steps']} steps, {r['signed']} signed tokens; frequency-matched: {r['matched']} tokens "
+            f"({100 * r['matched'] / r['signed']:.0f}%), {r['matched_ids']} token ids")
+
+
+def batch_summary(R: Result) -> str:
+    """(b) The batch, one line (and the grader's)."""
+    b = R.batch
+    return base.with_grading(
+        f"{b['rollouts']} rollouts, {b['tokens']} response tokens ({b['n_pos']} in A>0, {b['n_neg']} in A<0 rollouts), "
+        f"share p ≥ {b['conf_threshold']}: {b['confident']:.1%}; mixed groups {b['mixed_groups']}/{b['n_prompts']}", b)
 
 
 TS = dict(estimator="t over steps", resampling="step")
