@@ -32,3 +32,24 @@ def test_fig03_topk_recomputes_when_any_argument_changes(model64, batch, monkeyp
     assert len(calls) == 1                                   # the same arguments: a cache hit
     fig03.topk_table(model64, batch, f, **{**kw, **changed})
     assert len(calls) == 2                                   # one changed argument: recomputed
+
+
+def test_results_hold_data_not_display_lines():
+    """A figure's Result holds tables and numbers; the lines a notebook prints are written by module functions
+    (`fig02.summary(R)`, `fig07.table2_summary(R, P)`), so a wording change recomputes nothing."""
+    import dataclasses
+
+    from cancellation.figures import fig01, fig02, fig04, fig05, fig06, fig07, fig08
+    found = [f"{m.__name__}.Result.{f.name}" for m in (fig01, fig02, fig03, fig04, fig05, fig06, fig07, fig08)
+             for f in dataclasses.fields(m.Result) if f.type in ("str", str)]
+    assert not found, found
+
+
+def test_grading_line_only_for_a_graded_file():
+    from cancellation import tasks
+    from cancellation.figures import base
+    assert base.with_grading("batch", {"grading": {}}) == "batch"   # the exact arithmetic check: no line
+    g = {"mode": tasks.FILE_MODE, "graded": 4, "unparsed_response": 1, "unparsed_gold": 0, "errors": 0, "as_words": 0}
+    assert base.with_grading("batch", {"grading": g}) == (
+        "batch\nmath-verify: 4 responses graded (75.0% had an answer); counted as wrong because unparseable: "
+        "1 responses, 0 gold answers; 0 errors")
