@@ -485,7 +485,8 @@ def sampler(device: str = "auto", shapes: str = "auto", compile: bool = True, ea
 
 
 CPU_SHAPES = {   # name -> (policy, dtype, rows, new tokens); prompts as described in sampler_cpu
-    "tiny": ("data/policies/tiny-m", "float64", 64, 96),
+    "tiny": ("data/policies/tiny-m", "float64", 64, 96),        # 01-04, 08: batches from the float64 policy
+    "tiny-f32": ("data/policies/tiny-m", "float32", 64, 96),    # 05, 06 (sample_dtype) and 07's runs sample in float32
     "stand-in": (None, "float32", 16, 64),
 }
 
@@ -493,7 +494,7 @@ CPU_SHAPES = {   # name -> (policy, dtype, rows, new tokens); prompts as describ
 def _cpu_prompts(name, model, tok, rows):
     """The tiny profile's prompts (rendered problems, left-padded, 8 rollouts each, as an RB round of
     64 rollouts samples them) or, for the stand-in, random 64-token prompts (as before)."""
-    if name == "tiny":
+    if name.startswith("tiny"):
         problems = tasks.ProblemSource().draw(rows // 8, 0)
         seqs = rollout.encode_prompts(tok, [tasks.ProblemSource().render(p, tok) for p in problems])
         ids, mask = rollout._left_pad(seqs, tok.pad_token_id)
@@ -505,8 +506,9 @@ def _cpu_prompts(name, model, tok, rows):
 def sampler_cpu(shapes: str = "auto", repeats: int = 5, threads: int = 1):
     """CPU sampling tokens/s at every shape, in one run: ours (`sampler.generate`: the lean decode step
     on a CPU), transformers' `generate` (dynamic cache, the same distribution: top_k 0, top_p 1) and our
-    DynamicCache loop before the lean step. Shapes: the tiny policy (tiny-m) in float64, 64 rows = 8
-    tiny prompts x 8, 96 new tokens (an RB round at the profile's cap), and the stand-in model in float32,
+    DynamicCache loop before the lean step. Shapes: the tiny policy (tiny-m) in float64 and in float32 (the
+    copy 05, 06 and 07 sample from), 64 rows = 8 tiny prompts x 8, 96 new tokens (an RB round at the
+    profile's cap), and the stand-in model in float32,
     16 x 64 new tokens after 64-token prompts. No stop ids: every row runs to the cap. `threads` torch
     threads for every way (the notebooks sample on 1). Each way warms up once, then the ways alternate
     for `repeats` rounds (load drift on a shared machine hits them alike): median (min-max)."""
