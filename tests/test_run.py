@@ -346,6 +346,10 @@ def test_the_pool_starts_notebooks_while_their_threads_fit_and_none_after_a_fail
     assert run._run_pool(group, a, {nb: {} for nb, _ in group}) == 0
     assert starts == ["07_d", "01_a", "02_b", "03_c", "08_e"] and peak[0] == 2   # the widest first
     starts.clear()
+    # with the plans' seconds: the widest, then the longest first; no estimate: notebook order, after them
+    assert run._run_pool(group, a, {nb: {} for nb, _ in group}, {"02_b": 30.0, "03_c": 240.0, "07_d": 1.0}) == 0
+    assert starts == ["07_d", "03_c", "02_b", "01_a", "08_e"]
+    starts.clear()
     FAIL[0] = "02_b"
     assert run._run_pool(group, a, {nb: {} for nb, _ in group}) == 1
     assert starts[:3] == ["07_d", "01_a", "02_b"] and "08_e" not in starts

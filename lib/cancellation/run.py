@@ -1011,7 +1011,7 @@ def _main(a) -> int:
         for group in groups:
             if len(group) > 1:
                 stem = ", ".join(nb.stem for nb, _ in group)
-                rc = _run_pool(group, a, share)
+                rc = _run_pool(group, a, share, {k: p.seconds for k, p in plans.items() if p.seconds})
                 if rc:
                     return rc
                 continue
@@ -1086,9 +1086,18 @@ def _is_tqdm_notice(line: str) -> bool:
     return "TqdmWarning: IProgress not found" in line or "from .autonotebook import tqdm" in line
 
 
-def _run_pool(group: list, a, share: dict) -> int:
+def pool_order(group: list, expected: dict) -> list:
+    """The order a pool starts `group`'s (notebook, params) pairs in: the widest first (a notebook that needs
+    every core can start only on an empty pool, so waiting for it later would leave cores idle while the pool
+    drains), then the longest first by the planner's `expected` seconds (the long ones do not start last and
+    run alone at the end), ties and notebooks without an estimate in notebook order."""
+    return sorted(group, key=lambda x: (-cpu_threads(x[1]), -expected.get(x[0].stem, 0.0)))
+
+
+def _run_pool(group: list, a, share: dict, expected: dict | None = None) -> int:
     """The notebooks of `group`, each in its own `python -m cancellation.run` process, started while their
-    threads (`cpu_threads`) fit in `a.cores`: the widest first (07's workers), then in notebook order.
+    threads (`cpu_threads`) fit in `a.cores`, in `pool_order` (the widest, then the longest by the plans'
+    `expected` seconds, first).
     Each writes its log to .run-staging/logs/<notebook>.log; every HEARTBEAT_S the pool prints each running
     notebook's latest line; a finished one prints its last line, a failed one its log's tail, and no
     further notebook starts. Returns the first failure's exit status (1, 130, 143), 0 when all ran through.
@@ -1099,13 +1108,12 @@ def _run_pool(group: list, a, share: dict) -> int:
     logs.mkdir(parents=True, exist_ok=True)
     # an owner record keeps staging.clear_stale (in the children) from removing the logs of a live run
     (logs / "owner.json").write_text(json.dumps({"host": socket.gethostname(), "pid": os.getpid()}))
-    # widest first: a notebook that needs every core can start only on an empty pool, so waiting for it
-    # later would leave cores idle while the pool drains; then notebook order
-    queue = sorted(group, key=lambda x: -cpu_threads(x[1]))
+    queue = pool_order(group, expected or {})
     running, rc, t0 = {}, 0, time.time()
     threads = ", ".join(f"{nb.stem[:2]} {cpu_threads(p)}" for nb, p in group)
     print(f"[run] {len(group)} notebooks in a pool of {a.cores} cores, started while their threads fit, the widest "
-          f"first ({threads}); logs in {_show(logs)}/", flush=True)
+          f"first ({threads}), then the longest by the plan: {', '.join(nb.stem[:2] for nb, _ in queue)}; logs in "
+          f"{_show(logs)}/", flush=True)
     beat = time.time()
     try:
         while queue or running:
