@@ -53,3 +53,15 @@ def test_grading_line_only_for_a_graded_file():
     assert base.with_grading("batch", {"grading": g}) == (
         "batch\nmath-verify: 4 responses graded (75.0% had an answer); counted as wrong because unparseable: "
         "1 responses, 0 gold answers; 0 errors")
+
+
+def test_results_are_built_by_keyword():
+    """`Result(...)` calls name every field (12-25 positional arguments were unreadable and broke silently)."""
+    import ast
+    from pathlib import Path
+
+    import cancellation
+    found = [f"{p.name}:{n.lineno}" for p in sorted((Path(cancellation.__file__).parent / "figures").glob("*.py"))
+             for n in ast.walk(ast.parse(p.read_text()))
+             if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "Result" and n.args]
+    assert not found, found
