@@ -14,11 +14,13 @@ the mini-batch plan, `Step.update()`), and what each does around the update.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
 import pandas as pd
 import torch
+from tqdm import tqdm
 
 from . import batching, grpo, measure, rollout, tasks
 from . import cache, coupling, policy, seeds, stage, strategies
@@ -139,10 +141,6 @@ def grpo_loop(model, tok, cfg, opt, sampler, st: dict, iterations: int, *, plan:
     seeds.derive(cfg.seed, plan_seed, it)), and yield a `Step`. The caller measures what it needs, calls
     `step.update()` at most once, and advances st['iteration'] (a checkpoint holds `st`). `st['round']`
     counts the rounds drawn."""
-    import time
-
-    from tqdm import tqdm
-
     def sample(r, k):
         pseed, sseed = rollout.round_seeds(cfg.seed, r)
         return sampler.sample(tok, cfg.source.draw(cfg.n_prompts, pseed), sseed)
@@ -449,8 +447,6 @@ def train_run(model, tok, cfg: TrainConfig, ckpt_path=None, ckpt_every: int = 1,
 
 
 def _train_run(model, tok, cfg, opt, sampler, ckpt_path, ckpt_when, progress, on_iteration, initial_eval) -> dict:
-    import time
-
     B = cfg.n_prompts * cfg.G
     st = dict(iteration=0, round=0, iters=[], mbs=[], evals=[],
               buffer=batching.RewardBalancedBuffer(B, cfg.tau, cfg.plan == "query_preserved", cfg.max_age,
@@ -600,8 +596,6 @@ def cached_train_many(model_path, cfgs: list[TrainConfig], workers: int = 1, dty
     long job finishes; the order changes no number."""
     from concurrent.futures import ProcessPoolExecutor, as_completed
     from multiprocessing import get_context
-
-    from tqdm import tqdm
 
     kw = dict(dtype=dtype, device=device, threads=threads)
     if workers > 1:
