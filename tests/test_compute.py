@@ -49,7 +49,7 @@ def test_guard_rejects_an_update_config_with_other_knobs(monkeypatch):
 
 
 def test_masked_effects_full_restores_the_model_when_it_raises(fresh, batch, monkeypatch):
-    f = coupling.features(fresh, batch)
+    f = coupling.features(fresh, batch, compute=KNOBS)
     cands, sets = coupling.masking_sets(f, 2, 1, 0.5, seed=0)
     theta = {k: v.clone() for k, v in fresh.state_dict().items()}
 
@@ -60,6 +60,6 @@ def test_masked_effects_full_restores_the_model_when_it_raises(fresh, batch, mon
 
     monkeypatch.setattr(grpo, "grpo_step", step_then_raise)
     with pytest.raises(RuntimeError, match="boom"):
-        coupling.masked_effects_full(fresh, batch, f, cands, sets["same"], 0.1)
+        coupling.masked_effects_full(fresh, batch, f, cands, sets["same"], 0.1, compute=KNOBS)
     for k, v in fresh.state_dict().items():
         assert torch.equal(v, theta[k]), k

@@ -5,6 +5,7 @@ import pandas as pd
 import torch
 
 from cancellation import controls, coupling, measure
+from cancellation.compute import Compute
 
 
 def _tokens(seed=0, n=3000):
@@ -35,7 +36,7 @@ def test_within_id_gap_by_hand():
 
 
 def test_cross_kernel_summary_equals_brute_force(model64, batch):
-    f = coupling.features(model64, batch)
+    f = coupling.features(model64, batch, compute=Compute())
     s = controls.cross_kernel_summary(f, threshold=0.5, chunk=7, vocab_chunk=11, n_boot=50)
     Kd = coupling.kernel(f)
     A, p, o = f.A.tolist(), f.p.tolist(), f.o.tolist()
@@ -60,7 +61,7 @@ def test_cross_kernel_summary_equals_brute_force(model64, batch):
 
 
 def test_full_grad_inner_equals_autograd(model64, batch):
-    f = coupling.features(model64, batch)
+    f = coupling.features(model64, batch, compute=Compute())
     J, K = controls.sample_tokens(f, 8, threshold=0.5, seed=0)
     ip = controls.full_grad_inner(model64, batch, f, J, K, grad_chunk=3)
     # independent: one unpadded forward of the whole model per token, full logits, autograd
@@ -84,7 +85,7 @@ def test_full_grad_inner_equals_autograd(model64, batch):
 
 def test_cross_kernel_cells_equal_brute_force_per_pair_of_rollouts(model64, batch):
     """The per-(rollout of j, rollout of k) sums behind the two-way intervals of Fig. 12(b)."""
-    f = coupling.features(model64, batch)
+    f = coupling.features(model64, batch, compute=Compute())
     cells = controls.cross_kernel_cells(f, threshold=0.5, chunk=7, vocab_chunk=11)
     Kd = coupling.kernel(f)
     A, p, o, rows = f.A.tolist(), f.p.tolist(), f.o.tolist(), f.rows.tolist()

@@ -26,7 +26,7 @@ def tiny():
 @pytest.fixture(scope="module")
 def feats(tiny):
     model, b = tiny
-    return coupling.features(model, b)
+    return coupling.features(model, b, compute=KNOBS)
 
 
 def test_features_reproduce_training_logp(feats):
@@ -146,9 +146,10 @@ def test_masked_shortcut_equals_rerunning_the_masked_step(tiny, feats, scope):
     if scope == "lm_head":
         fast = coupling.masked_effects_lm_head(feats, cands, Ms, lr)
     else:
-        fast = coupling.masked_effects_full(model, b, feats, cands, Ms, lr)
+        fast = coupling.masked_effects_full(model, b, feats, cands, Ms, lr, compute=KNOBS)
     assert all(torch.equal(p, q) for p, q in zip(model.parameters(), before))  # model left unchanged
-    slow = torch.tensor([coupling.masked_effect_bruteforce(model, b, int(c), M, feats, lr, scope=scope)
+    slow = torch.tensor([coupling.masked_effect_bruteforce(model, b, int(c), M, feats, lr, scope=scope,
+                                                          compute=KNOBS)
                          for c, M in zip(cands, Ms)], dtype=torch.float64)
     assert torch.allclose(fast, slow, rtol=1e-7, atol=1e-13), (fast, slow)
     assert float(slow.abs().min()) > 1e-10   # the masks do move the candidates

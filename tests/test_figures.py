@@ -22,7 +22,7 @@ def _counting(monkeypatch):
 def test_fig03_topk_recomputes_when_any_argument_changes(model64, batch, monkeypatch, changed):
     """03's `masked_topk_full` key used to omit low_quantile (it picks the candidates): changing it
     returned the old result. Every argument is in the key now, the Compute config included."""
-    f = coupling.features(model64, batch)
+    f = coupling.features(model64, batch, compute=Compute())
     kw = dict(pools=["nonzero"], n_cands=3, low_quantile=0.5, topk_sizes=[1, 2], topk_full_sizes=[2],
               n_cands_topk_full=1, lr=0.1, n_boot=10, seed=0, inputs=dict(params={"test": f"topk-{sorted(changed)}"}, model="m", source="s"),
               compute=Compute())

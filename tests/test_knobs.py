@@ -15,7 +15,7 @@ import inspect
 from pathlib import Path
 
 import cancellation
-from cancellation import budget, grpo, guard, measure, rollout, sampler, train, value
+from cancellation import budget, coupling, grpo, guard, measure, rollout, sampler, train, value
 from cancellation.compute import Compute
 from cancellation.figures import fig01, fig02, fig03, fig04, fig05, fig06, fig07, fig08
 
@@ -160,7 +160,17 @@ def test_model_calls_take_the_config_whole():
     for fn in (measure.token_stats, measure.token_stats_unchunked, measure.noise_floor):
         assert list(inspect.signature(fn).parameters)[:3] == ["model", "batch", "knobs"], fn.__qualname__
     assert "knobs" in inspect.signature(budget.pool_logp).parameters
+    for fn in (coupling.masked_effects_full, coupling.masked_effect_bruteforce, coupling.proxy_sign_consistency,
+               coupling.adam_first_step_ratio):   # no `compute or Compute()` fallback: the run's knobs, always
+        assert inspect.signature(fn).parameters["compute"].default is inspect.Parameter.empty, fn.__qualname__
     for fn in (sampler.generate, sampler.generate_static, sampler.generate_lean, value.sample_continuations,
                train.evaluate):
         p = inspect.signature(fn).parameters["token_chunk"]
         assert p.kind is inspect.Parameter.KEYWORD_ONLY and p.default is inspect.Parameter.empty, fn.__qualname__
+
+
+def test_features_need_the_stats_or_the_compute(model64, batch):
+    """coupling.features takes the batch's statistics, or the run's Compute to take them with: no default chunking."""
+    import pytest
+    with pytest.raises(TypeError, match="Compute"):
+        coupling.features(model64, batch)

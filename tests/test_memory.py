@@ -224,9 +224,9 @@ def test_gpu_grpo_step_matches_cpu(fresh, batch, scope):
 @gpu
 def test_gpu_coupling_kernel_and_masked_effects_match_cpu(model64, batch):
     model64 = _exact(model64)
-    fc = coupling.features(model64, batch)
+    fc = coupling.features(model64, batch, compute=KNOBS)
     g = _cuda(model64)
-    fg = coupling.features(g, batch)
+    fg = coupling.features(g, batch, compute=KNOBS)
     J = torch.arange(min(40, len(fc)))
     kc, kg = coupling.kernel(fc, J, J, chunk=16, vocab_chunk=16), coupling.kernel(fg, J, J, chunk=16, vocab_chunk=16)
     assert kg.device.type == "cuda"
@@ -241,8 +241,9 @@ def test_gpu_coupling_kernel_and_masked_effects_match_cpu(model64, batch):
     assert np.isfinite(coupling.boost_stats(eg, n_boot=10)["mean_boost"])
     top = coupling.top_coupled_sets(fg, cg, 2)
     assert torch.equal(top.cpu(), coupling.top_coupled_sets(fc, cc, 2))
-    fe = coupling.masked_effects_full(g, batch, fg, cg[:1], sg["both"][:1], 0.1)
-    fe_cpu = coupling.masked_effects_full(copy.deepcopy(model64), batch, fc, cc[:1], sc["both"][:1], 0.1)
+    fe = coupling.masked_effects_full(g, batch, fg, cg[:1], sg["both"][:1], 0.1, compute=KNOBS)
+    fe_cpu = coupling.masked_effects_full(copy.deepcopy(model64), batch, fc, cc[:1], sc["both"][:1], 0.1,
+                                         compute=KNOBS)
     assert (fe - fe_cpu).abs().max() <= 1e-9
 
 

@@ -212,7 +212,7 @@ def _coupling_features(n_tokens, seed=7):
         n_prompts *= 2
         batch = rollout.sample(model, tok, rollout.SampleConfig(n_prompts=n_prompts, G=8, source=RAW),
                                problems=tasks.sample_problems(n_prompts, seed=seed), seed=seed)
-    f = coupling.features(model, batch)
+    f = coupling.features(model, batch, compute=KNOBS)
     return model, batch, f, torch.arange(n_tokens)
 
 
@@ -327,18 +327,20 @@ def masked_updates(n_tokens: int = 5000, repeats: int = 3):
     c_many, M_many = cands.repeat(n // k + 1)[:n], M.repeat(n // k + 1, 1)[:n]
     # full scope: the per-candidate cost is the slope between 1 and k candidates (the θ' step is
     # paid once in both); the re-run is one candidate's masked step
-    full = paired({"one": lambda: coupling.masked_effects_full(model, batch, f, cands[:1], M[:1], 0.1),
-                   "all": lambda: coupling.masked_effects_full(model, batch, f, cands, M, 0.1),
-                   "rerun": lambda: coupling.masked_effect_bruteforce(model, batch, int(cands[0]), M[0], f, 0.1)},
+    full = paired({"one": lambda: coupling.masked_effects_full(model, batch, f, cands[:1], M[:1], 0.1, compute=KNOBS),
+                   "all": lambda: coupling.masked_effects_full(model, batch, f, cands, M, 0.1, compute=KNOBS),
+                   "rerun": lambda: coupling.masked_effect_bruteforce(model, batch, int(cands[0]), M[0], f, 0.1,
+                                                                      compute=KNOBS)},
                   repeats)
     t_full = [max((ta - t1) / (k - 1), 1e-6) for ta, t1 in zip(full["all"]["s"], full["one"]["s"])]
     t_setup = [t1 - tf for t1, tf in zip(full["one"]["s"], t_full)]
     fast = full["all"]["out"]
-    slow = [full["rerun"]["out"], coupling.masked_effect_bruteforce(model, batch, int(cands[1]), M[1], f, 0.1)]
+    slow = [full["rerun"]["out"], coupling.masked_effect_bruteforce(model, batch, int(cands[1]), M[1], f, 0.1,
+                                                                    compute=KNOBS)]
     err = max(abs(float(fast[i]) - slow[i]) / abs(slow[i]) for i in range(2))
     lm = paired({"closed": lambda: coupling.masked_effects_lm_head(f, c_many, M_many, 0.1),
                  "rerun": lambda: coupling.masked_effect_bruteforce(model, batch, int(cands[0]), M[0], f, 0.1,
-                                                                    scope="lm_head")}, repeats)
+                                                                    scope="lm_head", compute=KNOBS)}, repeats)
     t_lm = [t / n for t in lm["closed"]["s"]]
     print(f"masked_updates: tiny-m float64, {len(batch)} rollouts, {batch.n_tokens} tokens, |M| = 8, SGD lr 0.1; "
           f"median (min–max) of {repeats} alternating rounds\n"

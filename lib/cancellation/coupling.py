@@ -52,13 +52,14 @@ class Features:
 
 def features(model, batch, stats: measure.TokenStats | None = None, weight: torch.Tensor | None = None,
              chunk: int = 1024, vocab_chunk: int = 8192, compute: Compute | None = None) -> Features:
-    """Features of every response token of `batch` (`stats` from token_stats(hidden=True) if given,
-    else computed with `compute`'s chunking)."""
+    """Features of every response token of `batch`: from `stats` (token_stats(hidden=True)), or computed with
+    the run's `compute` (one of the two is required: no default chunking)."""
     head = model.get_output_embeddings()
     if getattr(head, "bias", None) is not None:
         raise NotImplementedError("coupling assumes an LM head without bias (logits = W h)")
-    stats = stats if stats is not None and stats.hidden is not None else \
-        (compute or Compute()).stats(model, batch, hidden=True)
+    if (stats is None or stats.hidden is None) and compute is None:
+        raise TypeError("coupling.features: pass the batch's token_stats(hidden=True) or the run's Compute")
+    stats = stats if stats is not None and stats.hidden is not None else compute.stats(model, batch, hidden=True)
     rows, cols = batch.response_mask.nonzero(as_tuple=True)
     W = head.weight.detach()
     h = stats.hidden[rows, cols].to(W.device, W.dtype)
@@ -274,8 +275,8 @@ def _token_weight(batch, f: Features, M, scale: float = 1.0) -> torch.Tensor:
     return tw
 
 
-def masked_effects_full(model, batch, f: Features, cands: torch.Tensor, sets, lr: float,
-                        compute: Compute | None = None, progress: bool = False) -> torch.Tensor:
+def masked_effects_full(model, batch, f: Features, cands: torch.Tensor, sets, lr: float, *,
+                        compute: Compute, progress: bool = False) -> torch.Tensor:
     """δ of an SGD full-parameter step for candidates c with sets M(c) (a (C, m) tensor or a list of
     index tensors of any sizes: pass every kind at once, θ' is computed once); the model is left
     unchanged, also when something raises (`grpo.trial`).
@@ -286,7 +287,6 @@ def masked_effects_full(model, batch, f: Features, cands: torch.Tensor, sets, lr
     """
     from tqdm import tqdm
 
-    compute = compute or Compute()
     cfg = compute.update(optimizer="sgd", lr=lr, scope="full")
     out = torch.empty(len(cands), dtype=torch.float64)
     with grpo.trial(model, "full"):
@@ -317,9 +317,8 @@ def masked_effects_full(model, batch, f: Features, cands: torch.Tensor, sets, lr
 
 
 def masked_effect_bruteforce(model, batch, c: int, M, f: Features, lr: float, scope: str = "full",
-                             compute: Compute | None = None) -> float:
+                             *, compute: Compute) -> float:
     """Reference: re-run the whole SGD step with and without M's loss weights (two full steps)."""
-    compute = compute or Compute()
     cfg = compute.update(optimizer="sgd", lr=lr, scope=scope)
     old = compute.stats(model, batch).logp
     r, col = int(f.rows[c]), int(f.cols[c])
@@ -434,10 +433,9 @@ def boost_stats(delta, n_boot: int = 1000, seed: int = 0, level: float = 0.95) -
 
 
 # ----------------------------------------------------------------------------- proxy fidelity (Fig. 10, App. D.3)
-def proxy_sign_consistency(model, batch, lr: float, eps: float = 0.0, compute: Compute | None = None) -> dict:
+def proxy_sign_consistency(model, batch, lr: float, eps: float, compute: Compute) -> dict:
     """Share of response tokens whose Δlog p has the same sign under an SGD lm_head step and an SGD
     full step from the same θ on the same batch (the model is restored after both)."""
-    compute = compute or Compute()
     before = compute.stats(model, batch).logp
     deltas = {}
     for scope in ("lm_head", "full"):
@@ -451,10 +449,10 @@ def proxy_sign_consistency(model, batch, lr: float, eps: float = 0.0, compute: C
             "n_moved": int(moved.sum())}
 
 
-def adam_first_step_ratio(model, batch, lr: float, compute: Compute | None = None) -> np.ndarray:
+def adam_first_step_ratio(model, batch, lr: float, compute: Compute) -> np.ndarray:
     """App. D.3: (θ0 − θ1) / (lr · sign(g)) for every parameter element of Adam's first step
     (1 would be exact sign descent); the model is restored."""
-    cfg = (compute or Compute()).update(optimizer="adam", lr=lr, scope="full")
+    cfg = compute.update(optimizer="adam", lr=lr, scope="full")
     with grpo.trial(model, "full"):
         params = list(model.parameters())
         theta0 = [p.detach().clone() for p in params]
