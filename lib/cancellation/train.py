@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -122,7 +123,7 @@ class Step:
     old: measure.TokenStats | None = None   # log-probs and entropies before the update (θ_old of the ratio)
     plan: list | None = None        # the mini-batches (row indices) of the update
     t_old: float = 0.0              # seconds of the θ_old forward and the plan
-    take: object = None             # the update (set by grpo_loop)
+    take: Callable[[], list] | None = field(default=None, repr=False)   # the update (set by grpo_loop)
 
     def update(self) -> list[dict]:
         """One optimizer step per mini-batch of `plan` (`minibatch_update`), then the sampler takes the new
@@ -174,11 +175,8 @@ def _run_loop(model, tokenizer, cfg: RunConfig, desc: str, progress: bool, model
     opt = grpo.make_optimizer(model, cfg.update)
     cfg.source.load()  # a bad problem file fails here, before any sampling
     sampler = PolicySampler(model, model_path, cfg.sample_config(model))
-    st = dict(iteration=0, round=0)
-    for step in grpo_loop(model, tokenizer, cfg, opt, sampler, st, cfg.steps, plan_seed="grpo_step", desc=desc,
-                          progress=progress):
-        yield step
-        st["iteration"] = step.it + 1
+    return grpo_loop(model, tokenizer, cfg, opt, sampler, dict(iteration=0, round=0), cfg.steps, plan_seed="grpo_step",
+                     desc=desc, progress=progress)
 
 
 def delta_run(model, tokenizer, cfg: RunConfig, progress: bool = True, on_step=None, model_path=None) -> pd.DataFrame:
