@@ -244,3 +244,27 @@ def test_lean_generate_draws_the_loops_tokens(tiny, T):
     assert sampler.lean_supported(model)
     assert a.shape == b.shape and torch.equal(a, b) and not b.is_inference()
     assert torch.equal(ga.get_state(), gb.get_state())
+
+
+@pytest.mark.parametrize("which", ["tiny-m float64", "stand-in float32"])
+def test_static_eager_lean_step_is_the_body_forward(tiny, standin, which):
+    """generate_static's eager step (Monte Carlo continuations: inverse-CDF draws from per-row uniforms,
+    a prefill shared by `repeats` rows, budgets, first-token bans, compaction of stopped rows) through the
+    lean step (the CPU default) draws the tokens and log-probs of the body's module forward (lean=False)
+    bit for bit, on Qwen2 in float64 and Qwen3 (q/k norms, grouped-query attention) in float32; and
+    rows do stop and leave (compaction ran)."""
+    model, tok = tiny if which.startswith("tiny") else standin
+    ids, mask = _batch(model.config.vocab_size, rows=6)
+    M, T = 5, 40
+    stop = rollout.stop_ids(tok, model)
+    U = torch.rand(T, 6 * M, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    budgets = torch.tensor([40, 3, 25, 40, 1, 12]).repeat_interleave(M)
+    bans = torch.tensor([-1, 7, -1, 5, -1, -1]).repeat_interleave(M)
+    kw = dict(token_chunk=KNOBS.token_chunk, draw="icdf", repeats=M, uniforms=U, budgets=budgets, bans=bans,
+              return_logprobs=True)
+    a, la = sampler.generate_static(model, ids, mask, T, 1.0, stop, tok.pad_token_id, lean=False, **kw)
+    b, lb = sampler.generate_static(model, ids, mask, T, 1.0, stop, tok.pad_token_id, **kw)
+    assert sampler.lean_supported(model)
+    assert torch.equal(a, b) and torch.equal(la, lb)
+    lengths = (b != tok.pad_token_id).sum(1)
+    assert lengths.min() <= 3 and lengths.max() > 12   # budgets stopped rows early, others ran on

@@ -353,7 +353,8 @@ def masked_updates(n_tokens: int = 5000, repeats: int = 3):
 
 @bench
 def value_continuations(n_prompts: int = 4, G: int = 4, M: int = 16, repeats: int = 3):
-    """Monte Carlo continuations (value.py): shared-prefix batched sampling vs `generate` per continuation set."""
+    """Monte Carlo continuations (value.py): shared-prefix batched sampling (the lean decode step; and
+    through the body's modules, as before it) vs `generate` per continuation set."""
     model, tok, batch = _policy_batch(n_prompts=n_prompts, G=G, dtype="float32")
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny decode steps: one thread is fastest, and both paths get the same
@@ -367,10 +368,10 @@ def value_continuations(n_prompts: int = 4, G: int = 4, M: int = 16, repeats: in
     eos, pad = tok.eos_token_id, tok.pad_token_id
     n = M * len(prefixes)
 
-    def shared():
-        for s in range(0, len(prefixes), 64):
-            value.sample_continuations(model, prefixes[s:s + 64], M, budgets[s:s + 64], eos, pad, seeds[s:s + 64],
-                                       token_chunk=KNOBS.token_chunk)
+    def shared(lean=None):
+        return [value.sample_continuations(model, prefixes[s:s + 64], M, budgets[s:s + 64], eos, pad, seeds[s:s + 64],
+                                           token_chunk=KNOBS.token_chunk, lean=lean)
+                for s in range(0, len(prefixes), 64)]
 
     def naive():  # one generate call per continuation set: the prefix copied M times, prefilled M times
         g = torch.Generator().manual_seed(0)
@@ -378,14 +379,19 @@ def value_continuations(n_prompts: int = 4, G: int = 4, M: int = 16, repeats: in
             ids = torch.tensor([p] * M)
             generate(model, ids, torch.ones_like(ids), b, 1.0, eos, pad, generator=g, token_chunk=KNOBS.token_chunk)
 
-    r = paired({"shared": shared, "naive": naive}, repeats)
+    r = paired({"shared": shared, "body": lambda: shared(lean=False), "naive": naive}, repeats)
     torch.set_num_threads(threads)
-    fast, slow = r["shared"]["s"], r["naive"]["s"]
+    if not all(torch.equal(x, y) for a, b in zip(r["shared"]["out"], r["body"]["out"]) for x, y in zip(a, b)):
+        raise AssertionError("value_continuations: the lean step drew other continuations than the body forward")
+    fast, body, slow = r["shared"]["s"], r["body"]["s"], r["naive"]["s"]
     print(f"value_continuations: {len(prefixes)} prefixes x M={M} = {n} continuations, tiny-m float32, 1 thread; "
           f"median (min–max) of {repeats} alternating rounds\n"
-          f"  shared-prefix batched {spread([n / t for t in fast], fmt='.1f')} continuations/s\n"
-          f"  generate per set      {spread([n / t for t in slow], fmt='.1f')} continuations/s\n"
-          f"  speed-up {spread(ratios(slow, fast), fmt='.1f')}x")
+          f"  shared-prefix batched, lean step     {spread([n / t for t in fast], fmt='.1f')} continuations/s\n"
+          f"  shared-prefix batched, body modules  {spread([n / t for t in body], fmt='.1f')} continuations/s "
+          "(before; the same continuations)\n"
+          f"  generate per set                     {spread([n / t for t in slow], fmt='.1f')} continuations/s\n"
+          f"  speed-up {spread(ratios(slow, fast), fmt='.1f')}x over generate per set, "
+          f"{spread(ratios(body, fast), fmt='.2f')}x over the body modules")
 
 
 def _copy_bandwidth(device) -> float:

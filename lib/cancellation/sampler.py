@@ -56,13 +56,20 @@ def _static_layer_class():
 
     class StaticLayer(DynamicLayer):
         """One layer's keys/values preallocated for (rows, kv heads, L, head dim); a decode step
-        writes its column in place at `write_pos` (a device tensor shared by every layer)."""
+        writes its column in place at `write_pos` (a device tensor shared by every layer).
 
-        def __init__(self, rows: int, H: int, L: int, D: int, dtype, device, write_pos: torch.Tensor):
+        zero: hold zeros where nothing was written (the captured step attends every column, and a
+        masked column's 0 weight times an uninitialised value could be NaN). The eager step attends the
+        written columns only, so its buffers are left uninitialised (zeroing 1,024 rows' caches cost
+        more than the decode steps of a short batch)."""
+
+        def __init__(self, rows: int, H: int, L: int, D: int, dtype, device, write_pos: torch.Tensor,
+                     zero: bool = True):
             super().__init__()
-            self.keys = torch.zeros(rows, H, L, D, dtype=dtype, device=device)
-            self.values = torch.zeros(rows, H, L, D, dtype=dtype, device=device)
-            self.write_pos, self.n_prefill, self.live = write_pos, 0, None
+            new = torch.zeros if zero else torch.empty
+            self.keys = new(rows, H, L, D, dtype=dtype, device=device)
+            self.values = new(rows, H, L, D, dtype=dtype, device=device)
+            self.write_pos, self.n_prefill, self.live, self.zero = write_pos, 0, None, zero
             self.dtype, self.device, self.is_initialized = dtype, device, True
 
         def fill(self, keys, values, repeats: int, n_real: int):
@@ -70,7 +77,8 @@ def _static_layer_class():
             prefill shared by its continuations), padding rows from prefix 0; the rest zeroed."""
             B, H, n, D = keys.shape
             for buf, src in ((self.keys, keys), (self.values, values)):
-                buf.zero_()
+                if self.zero:
+                    buf.zero_()
                 buf[:n_real, :, :n].view(B, repeats, H, n, D).copy_(src[:, None])
                 buf[n_real:, :, :n] = src[:1]
             self.n_prefill = n
@@ -91,10 +99,10 @@ def _static_layer_class():
     return StaticLayer
 
 
-def static_layer(layer, L: int, write_pos: torch.Tensor, rows: int):
+def static_layer(layer, L: int, write_pos: torch.Tensor, rows: int, zero: bool = True):
     """A StaticLayer of `rows` rows and length L shaped after a prefilled layer (its heads, head dim, dtype)."""
     _, H, _, D = layer.keys.shape
-    return _static_layer_class()(rows, H, L, D, layer.keys.dtype, layer.keys.device, write_pos)
+    return _static_layer_class()(rows, H, L, D, layer.keys.dtype, layer.keys.device, write_pos, zero)
 
 
 def supported(model) -> bool:
@@ -137,7 +145,7 @@ class _Decoder:
 
     def __init__(self, model, rows: int, L: int, T: int, token_chunk: int, temperature: float, draw: str,
                  stop: torch.Tensor, pad_id: int, has_ban: bool = False, record_logp: bool = False,
-                 captured: bool = False, whole_cache: bool = False):
+                 captured: bool = False, whole_cache: bool = False, lean: bool | None = None):
         dev = next(model.parameters()).device
         self.record_logp, self.captured = record_logp, captured   # what the step computes beyond the tokens
         self.whole_cache = captured or whole_cache                # attend over every cache column (graph shapes)
@@ -165,6 +173,10 @@ class _Decoder:
         self.generator = None
         self.cache = None
         self.graph = None
+        # eager on a CPU (lean None) or when asked: the lean step, the body forward's floats without its
+        # per-token module calls (tested bit for bit); lean=False: the body forward (the reference)
+        use_lean = dev.type == "cpu" if lean is None else lean
+        self.lean = LeanStep(model) if use_lean and not self.whole_cache and lean_supported(model) else None
 
     def load(self, h, layers, mask2d, next_pos, generator=None, U=None, repeats: int = 1, budget=None, ban=None):
         """Start a batch: the prefill's last hidden states (B, d), cache layers, prompt mask (B, P) and
@@ -200,9 +212,17 @@ class _Decoder:
         if self.cache is None:
             from transformers import DynamicCache
             self.cache = DynamicCache()
-            self.cache.layers = [static_layer(layer, self.L, self.write_pos, self.rows) for layer in layers]
+            self.cache.layers = [static_layer(layer, self.L, self.write_pos, self.rows, zero=self.whole_cache)
+                                 for layer in layers]
         for mine, layer in zip(self.cache.layers, layers):
             mine.fill(layer.keys, layer.values, repeats, n_real)
+        self._share_cache()
+
+    def _share_cache(self):
+        """The lean step writes and attends the static layers' own buffers (one cache, two readers)."""
+        if self.lean is not None:
+            self.lean.keys = [layer.keys for layer in self.cache.layers]
+            self.lean.values = [layer.values for layer in self.cache.layers]
 
     def _draw(self, logits, rows):
         if self.temperature == 0:
@@ -258,6 +278,12 @@ class _Decoder:
         self.write_pos.copy_(self.p + self.k)
         self.mask.index_fill_(3, self.write_pos, 0.0)
         mask = self.mask
+        if self.lean is not None:   # the same functions on the same tensors as the body forward below
+            with torch.inference_mode():
+                h = self.lean(tok, self.pos, int(self.write_pos), mask)
+            self.h.copy_(h)
+            self.pos += 1
+            return
         if not self.whole_cache:  # eager: shapes may change, so attend over the written columns only
             live = int(self.write_pos) + 1
             for layer in self.cache.layers:
@@ -276,8 +302,14 @@ class _Decoder:
         for name in ("h", "pos", "mask", "done", "budget", "ban", "row_idx", "tok"):
             setattr(self, name, getattr(self, name)[keep])
         self.U = self.U[:, keep]
+        written = int(self.p) + int(self.k)   # columns written so far: the prompt's and steps 0..k-1's
         for layer in self.cache.layers:
-            layer.keys, layer.values = layer.keys[keep], layer.values[keep]
+            for name in ("keys", "values"):
+                old = getattr(layer, name)
+                new = old.new_empty(len(keep), *old.shape[1:])   # eager: unwritten columns are never read
+                torch.index_select(old[:, :, :written], 0, keep, out=new[:, :, :written])
+                setattr(layer, name, new)
+        self._share_cache()
         self.rows = len(keep)
 
     def capture(self):
@@ -307,7 +339,8 @@ def generate_static(model, input_ids, attention_mask, max_new_tokens: int, tempe
                     generator: torch.Generator | None = None, *, token_chunk: int,
                     capture: bool | None = None, draw: str | None = None, check_every: int = 16,
                     return_logprobs: bool = False, pad_rows: int | None = None, repeats: int = 1, uniforms=None,
-                    budgets=None, bans=None, compact: bool | None = None, graph_shapes: bool = False):
+                    budgets=None, bans=None, compact: bool | None = None, graph_shapes: bool = False,
+                    lean: bool | None = None):
     """Ancestral sampling with a static KV cache; returns (B * repeats, T) new tokens, pad after the
     first stop id (and, with return_logprobs, (B * repeats, T) float32 log π of each drawn token at
     temperature 1 over the sampled logits; 0 after the stop).
@@ -329,6 +362,8 @@ def generate_static(model, input_ids, attention_mask, max_new_tokens: int, tempe
     graph_shapes: run the eager path with the captured step's shapes (row and length buckets, the
     whole cache attended, no compaction): what the captured step computes, kernel for kernel, so
     the two can be compared bit for bit (attention rounds differently over other lengths).
+    lean: the eager step through `LeanStep` (None: on a CPU, for the decoders `lean_supported` accepts;
+    the same floats as the body forward, so the same tokens), False: through the body's modules.
     """
     dev = input_ids.device
     dt = next(model.parameters()).dtype
@@ -381,7 +416,7 @@ def generate_static(model, input_ids, attention_mask, max_new_tokens: int, tempe
                 break
     else:
         dec = _Decoder(model, rows, L, T, token_chunk, temperature, draw, stop, pad_id, has_ban,
-                       record_logp=return_logprobs, whole_cache=graph_shapes)
+                       record_logp=return_logprobs, whole_cache=graph_shapes, lean=lean)
         dec.load(h, layers, attention_mask, next_pos, **load)
         # icdf rows own their uniforms, so finished rows can leave the batch (as the old MC sampler did);
         # the multinomial draw's generator stream depends on the row count, so it keeps every row

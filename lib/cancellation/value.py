@@ -78,7 +78,8 @@ def prefix_seed(seed: int, ids, ban: int | None) -> int:
 
 @torch.no_grad()
 def sample_continuations(model, prefixes, M: int, budgets, eos_id, pad_id: int, seeds, temperature: float = 1.0,
-                         bans=None, share_prefill: bool = True, *, token_chunk: int) -> list[torch.Tensor]:
+                         bans=None, share_prefill: bool = True, *, token_chunk: int,
+                         lean: bool | None = None) -> list[torch.Tensor]:
     """M continuations of each prefix; returns one (M, max(budgets)) long tensor per prefix (on CPU),
     pad after the first stop id.
 
@@ -88,7 +89,8 @@ def sample_continuations(model, prefixes, M: int, budgets, eos_id, pad_id: int, 
     `sampler.generate_static` (repeats=M): one prefill per prefix, its KV cache copied
     into its M rows; on CUDA (weights other than float64) the decode step is a captured graph.
     share_prefill=False prefills the M copies of a prefix separately (the naive reference; same
-    samples). Every prefix draws its uniforms from its own generator on the model's device
+    samples); lean=False runs the decode step through the body's modules instead of the lean step
+    (`generate_static`'s reference; same samples). Every prefix draws its uniforms from its own generator on the model's device
     (reproducible per device); logits are computed for the last position only and for at most
     `token_chunk` rows at a time.
     """
@@ -108,7 +110,7 @@ def sample_continuations(model, prefixes, M: int, budgets, eos_id, pad_id: int, 
     if not share_prefill:
         ids, am = ids.repeat_interleave(M, 0), am.repeat_interleave(M, 0)
     out = generate_static(model, ids.to(dev), am.to(dev), T, temperature, stop, pad_id, token_chunk=token_chunk,
-                          draw="icdf", repeats=rep, uniforms=U, budgets=budget, bans=ban)
+                          draw="icdf", repeats=rep, uniforms=U, budgets=budget, bans=ban, lean=lean)
     out = torch.nn.functional.pad(out, (0, T - out.shape[1]), value=pad_id).cpu()
     return [out[i * M:(i + 1) * M] for i in range(P)]
 

@@ -4,10 +4,20 @@ The committed tiny tables depend on exactly these draws (same seeds, same tokens
 the sampler must reproduce them token for token. `python -m tests.golden.sampler_stream --write`
 re-pins tests/golden/sampler_stream.json from the current code: only in a commit that says why the
 stream moved (and regenerates every committed table with it). One CPU thread, as the notebooks run.
+
+Machine classes. The pins were drawn on a 2-core AMD EPYC whose ATen and MKL took their AVX-512 paths.
+Another code path rounds float32 matmuls differently, and a draw that sits near a tie can flip: on an
+AVX2-only EPYC (2026-11-27) the two padded stand-in float32 cases drew other tokens (a first draw between
+two tokens at p = 0.45 and 0.42), every other case the same, and the lean step still drew the loop's
+tokens there. `sampler_stream_machines.json` holds, per machine class (`machine_class()`: the
+architecture and ATen's CPU capability), the cases whose tokens differ on that class, drawn by the code
+that drew the main pins. `--write-machine` adds this machine's class from the current code: run it only
+from a commit whose stream is unchanged on the main pins' class (say so in the commit).
 """
 from __future__ import annotations
 
 import json
+import platform
 import sys
 from pathlib import Path
 
@@ -19,6 +29,7 @@ from cancellation.compute import Compute
 KNOBS = Compute()   # the default memory knobs, passed whole to every model call
 
 PINS = Path(__file__).with_name("sampler_stream.json")
+MACHINE_PINS = Path(__file__).with_name("sampler_stream_machines.json")   # class -> {case: tokens} that differ
 ROOT = Path(__file__).resolve().parents[2]
 TINY_M, TINY_S, STANDIN = (str(ROOT / p) for p in ("data/policies/tiny-m", "data/policies/tiny-s",
                                                      "data/standins/model"))
@@ -98,6 +109,19 @@ def cases() -> dict:
     return out
 
 
+def machine_class() -> str:
+    """What decides the kernels' code paths here: the architecture and ATen's CPU capability (MKL follows
+    the same instruction set)."""
+    return f"{platform.machine()} {torch.backends.cpu.get_cpu_capability()}"
+
+
+def pins() -> dict:
+    """case -> pinned tokens for this machine: the main pins, with this machine class's own where they differ."""
+    main = json.loads(PINS.read_text())
+    own = json.loads(MACHINE_PINS.read_text()).get(machine_class(), {}) if MACHINE_PINS.exists() else {}
+    return main | own
+
+
 def compute() -> dict:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -108,7 +132,15 @@ def compute() -> dict:
 
 
 if __name__ == "__main__":
-    if "--write" not in sys.argv:
-        sys.exit("usage: python -m tests.golden.sampler_stream --write   (re-pins the sampler stream)")
-    PINS.write_text(json.dumps(compute(), separators=(",", ":")) + "\n")
-    print(f"wrote {PINS}")
+    if "--write" in sys.argv:
+        PINS.write_text(json.dumps(compute(), separators=(",", ":")) + "\n")
+        print(f"wrote {PINS}")
+    elif "--write-machine" in sys.argv:
+        main, got = json.loads(PINS.read_text()), compute()
+        table = json.loads(MACHINE_PINS.read_text()) if MACHINE_PINS.exists() else {}
+        table[machine_class()] = {k: v for k, v in got.items() if v != main[k]}
+        MACHINE_PINS.write_text(json.dumps(table, separators=(",", ":")) + "\n")
+        print(f"wrote {MACHINE_PINS}: {machine_class()}: {sorted(table[machine_class()])} differ from the main pins")
+    else:
+        sys.exit("usage: python -m tests.golden.sampler_stream --write | --write-machine   (re-pins the sampler "
+                 "stream | this machine class's cases that differ from it)")
