@@ -7,7 +7,7 @@ import time
 import pytest
 import torch
 
-from cancellation import plan, policy, run, standins
+from cancellation import plan, policy, run, scale, standins
 from test_run import _readme_command, standin_paths  # noqa: F401 - the fixture
 
 # Qwen3-0.6B's hub config.json (the values that shape the model)
@@ -120,19 +120,24 @@ def _git_status(*paths):
 @pytest.mark.slow
 @pytest.mark.parametrize("nb", ["02", "08"])
 def test_plan_within_2x_of_a_measured_cpu_run(nb, tmp_path, monkeypatch, canonical_standins):
-    """The committed CPU measurement (data/scale/cpu.json) predicts a paper-smoke run on the stand-ins."""
+    """The committed CPU measurement (data/scale/cpu.json) predicts a paper-smoke run on the stand-ins, read
+    at this machine's pace: the plan is scaled by this machine's notebook start (`scale.time_start`, the
+    largest block of both notebooks) over the measuring machine's. Unscaled, a 2-core EPYC with AVX2 only
+    took 20-22 s for plans of 8-9 s (2026-11-27): the machine, not the plan, was 2.5x slower."""
     path = run.find_notebook(nb)
     pl = plan.make(path.stem, run.resolve_params(path, "paper-smoke"))
     assert pl.kind == "cpu" and pl.seconds is not None
+    pace = scale.time_start("cpu") / plan.load_units("cpu")["units"]["start"]["seconds"]
+    expected = pl.seconds * pace
     measured = []
     for attempt in range(2):  # a shared machine's load can double one run's time: one retry, fresh cache
         monkeypatch.setenv("CANCELLATION_CACHE", str(tmp_path / f"cache{attempt}"))
         t = time.time()
         run.run_notebook(nb, "paper-smoke", out_root=tmp_path / str(attempt), log_output=False)
         measured.append(time.time() - t)
-        if pl.seconds / 2 <= measured[-1] <= 2 * pl.seconds:
+        if expected / 2 <= measured[-1] <= 2 * expected:
             break
-    assert pl.seconds / 2 <= measured[-1] <= 2 * pl.seconds, (measured, pl.seconds, pl.by_block)
+    assert expected / 2 <= measured[-1] <= 2 * expected, (measured, pl.seconds, pace, pl.by_block)
 
 
 @pytest.mark.slow
