@@ -23,7 +23,8 @@ recorded once as a CUDA graph and replayed:
   model lives; weights updated in place are seen by the next replay.
 
 `generate_static(..., capture=None)` chooses: captured on CUDA for every dtype but float64, eager
-otherwise (CPU and float64: the tiny profile samples exactly as before). Models with sliding-window
+otherwise (CPU and float64: the tiny profile samples exactly as before; on a CPU the eager step runs
+through `LeanStep`, the body forward's floats without its per-token module calls). Models with sliding-window
 layers, or whose decoder takes no `position_ids`, stay on `generate`'s eager loop.
 
 The vLLM seam is here too: `make_sampler`/`load_sampler` build what `rollout.sample` samples from,
