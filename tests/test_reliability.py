@@ -560,3 +560,18 @@ def test_ctrl_c_in_a_terminal_prints_two_lines_not_tracebacks(tmp_path, sig, rc,
     assert err.splitlines() == [f"error: 97_staged {how}; its figures, tables and executed notebook are unchanged",
                                 "  the notebook as far as it ran: notebooks/executed/tiny/97_staged.failed.ipynb"]
     assert _snapshot(root) == before and not [d for d in (root / ".run-staging").iterdir() if d.is_dir()]
+
+
+def test_the_runner_leaves_nbclients_kernel_died_line_out(caplog):
+    """nbclient logs "Kernel died while waiting for execute reply." through papermill's logger before it
+    raises; while a notebook runs the runner drops that one record (it reports the death or the
+    interrupt itself) and nothing else."""
+    import logging
+    log = logging.getLogger("papermill")
+    with caplog.at_level(logging.ERROR, logger="papermill"):
+        with run._quiet_kernel_death():
+            log.error("Kernel died while waiting for execute reply.")
+            log.error("Executing cell 3 failed")
+        log.error("Kernel died while waiting for execute reply.")   # outside a run: as before
+    assert [r.getMessage() for r in caplog.records] == ["Executing cell 3 failed",
+                                                         "Kernel died while waiting for execute reply."]
