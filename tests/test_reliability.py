@@ -562,16 +562,29 @@ def test_ctrl_c_in_a_terminal_prints_two_lines_not_tracebacks(tmp_path, sig, rc,
     assert _snapshot(root) == before and not [d for d in (root / ".run-staging").iterdir() if d.is_dir()]
 
 
-def test_the_runner_leaves_nbclients_kernel_died_line_out(caplog):
+def test_the_runner_leaves_nbclients_teardown_noise_out(caplog):
     """nbclient logs "Kernel died while waiting for execute reply." through papermill's logger before it
-    raises; while a notebook runs the runner drops that one record (it reports the death or the
-    interrupt itself) and nothing else."""
+    raises, and asyncio reports "Task exception was never retrieved" when one of nbclient's tasks is
+    collected. While a notebook runs the runner drops both (it reports the death or the interrupt
+    itself) and nothing else; after a run that raised, asyncio's stays dropped; after one that did not,
+    everything is as before."""
     import logging
-    log = logging.getLogger("papermill")
-    with caplog.at_level(logging.ERROR, logger="papermill"):
-        with run._quiet_kernel_death():
-            log.error("Kernel died while waiting for execute reply.")
-            log.error("Executing cell 3 failed")
-        log.error("Kernel died while waiting for execute reply.")   # outside a run: as before
-    assert [r.getMessage() for r in caplog.records] == ["Executing cell 3 failed",
-                                                         "Kernel died while waiting for execute reply."]
+    log, aio = logging.getLogger("papermill"), logging.getLogger("asyncio")
+    aio.removeFilter(run.TEARDOWN_NOISE)   # an earlier in-process run that failed on purpose installed it
+    try:
+        with caplog.at_level(logging.ERROR):
+            with run._quiet_kernel_death():
+                log.error("Kernel died while waiting for execute reply.")
+                aio.error("Task exception was never retrieved")
+                log.error("Executing cell 3 failed")
+            log.error("Kernel died while waiting for execute reply.")   # after a run that went through
+            aio.error("Task exception was never retrieved")
+            with pytest.raises(KeyboardInterrupt), run._quiet_kernel_death():
+                raise KeyboardInterrupt
+            aio.error("Task exception was never retrieved")             # after an interrupted run: dropped
+            aio.error("Unclosed event loop")
+    finally:
+        aio.removeFilter(run.TEARDOWN_NOISE)
+    assert [r.getMessage() for r in caplog.records] == [
+        "Executing cell 3 failed", "Kernel died while waiting for execute reply.",
+        "Task exception was never retrieved", "Unclosed event loop"]

@@ -683,24 +683,38 @@ def _interrupt_summary(name: str, e: BaseException, kept: Path | None) -> str:
     return "\n".join(lines)
 
 
-class _DropKernelDied(logging.Filter):
-    """nbclient logs "Kernel died while waiting for execute reply." through papermill's logger (Python's
-    last-resort handler prints it bare on stderr) before it raises. The runner says it itself: a dead
-    kernel's summary with the kernel's own stderr, or, when Ctrl-C reached the kernel too, the
-    interrupt's two lines. Seen on a slow machine: the interrupt test got that line on top of its two."""
+class _DropTeardownNoise(logging.Filter):
+    """What nbclient's teardown logs when a run ends in a dead kernel or an interrupt, which Python's
+    last-resort handler prints bare on stderr: "Kernel died while waiting for execute reply." (papermill's
+    logger, before nbclient raises) and asyncio's "Task exception was never retrieved" with a traceback
+    (one of nbclient's tasks, collected later). The runner reports both outcomes itself: a dead kernel's
+    summary with the kernel's own stderr, or the interrupt's two lines. Seen on a slow 2-core machine
+    under a second pytest worker: the Ctrl-C test got one or the other on top of its two lines."""
+    NOISE = ("Kernel died while waiting for execute reply", "Task exception was never retrieved")
 
     def filter(self, record):
-        return not record.getMessage().startswith("Kernel died while waiting for execute reply")
+        return not record.getMessage().startswith(self.NOISE)
+
+
+TEARDOWN_NOISE = _DropTeardownNoise()
 
 
 @contextlib.contextmanager
 def _quiet_kernel_death():
-    log, f = logging.getLogger("papermill"), _DropKernelDied()
-    log.addFilter(f)
+    """The teardown noise dropped while a notebook runs; after a run that raised (a dead kernel, an
+    interrupt) asyncio's stays dropped for the rest of this process, since nbclient's tasks are reported
+    when they are collected, which can be later."""
+    papermill_log, asyncio_log = logging.getLogger("papermill"), logging.getLogger("asyncio")
+    papermill_log.addFilter(TEARDOWN_NOISE)
+    asyncio_log.addFilter(TEARDOWN_NOISE)
+    ok = False
     try:
         yield
+        ok = True
     finally:
-        log.removeFilter(f)
+        papermill_log.removeFilter(TEARDOWN_NOISE)
+        if ok:
+            asyncio_log.removeFilter(TEARDOWN_NOISE)
 
 
 def _keep_failed(tmp: Path, failed: Path, renames: dict) -> Path | None:
