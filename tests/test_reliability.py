@@ -573,13 +573,13 @@ def test_the_runner_leaves_nbclients_teardown_noise_out(caplog):
     aio.removeFilter(run.TEARDOWN_NOISE)   # an earlier in-process run that failed on purpose installed it
     try:
         with caplog.at_level(logging.ERROR):
-            with run._quiet_kernel_death():
+            with run._quiet_teardown_noise():
                 log.error("Kernel died while waiting for execute reply.")
                 aio.error("Task exception was never retrieved")
                 log.error("Executing cell 3 failed")
             log.error("Kernel died while waiting for execute reply.")   # after a run that went through
             aio.error("Task exception was never retrieved")
-            with pytest.raises(KeyboardInterrupt), run._quiet_kernel_death():
+            with pytest.raises(KeyboardInterrupt), run._quiet_teardown_noise():
                 raise KeyboardInterrupt
             aio.error("Task exception was never retrieved")             # after an interrupted run: dropped
             aio.error("Unclosed event loop")

@@ -700,7 +700,7 @@ TEARDOWN_NOISE = _DropTeardownNoise()
 
 
 @contextlib.contextmanager
-def _quiet_kernel_death():
+def _quiet_teardown_noise():
     """The teardown noise dropped while a notebook runs; after a run that raised (a dead kernel, an
     interrupt) asyncio's stays dropped for the rest of this process, since nbclient's tasks are reported
     when they are collected, which can be later."""
@@ -825,7 +825,7 @@ def run_notebook(ref: str, profile: str = "tiny", overrides: dict | None = None,
             for attempt in range(PORT_RETRIES + 1):
                 klog.write_bytes(b"")
                 try:
-                    with open(klog, "ab") as kernel_stderr, _quiet_kernel_death():
+                    with open(klog, "ab") as kernel_stderr, _quiet_teardown_noise():
                         pm.execute_notebook(str(src), str(tmp), parameters=run_params, kernel_name="python3",
                                             cwd=str(ROOT), progress_bar=False, log_output=log_output,
                                             stdout_file=None, kernel_manager_class=_kernel_manager(kernel_stderr))
