@@ -110,9 +110,11 @@ lint: env
 bench: env $(POLICIES)
 	$(PY) -m cancellation.bench $(B)
 
-# No .venv when PY names another Python (a GPU image's own torch); the dry runs need the stand-in data.
-gpu-check: $(if $(filter $(PY),$(VENV)/bin/python),env) $(if $(wildcard data/standins/manifest.json),,standins)
-	$(PY) -m cancellation.gpucheck $(if $(BUDGET),--budget-s $(BUDGET))
+# No .venv when PY names another Python (a GPU image's own torch): no pip, lib/ on the path, the hub offline;
+# gpu-check writes the stand-in data files its dry runs read itself (no stand-in model is trained).
+gpu-check: $(if $(filter $(PY),$(VENV)/bin/python),env)
+	PYTHONPATH="$(CURDIR)/lib$(if $(PYTHONPATH),:$(PYTHONPATH))" HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
+	  $(PY) -m cancellation.gpucheck $(if $(BUDGET),--budget-s $(BUDGET))
 
 clean:
 	rm -rf data/cache notebooks/executed/smoke figures/smoke data/results/smoke .run-staging

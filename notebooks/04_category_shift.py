@@ -120,21 +120,42 @@ plots.save(fig, "fig04b_category_shift_settings", fig_dir)
 plt.show()
 
 # %% [markdown]
-# ## The thesis as a test that could fail (`cancellation.thesis`)
-# Same batches, same θ₀, two more single steps from θ₀: **negative-only** (A·1[r = 0]) and **GRPO with the
+# ## The thesis as a test that could come out against the paper (`cancellation.thesis`)
+# Same batches, same θ₀, more single steps from θ₀: **negative-only** (A·1[r = 0]); **GRPO with the
 # opposite-sign copies masked** (loss weight 0 on each token of an A < 0 rollout whose id occurs in an A > 0
-# rollout of its group). A token of an A > 0 rollout is *shared* when its id occurs in an A < 0 rollout of
-# the same group, else *success-specific*; mirrored for A < 0. Cancellation c = Δ_GRPO − Δ_single-sign
-# (positive-only for A > 0, negative-only for A < 0). Contrasts shared − specific, raw and **matched** within
-# token id × confidence bin (shared tokens are mostly frequent, confident scaffold); 95% bootstrap over
-# batches, then groups within a batch. Predicted: A > 0 shared tokens lose more (c lower), success-specific
-# tokens end higher; mirrored for A < 0; masking the copies shrinks the shared tokens' extra loss
-# (falsification: if it does not, the copies are not the cause). Each row's rule names the refuting outcome.
+# rollout of its group) and, as its null, **GRPO with random masks of the same size** (as many A < 0 tokens per
+# group and confidence bin, drawn at random; `n_random_masks` draws averaged); and positive-only, negative-only
+# and GRPO with the **advantages shuffled within groups** (the permuted control). A token of an A > 0 rollout
+# is *shared* when it occurs in an A < 0 rollout of its group, else *success-specific*; mirrored for A < 0.
+# "Occurs" has two definitions: the same **id** anywhere in the rollout, and the same id **in context** (after
+# the same k response tokens, k the smallest whose specific share reaches 20% in both pools — fixed from the
+# class shares below, before any Δ is read).
+#
+# What the paper says, as rows: shared A > 0 tokens **lose reinforcement** under GRPO (their cancellation
+# Δ_GRPO − Δ_positive-only < 0, and they keep less than all of their positive-only gain), and they lose more than
+# success-specific ones (the contrast, matched within token id × confidence bin). The thesis verdict is the
+# conjunction of the first and the last. The **alternative reading** is that GRPO amplifies success-specific
+# tokens while shared ones keep their gain; it has its own row. Then the refutation (copies mask vs random
+# masks: the copies must restore more), the permuted control, the frequency split the related work predicts,
+# and the **mechanism**: each token's first-order Δ under an LM-head GRPO step (Eq. 9) split into the same id
+# in opposite-sign rollouts, other ids in opposite-sign rollouts, and the rest. Intervals: 95% bootstrap over
+# batches, then groups within a batch. Each row's rule names the refuting outcome.
 
 # %%
-T, TC = R.thesis, fig04_claims.thesis_claims(R.thesis)
+print(f"context definition: k = {R.batches['context_k']} preceding tokens (rule: the smallest k whose specific "
+      "share is ≥ 20% in both pools)")
+R.thesis_shares.pivot(index=["defn", "k"], columns="pool", values="specific_share").round(3)
+
+# %%
+T, TC = R.thesis, fig04_claims.thesis_claims(R.thesis, R.thesis_fidelity, R.batches["context_k"])
 print("no group holds both classes: nothing to compare on this profile" if T.empty else "")
 fig04_claims.thesis_view(T)
+
+# %% [markdown]
+# How well the first-order terms (LM-head kernel) track the measured full-parameter step:
+
+# %%
+R.thesis_fidelity.round(3)
 
 # %%
 fig = fig04_plots.thesis(T, TC)
@@ -145,11 +166,14 @@ plt.show()
 print("\n".join(fig04_claims.thesis_report(R.thesis, TC)))
 
 # %% [markdown]
-# How to read the class means above: a contrast in the paper's direction can come from shared tokens
-# *losing* when the opposite sign is added, or from specific tokens *gaining* from it (pushing down a
-# failed rollout's token raises the competing token of a successful one). The paper's wording — shared
-# tokens lose their gain — needs the first; the rows test only the contrast. The falsification row is only
-# as strong as the mask is small: its detail says how many of the A < 0 tokens the mask drops.
+# ## Which reading the thesis rows support
+# Read off the rows above (never typed by hand): per definition of "shared", whether the data support the
+# paper's reading (shared tokens lose reinforcement, and more than specific ones), the alternative (specific
+# tokens amplified, shared ones keeping their gain within 1 ± 0.25), or neither; then the refutation, the
+# permuted control and the mechanism.
+
+# %%
+print("\n".join(fig04_claims.thesis_reading(TC)))
 
 # %% [markdown]
 # ## Claims and reading

@@ -185,40 +185,28 @@ def test_fig04_mass_ratio_is_a_t_interval_of_log_ratios(cat):
 
 
 # ----------------------------------------------------------------------------- notebook 04 (the thesis rows)
-# row id -> (pool, category, statistic, orientation of the row vs shared − specific); loops over the committed
-# cells (per batch, group, pool, class, category, token id, confidence bin: n and Δ sums), not thesis.py
-THESIS = {"pos_cancellation": ("pos", None, "cancellation", 1), "pos_net": ("pos", None, "net", -1),
-          "neg_cancellation": ("neg", None, "cancellation", 1), "neg_net": ("neg", None, "net", -1),
-          "pos_masked": ("pos", None, "mask_effect", 1)}
+# every thesis row's point against loops over the committed cells (per definition, batch, group, pool, class,
+# category, token id, confidence bin: n and Δ sums), `test_thesis._loop_stat`, not thesis.py
 SINGLE = {"pos": "sum_positive_only", "neg": "sum_negative_only"}
+CLASS_STATS = ("shared_cancellation", "shared_retained", "specific_amplification", "contrast")
 
 
-def _thesis_value(r, pool, statistic):
-    if statistic == "cancellation":
-        return r["sum_grpo"] - r[SINGLE[pool]]
-    if statistic == "masked_cancellation":
-        return r["sum_grpo_masked"] - r[SINGLE[pool]]
-    return r["sum_grpo"]
-
-
-def _matched(rows, pool, statistic, weight=None):
-    """Σ_strata w (mean shared − mean specific) / Σ w, w = n₁n₂/(n₁+n₂), strata = (token id, bin)."""
-    if statistic == "mask_effect":
-        return _matched(rows, pool, "masked_cancellation", weight) - _matched(rows, pool, "cancellation", weight)
-    acc = defaultdict(lambda: {"shared": [0.0, 0.0], "specific": [0.0, 0.0]})
-    for r in rows:
-        k = 1.0 if weight is None else weight.get((r["batch"], r["group"]), 0.0)
-        if k:
-            a = acc[(r["token_id"], r["bin"])][r["cls"]]
-            a[0] += k * _thesis_value(r, pool, statistic)
-            a[1] += k * r["n"]
-    num = den = 0.0
-    for s in acc.values():
-        (vs, ns), (vp, np_) = s["shared"], s["specific"]
-        if ns > 0 and np_ > 0:
-            w = ns * np_ / (ns + np_)
-            num, den = num + w * (vs / ns - vp / np_), den + w
-    return num / den if den else math.nan
+def _thesis_target(cid: str):
+    """(definition, pool, statistic, category) a thesis row reads, from its id."""
+    defn = "context" if cid.endswith("_ctx") else "ids"
+    base = cid[:-4] if cid.endswith("_ctx") else cid
+    fixed = {"copies_vs_random": ("ids", "pos", "copies_vs_random", "all"),
+             "permuted_contrast": ("permuted", "pos", "contrast", "all"),
+             "minus_permuted": ("ids", "pos", "minus_permuted", "all"),
+             "mech_same_id_share": ("ids", "pos", "fo_same_id_share", "all")}
+    if base in fixed:
+        return fixed[base]
+    pool, stat = base.split("_", 1)
+    if stat in CLASS_STATS or stat == "frequency":
+        return defn, pool, stat, "all"
+    if stat.startswith("contrast_"):
+        return "ids", pool, "contrast", stat.split("_", 1)[1].capitalize()
+    return None
 
 
 def _thesis_rows():
@@ -228,23 +216,47 @@ def _thesis_rows():
 
 def test_fig04_thesis_rows_exist_and_name_the_refuting_outcome():
     rows = _thesis_rows()
-    assert {f"fig04_thesis_{k}" for k in THESIS} <= set(rows.index)
+    want = {f"fig04_thesis_{p}_{s}{x}" for p in ("pos", "neg") for s in CLASS_STATS for x in ("", "_ctx")}
+    want |= {f"fig04_thesis_{k}" for k in ("verdict", "alternative", "verdict_ctx", "alternative_ctx", "copies_vs_random",
+                                             "permuted_contrast", "minus_permuted", "mech_same_id_share",
+                                             "mech_fo_cancellation", "pos_frequency")}
+    assert want <= set(rows.index)
     for cid, r in rows.iterrows():
-        assert "refuted" in r.rule_text and r.resampling == "batch × group" and r.verdict == C.verdict_of(r), cid
+        assert r.resampling == "batch × group" and r.verdict == C.verdict_of(r) and r.n >= 5, cid
+        assert "refuted" in r.rule_text or r.rule == "all_of", cid
 
 
-@pytest.mark.parametrize("row", list(THESIS) + ["pos_cancellation_template", "pos_cancellation_reasoning"])
-def test_fig04_thesis_point_is_the_matched_contrast_of_the_cells(row):
+def test_fig04_thesis_points_are_loops_over_the_cells():
+    from test_thesis import _loop_stat
     cells = pd.read_parquet(TINY / "fig04_thesis_cells.parquet")
-    r = registry().loc[f"fig04_thesis_{row}"]
-    if row in THESIS:
-        pool, cat, statistic, orient = THESIS[row]
-    else:
-        pool, cat, statistic, orient = "pos", row.rsplit("_", 1)[1].capitalize(), "cancellation", 1
-    recs = [x for x in cells.to_dict("records") if x["pool"] == pool and (cat is None or x["category"] == cat)]
-    assert close(r.measured, orient * _matched(recs, pool, statistic), rel=1e-9, abs_=1e-15)
-    assert r.n == len({x["batch"] for x in recs})
+    checked = 0
+    for cid, r in _thesis_rows().iterrows():
+        target = _thesis_target(cid.replace("fig04_thesis_", ""))
+        if target is None:
+            continue
+        defn, pool, stat, cat = target
+        assert close(r.measured, _loop_stat(cells, pool, defn, stat, cat), rel=1e-9, abs_=1e-15), cid
+        assert r.n == cells[(cells.defn == defn) & (cells.pool == pool)].batch.nunique()
+        checked += 1
+    assert checked >= 22
 
+
+def test_fig04_thesis_conjunctions_read_their_parts():
+    """The verdict and alternative rows: each part carries the component row's own numbers, and the
+    conjunction's verdict follows from the parts' verdicts."""
+    reg = _thesis_rows()
+    for sfx in ("", "_ctx"):
+        for cid in (f"verdict{sfx}", f"alternative{sfx}"):
+            r = reg.loc[f"fig04_thesis_{cid}"]
+            parts = json.loads(r.params)["parts"]
+            verdicts = []
+            for name, rule, m, lo, hi, params in parts:
+                comp = reg.loc[f"fig04_thesis_{name.replace(' ≈ 1', '')}"]
+                assert close(m, comp.measured) and (math.isnan(lo) and math.isnan(comp.lo) or close(lo, comp.lo))
+                verdicts.append(C.RULES[rule](m, lo, hi, **params))
+            want = ("reproduced" if all(v == "reproduced" for v in verdicts) else
+                    "not reproduced" if "not reproduced" in verdicts else "inconclusive")
+            assert r.verdict == want, cid
 
 
 def _two_stage_draw(rng, inner: dict) -> dict:
@@ -258,18 +270,42 @@ def _two_stage_draw(rng, inner: dict) -> dict:
             w[(o, g)] += 1.0
     return w
 
-@pytest.mark.parametrize("row", ["pos_cancellation", "neg_cancellation", "pos_masked"])
-def test_fig04_thesis_interval_is_a_batch_then_group_bootstrap(row):
+
+def _weighted(recs, pool, stat, w):
+    """shared_cancellation or the matched contrast of `recs`, each cluster counted w[(batch, group)] times."""
+    single = SINGLE[pool]
+    if stat == "shared_cancellation":
+        v = sum(w.get((x["batch"], x["group"]), 0) * (x["sum_grpo"] - x[single]) for x in recs if x["cls"] == "shared")
+        n = sum(w.get((x["batch"], x["group"]), 0) * x["n"] for x in recs if x["cls"] == "shared")
+        return v / n
+    acc = defaultdict(lambda: {"shared": [0.0, 0.0], "specific": [0.0, 0.0]})
+    for x in recs:
+        k = w.get((x["batch"], x["group"]), 0.0)
+        if k:
+            a = acc[(x["token_id"], x["bin"])][x["cls"]]
+            a[0] += k * (x["sum_grpo"] - x[single])
+            a[1] += k * x["n"]
+    num = den = 0.0
+    for s in acc.values():
+        (vs, ns), (vp, np_) = s["shared"], s["specific"]
+        if ns > 0 and np_ > 0:
+            ww = ns * np_ / (ns + np_)
+            num, den = num + ww * (vs / ns - vp / np_), den + ww
+    return num / den if den else math.nan
+
+
+@pytest.mark.parametrize("row,stat", [("pos_shared_cancellation", "shared_cancellation"), ("pos_contrast", "contrast"),
+                                      ("neg_contrast", "contrast")])
+def test_fig04_thesis_interval_is_a_batch_then_group_bootstrap(row, stat):
     """Our own two-stage bootstrap (another seed, 300 draws, loops): each end within 40% of the half-width."""
-    pool, _, statistic, orient = THESIS[row]
-    recs = [x for x in pd.read_parquet(TINY / "fig04_thesis_cells.parquet").to_dict("records") if x["pool"] == pool]
+    pool = row.split("_")[0]
+    cells = pd.read_parquet(TINY / "fig04_thesis_cells.parquet")
+    recs = [x for x in cells[(cells.pool == pool) & (cells.defn == "ids")].to_dict("records")]
     groups = defaultdict(set)
     for x in recs:
         groups[x["batch"]].add(x["group"])
     rng = np.random.default_rng(12345)
-    reps = []
-    for _ in range(300):
-        reps.append(orient * _matched(recs, pool, statistic, _two_stage_draw(rng, groups)))
+    reps = [_weighted(recs, pool, stat, _two_stage_draw(rng, groups)) for _ in range(300)]
     lo, hi = np.nanquantile(reps, [0.025, 0.975])
     r = registry().loc[f"fig04_thesis_{row}"]
     h = (r.hi - r.lo) / 2
@@ -277,12 +313,12 @@ def test_fig04_thesis_interval_is_a_batch_then_group_bootstrap(row):
 
 
 def test_fig04_thesis_table_matches_its_cells():
+    from test_thesis import _loop_stat
     cells = pd.read_parquet(TINY / "fig04_thesis_cells.parquet")
     T = pd.read_parquet(TINY / "fig04_thesis.parquet")
-    for t in T[(T.category == "all") & (T.estimator == "matched")].itertuples():
-        recs = [x for x in cells.to_dict("records") if x["pool"] == t.pool]
-        assert close(t.contrast, _matched(recs, t.pool, t.statistic), rel=1e-9, abs_=1e-15), t
-        assert t.n_shared == sum(x["n"] for x in recs if x["cls"] == "shared")
+    for t in T[(T.category == "all") & T.statistic.isin(CLASS_STATS)].itertuples():
+        assert close(t.value, _loop_stat(cells, t.pool, t.defn, t.statistic), rel=1e-9, abs_=1e-15), t
+        assert t.n_shared == cells[(cells.defn == t.defn) & (cells.pool == t.pool) & (cells.cls == "shared")].n.sum()
 
 
 # ----------------------------------------------------------------------------- notebook 05

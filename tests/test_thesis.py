@@ -4,13 +4,15 @@ and the updates themselves (positive-only == GRPO with A·1[r=1]; the masked upd
 those tokens dropped), by autograd on a small model."""
 import copy
 import itertools
+from collections import defaultdict
 
 import numpy as np
 import pandas as pd
 import pytest
 import torch
 
-from cancellation import grpo, measure, thesis
+from cancellation import claims as C
+from cancellation import coupling, grpo, measure, thesis
 from cancellation.compute import Compute
 
 KNOBS = Compute()   # the default memory knobs, passed whole to every model call
@@ -21,10 +23,14 @@ def _tokens(seed=0, n_batches=3, groups=3, G=4, L=6, vocab=5):
     rows = []
     for b, g, i in itertools.product(range(n_batches), range(groups), range(G)):
         adv = [1.0, -1.0, 0.5, -0.5][i] if g < groups - 1 else 0.0   # the last group: all equal rewards
+        perm = [-0.5, 1.0, -1.0, 0.5][i] if g < groups - 1 else 0.0  # the same multiset, shuffled
         for t in range(L):
             rows.append(dict(batch=b, group=g, rollout=g * G + i, position=t, token_id=int(rng.integers(vocab)),
-                             advantage=adv, prob=float(rng.uniform()), category=["Math", "Template"][t % 2],
-                             **{f"delta_{u}": float(rng.normal()) for u in thesis.UPDATES}))
+                             advantage=adv, perm_advantage=perm, prob=float(rng.uniform()),
+                             category=["Math", "Template"][t % 2],
+                             **{f"delta_{u}": float(rng.normal()) for u in thesis.UPDATES},
+                             **{f"delta_perm_{u}": float(rng.normal()) for u in thesis.PERMUTED},
+                             **{f: float(rng.normal()) for f in thesis.FIRST_ORDER}))
     return pd.DataFrame(rows)
 
 
@@ -60,47 +66,159 @@ def _table(batch):
                          "token_id": batch.input_ids[rows, cols].numpy(), "advantage": batch.advantage[rows].numpy()})
 
 
-def _brute_contrasts(c, pool, what, cats=None):
-    """raw and matched shared − specific of one statistic, by loops over the cells."""
-    a, b = thesis.VALUES[what]
-    base = thesis.single(pool)
-    tot = {"shared": [0.0, 0], "specific": [0.0, 0]}
-    strata = {}
-    for r in c.itertuples():
-        if r.pool != pool or (cats and r.category not in cats):
-            continue
-        v = getattr(r, f"sum_{a}") - (getattr(r, f"sum_{base}") if b == "single" else 0.0)
-        tot[r.cls][0] += v
-        tot[r.cls][1] += r.n
-        s = strata.setdefault((r.token_id, r.bin), {"shared": [0.0, 0], "specific": [0.0, 0]})
-        s[r.cls][0] += v
-        s[r.cls][1] += r.n
-    raw = tot["shared"][0] / tot["shared"][1] - tot["specific"][0] / tot["specific"][1]
-    num = den = 0.0
-    for s in strata.values():
-        (vs, ns), (vp, np_) = s["shared"], s["specific"]
-        if ns and np_:
-            w = ns * np_ / (ns + np_)
-            num += w * (vs / ns - vp / np_)
-            den += w
-    return raw, num / den
+def test_context_classes_match_a_loop():
+    """In context: shared when the same id after the same k response tokens occurs in an opposite-sign rollout
+    of the group (k = 0 is the ids definition)."""
+    t = _tokens(seed=5, vocab=3)
+    for k in (0, 1, 2):
+        d = t.copy()
+        got = thesis.classify(d, thesis.context_keys(d, k))
+        seqs = {(r.batch, r.rollout): list(g.sort_values("position").token_id) for r, g in
+                [(g.iloc[0], g) for _, g in t.groupby(["batch", "rollout"])]}
+        key = lambda r: tuple([-1] * max(0, k - r.position) + seqs[(r.batch, r.rollout)][max(0, r.position - k):r.position + 1])  # noqa: E731
+        for i, r in t.iterrows():
+            if r.advantage == 0:
+                assert got[i] == ""
+                continue
+            other = t[(t.batch == r.batch) & (t.group == r.group) & (np.sign(t.advantage) == -np.sign(r.advantage))]
+            assert got[i] == ("shared" if key(r) in {key(o) for _, o in other.iterrows()} else "specific"), (k, i)
+    shares = thesis.specific_shares(t, max_k=3)
+    assert (shares.groupby("pool").specific_share.apply(lambda x: x.is_monotonic_increasing)).all()
+
+
+def test_choose_k_is_the_smallest_k_reaching_the_share_in_both_pools():
+    sh = pd.DataFrame(dict(defn=["ids"] * 2 + ["context"] * 6, k=[0, 0, 1, 1, 2, 2, 3, 3],
+                           pool=["pos", "neg"] * 4, specific_share=[0.05, 0.06, 0.1, 0.3, 0.25, 0.19, 0.4, 0.5]))
+    assert thesis.choose_k(sh) == 3 and thesis.choose_k(sh, 0.1) == 1 and thesis.choose_k(sh, 0.9) == 3
+
+
+def test_random_mask_matches_the_copies_count_per_group_and_bin(batch):
+    copies = thesis.copies_mask(batch)
+    prob = torch.rand(batch.input_ids.shape, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    bins = [0.3, 0.7]
+    draws = [thesis.random_mask(batch, copies, prob, bins, seed=s) for s in (0, 1)]
+    m = batch.response_mask
+    b = np.digitize(prob.numpy(), bins)
+    for w in draws:
+        assert ((w == 0) <= (m & (batch.advantage < 0)[:, None])).all()   # only A < 0 response tokens are masked
+        for g in batch.group.unique().tolist():
+            for k in range(len(bins) + 1):   # brute force: the count per (group, bin), by a loop over positions
+                cell = [(i, j) for i in range(len(batch)) for j in range(m.shape[1])
+                        if m[i, j] and batch.group[i] == g and batch.advantage[i] < 0 and b[i, j] == k]
+                assert sum(float(w[i, j]) == 0 for i, j in cell) == sum(float(copies[i, j]) == 0 for i, j in cell)
+    assert (draws[0] == 0).sum() == (copies == 0).sum() and not torch.equal(draws[0], draws[1])
+
+
+def test_permuted_shuffles_rewards_with_their_advantages_within_groups(batch):
+    p = thesis.permuted(batch, seed=3)
+    assert not torch.equal(p.advantage, batch.advantage)
+    for g in batch.group.unique():
+        r = batch.group == g
+        a = sorted(zip(batch.reward[r].tolist(), batch.advantage[r].tolist()))
+        assert sorted(zip(p.reward[r].tolist(), p.advantage[r].tolist())) == a
+    assert torch.equal(p.input_ids, batch.input_ids)
+
+
+def test_first_order_terms_split_the_first_order_delta(model64, batch):
+    """The four sources sum to coupling.first_order_delta (Eq. 9), and each equals a loop over the dense
+    kernel with its own condition on (j, k)."""
+    f = coupling.features(model64, batch, compute=KNOBS)
+    grp = batch.group[f.rows]
+    terms = thesis.first_order_terms(f, grp, lr=0.1, chunk=37)
+    total = coupling.first_order_delta(f, 0.1)
+    assert torch.allclose(sum(terms.values()), total, rtol=1e-10, atol=1e-14)
+    K = coupling.kernel(f)
+    A, o, n = f.A, f.o, len(f)
+    for j in range(0, n, max(1, n // 12)):
+        acc = dict.fromkeys(thesis.FIRST_ORDER, 0.0)
+        for k in range(n):
+            v = 0.1 / n * float(A[k] * K[j, k])
+            if float(A[j] * A[k]) < 0 and o[j] == o[k]:
+                acc["fo_same_id_group" if grp[j] == grp[k] else "fo_same_id_other"] += v
+            elif float(A[j] * A[k]) < 0:
+                acc["fo_other_id"] += v
+            else:
+                acc["fo_same_sign"] += v
+        for name, v in acc.items():
+            assert float(terms[name][j]) == pytest.approx(v, rel=1e-9, abs=1e-15), (j, name)
+
+
+# ----------------------------------------------------------------------------- summary against loops
+def _loop_stat(c, pool, defn, stat, cat="all"):
+    """One statistic of thesis.summary by loops over the cells (the formulas of thesis.py's docstring)."""
+    single = "sum_positive_only" if pool == "pos" else "sum_negative_only"
+    rows = [r for r in c.to_dict("records") if r["pool"] == pool and r["defn"] == defn
+            and (cat == "all" or r["category"] == cat)]
+    val = {"cancellation": lambda r: r["sum_grpo"] - r[single], "single": lambda r: r[single],
+           "grpo": lambda r: r["sum_grpo"], "copies_vs_random": lambda r: r["sum_grpo_masked"] - r["sum_grpo_random"],
+           "fo_same_id": lambda r: r["sum_fo_same_id_group"] + r["sum_fo_same_id_other"],
+           "fo_other_id": lambda r: r["sum_fo_other_id"]}
+
+    def tot(cls, what, key="cls"):
+        return (sum(val[what](r) for r in rows if r[key] == cls), sum(r["n"] for r in rows if r[key] == cls))
+
+    def matched(rs, what, key, a, b, strata):
+        acc = defaultdict(lambda: {a: [0.0, 0], b: [0.0, 0]})
+        for r in rs:
+            x = acc[tuple(r[s] for s in strata)][r[key]]
+            x[0] += val[what](r)
+            x[1] += r["n"]
+        num = den = 0.0
+        for s in acc.values():
+            (va, na), (vb, nb) = s[a], s[b]
+            if na and nb:
+                w = na * nb / (na + nb)
+                num, den = num + w * (va / na - vb / nb), den + w
+        return num / den
+    if stat in ("shared_cancellation", "specific_cancellation"):
+        v, n = tot(stat.split("_")[0], "cancellation")
+        return v / n
+    if stat == "shared_retained":
+        return tot("shared", "grpo")[0] / tot("shared", "single")[0]
+    if stat == "specific_amplification":
+        return tot("specific", "grpo")[0] / tot("specific", "single")[0]
+    if stat == "contrast":
+        return matched(rows, "cancellation", "cls", "shared", "specific", ("token_id", "bin"))
+    if stat == "copies_vs_random":
+        v, n = tot("shared", "copies_vs_random")
+        return v / n
+    if stat == "fo_same_id_share":
+        a, b = abs(tot("shared", "fo_same_id")[0]), abs(tot("shared", "fo_other_id")[0])
+        return a / (a + b)
+    if stat == "frequency":
+        cnt = defaultdict(int)
+        for r in c.to_dict("records"):
+            if r["defn"] == defn:
+                cnt[(r["batch"], r["token_id"])] += r["n"]
+        med = {}
+        for bt in {b for b, _ in cnt}:
+            toks = sorted(x for (b, i), v in cnt.items() if b == bt for x in [v] * v)
+            med[bt] = toks[(len(toks) - 1) // 2]
+        sh = [dict(r, freq="high" if cnt[(r["batch"], r["token_id"])] >= med[r["batch"]] else "low")
+              for r in rows if r["cls"] == "shared"]
+        return matched(sh, "cancellation", "freq", "high", "low", ("bin",))
+    if stat == "minus_permuted":
+        return _loop_stat(c, pool, "ids", "contrast") - _loop_stat(c, pool, "permuted", "contrast")
+    raise KeyError(stat)
+
+
+LOOPED = ("shared_cancellation", "specific_cancellation", "shared_retained", "specific_amplification", "contrast",
+          "copies_vs_random", "fo_same_id_share", "frequency", "minus_permuted")
 
 
 def test_summary_points_match_loops_over_cells():
     t = _tokens(seed=3)
-    c = thesis.cells(t, [0.5, 0.9])
-    assert c.n.sum() == (t.advantage != 0).sum()
+    c = thesis.cells(t, [0.5, 0.9], k=1)
+    assert c.groupby("defn").n.sum().eq((t.advantage != 0).sum()).all()
     S = thesis.summary(c, ["Math", "Template"], n_boot=200, seed=0)
-    for r in S.itertuples():
-        cats = None if r.category == "all" else [r.category]
-        d = c[(c.pool == r.pool) & ((c.category == r.category) if cats else True)]
-        if r.statistic == "mask_effect":
-            raw = [_brute_contrasts(d, r.pool, w, cats) for w in ("masked_cancellation", "cancellation")]
-            want = {"raw": raw[0][0] - raw[1][0], "matched": raw[0][1] - raw[1][1]}[r.estimator]
-        else:
-            want = dict(zip(("raw", "matched"), _brute_contrasts(d, r.pool, r.statistic, cats)))[r.estimator]
-        assert r.contrast == pytest.approx(want, rel=1e-12, abs=1e-12), r
+    seen = set()
+    for r in S[S.statistic.isin(LOOPED)].itertuples():
+        want = _loop_stat(c, r.pool, r.defn, r.statistic, r.category)
+        assert r.value == pytest.approx(want, rel=1e-12, abs=1e-12), r
+        seen.add(r.statistic)
         assert np.isnan(r.lo) or r.lo <= r.hi
+    assert seen == set(LOOPED)
+    assert set(S.defn) == set(thesis.DEFNS)
 
 
 def test_two_stage_bootstrap_draws_whole_batches_then_groups():
@@ -119,9 +237,8 @@ def test_undefined_statistic_gives_no_interval():
     N = np.zeros((4, 1, 2))
     N[0, 0] = [1, 1]          # one cluster holds the only matched stratum
     N[1:, 0, 0] = 1
-    V = {"x": N.copy()}
-    m, lo, hi = thesis.cluster_bootstrap(N, V, np.arange(4), lambda n, v: thesis.contrast(n, v["x"], "matched"),
-                                         n_boot=200)
+    W = thesis.cluster_weights(np.arange(4), 200, seed=0)
+    m, lo, hi = thesis.cluster_bootstrap({"N": N, "x": N.copy()}, lambda a: thesis.contrast(a["N"], a["x"]), W)
     assert m == 0.0 and np.isnan(lo) and np.isnan(hi)
 
 
@@ -160,3 +277,15 @@ def test_positive_only_is_grpo_with_positive_advantages_and_the_mask_drops_the_c
     assert len(brute) == len(masked)
     for x, y in zip(masked, brute):
         assert torch.allclose(x, y, rtol=1e-9, atol=1e-12 * float(y.abs().max() + 1e-300))
+
+
+def test_can_pass_refuses_a_thesis_row_below_five_batches_and_all_of_reads_its_parts():
+    est = "class mean, percentile cluster bootstrap (batches, then groups in a batch)"
+    assert not C.can_pass("direction", dict(sign=1), 4, est)[0] and C.can_pass("direction", dict(sign=1), 5, est)[0]
+    yes = ["a", "direction", 1.0, 0.5, 1.5, dict(sign=1)]
+    no = ["b", "direction", -1.0, -1.5, -0.5, dict(sign=1)]
+    maybe = ["c", "similar", 1.0, 0.5, 1.5, dict(target=1.0, tol=0.25)]
+    assert C.all_of(0, 0, 0, parts=[yes, yes]) == C.REPRODUCED
+    assert C.all_of(0, 0, 0, parts=[yes, no]) == C.NOT_REPRODUCED
+    assert C.all_of(0, 0, 0, parts=[yes, maybe]) == C.INCONCLUSIVE
+    assert not C.can_pass("all_of", dict(parts=[yes, yes]), 4, est)[0]

@@ -25,6 +25,8 @@ Rules (all on the measured value m and its interval [lo, hi]; NaN bounds mean "n
   direction() would say reproduced, else direction()'s verdict (a broken construction shows).
   Never "reproduced".
 
+- all_of(parts): a conjunction of other rows (their numbers and rules stored in `parts`): reproduced
+  when every part is, not reproduced when any part is not, else inconclusive.
 - exact(k, n, k_ref, n_ref, sign=-1, alpha=0.05): counts in an arm against a reference arm (e.g.
   collapsed runs), Fisher's exact test, one-sided in the paper's direction: reproduced at p ≤ alpha,
   not reproduced if the test the other way gives p ≤ alpha, else inconclusive.
@@ -63,7 +65,10 @@ UNITS = ("token", "token id", "pair", "candidate", "rollout", "group", "prompt",
 BEGIN, END = "<!-- claims:begin -->", "<!-- claims:end -->"  # the full table (docs/claims.md)
 SUMMARY_BEGIN, SUMMARY_END = "<!-- claims-summary:begin -->", "<!-- claims-summary:end -->"  # counts (README.md)
 CLAIMS_DOC = "docs/claims.md"
-THESIS_PREFIX = "fig04_thesis_"  # the rows README lists one by one
+THESIS_PREFIX = "fig04_thesis_"  # the thesis rows; README lists those of THESIS_README one by one (docs/claims.md all)
+THESIS_README = ("verdict", "alternative", "pos_shared_cancellation", "pos_shared_retained", "pos_specific_amplification",
+                 "pos_contrast", "copies_vs_random", "minus_permuted", "mech_same_id_share", "verdict_ctx",
+                 "alternative_ctx")
 COLUMNS = ["notebook", "claim", "figure", "statement", "paper", "measured", "lo", "hi", "n", "unit", "rule",
            "params", "rule_text", "detail", "verdict", "estimator", "resampling"]
 LATER_COLUMNS = ("estimator", "resampling")  # added to the registry later; empty in an older registry's rows
@@ -140,7 +145,19 @@ def exact(m, lo, hi, k: int, n: int, k_ref: int, n_ref: int, sign: int = -1, alp
     return INCONCLUSIVE
 
 
-RULES = {"direction": direction, "similar": similar, "construction": construction, "exact": exact}
+def all_of(m, lo, hi, parts: list, what: str = "") -> str:
+    """A conjunction: `parts` is a list of [name, rule, m, lo, hi, params] (other rows' numbers, stored in
+    this row so its verdict can be recomputed from the row alone). reproduced when every part is; not
+    reproduced when any part is not reproduced; else inconclusive. m, lo, hi are shown only."""
+    got = [RULES[rule](pm, plo, phi, **pp) for _, rule, pm, plo, phi, pp in parts]
+    if got and all(g == REPRODUCED for g in got):
+        return REPRODUCED
+    if any(g == NOT_REPRODUCED for g in got):
+        return NOT_REPRODUCED
+    return INCONCLUSIVE
+
+
+RULES = {"direction": direction, "similar": similar, "construction": construction, "exact": exact, "all_of": all_of}
 
 
 def rule_text(rule: str, params: dict) -> str:
@@ -162,6 +179,9 @@ def rule_text(rule: str, params: dict) -> str:
         return (f"Fisher's exact test, one-sided: share {side} the reference's at p ≤ {p.get('alpha', 0.05):g} "
                 f"({p['k']}/{p['n']} vs {p['k_ref']}/{p['n_ref']}); not if the test the other way gives p ≤ "
                 f"{p.get('alpha', 0.05):g}")
+    if rule == "all_of":
+        return ("every part reproduced: " + "; ".join(f"{name} ({rule_text(r, pp)})" for name, r, _, _, _, pp in p["parts"])
+                + "; not reproduced if any part is not")
     if rule == "construction":
         side = ">" if p.get("sign", 1) >= 0 else "<"
         return f"built in ({p['why']}): 95% CI {side} {p.get('ref', 0.0):g}{pt} holds by construction, never 'reproduced'"
@@ -226,6 +246,10 @@ def cite(claims: list[Claim], claim_id: str, scale: float = 1.0, fmt: str = "+.3
     return f"{scale * c.measured:{fmt}}{ci} ({c.verdict})"
 
 
+# estimators with a minimum n of their own (a substring of the estimator -> the least n that gives an interval)
+MIN_N = {"batches, then groups": 5}   # the thesis rows' two-stage bootstrap (thesis.MIN_BATCHES)
+
+
 def can_pass(rule: str, params: dict, n: int, estimator: str) -> tuple[bool, str]:
     """Whether a rule can read "reproduced" at its n with its estimator, given the best outcome the
     data could have: (True, "") or (False, why, with the n that would be needed where one exists).
@@ -234,13 +258,21 @@ def can_pass(rule: str, params: dict, n: int, estimator: str) -> tuple[bool, str
     - Clopper–Pearson: every count k = 0..n is tried with its exact interval.
     - a point estimator (no interval): only with point_ok.
     - t intervals and bootstraps need at least 2 units (n = 1 has no spread: a t interval is
-      undefined and a bootstrap of one unit is that unit); OLS at least 3 rows.
+      undefined and a bootstrap of one unit is that unit); OLS at least 3 rows; an estimator in
+      `MIN_N` at least its own n (the thesis rows' batch-then-group bootstrap: 5 batches).
+    - all_of: every part must be able to pass.
     The bound of a continuous measure is not known here: beyond these, a rule is taken to be able to
     pass (the interval can sit anywhere)."""
     p = dict(params)
     est = str(estimator)
     if rule == "construction":
         return True, ""
+    if rule == "all_of":
+        bad = [(name, why) for name, r, _, _, _, pp in p["parts"] for ok, why in [can_pass(r, pp, n, estimator)] if not ok]
+        return (False, "; ".join(f"{name}: {why}" for name, why in bad)) if bad else (True, "")
+    need = next((k for key, k in MIN_N.items() if key in est), None)
+    if need is not None and n < need:
+        return False, f"{est} over n = {n} gives no interval (needs at least {need})"
     if rule == "exact":
         k_max, r_max = p["n"], p["n_ref"]
         if any(exact(math.nan, math.nan, math.nan, k, k_max, j, r_max, p.get("sign", -1), p.get("alpha", 0.05))
@@ -380,10 +412,11 @@ def summary_markdown(root=".", registries=README_REGISTRIES) -> str:
             lines.append(f"| {nb}{tag} | {len(g)} | " + " | ".join(str(counts[v]) for v in VERDICTS) + " |")
     lines.append(f"| all | {int(total.sum())} | " + " | ".join(f"**{total[v]}**" for v in VERDICTS) + " |")
     thesis = [r for path, _ in registries[:1] if (Path(root) / path).exists()
-              for _, r in read_registry(Path(root) / path).iterrows() if r.claim.startswith(THESIS_PREFIX)]
+              for _, r in read_registry(Path(root) / path).iterrows()
+              if r.claim.startswith(THESIS_PREFIX) and r.claim[len(THESIS_PREFIX):] in THESIS_README]
     if thesis:  # the paper's thesis itself, row by row: what a reader looks for first
         lines += ["", "The thesis itself (notebook 04, Algorithm 2 on one batch and θ₀ at a time; "
-                  "what would refute it is in each row's rule):", "",
+                  "what would refute it is in each row's rule; every thesis row is in docs/claims.md):", "",
                   "| claim | measured [95% CI] | verdict |", "|---|---|---|"]
         for r in thesis:
             ci = "" if _nan(r.lo) else f" [{_fmt(r.lo)}, {_fmt(r.hi)}]"

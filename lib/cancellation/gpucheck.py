@@ -25,6 +25,11 @@ so, when its estimate no longer fits in what is left of the budget):
 
 Writes one JSON and one markdown report, `<out>/gpucheck-<kind>-<date>.{json,md}` (default out:
 data/scale/measured/). Without a CUDA device it prints one line and exits 2.
+
+On a bare GPU machine (its own torch, no .venv, no network): `make gpu-check PY=python3`, or from the
+checkout's root `PYTHONPATH=lib python3 -m cancellation.gpucheck`. It puts lib/ on every step's path, sets
+the hub offline, and writes only the stand-in data files the dry runs read (`standin_data`): no pip, no
+download, no stand-in model training.
 """
 from __future__ import annotations
 
@@ -158,8 +163,13 @@ def run_check(budget: float, out: Path, notebooks: list[str], skip: set[str]) ->
     def left():
         return budget - (time.time() - t0)
 
+    data = None
     for name, est in plan_steps(notebooks):
         base = name.split("-")[0]
+        if base == "dry" and data is None and name not in skip and "dry" not in skip:
+            data = standin_data()   # the dry runs' problem files, when this clone has none (no model is built)
+            print(f"[gpu-check] stand-in data: {'written' if data['written'] else 'present'} ({data['seconds']} s)",
+                  flush=True)
         if name in skip or base in skip:
             steps.append(dict(step=name, skipped="--skip"))
             continue
@@ -302,12 +312,38 @@ def main(argv=None):
         for name, est in plan_steps(a.notebooks):
             print(f"{name:<8} ~{est} s")
         return 0
+    bare_machine_env()
     if not torch.cuda.is_available():
         print(f"gpu-check: no CUDA device here (torch {torch.__version__}); nothing measured. "
               "Run it on a machine with an NVIDIA GPU.", file=sys.stderr)
         return 2
     run_check(a.budget_s, Path(a.out).resolve(), a.notebooks, set(a.skip))
     return 0
+
+
+def bare_machine_env() -> None:
+    """What gpu-check needs on a bare GPU machine (its own torch, no .venv, no network), set for this process
+    and every step it starts: lib/ on the path (PYTHONPATH: the package need not be installed) and the hub
+    offline (HF_HUB_OFFLINE, TRANSFORMERS_OFFLINE: a missing file fails at once, never after retries)."""
+    lib = str(ROOT / "lib")
+    parts = [x for x in os.environ.get("PYTHONPATH", "").split(os.pathsep) if x]
+    os.environ["PYTHONPATH"] = os.pathsep.join([lib] + [x for x in parts if x != lib])
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+def standin_data(out: Path = ROOT / "data" / "standins") -> dict:
+    """The stand-in problem files the dry runs read (paper-vocab's problems_path and eval_sets), written when
+    missing: the data files only (well under a second), not the stand-in models, which the dry runs replace
+    with random weights at Qwen3-1.7B's shape. Returns {"seconds", "written"}."""
+    from . import standins
+    t = time.time()
+    want = [out / "dapo-math-17k.parquet", out / "math500.jsonl"]
+    if all(p.exists() for p in want):
+        return dict(seconds=0.0, written=False)
+    out.mkdir(parents=True, exist_ok=True)
+    standins.write_data(out, seed=0)
+    return dict(seconds=round(time.time() - t, 2), written=True)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import os
 import types
 from pathlib import Path
 
@@ -33,6 +34,28 @@ def is_hub_name(path: str | Path) -> bool:
     if not s or p.exists() or s.startswith((".", "/", "~")) or s.count("/") > 1 or "\\" in s:
         return False
     return not (s.count("/") == 1 and Path(s.split("/")[0]).exists())
+
+
+def hub_offline() -> bool:
+    """Whether the environment forbids hub downloads (HF_HUB_OFFLINE or TRANSFORMERS_OFFLINE set true)."""
+    return any(os.environ.get(v, "").strip().lower() in ("1", "true", "yes", "on")
+               for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+
+
+def hub_kwargs(path: str | Path) -> dict:
+    """from_pretrained's keywords for `path`: a hub name already in the local Hugging Face cache loads with
+    local_files_only (no network call, no retries); one that is not, while offline, is refused here in one
+    line naming it (instead of transformers' retries and a traceback in a notebook cell). A local directory,
+    or a hub name online and not cached (downloaded as asked), gets none."""
+    if not is_hub_name(path):
+        return {}
+    from huggingface_hub import try_to_load_from_cache
+    if isinstance(try_to_load_from_cache(str(path), "config.json"), str):
+        return {"local_files_only": True}
+    if hub_offline():
+        raise PolicyLoadError(f"{path}: not in the local Hugging Face cache, and HF_HUB_OFFLINE is set (no download): "
+                              f"run `huggingface-cli download {path}` where there is network, or pass a local directory")
+    return {}
 
 
 def _check_safetensors(f: Path):
@@ -135,7 +158,7 @@ def load_policy(path: str | Path, dtype: str | torch.dtype = "float32", device: 
                                   f"vocab_size {model.config.vocab_size}")
     else:
         try:
-            model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype).to(device)
+            model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, **hub_kwargs(path)).to(device)
         except Exception as e:
             raise PolicyLoadError(f"{path}: cannot load the model ({type(e).__name__}: {_first_line(e)})") from e
     if exact:
@@ -157,7 +180,9 @@ def load_tokenizer(path: str | Path):
         tok = build_tokenizer()
     else:
         try:
-            tok = AutoTokenizer.from_pretrained(str(path))
+            tok = AutoTokenizer.from_pretrained(str(path), **hub_kwargs(path))
+        except PolicyLoadError:
+            raise
         except Exception as e:
             raise PolicyLoadError(f"{path}: cannot load the tokenizer ({type(e).__name__}: {_first_line(e)})") from e
     tok.padding_side = "left"

@@ -19,6 +19,8 @@ PURPOSES: dict = {
     "controls_batch": (lambda s, i: s + 202, "Fig. 12 (notebook 08): the referee-controls batch, Fig. 2's batch"),
     "masked_batch": (lambda s, i: s + 303, "Fig. 3: the masked-update batch"),
     "category_batch": (lambda s, i: s + 1000 + i, "Fig. 4: batch i of the category shift"),
+    "thesis_random_mask": (lambda s, i: s * 1000 + 17 + i, "Fig. 4 thesis: random-mask draw i of a batch (s: the batch seed)"),
+    "thesis_permuted": (lambda s, i: s * 1000 + 31, "Fig. 4 thesis: the within-group advantage shuffle of a batch (s: the batch seed)"),
     "value_batch": (lambda s, i: s + 505, "Fig. 5: the value-gap batch"),
     "heldout_batch": (lambda s, i: s + 606, "Fig. 5: the held-out batch (new prompts)"),
     "heldout_pool": (lambda s, i: s + 7, "Fig. 5: the held-out tokens' balanced draw"),

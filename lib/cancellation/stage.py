@@ -144,7 +144,9 @@ FIG02 = Stage("fig02", FIGURE, version=3, doc="02's Result (2: `terms`; 3: the b
 FIG03 = Stage("fig03", FIGURE, version=5, version_field="effects_columns",
               doc="03's Result (2: mask_adv_sum; 3: topk_effects; 4: top-k ties in token order; 5: the batch as "
                   "numbers, not a line)")
-CATEGORY_SHIFT = Stage("category_shift", FIGURE + ("i", "main"), doc="04: Algorithm 2 on batch i (main: the thesis rows)")
+CATEGORY_SHIFT = Stage("category_shift", FIGURE + ("i", "main"), version=1,
+                       doc="04: Algorithm 2 on batch i (main: the thesis rows; 1: random masks, permuted advantages and "
+                           "first-order terms)")
 FIG05 = Stage("fig05", FIGURE + ("categories", "tagger_used"), version=3,
               doc="05's Result (2: Fig. 5(b)'s peak at the pool's end reads 100%, a rule that can fail; 3: its "
                   "summary as numbers, not lines)")

@@ -1,49 +1,64 @@
-"""The cancellation hypothesis as a test that could fail (notebook 04, App. E.1 / Algorithm 2).
+"""The cancellation hypothesis as a test that could come out against the paper (notebook 04, App. E.1).
 
 On one fixed batch and one saved θ₀, single SGD updates are taken from θ₀ and Δlog p is measured on
-the whole batch after each: positive-only (A·1[r=1]), negative-only (A·1[r=0]), GRPO (A), and GRPO
-with the *opposite-sign copies* masked (`copies_mask`: every token of an A < 0 rollout whose token id
-occurs in an A > 0 rollout of the same group gets loss weight 0; the falsification update).
+the whole batch after each (`fig04.batch_deltas`): positive-only (A·1[r=1]), negative-only (A·1[r=0]),
+GRPO (A); GRPO with the *opposite-sign copies* masked (`copies_mask`: each token of an A < 0 rollout
+whose id occurs in an A > 0 rollout of its group gets loss weight 0); GRPO with a *random mask of the
+same size* (`random_mask`: the same number of A < 0 tokens per group and confidence bin, drawn at
+random; the mean over draws); and positive-only, negative-only and GRPO with the advantages *shuffled
+within groups* (`permuted`). Besides, each token's first-order Δ under an LM-head GRPO step (Eq. 9,
+δ_j = η/N Σ_k A_k K_jk) split by where its terms come from (`first_order_terms`).
 
-Every token occurrence of an A > 0 rollout is *shared* when its token id also occurs in an A < 0
-rollout of the same group, else *specific* (success-specific); mirrored for A < 0 rollouts
-(failure-specific). `classify` does it on the token table, `copies_mask` on the batch tensors (the
-same definition). Zero-advantage groups carry no signal and are left out.
+Classes. A token of an A > 0 rollout is *shared* when it also occurs in an A < 0 rollout of the same
+group, else *specific*; mirrored for A < 0. "Occurs" has two definitions (`DEFNS`): **ids** — the same
+token id anywhere in the rollout (a bag of ids); **context** — the same id after the same k preceding
+response tokens (`context_keys`; k chosen by a rule fixed before any row is read: the smallest k whose
+specific share is at least `MIN_SPECIFIC` in both pools, `choose_k`). **permuted** is the ids
+definition under the shuffled advantages, with the permuted updates: the control. Zero-advantage
+groups carry no signal and are left out.
 
-Cancellation of a token: c = Δ_GRPO − Δ_single-sign, the single-sign update being positive-only for
-the A > 0 pool and negative-only for the A < 0 pool (what adding the opposite sign did to it).
-Contrasts compare the two classes: *raw* (difference of class means) and *matched* (within strata
-of token id × confidence bin, the difference of class means, averaged with the weights
-n_shared·n_specific/(n_shared + n_specific); strata holding one class only drop out). Intervals:
-percentile bootstrap over batches, then over the groups (query groups: their rollouts, tokens and
-classes together) of each drawn batch — `cluster_bootstrap`, drawn by the notebooks' one cluster
-bootstrap engine (`stats.nested(batch, group)` through `stats.cluster_resamples`); no interval with
-fewer than `MIN_BATCHES` batches.
+Statistics (one pool at a time; single = positive-only for A > 0, negative-only for A < 0):
+- cancellation of a class: its mean of Δ_GRPO − Δ_single (what adding the opposite sign did);
+- retained share: Σ Δ_GRPO / Σ Δ_single over the class (< 1: GRPO kept less than the single-sign step);
+- the contrast: shared − specific cancellation, matched within token id × confidence bin;
+- copies vs random: on shared A > 0 tokens, the mean of Δ_copies-masked − Δ_random-masked;
+- frequency: the shared class's cancellation for high- minus low-frequency ids (an id's count in its
+  batch at or above the batch's token-weighted median), matched within confidence bin;
+- mechanism: the first-order opposite-sign terms of the shared class, and the same-id share of them.
+Intervals: percentile bootstrap over batches, then over the groups of each drawn batch (one set of
+draws per pool for every statistic: paired), `cluster_bootstrap`; none below `MIN_BATCHES` batches.
 
-`cells` reduces the token table to the sufficient statistics (per batch, group, pool, class,
-category, token id and confidence bin: counts and sums of every Δ), the committed table
-`fig04_thesis_cells.parquet`; every contrast and interval is a function of it.
+`cells` reduces the token table to the sufficient statistics (per definition, batch, group, pool,
+class, category, token id and confidence bin: the count and the sum of every Δ and first-order term),
+the committed table `fig04_thesis_cells.parquet`; every statistic and interval is a function of it.
 """
 from __future__ import annotations
+
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
 import torch
 
+from . import coupling
 from . import stats as S
 
-UPDATES = ("positive_only", "negative_only", "grpo", "grpo_masked")
+UPDATES = ("positive_only", "negative_only", "grpo", "grpo_masked", "grpo_random")
+PERMUTED = ("positive_only", "negative_only", "grpo")          # the updates rerun under shuffled advantages
+FIRST_ORDER = ("fo_same_id_group", "fo_same_id_other", "fo_other_id", "fo_same_sign")
+DEFNS = ("ids", "context", "permuted")
 POOLS = ("pos", "neg")
 CLASSES = ("shared", "specific")
-KEYS = ["batch", "group", "pool", "cls", "category", "token_id", "bin"]
-SUMS = [f"sum_{u}" for u in UPDATES]
-SUMMARY_COLUMNS = ["pool", "category", "n_shared", "n_specific", "clusters", "batches", "matched_share", "statistic",
-                   "estimator", "contrast", "lo", "hi", "mean_shared", "mean_specific"]
-MIN_BATCHES = 5   # fewer batches: no interval (a percentile bootstrap over 2-4 batches says little)
-# what each statistic is: a difference of two updates' Δ (None: Δ of the first alone)
-VALUES = {"cancellation": ("grpo", "single"), "net": ("grpo", None), "masked_cancellation": ("grpo_masked", "single")}
+KEYS = ["defn", "batch", "group", "pool", "cls", "category", "token_id", "bin"]
+SUMS = [f"sum_{u}" for u in UPDATES + FIRST_ORDER]
+MIN_BATCHES = 5      # fewer batches: no interval (a percentile bootstrap over 2-4 batches says little)
+MIN_SPECIFIC = 0.2   # the context definition's k: the smallest whose specific share reaches this in both pools
+MAX_K = 4
+SUMMARY_COLUMNS = ["defn", "pool", "category", "statistic", "value", "lo", "hi", "n_shared", "n_specific",
+                   "clusters", "batches"]
 
 
+# ----------------------------------------------------------------------------- the updates' inputs
 def copies_mask(batch) -> torch.Tensor:
     """(B, L) loss weights: 0 on each token of an A < 0 rollout whose token id occurs among the
     response tokens of an A > 0 rollout of the same group, 1 elsewhere."""
@@ -60,58 +75,187 @@ def copies_mask(batch) -> torch.Tensor:
     return w
 
 
-def classify(tokens: pd.DataFrame) -> pd.Series:
-    """Per token: 'shared' / 'specific' by the rule above, '' for zero-advantage tokens."""
-    t = tokens[["batch", "group", "token_id"]].assign(p=tokens.advantage > 0, n=tokens.advantage < 0)
-    has = t.groupby(["batch", "group", "token_id"])[["p", "n"]].any().rename(columns={"p": "in_pos", "n": "in_neg"})
-    j = t.join(has, on=["batch", "group", "token_id"])
+def random_mask(batch, copies: torch.Tensor, prob: torch.Tensor, bins, seed: int) -> torch.Tensor:
+    """(B, L) loss weights of the null for `copies_mask`: in every group and confidence bin (edges
+    `bins` on p = `prob`), as many A < 0 response tokens as the copies mask zeroes there, drawn
+    uniformly at random among that group's A < 0 tokens of that bin, get weight 0."""
+    w = torch.ones_like(copies)
+    m = batch.response_mask.bool() & (batch.advantage < 0)[:, None]
+    b = torch.bucketize(prob.double().cpu(), torch.as_tensor(bins, dtype=torch.float64), right=True)
+    gen = torch.Generator().manual_seed(seed)
+    g_of = batch.group[:, None].expand_as(batch.input_ids).cpu()
+    m, zero = m.cpu(), (copies == 0).cpu()
+    for g in batch.group.unique().tolist():
+        for k in b[m & (g_of == g)].unique().tolist():
+            cell = (m & (g_of == g) & (b == k)).nonzero()
+            n = int(zero[cell[:, 0], cell[:, 1]].sum())
+            pick = cell[torch.randperm(len(cell), generator=gen)[:n]]
+            w[pick[:, 0], pick[:, 1]] = 0.0
+    return w
+
+
+def permuted(batch, seed: int):
+    """The batch with its rollouts' rewards and advantages shuffled within each group (the same
+    multiset per group, so mixed groups stay mixed): the permuted-advantage control."""
+    gen = torch.Generator().manual_seed(seed)
+    order = torch.arange(len(batch))
+    for g in batch.group.unique():
+        rows = (batch.group == g).nonzero().squeeze(1).cpu()
+        order[rows] = rows[torch.randperm(len(rows), generator=gen)]
+    o = order.to(batch.reward.device)
+    return replace(batch, reward=batch.reward[o], advantage=batch.advantage[o])
+
+
+def first_order_terms(f: coupling.Features, group: torch.Tensor, lr: float, chunk: int = 1024,
+                      vocab_chunk: int = 8192) -> dict:
+    """Token j's first-order Δ under one SGD LM-head GRPO step, δ_j = η/N Σ_k A_k K_jk (Eq. 9), split
+    by the source k: the same id in an opposite-sign rollout of j's group (`fo_same_id_group`) or of
+    another group (`fo_same_id_other`), another id in an opposite-sign rollout (`fo_other_id`), and
+    everything else (same-sign rollouts, j itself, zero advantage: `fo_same_sign`). The four sum to
+    `coupling.first_order_delta`. `group`: the group of each token of f. Memory: one chunk × chunk block."""
+    dev, dt = f.h.device, f.h.dtype
+    g = group.to(dev)
+    sgn = torch.sign(f.A)
+    out = {k: torch.zeros(len(f), dtype=dt, device=dev) for k in FIRST_ORDER}
+    total = torch.zeros(len(f), dtype=dt, device=dev)
+    for a, b, hg, phi in coupling.blocks(f, None, None, chunk, vocab_chunk):
+        j, k = slice(a, a + hg.shape[0]), slice(b, b + hg.shape[1])
+        t = hg * phi * f.A[k][None, :]
+        opp = (sgn[j][:, None] * sgn[k][None, :]) < 0
+        same = f.o[j][:, None] == f.o[k][None, :]
+        grp = g[j][:, None] == g[k][None, :]
+        out["fo_same_id_group"][j] += (t * (opp & same & grp)).sum(1)
+        out["fo_same_id_other"][j] += (t * (opp & same & ~grp)).sum(1)
+        out["fo_other_id"][j] += (t * (opp & ~same)).sum(1)
+        total[j] += t.sum(1)
+    out["fo_same_sign"] = total - out["fo_same_id_group"] - out["fo_same_id_other"] - out["fo_other_id"]
+    return {k: lr / len(f) * v for k, v in out.items()}
+
+
+# ----------------------------------------------------------------------------- classes
+def context_keys(tokens: pd.DataFrame, k: int) -> list[str]:
+    """Add columns prev1..prevk to `tokens` (in place): the ids of the k response tokens before each
+    token in its rollout (-1 before the response starts); returns the key columns (token_id first)."""
+    t = tokens.sort_values(["batch", "rollout", "position"])
+    cols = ["token_id"]
+    for i in range(1, k + 1):
+        tokens[f"prev{i}"] = t.groupby(["batch", "rollout"]).token_id.shift(i).fillna(-1).astype(np.int64)
+        cols.append(f"prev{i}")
+    return cols
+
+
+def classify(tokens: pd.DataFrame, keys=("token_id",), sign: str = "advantage") -> pd.Series:
+    """Per token: 'shared' when its key (the id; with context, the id and its preceding ids) occurs in a
+    rollout of the opposite sign (of column `sign`) in its group, else 'specific'; '' for zero sign."""
+    keys = list(keys)
+    t = tokens[["batch", "group"] + keys].assign(p=tokens[sign] > 0, n=tokens[sign] < 0)
+    has = t.groupby(["batch", "group"] + keys)[["p", "n"]].any().rename(columns={"p": "in_pos", "n": "in_neg"})
+    j = t.join(has, on=["batch", "group"] + keys)
     shared = (j.p & j.in_neg) | (j.n & j.in_pos)
     out = np.where(shared, "shared", "specific")
     return pd.Series(np.where(j.p | j.n, out, ""), index=tokens.index, name="cls")
 
 
-def cells(tokens: pd.DataFrame, bins) -> pd.DataFrame:
-    """The sufficient statistics: per (batch, group, pool, cls, category, token_id, bin) the token
-    count `n` and the sums of Δ under every update (`sum_<update>`). `tokens` needs delta_<update>
-    for UPDATES, advantage, prob, category; `bins`: the confidence-bin edges on p."""
-    t = tokens.assign(cls=classify(tokens))
-    t = t[t.cls != ""]
-    t = t.assign(pool=np.where(t.advantage > 0, "pos", "neg"), bin=np.digitize(t.prob, bins),
-                 **{f"sum_{u}": t[f"delta_{u}"] for u in UPDATES})
-    out = t.groupby(KEYS, observed=True).agg(n=("token_id", "size"), **{s: (s, "sum") for s in SUMS}).reset_index()
-    return out
+def specific_shares(tokens: pd.DataFrame, max_k: int = MAX_K) -> pd.DataFrame:
+    """Per definition (ids: k = 0; context: k = 1..max_k) and pool: the share of the pool's tokens
+    that are specific, and the token count — what `choose_k` reads (no Δ is read)."""
+    rows = []
+    for k in range(max_k + 1):
+        t = tokens.copy()
+        cls = classify(t, context_keys(t, k))
+        for pool, sel in (("pos", t.advantage > 0), ("neg", t.advantage < 0)):
+            rows.append(dict(defn="ids" if k == 0 else "context", k=k, pool=pool, n=int(sel.sum()),
+                             specific_share=float((cls[sel] == "specific").mean()) if sel.any() else np.nan))
+    return pd.DataFrame(rows)
 
 
+def choose_k(shares: pd.DataFrame, min_specific: float = MIN_SPECIFIC) -> int:
+    """The context definition's k: the smallest k ≥ 1 whose specific share is at least `min_specific`
+    in both pools (the largest k tried when none is)."""
+    ctx = shares[shares.defn == "context"]
+    ok = ctx.groupby("k").specific_share.min()
+    hit = ok[ok >= min_specific]
+    return int(hit.index.min()) if len(hit) else int(ok.index.max())
+
+
+def cells(tokens: pd.DataFrame, bins, k: int) -> pd.DataFrame:
+    """The sufficient statistics: per (defn, batch, group, pool, cls, category, token_id, bin) the token
+    count `n` and the sums of Δ under every update and of every first-order term (`sum_<name>`).
+    `tokens` needs delta_<u> for UPDATES, delta_perm_<u> for PERMUTED, perm_advantage, fo_<term>,
+    advantage, prob, category, rollout, position; `bins`: the confidence-bin edges on p; `k`: the
+    context definition's k. The permuted definition's sums are its permuted updates' (the masked
+    updates and first-order terms are not rerun there: NaN)."""
+    t = tokens.copy()
+    ctx = context_keys(t, k)
+    t["bin"] = np.digitize(t.prob, bins)
+    out = []
+    for defn in DEFNS:
+        sign = "perm_advantage" if defn == "permuted" else "advantage"
+        d = t.assign(cls=classify(t, ctx if defn == "context" else ["token_id"], sign), defn=defn)
+        d = d[d.cls != ""]
+        d = d.assign(pool=np.where(d[sign] > 0, "pos", "neg"))
+        if defn == "permuted":
+            sums = {f"sum_{u}": d[f"delta_perm_{u}"] for u in PERMUTED}
+        else:
+            sums = {f"sum_{u}": d[f"delta_{u}"] for u in UPDATES} | {f"sum_{f}": d[f] for f in FIRST_ORDER}
+        d = d.assign(**sums)
+        agg = {s: (s, "sum") for s in sums}
+        out.append(d.groupby(KEYS, observed=True).agg(n=("token_id", "size"), **agg).reset_index())
+    return pd.concat(out, ignore_index=True).reindex(columns=KEYS + ["n"] + SUMS)
+
+
+def with_frequency(c: pd.DataFrame) -> pd.DataFrame:
+    """`c` with column `freq`: 'high' where the id's count in its batch (this definition's tokens) is at
+    or above the batch's token-weighted median id count, else 'low'."""
+    cnt = c.groupby(["defn", "batch", "token_id"]).n.sum().rename("count")
+    c = c.join(cnt, on=["defn", "batch", "token_id"])
+    med = {}
+    for (defn, b), d in c.groupby(["defn", "batch"]):
+        v = d.groupby("token_id")["count"].first()
+        order = np.sort(np.repeat(v.to_numpy(), v.to_numpy()))   # every token carries its id's count
+        med[(defn, b)] = order[(len(order) - 1) // 2]
+    m = np.array([med[(a, b)] for a, b in zip(c.defn, c.batch)])
+    return c.assign(freq=np.where(c["count"].to_numpy() >= m, "high", "low")).drop(columns="count")
+
+
+# ----------------------------------------------------------------------------- per-cell values
 def single(pool: str) -> str:
     return "positive_only" if pool == "pos" else "negative_only"
 
 
-def _value_sums(c: pd.DataFrame, what: str, pool: str) -> np.ndarray:
-    a, b = VALUES[what]
-    v = c[f"sum_{a}"].to_numpy()
-    return v - c[f"sum_{single(pool)}"].to_numpy() if b == "single" else v
+def values(c: pd.DataFrame, pool: str) -> dict:
+    """The per-cell sums every statistic is built from (all linear in the cells, so a bootstrap
+    replicate is a weighted sum of them)."""
+    s = lambda name: c[f"sum_{name}"].to_numpy(dtype=float)  # noqa: E731
+    fo_same = s("fo_same_id_group") + s("fo_same_id_other")
+    return {"single": s(single(pool)), "grpo": s("grpo"), "cancellation": s("grpo") - s(single(pool)),
+            "copies_vs_random": s("grpo_masked") - s("grpo_random"), "copies_restore": s("grpo_masked") - s("grpo"),
+            "random_restore": s("grpo_random") - s("grpo"), "fo_same_id": fo_same,
+            "fo_same_id_group": s("fo_same_id_group"), "fo_other_id": s("fo_other_id"),
+            "fo_opposite": fo_same + s("fo_other_id")}
 
 
-def arrays(c: pd.DataFrame, pool: str, whats) -> tuple:
-    """Dense (clusters, strata, 2 classes) arrays of counts and of the sums of each statistic in
-    `whats`, for one pool; and the batch of every cluster."""
-    c = c[c.pool == pool]
-    cl, clusters = pd.factorize(pd.MultiIndex.from_frame(c[["batch", "group"]]))
-    st, _ = pd.factorize(pd.MultiIndex.from_frame(c[["token_id", "bin"]]))
-    k = (c.cls.to_numpy() == "specific").astype(int)
-    C, S = len(clusters), int(st.max()) + 1 if len(st) else 0
-    N = np.zeros((C, S, 2))
+def arrays(c: pd.DataFrame, pool: str, clusters: pd.MultiIndex, cls_col: str = "cls", classes=CLASSES,
+           strata=("token_id", "bin")) -> tuple:
+    """Dense (clusters, strata, classes) arrays of token counts N and of every value's sums V (`values`)
+    for the cells `c` of one pool, on the given cluster index ((batch, group) pairs)."""
+    cl = clusters.get_indexer(pd.MultiIndex.from_frame(c[["batch", "group"]]))
+    st, _ = pd.factorize(pd.MultiIndex.from_frame(c[list(strata)]))
+    k = np.array([list(classes).index(x) for x in c[cls_col]], dtype=int)
+    shape = (len(clusters), int(st.max()) + 1 if len(st) else 0, len(classes))
+    N = np.zeros(shape)
     np.add.at(N, (cl, st, k), c.n.to_numpy())
     V = {}
-    for w in whats:
-        V[w] = np.zeros((C, S, 2))
-        np.add.at(V[w], (cl, st, k), _value_sums(c, w, pool))
-    return N, V, np.asarray([b for b, _ in clusters])
+    for name, v in values(c, pool).items():
+        V[name] = np.zeros(shape)
+        np.add.at(V[name], (cl, st, k), v)
+    return N, V
 
 
-def contrast(n: np.ndarray, v: np.ndarray, how: str) -> np.ndarray:
-    """shared − specific of per-class means, over the last two axes (strata, class): 'raw' pools
-    the strata, 'matched' averages within-stratum differences with weights n₁n₂/(n₁+n₂)."""
+# ----------------------------------------------------------------------------- statistics of the arrays
+def contrast(n: np.ndarray, v: np.ndarray, how: str = "matched") -> np.ndarray:
+    """class 0 − class 1 of per-class means, over the last two axes (strata, class): 'raw' pools the
+    strata, 'matched' averages within-stratum differences with weights n₁n₂/(n₁+n₂)."""
     with np.errstate(invalid="ignore", divide="ignore"):
         if how == "raw":
             ns, vs = n.sum(-2), v.sum(-2)
@@ -123,9 +267,21 @@ def contrast(n: np.ndarray, v: np.ndarray, how: str) -> np.ndarray:
         return (w * d).sum(-1) / w.sum(-1)
 
 
-def class_means(n: np.ndarray, v: np.ndarray) -> tuple[float, float]:
-    ns, vs = n.sum(0).sum(0), v.sum(0).sum(0)
-    return float(vs[0] / ns[0]), float(vs[1] / ns[1])
+def class_mean(n, v, k: int):
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return v[..., k].sum(-1) / n[..., k].sum(-1)
+
+
+def class_ratio(a, b, k: int):
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return a[..., k].sum(-1) / b[..., k].sum(-1)
+
+
+def abs_share(a, b, k: int):
+    """|Σa| / (|Σa| + |Σb|) over class k: a's share of the two sources' combined size."""
+    x, y = np.abs(a[..., k].sum(-1)), np.abs(b[..., k].sum(-1))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return x / (x + y)
 
 
 def cluster_weights(batch_of: np.ndarray, n_boot: int, seed: int) -> np.ndarray:
@@ -136,51 +292,115 @@ def cluster_weights(batch_of: np.ndarray, n_boot: int, seed: int) -> np.ndarray:
     return np.array(list(S.cluster_resamples([way], n_boot, seed)), dtype=float).reshape(n_boot, len(batch_of))
 
 
-def cluster_bootstrap(N, V: dict, batch_of, stat, n_boot: int = 1000, seed: int = 0, level: float = 0.95, W=None):
-    """(point, lo, hi) of stat(n, v_dict) -> array over the leading axis, with the two-stage
-    bootstrap of `cluster_weights` (or the given multiplicities W): every replicate's cluster sums at
-    once (W @ the per-cluster arrays); replicates where the statistic is undefined are dropped, and
-    there is no interval (NaN) when that is over 5% of them (`stats.percentile_interval`)."""
-    C = N.shape[0]
+def cluster_bootstrap(arrs: dict, stat, W: np.ndarray, level: float = 0.95):
+    """(point, lo, hi) of stat(dict of arrays summed over clusters) with the multiplicities W
+    (n_boot, clusters): every replicate at once (W @ the per-cluster arrays). Replicates where the
+    statistic is undefined are dropped; no interval (NaN) when that is over 5% of them."""
+    C = W.shape[1]
     flat = lambda A, W: (W @ A.reshape(C, -1)).reshape((W.shape[0],) + A.shape[1:])  # noqa: E731
-    one = np.ones((1, C))
-    point = float(stat(flat(N, one), {k: flat(v, one) for k, v in V.items()})[0])
-    W = cluster_weights(batch_of, n_boot, seed) if W is None else W
-    reps = stat(flat(N, W), {k: flat(v, W) for k, v in V.items()})
+    point = float(stat({k: flat(a, np.ones((1, C))) for k, a in arrs.items()})[0])
+    reps = stat({k: flat(a, W) for k, a in arrs.items()})
     return (point, *S.percentile_interval(reps, level, min_defined=0.95))
 
 
+# the statistics per pool and definition: name -> (which arrays, function of the summed arrays)
+def _class_stats(k_shared=0, k_specific=1):
+    return {
+        "shared_cancellation": lambda a: class_mean(a["N"], a["cancellation"], k_shared),
+        "specific_cancellation": lambda a: class_mean(a["N"], a["cancellation"], k_specific),
+        "shared_single": lambda a: class_mean(a["N"], a["single"], k_shared),
+        "specific_single": lambda a: class_mean(a["N"], a["single"], k_specific),
+        "shared_retained": lambda a: class_ratio(a["grpo"], a["single"], k_shared),
+        "specific_amplification": lambda a: class_ratio(a["grpo"], a["single"], k_specific),
+        "contrast": lambda a: contrast(a["N"], a["cancellation"], "matched"),
+        "contrast_raw": lambda a: contrast(a["N"], a["cancellation"], "raw"),
+    }
+
+
+ONLY_IDS = {   # on the ids definition, A > 0 pool: the masks and the mechanism
+    "copies_vs_random": lambda a: class_mean(a["N"], a["copies_vs_random"], 0),
+    "copies_restore": lambda a: class_mean(a["N"], a["copies_restore"], 0),
+    "random_restore": lambda a: class_mean(a["N"], a["random_restore"], 0),
+    "fo_opposite": lambda a: class_mean(a["N"], a["fo_opposite"], 0),
+    "fo_same_id": lambda a: class_mean(a["N"], a["fo_same_id"], 0),
+    "fo_same_id_group": lambda a: class_mean(a["N"], a["fo_same_id_group"], 0),
+    "fo_other_id": lambda a: class_mean(a["N"], a["fo_other_id"], 0),
+    "fo_same_id_share": lambda a: abs_share(a["fo_same_id"], a["fo_other_id"], 0),
+}
+
+
+def _arrs(N, V):
+    return {"N": N, **V}
+
+
 def summary(c: pd.DataFrame, categories=(), n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
-    """The tidy table of every contrast: per pool, category ('all' or one of `categories`),
-    statistic (cancellation, net, masked_cancellation, and masked − GRPO cancellation: 'mask_effect')
-    and estimator (raw, matched): the shared − specific contrast with its cluster-bootstrap interval,
-    the class means, token counts, clusters, batches and the share of tokens in matched strata."""
+    """The tidy table of every statistic: per definition, pool, category ('all' or one of
+    `categories`) and statistic, the value with its two-stage cluster-bootstrap interval (one set of
+    draws per pool: every statistic of a pool is paired), token counts, clusters and batches. Also
+    'frequency' (shared class, high − low frequency ids, matched on confidence bin) per definition,
+    'minus_permuted' (the ids contrast minus the permuted one, paired), and the ids-only statistics."""
     rows = []
+    c = with_frequency(c)
     for pool in POOLS:
-        for cat in ("all",) + tuple(categories):
-            d = c if cat == "all" else c[c.category == cat]
-            d = d[d.pool == pool]
-            if d.empty or d.cls.nunique() < 2:
-                continue
-            N, V, batch_of = arrays(d, pool, VALUES)
-            n_sh, n_sp = N[..., 0].sum(), N[..., 1].sum()
-            both = (N.sum(0) > 0).all(-1)                      # strata holding both classes
-            coverage = float(N.sum(0)[both].sum() / N.sum())
-            W = cluster_weights(batch_of, n_boot, seed)       # one set of draws for every statistic: paired
-            base = dict(pool=pool, category=cat, n_shared=int(n_sh), n_specific=int(n_sp),
-                        clusters=len(batch_of), batches=len(np.unique(batch_of)), matched_share=coverage)
-            for how in ("raw", "matched"):
-                whats = list(VALUES) + ["mask_effect"]
-                for what in whats:
-                    if what == "mask_effect":
-                        f = lambda n, v, h=how: contrast(n, v["masked_cancellation"], h) - contrast(n, v["cancellation"], h)  # noqa: E731
-                        ms, mp = np.nan, np.nan
-                    else:
-                        f = lambda n, v, h=how, w=what: contrast(n, v[w], h)  # noqa: E731
-                        ms, mp = class_means(N, V[what])
-                    m, lo, hi = cluster_bootstrap(N, V, batch_of, f, W=W)
-                    if base["batches"] < MIN_BATCHES:
-                        lo = hi = np.nan
-                    rows.append(dict(base, statistic=what, estimator=how, contrast=m, lo=lo, hi=hi,
-                                     mean_shared=ms, mean_specific=mp))
+        cp = c[c.pool == pool]
+        if cp.empty:
+            continue
+        clusters = pd.MultiIndex.from_frame(cp[["batch", "group"]].drop_duplicates().sort_values(["batch", "group"]))
+        batch_of = np.asarray([b for b, _ in clusters])
+        W = cluster_weights(batch_of, n_boot, seed)
+        nb = len(np.unique(batch_of))
+
+        def put(defn, cat, stat, fn, arrs, n_sh, n_sp):
+            v, lo, hi = cluster_bootstrap(arrs, fn, W)
+            if nb < MIN_BATCHES:
+                lo = hi = np.nan
+            rows.append(dict(defn=defn, pool=pool, category=cat, statistic=stat, value=v, lo=lo, hi=hi,
+                             n_shared=int(n_sh), n_specific=int(n_sp), clusters=len(clusters), batches=nb))
+
+        both = {}
+        for defn in DEFNS:
+            for cat in ("all",) + (tuple(categories) if defn == "ids" else ()):
+                d = cp[(cp.defn == defn) & ((cp.category == cat) if cat != "all" else True)]
+                if d.empty or d.cls.nunique() < 2:
+                    continue
+                N, V = arrays(d, pool, clusters)
+                n_sh, n_sp = N[..., 0].sum(), N[..., 1].sum()
+                stats_ = _class_stats() if cat == "all" else {"contrast": _class_stats()["contrast"]}
+                if defn == "ids" and cat == "all" and pool == "pos":
+                    stats_ = stats_ | ONLY_IDS
+                for stat, fn in stats_.items():
+                    put(defn, cat, stat, fn, _arrs(N, V), n_sh, n_sp)
+                if cat == "all":
+                    both[defn] = (N, V)
+                    sh = d[d.cls == "shared"]
+                    if sh.freq.nunique() == 2:   # the shared class, high vs low frequency ids, matched on bin
+                        Nf, Vf = arrays(sh, pool, clusters, "freq", ("high", "low"), ("bin",))
+                        put(defn, cat, "frequency", lambda a: contrast(a["N"], a["cancellation"]), _arrs(Nf, Vf),
+                            Nf[..., 0].sum(), Nf[..., 1].sum())
+        if "ids" in both and "permuted" in both:
+            (N1, V1), (N2, V2) = both["ids"], both["permuted"]
+            arrs = {"N1": N1, "c1": V1["cancellation"], "N2": N2, "c2": V2["cancellation"]}
+            put("ids", "all", "minus_permuted", lambda a: contrast(a["N1"], a["c1"]) - contrast(a["N2"], a["c2"]),
+                arrs, N1[..., 0].sum(), N1[..., 1].sum())
     return pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
+
+
+def fidelity(tokens: pd.DataFrame) -> pd.DataFrame:
+    """How well the first-order LM-head terms track the measured full-parameter Δ (mixed groups only):
+    Pearson correlation and sign agreement of Σ terms vs Δ_GRPO (all tokens), and of the opposite-sign
+    terms vs the measured cancellation Δ_GRPO − Δ_single (per pool)."""
+    t = tokens[tokens.advantage != 0]
+    fo = t[list(FIRST_ORDER)].sum(axis=1)
+    opp = t.fo_same_id_group + t.fo_same_id_other + t.fo_other_id
+    rows = [dict(what="first-order total vs Δ_GRPO", pool="both", n=len(t), corr=_corr(fo, t.delta_grpo),
+                 sign_agreement=float((np.sign(fo) == np.sign(t.delta_grpo)).mean()))]
+    for pool, sel in (("pos", t.advantage > 0), ("neg", t.advantage < 0)):
+        c = t.delta_grpo[sel] - t[f"delta_{single(pool)}"][sel]
+        rows.append(dict(what="opposite-sign terms vs cancellation", pool=pool, n=int(sel.sum()),
+                         corr=_corr(opp[sel], c), sign_agreement=float((np.sign(opp[sel]) == np.sign(c)).mean())))
+    return pd.DataFrame(rows)
+
+
+def _corr(x, y) -> float:
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    return float(np.corrcoef(x, y)[0, 1]) if len(x) > 1 and x.std() > 0 and y.std() > 0 else np.nan

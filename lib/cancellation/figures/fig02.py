@@ -248,8 +248,9 @@ def claims(R: Result, P: Params) -> list[C.Claim]:
         C.Claim("fig02_low_vs_high_confidence", "§2 (Eq. 10)", "coupling is stronger between low-confidence than "
                 "between high-confidence same-token pairs", "low-confidence pairs",
                 *cc[:3], n=int(clo.sum() + chi.sum()),
-                unit=f"log10(mean |K| both p < {CONF:g} / both p ≥ {CONF:g}), same-token pairs", rule="direction",
-                params=dict(sign=1),
+                unit=f"log10(mean |K| both p < {CONF:g} / both p ≥ {CONF:g}), same-token pairs", rule="construction",
+                params=dict(sign=1, why="Eq. 10 bounds φ ≤ 2(1−p_j)(1−p_k) for a same-token pair, so K vanishes as both "
+                            "p → 1 whatever ⟨h_j, h_k⟩ does"),
                 detail=f"mean |K| {k_abs[clo == 1].mean():.3g} over {int(clo.sum())} low- vs {k_abs[chi == 1].mean():.3g} "
                 f"over {int(chi.sum())} high-confidence same-token pairs; Eq. 10 bounds the high side "
                 f"(φ ≤ 2(1−p_j)(1−p_k) for a same-token pair), so the contrast is mostly ⟨h_j, h_k⟩ staying comparable",

@@ -220,8 +220,10 @@ def claims(R: Result, P: Params) -> list[C.Claim]:
                         detail=f"range {consistency.sign_consistency.min():.2f}–{consistency.sign_consistency.max():.2f}",
                         estimator="t over steps", resampling="step"))
     rows.append(C.Claim("appD3_sign_descent", "App. D.3", "Adam's first step is sign descent", "yes",
-                        adam.median_ratio[0], n=adam.n_elements[0], unit="median ratio to lr·sign(g)", rule="similar",
-                        params=dict(target=1.0, tol=0.01, point_ok=True),
+                        adam.median_ratio[0], n=adam.n_elements[0], unit="median ratio to lr·sign(g)",
+                        rule="construction", params=dict(sign=1, ref=0.99, point_ok=True, why=(
+                            "at step 1 Adam's bias-corrected m̂ = g and v̂ = g², so the update is lr·g/(|g| + ε) = "
+                            "lr·sign(g) up to ε: the ratio is 1 except where |g| is near ε")),
                         detail=f"{100 * adam['share_above_0.99'][0]:.1f}% of elements within 1%",
                         estimator="point (median over parameter elements)", resampling="none"))
     return rows

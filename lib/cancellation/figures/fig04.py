@@ -21,7 +21,7 @@ import pandas as pd
 import torch
 from tqdm import tqdm
 
-from .. import cache, categories, grpo, measure, policy, rollout, seeds, stage, thesis
+from .. import cache, categories, coupling, grpo, measure, policy, rollout, seeds, stage, thesis
 from .. import workload as W
 from . import base
 from .base import param
@@ -30,7 +30,8 @@ UPDATES = ("positive_only", "grpo")
 LABELS = {"positive_only": "positive-only", "grpo": "GRPO"}
 TABLES = {"mass": "fig04_category_mass_per_batch.parquet", "table": "fig04_category_shift.parquet",
           "top": "fig04_top_tokens.parquet", "compare": "fig04_settings.parquet",
-          "thesis_cells": "fig04_thesis_cells.parquet", "thesis": "fig04_thesis.parquet"}
+          "thesis_cells": "fig04_thesis_cells.parquet", "thesis": "fig04_thesis.parquet",
+          "thesis_shares": "fig04_thesis_shares.parquet", "thesis_fidelity": "fig04_thesis_fidelity.parquet"}
 
 
 @dataclass
@@ -63,6 +64,10 @@ class Params(base.FigureParams):
     conf_bins: list = param([0.5, 0.9, 0.99], "edges on p of the confidence bins the thesis contrasts match on",
                             gt=0, lt=1, distinct=True)
     n_boot: int = param(1000, "bootstrap replicates of the thesis contrasts (batches, then groups)", min=100)
+    n_random_masks: int = param(2, "random masks drawn per batch as the copies mask's null (same count per group "
+                                "and confidence bin); Δ averaged over the draws", min=1)
+    context_k: int = param(0, "preceding tokens the in-context 'shared' definition matches on; 0: the smallest k "
+                           "whose specific share is ≥ 20% in both pools (thesis.choose_k)", min=0, max=thesis.MAX_K)
 
 
 @dataclass
@@ -87,7 +92,9 @@ class Result:
     setting_shifts: dict         # setting -> its per-batch paired shifts
     compare: pd.DataFrame        # per (setting, category): shift with interval, token share, boosted shares
     thesis_cells: pd.DataFrame   # cancellation hypothesis: per (batch, group, pool, class, category, id, bin) Δ sums
-    thesis: pd.DataFrame         # its contrasts shared − specific with cluster-bootstrap intervals (thesis.summary)
+    thesis: pd.DataFrame         # every thesis statistic with its cluster-bootstrap interval (thesis.summary)
+    thesis_shares: pd.DataFrame  # per definition (ids; context with k = 1..4) and pool: the specific share
+    thesis_fidelity: pd.DataFrame  # first-order LM-head terms vs the measured Δ: correlation, sign agreement
 
     def write(self, results_dir) -> None:
         for field, name in TABLES.items():
@@ -112,13 +119,7 @@ def batch_deltas(P: Params, source, i: int, path: str, load) -> pd.DataFrame:
             cfg = cc.update(optimizer="sgd", lr=P.lr, scope=P.scope, reweight=rw)
             df[f"delta_{rw}"] = grpo.trial_delta(model, batch, cfg, before.logp)[m].double().cpu().numpy()
         if main:  # the thesis rows' updates (lib/cancellation/thesis.py), each from θ₀ too
-            cfg = cc.update(optimizer="sgd", lr=P.lr, scope=P.scope, reweight="negative_only")
-            df["delta_negative_only"] = grpo.trial_delta(model, batch, cfg, before.logp)[m].double().cpu().numpy()
-            cfg = cc.update(optimizer="sgd", lr=P.lr, scope=P.scope, reweight="grpo")
-            w = thesis.copies_mask(batch)
-            df["delta_grpo_masked"] = grpo.trial_delta(model, batch, cfg, before.logp,
-                                                       token_weight=w)[m].double().cpu().numpy()
-            df["copy_masked"] = (w[m] == 0).cpu().numpy()
+            _thesis_updates(P, cc, model, batch, before, df, bseed)
         # θ₀ must come back exactly for the second update (Algorithm 2, line 10): same forward, Δ = 0
         again = cc.stats(model, batch)
         df["restore_error"] = float((again.logp - before.logp)[m].abs().max())
@@ -126,6 +127,31 @@ def batch_deltas(P: Params, source, i: int, path: str, load) -> pd.DataFrame:
         return df
 
     return stage.CATEGORY_SHIFT.cached(run, **base.inputs(P, source, path), i=i, main=main)
+
+
+def _thesis_updates(P: Params, cc, model, batch, before, df: pd.DataFrame, bseed: int) -> None:
+    """The thesis rows' steps from θ₀ on one batch, as columns of its token table `df`: negative-only;
+    GRPO with the opposite-sign copies masked and with `n_random_masks` random masks of the same size
+    per group and confidence bin (their mean); positive-only, negative-only and GRPO with the advantages
+    shuffled within groups; and the first-order LM-head terms of every token (Eq. 9)."""
+    m = batch.response_mask
+    delta = lambda b, rw, **kw: grpo.trial_delta(  # noqa: E731
+        model, b, cc.update(optimizer="sgd", lr=P.lr, scope=P.scope, reweight=rw), before.logp, **kw)[m].double().cpu().numpy()
+    df["delta_negative_only"] = delta(batch, "negative_only")
+    w = thesis.copies_mask(batch)
+    df["delta_grpo_masked"] = delta(batch, "grpo", token_weight=w)
+    df["copy_masked"] = (w[m] == 0).cpu().numpy()
+    draws = [thesis.random_mask(batch, w, before.logp.exp(), P.conf_bins, seeds.derive(bseed, "thesis_random_mask", d))
+             for d in range(P.n_random_masks)]
+    df["delta_grpo_random"] = np.mean([delta(batch, "grpo", token_weight=r) for r in draws], axis=0)
+    df["random_masked"] = np.mean([(r[m] == 0).cpu().numpy() for r in draws], axis=0)
+    shuffled = thesis.permuted(batch, seeds.derive(bseed, "thesis_permuted"))
+    df["perm_advantage"] = shuffled.advantage[m.nonzero(as_tuple=True)[0]].double().cpu().numpy()
+    for u in thesis.PERMUTED:
+        df[f"delta_perm_{u}"] = delta(shuffled, u)
+    f = coupling.features(model, batch, compute=cc)
+    for k, v in thesis.first_order_terms(f, batch.group[f.rows], P.lr).items():
+        df[k] = v.double().cpu().numpy()
 
 
 def compute(P: Params) -> Result:
@@ -196,13 +222,18 @@ def compute(P: Params) -> Result:
     # the cancellation hypothesis on the main policy's batches (thesis.py): classes, cells, contrasts
     cls = thesis.classify(tokens)
     assert (tokens.copy_masked == ((cls == "shared") & (tokens.advantage < 0))).all(), "copies_mask != classify"
-    tcells = thesis.cells(tokens, P.conf_bins)
+    shares = thesis.specific_shares(tokens)
+    k = P.context_k or thesis.choose_k(shares)   # fixed from the class shares before any Δ is read
+    tcells = thesis.cells(tokens, P.conf_bins, k)
     t_cats = [c for c in cats if c in set(tcells.category)]
+    facts["context_k"] = k
     return Result(batches=facts, tokens=tokens, audit=audit, mass=mass, summary_table=summary, per=per,
                   shift=shift, table=table, top=top, top_labels=top_labels, occurrences=occurrences, cats=cats,
                   totals=totals, template_confidence=conf, settings=list(settings),
                   setting_shifts={k: v[1] for k, v in settings.items()}, compare=_compare(settings, P),
-                  thesis_cells=tcells, thesis=thesis.summary(tcells, t_cats, n_boot=P.n_boot, seed=P.seed))
+                  thesis_cells=tcells, thesis=thesis.summary(tcells, t_cats, n_boot=P.n_boot, seed=P.seed),
+                  thesis_shares=shares.assign(chosen=lambda d: (d.defn == "ids") | (d.k == k)),
+                  thesis_fidelity=thesis.fidelity(tokens))
 
 
 def summary(R: Result) -> str:
@@ -263,9 +294,11 @@ def workload(P: Params, shape, z: W.Sizes) -> W.Work:
     with w.split("batches", n):
         W.sample(w, rows, z, chunk_rows_decode=W.sample_rows(P), times=n)
         # before, after each of the two updates, the restore check; the main policy's batches also take the
-        # thesis rows' negative-only and copies-masked GRPO updates, each measured after
-        W.analysis(w, rows, z, P.chunk_rows, times=n * 4 + P.n_batches * 2)
-        W.step(w, kind, rows, z, P.chunk_rows, times=n * 2 + P.n_batches * 2)
+        # thesis rows' negative-only, copies-masked, random-masked and three permuted updates, each measured
+        # after, and one forward for the first-order features
+        thesis_steps = 2 + P.n_random_masks + len(thesis.PERMUTED)
+        W.analysis(w, rows, z, P.chunk_rows, times=n * 4 + P.n_batches * (thesis_steps + 1))
+        W.step(w, kind, rows, z, P.chunk_rows, times=n * 2 + P.n_batches * thesis_steps)
     w.full_grads = kind == "full"
     w.extra_bytes += shape.params * W.BYTES[P.dtype] * (policies - 1)
     return w

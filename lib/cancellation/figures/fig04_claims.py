@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from .. import categories, thesis
+from .. import categories
 from .. import claims as C
 from .. import stats as S
 from .fig04 import UPDATES, Params, Result
@@ -60,11 +60,11 @@ def compare_view(compare: pd.DataFrame) -> pd.DataFrame:
 
 
 def thesis_view(T: pd.DataFrame) -> pd.DataFrame:
-    """The thesis contrasts over all categories: per (pool, statistic) and estimator, the contrast with
+    """The thesis statistics over all categories: per (definition, statistic) and pool, the value with
     its interval as text."""
-    return (T[T.category == "all"].assign(ci=lambda d: d.apply(lambda r: f"{r.contrast:+.2e} [{r.lo:+.2e}, "
-                                                                           f"{r.hi:+.2e}]", axis=1))
-            .pivot(index=["pool", "statistic"], columns="estimator", values="ci"))
+    d = T[T.category == "all"].assign(ci=lambda d: d.apply(lambda r: f"{r.value:+.3g} [{r.lo:+.3g}, {r.hi:+.3g}]",
+                                                              axis=1))
+    return d.pivot(index=["defn", "statistic"], columns="pool", values="ci")
 
 
 def fmt(table: pd.DataFrame, c: str, meas: str = "boosted_share", u: str | None = None) -> str:
@@ -128,7 +128,7 @@ def claims(R: Result, P: Params) -> list[C.Claim]:
     if P.control_model_path:
         rows += claim_rows(R.setting_shifts[R.settings[-1]], "_fixed_scaffold", "Fig. 4, fixed-scaffold control",
                            " (fixed scaffold)")
-    return rows + thesis_claims(R.thesis)
+    return rows + thesis_claims(R.thesis, R.thesis_fidelity, R.batches.get("context_k"))
 
 
 def mass_reading(rows: list[C.Claim]) -> str:
@@ -144,80 +144,201 @@ def mass_reading(rows: list[C.Claim]) -> str:
             f"×{r.measured:.2f} [{r.lo:.2f}, {r.hi:.2f}] ({r.verdict})")
 
 
-# the thesis rows: (id, pool, category, statistic, sign of the row's value vs shared − specific, paper's sign
-# of the row's value, statement, what would refute)
-THESIS_ROWS = (
-    ("pos_cancellation", "pos", "all", "cancellation", 1, -1,
-     "shared tokens of A>0 rollouts lose more of their positive-only gain under GRPO than success-specific ones "
-     "(Δ_GRPO − Δ_pos-only, shared − specific)", "95% CI > 0 (shared tokens lose less)"),
-    ("pos_net", "pos", "all", "net", -1, 1,
-     "success-specific tokens end with the larger net Δ under GRPO (specific − shared)",
-     "95% CI < 0 (shared tokens end higher)"),
-    ("neg_cancellation", "neg", "all", "cancellation", 1, 1,
-     "mirror: shared tokens of A<0 rollouts lose more of their negative-only suppression under GRPO than "
-     "failure-specific ones (Δ_GRPO − Δ_neg-only, shared − specific)", "95% CI < 0"),
-    ("neg_net", "neg", "all", "net", -1, -1,
-     "mirror: failure-specific tokens end with the lower net Δ under GRPO (specific − shared)",
-     "95% CI > 0 (failure-specific tokens end higher)"),
-    ("pos_masked", "pos", "all", "mask_effect", 1, 1,
-     "falsification: masking the opposite-sign copies (same id in the group's A<0 rollouts) shrinks the "
-     "shared − specific cancellation contrast (matched contrast, masked GRPO − GRPO)",
-     "95% CI < 0: the contrast grows without the opposite-sign copies, so they do not carry it"),
-)
+# ----------------------------------------------------------------------------- the thesis rows (thesis.py)
+BOOT = "percentile cluster bootstrap (batches, then groups in a batch)"
+DEFN_WORDS = {"ids": "", "context": " [in context: the same id after the same k tokens]",
+              "permuted": " [advantages shuffled within groups]"}
+SFX = {"ids": "", "context": "_ctx"}
+RETAIN_TOL = 0.25   # "shared tokens keep their gain": their retained share within 1 ± this
 
 
-def thesis_report(T: pd.DataFrame, TC: list[C.Claim]) -> list[str]:
-    """The thesis rows one per line, then each class's mean Δ under the single-sign step and under
-    GRPO (the GRPO mean minus the cancellation): which class the contrast comes from."""
-    out = [f"{c.claim.replace('fig04_thesis_', ''):>28}: {c.verdict.upper():>15}  {c.measured:+.3g} "
-           f"[{c.lo:+.3g}, {c.hi:+.3g}]  ({c.detail.split(';')[0]})" for c in TC]
-    out.append("(reproduced: the interval is on the paper's side; not reproduced: on the refuting side; else inconclusive)")
-    for pool, single in (("pos", "positive-only"), ("neg", "negative-only")):
-        d = T[(T.pool == pool) & (T.category == "all") & (T.estimator == "raw")].set_index("statistic")
-        for cls in ("shared", "specific") if len(d) else ():
-            net, c = d.loc["net", f"mean_{cls}"], d.loc["cancellation", f"mean_{cls}"]
-            out.append(f"A{'>' if pool == 'pos' else '<'}0 {cls:>8}: mean Δ {single} {net - c:+.2e} -> GRPO {net:+.2e} "
-                       f"(cancellation {c:+.2e})")
+def _cls_rows(pool: str) -> list[tuple]:
+    """(id, statistic, sign, ref, statement, paper, refutes, unit) of one pool's class rows."""
+    up, s = (("A>0", "positive-only"), -1) if pool == "pos" else (("A<0", "negative-only"), 1)
+    sign_text, single = up
+    gain = "reinforcement" if pool == "pos" else "suppression"
+    lose = "lose" if pool == "pos" else "lose"
+    return [
+        (f"{pool}_shared_cancellation", "shared_cancellation", s, 0.0,
+         f"{'' if pool == 'pos' else 'mirror: '}shared tokens of {sign_text} rollouts {lose} {gain} under GRPO "
+         f"(mean Δ_GRPO − Δ_{single} {'<' if s < 0 else '>'} 0)", "yes (§3: opposite signals on shared tokens cancel)",
+         f"95% CI {'>' if s < 0 else '<'} 0 (shared tokens gain {gain} when the opposite sign joins)", "Δlog p per token"),
+        (f"{pool}_shared_retained", "shared_retained", -1, 1.0,
+         f"{'' if pool == 'pos' else 'mirror: '}shared tokens of {sign_text} rollouts keep less than their "
+         f"{single} Δ under GRPO (Σ Δ_GRPO / Σ Δ_{single} < 1)", "yes (implied: they lose part of it)",
+         "95% CI > 1 (they keep more than all of it)", "retained share"),
+        (f"{pool}_specific_amplification", "specific_amplification", 1, 1.0,
+         f"GRPO amplifies the {single} Δ of {'success' if pool == 'pos' else 'failure'}-specific tokens "
+         f"(Σ Δ_GRPO / Σ Δ_{single} > 1)", "not stated (the alternative reading's part)", "95% CI < 1",
+         "amplification"),
+        (f"{pool}_contrast", "contrast", s, 0.0,
+         f"{'' if pool == 'pos' else 'mirror: '}shared tokens of {sign_text} rollouts lose more {gain} under GRPO "
+         f"than {'success' if pool == 'pos' else 'failure'}-specific ones (Δ_GRPO − Δ_{single}, shared − specific, "
+         "matched on token id × confidence bin)", "yes (§3)",
+         f"95% CI {'>' if s < 0 else '<'} 0 (specific tokens lose more)", "Δlog p, matched on token id × confidence bin"),
+    ]
+
+
+def _get(T, defn, pool, stat, cat="all"):
+    d = T[(T.defn == defn) & (T.pool == pool) & (T.category == cat) & (T.statistic == stat)]
+    return d.iloc[0] if len(d) else None
+
+
+def _claim(cid, statement, paper, r, sign, ref, refutes, unit, detail, estimator="class mean, " + BOOT, rule=None,
+           params=None) -> C.Claim:
+    params = params if params is not None else dict(sign=sign, ref=ref, refutes=refutes)
+    return C.Claim(f"{C.THESIS_PREFIX}{cid}", "§3 / App. E.1 (thesis)", statement, paper, r.value, r.lo, r.hi,
+                   n=int(r.batches), unit=unit, rule=rule or "direction", params=params, detail=detail,
+                   estimator=estimator, resampling="batch × group")
+
+
+def _counts(r) -> str:
+    return f"{r.n_shared} shared / {r.n_specific} specific tokens, {r.clusters} groups"
+
+
+def _part(c: C.Claim) -> list:
+    return [c.claim.replace(C.THESIS_PREFIX, ""), c.rule, c.measured, c.lo, c.hi, c.params]
+
+
+def thesis_claims(T: pd.DataFrame, fidelity: pd.DataFrame | None = None, k: int | None = None) -> list[C.Claim]:
+    """The cancellation hypothesis (App. E.1 protocol, thesis.py): per definition of 'shared' (ids; in
+    context) and pool, what happens to each class (shared cancellation and retained share, specific
+    amplification) and the matched contrast; the thesis as the paper states it (a conjunction) and the
+    alternative reading (specific tokens amplified, shared ones keeping their gain); the frequency split;
+    on the ids definition, the copies mask against random masks of its size, the permuted-advantage
+    control and the first-order mechanism; the A>0 contrast per category."""
+    out, by = [], {}
+    for defn in ("ids", "context"):
+        words, sfx = DEFN_WORDS[defn] + (f" (k = {k})" if defn == "context" and k else ""), SFX[defn]
+        for pool in ("pos", "neg"):
+            for cid, stat, sign, ref, statement, paper, refutes, unit in _cls_rows(pool):
+                r = _get(T, defn, pool, stat)
+                if r is None:
+                    continue
+                detail = _counts(r)
+                if stat == "shared_retained":
+                    sh = _get(T, defn, pool, "shared_single")
+                    detail = f"mean Δ single-sign {sh.value:+.3g} per shared token; " + detail
+                if stat == "specific_amplification":
+                    sp = _get(T, defn, pool, "specific_single")
+                    detail = f"mean Δ single-sign {sp.value:+.3g} per specific token; " + detail
+                if stat == "contrast":
+                    raw, shc, spc = (_get(T, defn, pool, x) for x in ("contrast_raw", "shared_cancellation",
+                                                                       "specific_cancellation"))
+                    detail = (f"raw contrast {raw.value:+.3g} [{raw.lo:+.3g}, {raw.hi:+.3g}]; cancellation shared "
+                              f"{shc.value:+.3g}, specific {spc.value:+.3g}; " + detail)
+                est = ("matched contrast, " if stat == "contrast" else "ratio of class sums, " if "_" in stat and
+                       stat.split("_")[1] in ("retained", "amplification") else "class mean, ") + BOOT
+                c = _claim(cid + sfx, statement + words, paper, r, sign, ref, refutes, unit, detail, est)
+                by[cid + sfx] = c
+                out.append(c)
+        r = _get(T, defn, "pos", "frequency")
+        if r is not None:
+            out.append(_claim(f"pos_frequency{sfx}", "among shared A>0 tokens, high-frequency ids lose more under GRPO "
+                              "than low-frequency ids (cancellation, high − low, matched on confidence bin)" + words,
+                              "related work (cancellation concentrates on frequent tokens), not the paper", r, -1, 0.0,
+                              "95% CI > 0 (low-frequency ids lose more)", "Δlog p, matched on confidence bin",
+                              f"{r.n_shared} high- / {r.n_specific} low-frequency shared tokens (an id's count in its "
+                              "batch at or above the batch's token-weighted median is high)", "matched contrast, " + BOOT))
+        a, b = by.get(f"pos_shared_cancellation{sfx}"), by.get(f"pos_contrast{sfx}")
+        if a is not None and b is not None:
+            r = _get(T, defn, "pos", "shared_cancellation")
+            out.append(_claim(f"verdict{sfx}", "THE THESIS as the paper states it: shared tokens of A>0 rollouts lose "
+                              "reinforcement under GRPO, and lose more than success-specific ones" + words,
+                              "yes (§3)", r, 0, 0, "", "Δlog p per token (the shared class's cancellation)",
+                              f"conjunction of {a.claim} ({a.verdict}) and {b.claim} ({b.verdict})",
+                              "conjunction of two rows, each a " + BOOT, rule="all_of",
+                              params=dict(parts=[_part(a), _part(b)])))
+        a, b = by.get(f"pos_specific_amplification{sfx}"), by.get(f"pos_shared_retained{sfx}")
+        if a is not None and b is not None:
+            keep = [b.claim.replace(C.THESIS_PREFIX, "") + " ≈ 1", "similar", b.measured, b.lo, b.hi,
+                    dict(target=1.0, tol=RETAIN_TOL)]
+            r = _get(T, defn, "pos", "specific_amplification")
+            out.append(_claim(f"alternative{sfx}", "the alternative reading: GRPO amplifies success-specific tokens while "
+                              f"shared ones keep their gain (retained share within 1 ± {RETAIN_TOL:g})" + words,
+                              "not the paper's reading", r, 0, 0, "", "amplification of the specific class",
+                              f"conjunction of {a.claim} ({a.verdict}) and the shared class's retained share "
+                              f"{b.measured:.3g} [{b.lo:.3g}, {b.hi:.3g}] within 1 ± {RETAIN_TOL:g}",
+                              "conjunction of two rows, each a " + BOOT, rule="all_of", params=dict(parts=[_part(a), keep])))
+    r = _get(T, "ids", "pos", "copies_vs_random")
+    if r is not None:
+        cr, rr = _get(T, "ids", "pos", "copies_restore"), _get(T, "ids", "pos", "random_restore")
+        out.append(_claim("copies_vs_random", "refutation test: masking the opposite-sign copies restores more of the "
+                          "shared A>0 tokens' gain than random masks of the same size per group and confidence bin "
+                          "(mean Δ_copies-masked − Δ_random-masked)", "yes (the copies carry the cancellation)", r, 1, 0.0,
+                          "95% CI < 0 (a random mask of the same size restores more: the copies are not special)",
+                          "Δlog p per shared A>0 token",
+                          f"restored vs GRPO: copies mask {cr.value:+.3g} [{cr.lo:+.3g}, {cr.hi:+.3g}], random "
+                          f"{rr.value:+.3g} [{rr.lo:+.3g}, {rr.hi:+.3g}]; " + _counts(r)))
+    r, real = _get(T, "permuted", "pos", "contrast"), _get(T, "ids", "pos", "minus_permuted")
+    if r is not None:
+        out.append(_claim("permuted_contrast", "control: with the advantages shuffled within groups, shared tokens of "
+                          "A>0 rollouts still lose more than specific ones (the id overlap alone makes the contrast)",
+                          "a control (not in the paper)", r, -1, 0.0, "95% CI > 0", "Δlog p, matched on token id × "
+                          "confidence bin", _counts(r), "matched contrast, " + BOOT))
+    if real is not None:
+        out.append(_claim("minus_permuted", "the A>0 contrast goes beyond what advantages shuffled within groups give "
+                          "(matched contrast, real − shuffled)", "implied (the contrast is about success)", real, -1, 0.0,
+                          "95% CI > 0 (shuffled advantages give the stronger contrast)",
+                          "Δlog p, matched on token id × confidence bin", _counts(real),
+                          "difference of two matched contrasts, " + BOOT))
+    fid = ""
+    if fidelity is not None and len(fidelity):
+        f = fidelity.set_index(["what", "pool"])
+        tot, opp = f.loc[("first-order total vs Δ_GRPO", "both")], f.loc[("opposite-sign terms vs cancellation", "pos")]
+        fid = (f"first-order fidelity (LM-head kernel vs the measured full step): total vs Δ_GRPO corr {tot['corr']:.2f}, "
+               f"sign agreement {tot.sign_agreement:.2f}; opposite-sign terms vs the A>0 cancellation corr "
+               f"{opp['corr']:.2f}, sign agreement {opp.sign_agreement:.2f}")
+    r = _get(T, "ids", "pos", "fo_same_id_share")
+    if r is not None:
+        sid, oth, grp = (_get(T, "ids", "pos", x) for x in ("fo_same_id", "fo_other_id", "fo_same_id_group"))
+        out.append(_claim("mech_same_id_share", "mechanism: the same-id terms carry most of the opposite-sign first-order "
+                          "coupling of shared A>0 tokens (|Σ same id| / (|Σ same id| + |Σ other ids|), Eq. 9)",
+                          "yes (§3: identical tokens couple)", r, 1, 0.5, "95% CI < 0.5 (other ids carry it)", "share",
+                          f"mean first-order term per shared A>0 token: same id {sid.value:+.3g} (same group "
+                          f"{grp.value:+.3g}), other ids {oth.value:+.3g}; {fid}", "ratio of class sums, " + BOOT))
+        r = _get(T, "ids", "pos", "fo_opposite")
+        out.append(_claim("mech_fo_cancellation", "mechanism: the opposite-sign first-order terms lower shared A>0 tokens "
+                          "(mean of their sum, Eq. 9)", "yes (§3)", r, -1, 0.0, "95% CI > 0 (they raise them)",
+                          "first-order Δlog p per token", fid, "class mean, " + BOOT))
+    for cat in sorted(set(T.category) - {"all"}):
+        r = _get(T, "ids", "pos", "contrast", cat)
+        if r is None:
+            continue
+        out.append(_claim(f"pos_contrast_{cat.lower()}", "shared tokens of A>0 rollouts lose more under GRPO than "
+                          f"success-specific ones, {cat} tokens only", "yes (§3)", r, -1, 0.0, "95% CI > 0",
+                          "Δlog p, matched on token id × confidence bin", _counts(r), "matched contrast, " + BOOT))
     return out
 
 
-def thesis_claims(T: pd.DataFrame) -> list[C.Claim]:
-    """The cancellation hypothesis (App. E.1 protocol): one row per pool and statistic on the
-    contrast matched on token id × confidence bin (the raw contrast in the detail), the
-    falsification row, and the A>0 cancellation per token category."""
-    def get(pool, cat, stat, how):
-        d = T[(T.pool == pool) & (T.category == cat) & (T.statistic == stat) & (T.estimator == how)]
-        return d.iloc[0] if len(d) else None
-
-    rows = list(THESIS_ROWS) + [(f"pos_cancellation_{c.lower()}", "pos", c, "cancellation", 1, -1,
-                                 f"shared tokens of A>0 rollouts lose more under GRPO than success-specific ones, "
-                                 f"{c} tokens only", "95% CI > 0")
-                                for c in sorted(set(T.category) - {"all"}) if get("pos", c, "cancellation", "matched")
-                                is not None]
+def thesis_reading(TC: list[C.Claim]) -> list[str]:
+    """Which reading the rows support, per definition, in words built from the rows."""
+    by = {c.claim.replace(C.THESIS_PREFIX, ""): c for c in TC}
     out = []
-    for cid, pool, cat, stat, flip, sign, statement, refutes in rows:
-        r, raw = get(pool, cat, stat, "matched"), get(pool, cat, stat, "raw")
-        if r is None:
+    for defn, sfx in SFX.items():
+        v, alt = by.get(f"verdict{sfx}"), by.get(f"alternative{sfx}")
+        if v is None:
             continue
-        m, (lo, hi) = flip * r.contrast, sorted((flip * r.lo, flip * r.hi))
-        means = "" if np.isnan(r.mean_shared) else (f"; class means shared {r.mean_shared:+.3g}, specific "
-                                                    f"{r.mean_specific:+.3g}")
-        if stat == "net":  # how much of the net contrast the single-sign step alone already gives (matched is linear)
-            alone = flip * (r.contrast - get(pool, cat, "cancellation", "matched").contrast)
-            means += f"; under {thesis.single(pool).replace('_', '-')} alone the same contrast is {alone:+.3g}"
-        if stat == "mask_effect":  # how much of the negatives the mask removed: the more, the weaker the test
-            mc, neg = get(pool, cat, "masked_cancellation", "raw"), get("neg", "all", "net", "raw")
-            dropped = neg.n_shared / (neg.n_shared + neg.n_specific) if neg is not None else np.nan
-            means = (f"; masked cancellation means shared {mc.mean_shared:+.3g}, specific {mc.mean_specific:+.3g}; "
-                     f"the mask drops {100 * dropped:.0f}% of the A<0 tokens' loss terms (the more, the closer the "
-                     f"masked step is to positive-only and the weaker this test)")
-        out.append(C.Claim(
-            f"fig04_thesis_{cid}", "§3 / App. E.1 (thesis)", statement, "yes", m, lo, hi, n=int(r.batches),
-            unit="Δlog p, matched on token id × confidence bin", rule="direction",
-            params=dict(sign=sign, refutes=refutes),
-            detail=f"raw contrast {flip * raw.contrast:+.3g} [{min(flip * raw.lo, flip * raw.hi):+.3g}, "
-                   f"{max(flip * raw.lo, flip * raw.hi):+.3g}]{means}; {r.n_shared} shared / {r.n_specific} specific "
-                   f"tokens, {r.clusters} groups, {100 * r.matched_share:.0f}% of tokens in matched strata",
-            estimator="matched contrast, percentile cluster bootstrap (batches, then groups in a batch)",
-            resampling="batch × group"))
+        sc, rt = by[f"pos_shared_cancellation{sfx}"], by[f"pos_shared_retained{sfx}"]
+        amp = by[f"pos_specific_amplification{sfx}"]
+        name = "ids" if defn == "ids" else "in context"
+        which = ("the paper's reading" if v.verdict == C.REPRODUCED else
+                 "the alternative reading" if alt is not None and alt.verdict == C.REPRODUCED else "neither reading")
+        out.append(f"'shared' by {name}: the data support {which}. Shared A>0 tokens: cancellation "
+                   f"{C.cite(TC, sc.claim)}, retained share {C.cite(TC, rt.claim, fmt='.3g')}; specific tokens' "
+                   f"amplification {C.cite(TC, amp.claim, fmt='.3g')}; thesis {v.verdict}, alternative "
+                   f"{alt.verdict if alt is not None else 'n/a'}.")
+    for cid, what in (("copies_vs_random", "copies mask vs random masks of its size"),
+                      ("minus_permuted", "real − shuffled-advantage contrast"),
+                      ("mech_same_id_share", "same-id share of the first-order opposite-sign coupling")):
+        if cid in by:
+            out.append(f"{what}: {C.cite(TC, by[cid].claim)}")
+    return out
+
+
+def thesis_report(T: pd.DataFrame, TC: list[C.Claim]) -> list[str]:
+    """The thesis rows one per line (verdict, value, interval, first part of the detail)."""
+    out = [f"{c.claim.replace(C.THESIS_PREFIX, ''):>34}: {c.verdict.upper():>15}  {c.measured:+.3g} "
+           f"[{c.lo:+.3g}, {c.hi:+.3g}]  ({c.detail.split(';')[0]})" for c in TC]
+    out.append("(reproduced: the interval is on the paper's side; not reproduced: on the refuting side; else inconclusive)")
     return out
