@@ -280,3 +280,58 @@ def test_trls_reward_function_counts_coverage_as_the_small_trainer(tmp_path):
     assert fn.with_answer == WITH_CANDIDATE["answer_line+boxed"] + 2   # answer_line and boxed styles again
     assert fn.graded == n + 2
     assert engine_data.reward_function(tasks.ProblemSource()).with_answer is None
+
+
+# ----------------------------------------------------------------------------- one final answer per response
+HEDGED = {  # mode -> (a response stating two answers, the earlier one, the final one)
+    "answer_line+boxed": ("We get \\boxed{5}, or maybe not.\nAnswer: 7", "5", "7"),
+    "answer_line+boxed ": ("Answer: 5\nOn reflection the result is \\boxed{7}.", "5", "7"),
+    "answer_line+last_sentence": ("Answer: 5\nChecking again, the answer is 7.", "5", "7"),
+    "boxed+last_sentence": ("So \\boxed{5}.\nBut then the answer is 7.", "5", "7"),
+    "answer_line+boxed+last_sentence": ("\\boxed{5}\nAnswer: 6\nSo the answer is 7.", "5", "7"),
+    "answer_line": ("Answer: 5\nwait\nAnswer: 7", "5", "7"),
+    "boxed": ("\\boxed{5} then \\boxed{7}", "5", "7"),
+}
+
+
+@pytest.mark.parametrize("key", list(HEDGED))
+def test_a_hedged_response_is_graded_by_its_final_answer_only(key):
+    """A response that states several answers earns the reward for its last one only, in every mode (verl's
+    DAPO scorer and math-verify take one final answer): the earlier one gets 0."""
+    mode = key.strip()
+    text, earlier, final = HEDGED[key]
+    v = tasks.MathVerifier(mode=mode)
+    assert v(tasks.Problem("q", final), text) == 1.0, (mode, text)
+    assert v(tasks.Problem("q", earlier), text) == 0.0, (mode, text)
+    if "+" in mode:   # the two extractors found different answers: the position decides, not the extractor
+        assert len({t for _, t in tasks.extract_answers(text, mode)}) >= 2
+    assert tasks.final_answer(text, mode) == tasks.extract_answers(text, mode)[-1]
+
+
+def test_a_huge_candidate_is_not_parsed_and_a_timeout_is_one_short_line(caplog):
+    """Bounded work: a 200 KB "Answer:" line is not handed to math-verify (counted too_long, graded 0 at once);
+    a parse that times out is counted and logged in one line with its length, never the response."""
+    import time
+    v = tasks.MathVerifier()
+    t = time.time()
+    assert v(tasks.Problem("q", "12"), "Answer: " + "1+" * 100_000 + "1") == 0.0
+    assert time.time() - t < 1.0 and v.stats["too_long"] == 1 and v.stats["unparsed_response"] == 1
+    assert "too_long" in tasks.grading_report({"mode": v.mode, **v.stats}) or "not parsed" in tasks.grading_report(
+        {"mode": v.mode, **v.stats})
+
+    def slow(text, **kw):
+        raise v._timeout_error("Timeout during parsing: " + text)
+    v._parse = slow
+    secret = "Answer: " + "7" * 500
+    with caplog.at_level("WARNING"):
+        assert v(tasks.Problem("q", "12"), secret) == 0.0
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1 and "timed out" in lines[0] and "7777" not in lines[0]   # the gold's parse was cached
+    assert v.stats["timeouts"] == 1
+
+
+def test_the_grading_line_names_its_mode_and_never_contradicts_a_cached_run():
+    g = {"mode": "answer_line+boxed", "graded": 0, "unparsed_response": 0, "unparsed_gold": 0, "errors": 0}
+    line = tasks.grading_report(g)
+    assert "answer_mode answer_line+boxed" in line and "no response graded in this process" in line
+    assert "0 responses graded" not in line

@@ -329,7 +329,7 @@ def test_reward_report_counts_what_math_verify_could_not_parse(tmp_path):
     (prob,) = src.load()
     v = src.verifier()
     assert v(prob, "Answer: 2") == 1.0 and v(prob, "no answer here") == 0.0
-    assert src.reward_report() == ("math-verify: 2 responses graded (50.0% had an answer); counted as wrong because unparseable: "
+    assert src.reward_report() == ("math-verify (answer_mode answer_line+boxed): 2 responses graded (50.0% had an answer); counted as wrong because unparseable: "
                                    "1 responses, 0 gold answers; 0 errors")
     assert tasks.ProblemSource().reward_report() == ""
 

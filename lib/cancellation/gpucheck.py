@@ -43,7 +43,7 @@ from pathlib import Path
 
 import torch
 
-from . import sampler, scale
+from . import sampler, scale, standins
 from .compute import Compute
 from .plan import device_kind
 
@@ -336,7 +336,6 @@ def standin_data(out: Path = ROOT / "data" / "standins") -> dict:
     """The stand-in problem files the dry runs read (paper-vocab's problems_path and eval_sets), written when
     missing: the data files only (well under a second), not the stand-in models, which the dry runs replace
     with random weights at Qwen3-1.7B's shape. Returns {"seconds", "written"}."""
-    from . import standins
     t = time.time()
     want = [out / "dapo-math-17k.parquet", out / "math500.jsonl"]
     if all(p.exists() for p in want):

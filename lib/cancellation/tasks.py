@@ -22,6 +22,7 @@ import csv
 import hashlib
 import io
 import json
+import logging
 import math
 import random
 import re
@@ -34,6 +35,8 @@ import numpy as np
 
 from . import cache, seeds, stage
 from .dryrun import dry_run
+
+log = logging.getLogger(__name__)
 
 EOS = "<eos>"
 PAD = "<pad>"
@@ -266,30 +269,39 @@ def last_sentence(response: str) -> str | None:
 
 
 def extract_answers(response: str, mode: str = FILE_MODE) -> list[tuple[str, str]]:
-    """What a response claims as its answer under extraction `mode` (not 'auto'): (extractor, text) pairs,
-    at most one per extractor of the mode. answer_line: the last "Answer: ..." line, surrounding $, ** and a
-    final period removed (a boxed answer on it is taken from its box); boxed: the last \\boxed{}'s content;
+    """What a response states as an answer under extraction `mode` (not 'auto'): (extractor, text) pairs,
+    at most one per extractor of the mode, in the order they appear in the response (the last is its final
+    answer, `final_answer`). answer_line: the last "Answer: ..." line, surrounding $, ** and a final period
+    removed (a boxed answer on it is taken from its box); boxed: the last \\boxed{}'s content;
     last_sentence: the final sentence as written (math-verify finds the answer in it)."""
     parts = mode.split("+")
-    out = []
+    out = []   # (position in the response, extractor, text)
     if "answer_line" in parts:
-        lines = _ANSWER_LINE_RE.findall(response)
+        lines = list(_ANSWER_LINE_RE.finditer(response))
         if lines:
-            text = lines[-1].strip().rstrip(".").strip().strip("*$").strip()
+            text = lines[-1].group(1).strip().rstrip(".").strip().strip("*$").strip()
             if "\\boxed{" in text:
                 # an "Answer: \boxed{x}" line: the boxed candidate covers it when the mode has one
                 text = "" if "boxed" in parts else (last_boxed(text) or "")
             if text:
-                out.append(("answer_line", text))
+                out.append((lines[-1].start(), "answer_line", text))
     if "boxed" in parts:
         boxed = last_boxed(response)
         if boxed:
-            out.append(("boxed", boxed))
+            out.append((response.rfind("\\boxed{"), "boxed", boxed))
     if "last_sentence" in parts:
         sent = last_sentence(response)
         if sent:
-            out.append(("last_sentence", sent))
-    return out
+            out.append((response.rfind(sent), "last_sentence", sent))
+    return [(k, t) for _, k, t in sorted(out, key=lambda x: x[0])]
+
+
+def final_answer(response: str, mode: str = FILE_MODE) -> tuple[str, str] | None:
+    """The response's one final answer under `mode`: the candidate that comes last in the response (as
+    verl's DAPO scorer takes the last "Answer:" and math-verify one final answer), or None. A response
+    that states several answers is graded by its last one only: an earlier one is never credited."""
+    cands = extract_answers(response, mode)
+    return cands[-1] if cands else None
 
 
 def answer_candidates(response: str, mode: str = FILE_MODE) -> list[str]:
@@ -329,17 +341,22 @@ def _says_words(sentence: str, words: str) -> bool:
     return t == words or t.endswith((f" is {words}", f" answer {words}"))
 
 
+MAX_CANDIDATE = 2000   # characters of one answer candidate handed to math-verify (longer: no answer, 'too_long')
+
+
 class MathVerifier:
     """Reward by math-verify for real math data: 1.0 if the response's answer equals the gold one.
 
     Gold answers are parsed as \\boxed{answer} (falling back to the raw text) and cached per
-    answer string. A response is graded by the candidates its extraction `mode` finds (`extract_answers`;
-    default answer_line+boxed: its DAPO "Answer:" line and its last \\boxed{}); any matching counts. A gold that is words (`word_answer`: "Yes", "No", "infinitely many") is compared
+    answer string. A response is graded by its one final answer under its extraction `mode`
+    (of the candidates the mode finds — default answer_line+boxed: its DAPO "Answer:" line and its last
+    \\boxed{} — the one that comes last among those that read as an answer, as `final_answer` orders them);
+    an earlier, hedged answer is never credited. A gold that is words (`word_answer`: "Yes", "No", "infinitely many") is compared
     as normalised text, not by math-verify (which reads "No" as N·o and rewards "On"); `stats`
     counts those responses under 'as_words'. Unparseable gold or response, and any math-verify
     error, give 0.0 and are counted in `stats`; a call never raises.
     """
-    REVISION = "words-1"   # grading rules beyond math-verify's own (cache keys hold it: value.verifier_id)
+    REVISION = "final-1"   # grading rules beyond math-verify's own (cache keys hold it: value.verifier_id); final-1: the final answer only
 
     def __init__(self, timeout_s: int = 5, mode: str = FILE_MODE):
         check_answer_mode(mode)
@@ -352,8 +369,10 @@ class MathVerifier:
         self._parse, self._verify = parse, mv
         # math-verify's timeout error derives from BaseException; catch it explicitly.
         self._failures = (Exception, TimeoutException)
+        self._timeout_error = TimeoutException
         self.timeout_s = timeout_s
-        self.stats = {"graded": 0, "unparsed_response": 0, "unparsed_gold": 0, "errors": 0, "as_words": 0}
+        self.stats = {"graded": 0, "unparsed_response": 0, "unparsed_gold": 0, "errors": 0, "as_words": 0,
+                      "too_long": 0, "timeouts": 0}
         self._gold: dict[str, list] = {}
 
     def _timeout(self) -> int | None:
@@ -365,9 +384,21 @@ class MathVerifier:
         """math-verify's parse, or [] when it found no mathematical expression.
 
         parse falls back to the raw matched string when SymPy cannot read it (e.g. \\boxed{???});
-        such a string-only result counts as unparsed.
+        such a string-only result counts as unparsed. A candidate over MAX_CANDIDATE characters is not
+        handed to math-verify (counted 'too_long': a 200 KB "Answer:" line took 5 s a parse); a parse that
+        times out is counted ('timeouts') and logged in one line with its length, never its text.
         """
-        out = self._parse(text, parsing_timeout=self._timeout())
+        if len(text) > MAX_CANDIDATE:
+            self.stats["too_long"] += 1
+            return []
+        try:
+            out = self._parse(text, parsing_timeout=self._timeout(), raise_on_error=True)
+        except self._timeout_error:
+            self.stats["timeouts"] += 1
+            log.warning("math-verify: parsing timed out on a %d-character candidate (graded as no answer)", len(text))
+            return []
+        except Exception:   # what parse(raise_on_error=False) turns into [] (and logs at debug level)
+            return []
         return out if any(not isinstance(x, str) for x in out) else []
 
     def _gold_for(self, answer: str) -> list:
@@ -385,17 +416,19 @@ class MathVerifier:
                 if not cands:
                     self.stats["unparsed_response"] += 1
                     return 0.0
-                return float(any(_says_words(t, words) if k == "last_sentence" else word_answer(t) == words
-                                 for k, t in cands))
+                k, t = cands[-1]   # the final answer only
+                return float(_says_words(t, words) if k == "last_sentence" else word_answer(t) == words)
             gold = self._gold_for(problem.answer)
             if not gold:
                 self.stats["unparsed_gold"] += 1
                 return 0.0
-            parsed = [p for p in (self._parsed(t if k == "last_sentence" else f"\\boxed{{{t}}}") for k, t in cands) if p]
-            if not parsed:
+            # the final answer: the last candidate that reads as math (a closing "Done." sentence is no answer)
+            final = next((p for p in (self._parsed(t if k == "last_sentence" else f"\\boxed{{{t}}}")
+                                      for k, t in reversed(cands)) if p), None)
+            if final is None:
                 self.stats["unparsed_response"] += 1
                 return 0.0
-            return float(any(self._verify(gold, p, timeout_seconds=self._timeout()) for p in parsed))
+            return float(self._verify(gold, final, timeout_seconds=self._timeout()))
         except self._failures:  # a reward must never stop a run
             self.stats["errors"] += 1
             return 0.0
@@ -865,8 +898,12 @@ def grading_report(g: dict) -> str:
         return ""
     if g.get("dry_run"):
         return CoinFlip.REPORT
-    cov = f" ({100 * (1 - g['unparsed_response'] / g['graded']):.1f}% had an answer)" if g["graded"] else ""
-    mode = f" (answer_mode {g['mode']})" if g["mode"] != FILE_MODE else ""
-    return (f"math-verify{mode}: {g['graded']} responses graded{cov}; counted as wrong because unparseable: "
+    mode = f"math-verify (answer_mode {g['mode']})"
+    if not g["graded"]:   # every reward of this run came from the cache: no count here can describe them
+        return f"{mode}: no response graded in this process (the rewards were read from the cache)"
+    cov = f" ({100 * (1 - g['unparsed_response'] / g['graded']):.1f}% had an answer)"
+    return (f"{mode}: {g['graded']} responses graded{cov}; counted as wrong because unparseable: "
             f"{g['unparsed_response']} responses, {g['unparsed_gold']} gold answers; {g['errors']} errors"
-            + (f"; {g['as_words']} graded against word answers as text" if g.get("as_words") else ""))
+            + (f"; {g['as_words']} graded against word answers as text" if g.get("as_words") else "")
+            + (f"; {g['too_long']} candidates over {MAX_CANDIDATE} characters not parsed" if g.get("too_long") else "")
+            + (f"; {g['timeouts']} parses timed out" if g.get("timeouts") else ""))
