@@ -387,3 +387,43 @@ def test_largest_seed_and_lr_allowed_pass_check(capsys):
     pd.testing.assert_frame_equal(budget.valued_tokens(t, [0, 1], 1, 0.5, seed=3),  # the same draws as before
                                   pd.concat([t[t.rollout == r].sample(n=1, random_state=3 * 100_003 + r)
                                              for r in (0, 1)]).reset_index(drop=True))
+
+
+# ------------------------------------------------------------------ issue 50's leftovers: one line each
+def test_profile_yaml_anchors_and_merge_keys_work(tmp_path, monkeypatch, capsys):
+    """A standard way to share sizes between sections: an `x-` section holds the anchor, `<<: *name` merges
+    it, an explicit key beside the merge wins (YAML's own rule)."""
+    from cancellation import run
+    params = tmp_path / "params"
+    params.mkdir()
+    (params / "anch.yaml").write_text("common:\n  seed: 3\nx-small: &small\n  n_prompts: 4\n  G: 4\n"
+                                      "02_coupling_heatmaps:\n  <<: *small\n  G: 2\n")
+    monkeypatch.setattr(run, "PARAMS", params)
+    got = run.resolve_params(run.find_notebook("02"), "anch")
+    assert got["n_prompts"] == 4 and got["G"] == 2 and got["seed"] == 3
+
+
+def test_the_same_notebook_named_twice_is_refused_in_one_line(capsys):
+    from cancellation import run
+    with pytest.raises(SystemExit) as e:
+        run.main(["05", "05_value_gap", "--check"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and err == ["error: notebook 05_value_gap named more than once; name each notebook once"]
+
+
+def test_a_cache_variable_naming_a_file_is_one_line_naming_the_variable(tmp_path, monkeypatch):
+    f = tmp_path / "afile"
+    f.write_text("x")
+    monkeypatch.setenv("CANCELLATION_CACHE", str(f / "sub"))
+    msg = cache.dir_problem(f / "sub")
+    assert msg.startswith(f"CANCELLATION_CACHE={f / 'sub'}: {f} is a file, not a folder")
+    assert cache.dir_problem(tmp_path / "new" / "dir") is None
+
+
+def test_deeply_nested_json_in_a_problem_file_names_the_file_and_line(tmp_path):
+    from cancellation import tasks
+    p = tmp_path / "deep.jsonl"
+    p.write_text('{"prompt": "q", "answer": "1"}\n{"prompt": "q", "answer": "2", "extra": ' + "[" * 100_000
+                 + "]" * 100_000 + "}\n")
+    with pytest.raises(tasks.ProblemFileError, match=r"deep.jsonl: line 2: JSON nested too deeply"):
+        tasks.ProblemSource(path=str(p)).load()

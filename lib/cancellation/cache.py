@@ -70,6 +70,21 @@ def default_dir(environ=os.environ, package_file: str | Path = __file__) -> Path
 
 
 DEFAULT_DIR = default_dir()
+
+
+def dir_problem(d: str | Path | None = None, environ=os.environ) -> str | None:
+    """Why the cache folder cannot be used, in one line naming where it came from, or None: the folder
+    (or a folder above it) exists as a file. The runner checks this before any notebook starts."""
+    d = Path(d or DEFAULT_DIR)
+    for p in (d, *d.parents):
+        if p.exists():
+            if p.is_dir():
+                return None
+            src = (f"CANCELLATION_CACHE={environ['CANCELLATION_CACHE']}" if environ.get("CANCELLATION_CACHE")
+                   else f"the cache folder {d}")
+            return (f"{src}: {p} is a file, not a folder; point CANCELLATION_CACHE at a folder (it is created "
+                    "when missing) or remove the file")
+    return None
 CODE_VERSION = "4"  # 4: clipfrac counts only binding clips (verl pg_clipfrac); 3: rewards on responses without special tokens; 2: float64 RMSNorm in float64 models  # bump when a cached computation changes meaning
 
 

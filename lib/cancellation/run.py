@@ -53,7 +53,7 @@ from pathlib import Path
 
 import yaml
 
-from cancellation import procs, staging
+from cancellation import cache, procs, staging
 from cancellation.dryrun import DRY_RUN_ENV
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -192,7 +192,8 @@ def _check_yaml_tree(root, name_keys_depth: int = 0):
         if isinstance(node, yaml.MappingNode):
             seen: dict = {}
             for k, _ in node.value:
-                if depth < name_keys_depth and (not isinstance(k, yaml.ScalarNode) or k.tag != "tag:yaml.org,2002:str"):
+                if depth < name_keys_depth and (not isinstance(k, yaml.ScalarNode) or k.tag not in (
+                        "tag:yaml.org,2002:str", "tag:yaml.org,2002:merge")):   # `<<: *anchor` merges: YAML's own
                     what = "section" if depth == 0 else "parameter"
                     shown = k.value if isinstance(k, yaml.ScalarNode) else type(k).__name__
                     raise YamlInputError(f"{what} name {str(shown)[:60]!r} is not a name (a string); "
@@ -277,6 +278,8 @@ def load_profile(profile: str) -> dict:
     if not path.is_file():
         raise ParameterError(f"unknown profile {profile!r} (no {_show(path)}); known profiles: {known}")
     prof = read_yaml_file(path, name_keys_depth=2) or {}
+    if isinstance(prof, dict):   # `x-...` sections only hold YAML anchors for `<<: *name` merges (as in compose files)
+        prof = {k: v for k, v in prof.items() if not str(k).startswith("x-")}
     if not isinstance(prof, dict) or not all(isinstance(v, dict) or v is None for v in prof.values()):
         raise ParameterError(f"{_show(path)}: expected a mapping of sections (common, <notebook>) to "
                              f"mappings of parameter: value")
@@ -1005,7 +1008,7 @@ def _main(a) -> int:
         return 2
     cwd = Path.cwd()
     stem = None
-    err = _plan_flags_error(a)
+    err = _plan_flags_error(a) or cache.dir_problem()
     if err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -1016,6 +1019,9 @@ def _main(a) -> int:
                 overrides.update(parse_set(text))
             refs = [p.stem for p in all_notebooks()] if a.notebooks == ["all"] else a.notebooks
             paths = [find_notebook(r) for r in refs]
+            twice = sorted({p.stem for p in paths if paths.count(p) > 1})
+            if twice:   # two kernels of one notebook would write the same outputs and the same log
+                raise ParameterError(f"notebook {', '.join(twice)} named more than once; name each notebook once")
             share, errors = _per_notebook(paths, overrides)
             resolved = []
             absent = []

@@ -663,12 +663,18 @@ def _iter_rows(path: Path):
                 row = json.loads(line, parse_float=_Written)
             except json.JSONDecodeError as e:
                 raise ProblemFileError(f"{path}: line {n}: expected one JSON object per line ({e.msg})") from e
+            except RecursionError:
+                raise ProblemFileError(f"{path}: line {n}: JSON nested too deeply to read (a row holds "
+                                       "thousands of nested lists or objects)") from None
             yield f"line {n}", row
     elif path.suffix == ".json":
         try:
             rows = json.loads(_text(path), parse_float=_Written)
         except json.JSONDecodeError as e:
             raise ProblemFileError(f"{path}: line {e.lineno}: expected a JSON list of objects ({e.msg})") from e
+        except RecursionError:
+            raise ProblemFileError(f"{path}: JSON nested too deeply to read (thousands of nested lists or "
+                                   "objects)") from None
         for i, row in enumerate(rows, 1):
             yield f"row {i}", row
     else:
