@@ -63,10 +63,14 @@ R.se.round(3)
 
 # %% [markdown]
 # ## Fig. 5 — (a) value of boosted vs suppressed tokens, (b) gap on high-entropy tokens
-# (a): mean Δ̂ per cell with 95% percentile-bootstrap intervals over tokens (the intervals
-# include the Monte Carlo noise of each Δ̂). (b): among the valued tokens, the top-k% by entropy
-# (of π at s_t), the value gap mean Δ̂(boosted) − mean Δ̂(suppressed) within each rollout sign,
-# and their average (the balanced gap, equal weight per sign as in the balanced draw).
+# (a): mean Δ̂ per cell with 95% percentile-bootstrap intervals over **query groups**: the valued
+# tokens come from few prompts (a claim row's n counts its query groups), and tokens of one prompt's
+# rollouts share its context, so a replicate draws the groups with replacement and each drawn group
+# brings all its tokens (a cluster bootstrap; the intervals include the Monte Carlo noise of each Δ̂).
+# Every interval of this notebook (the gaps, the peak, Fig. 11) resamples the groups this way.
+# (b): among the valued tokens, the top-k% by entropy (of π at s_t), the value gap mean
+# Δ̂(boosted) − mean Δ̂(suppressed) within each rollout sign, and their average (the balanced gap,
+# equal weight per sign as in the balanced draw).
 
 # %%
 print(R.cells.round(3).to_string(index=False), R.gap1.round(3).to_string(index=False), sep="\n\n")
@@ -131,9 +135,10 @@ R.strata.round(3)
 # A pool of `n_pool11` tokens per rollout sign is drawn from the mixed groups' tokens (p ≤ p_max)
 # **before any step and whatever their status**, valued once under π_θ0 (first estimator), and
 # split after each step k by its cumulative Δlog p; the sign-balanced gap is recomputed
-# (`value.repeated_gap`, with a paired bootstrap of gap(k) − gap(1)). Plain SGD at lr 0.1 stays
-# first-order (a flat gap is built in): the claim reads, per optimizer, the smallest lr at which
-# at least `nonlinear_share` of the pool's statuses changed between step 1 and step K.
+# (`value.repeated_gap`, with a paired bootstrap of gap(k) − gap(1) over the pool's query groups).
+# Plain SGD at lr 0.1 stays first-order (a flat gap is built in): the claim reads, per optimizer,
+# the smallest lr at which at least `nonlinear_share` of the pool's statuses changed between step 1
+# and step K.
 
 # %%
 grid, chosen = P.grid(), R.chosen

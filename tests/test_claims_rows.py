@@ -201,6 +201,8 @@ def _thesis_target(cid: str):
              "mech_same_id_share": ("ids", "pos", "fo_same_id_share", "all")}
     if base in fixed:
         return fixed[base]
+    if "_" not in base:   # the conjunctions (verdict, alternative): test_fig04_thesis_conjunctions_read_their_parts
+        return None
     pool, stat = base.split("_", 1)
     if stat in CLASS_STATS or stat == "frequency":
         return defn, pool, stat, "all"
@@ -346,20 +348,92 @@ def test_fig11_step1_rows_record_every_optimizer_and_lr_once():
     assert "lr 1's step-1 split is lr 0.1's step-2 split" in reg.loc["fig11_step1_sgd_lr0.1"].detail
 
 
+def _group_gap(items):
+    """mean of the boosted − mean of the suppressed values of (group, status, value) items; NaN without one."""
+    b = [x for _, st, x in items if st == "boosted"]
+    m = [x for _, st, x in items if st == "suppressed"]
+    return sum(b) / len(b) - sum(m) / len(m) if b and m else float("nan")
+
+
+def _balanced_group_gap(items):
+    """The sign-balanced gap of (group, sign, status, value) items; NaN when a (sign, status) cell is empty."""
+    g = [_group_gap([(q, st, x) for q, sg, st, x in items if sg == s]) for s in ("pos", "neg")]
+    return sum(g) / 2
+
+
+def group_bootstrap_loop(items, stat, n_boot=2000, seed=11):
+    """An independent cluster bootstrap, plain on purpose: per replicate the query groups (the first field
+    of every item) drawn with replacement by `rng.choice`, each drawn group's items copied in; (point, 2.5%,
+    97.5%) of `stat` over the replicates where it is defined."""
+    by = defaultdict(list)
+    for it in items:
+        by[it[0]].append(it)
+    groups = sorted(by)
+    rng = np.random.default_rng(seed)
+    reps = []
+    for _ in range(n_boot):
+        reps.append(stat([it for g in rng.choice(groups, len(groups)) for it in by[g]]))
+    reps = np.array(reps, float)
+    return stat(items), *np.quantile(reps[np.isfinite(reps)], [0.025, 0.975])
+
+
+def near_loop(row, want, slack=0.25):
+    """A cluster-bootstrap row against `group_bootstrap_loop` (other draws): the point exactly, each end
+    within `slack` of the loop's half-width on that side (Monte Carlo error of two 2000-draw bootstraps)."""
+    point, lo, hi = want
+    assert close(row.measured, point), (row.name, row.measured, point)
+    assert abs(row.lo - lo) <= slack * (point - lo) + 1e-12, (row.name, row.lo, lo)
+    assert abs(row.hi - hi) <= slack * (hi - point) + 1e-12, (row.name, row.hi, hi)
+
+
+FIG05_TOKEN_ROWS = ("_id_matched", "_ols")  # rows whose unit is not the query group (token ids; OLS's HC1 rows)
+
+
+def test_fig05_fig11_rows_resample_query_groups():
+    """Every bootstrap row of notebook 05 (Fig. 5, Fig. 11) resamples the query groups its tokens come from
+    (tokens of one prompt are not independent); only the id-matched (token ids) and OLS rows keep their units."""
+    reg = registry()
+    rows = reg[reg.index.str.startswith(("fig05", "fig11"))]
+    grouped = rows[~rows.index.str.endswith(FIG05_TOKEN_ROWS)]
+    assert len(grouped) >= 21
+    for cid, r in grouped.iterrows():
+        assert r.resampling == "group", cid
+        assert "cluster bootstrap over query groups (each drawn group brings all its tokens" in r.estimator, cid
+        assert "over tokens" not in r.estimator and "query groups, groups resampled" in r.detail, cid
+    assert reg.loc["fig05a_exclude_id_matched"].resampling == "token id"
+    assert reg.loc["fig05a_exclude_ols"].resampling == "token" and "OLS" in reg.loc["fig05a_exclude_ols"].estimator
+    units = reg.resampling[reg.index.str.startswith(("fig05", "fig11"))]
+    assert not (units == "token").drop("fig05a_exclude_ols").any()
+
+
+def test_fig05a_exclude_pos_row_is_a_loop_over_the_query_groups():
+    """Fig. 5(a), exclude, A > 0: mean Δ̂(boosted) − mean Δ̂(suppressed) of the positive rollouts' valued tokens
+    by a loop; n = the query groups they come from; the interval against a loop-based group bootstrap."""
+    v = pd.read_parquet(TINY / "fig05_token_values.parquet")
+    items = [(g, st, x) for e, g, sg, st, x in zip(v.estimator, v.group, v.sign, v.status, v.delta_hat)
+             if e == "exclude" and sg == "pos" and st in ("boosted", "suppressed")]
+    b = [x for _, st, x in items if st == "boosted"]
+    m = [x for _, st, x in items if st == "suppressed"]
+    r = registry().loc["fig05a_exclude_pos"]
+    assert close(r.measured, sum(b) / len(b) - sum(m) / len(m), rel=1e-12, abs_=1e-12)
+    assert r.n == len({g for g, _, _ in items}) and r.resampling == "group"
+    assert f"{len(items)} valued tokens from {r.n} query groups" in r.detail
+    near_loop(r, group_bootstrap_loop(items, _group_gap))
+    assert r.verdict == C.direction(r.measured, r.lo, r.hi, sign=1)
+
+
 def test_fig05a_maintext_rows_are_loops_over_the_token_table():
     """§3's Â_M = avg₀ − avg₋₁ (no 1/(1 − p)) on the Eq. 20 estimator's tokens: boosted mean − suppressed
-    mean per rollout sign, by a loop; the bootstrap interval against the normal half-width."""
+    mean per rollout sign, by a loop; the interval against a loop-based bootstrap over query groups."""
     v = pd.read_parquet(TINY / "fig05_token_values.parquet")
     reg = registry()
     for sign in ("pos", "neg"):
-        b = [a0 - a1 for e, sg, st, a0, a1 in zip(v.estimator, v.sign, v.status, v.avg0, v.avg1)
-             if e == "paper" and sg == sign and st == "boosted"]
-        m = [a0 - a1 for e, sg, st, a0, a1 in zip(v.estimator, v.sign, v.status, v.avg0, v.avg1)
-             if e == "paper" and sg == sign and st == "suppressed"]
+        items = [(g, st, a0 - a1) for e, g, sg, st, a0, a1 in zip(v.estimator, v.group, v.sign, v.status, v.avg0,
+                                                                   v.avg1)
+                 if e == "paper" and sg == sign and st in ("boosted", "suppressed")]
         r = reg.loc[f"fig05a_maintext_{sign}"]
-        se = math.sqrt(np.var(b, ddof=1) / len(b) + np.var(m, ddof=1) / len(m))
-        near_normal(r, np.mean(b) - np.mean(m), se)
-        assert r.n == len(b) + len(m) and r.resampling == "token"
+        near_loop(r, group_bootstrap_loop(items, _group_gap))
+        assert r.n == len({g for g, _, _ in items}) and r.resampling == "group"
     assert reg.loc["fig05a_maintext_neg"].verdict == C.direction(reg.loc["fig05a_maintext_neg"].measured,
                                                                  reg.loc["fig05a_maintext_neg"].lo,
                                                                  reg.loc["fig05a_maintext_neg"].hi, sign=1)
@@ -822,9 +896,10 @@ def test_sec4_drift_row_is_a_loop_over_the_minibatch_table(profile):
     assert r.rule == "construction" and r.verdict == C.BY_CONSTRUCTION
 
 
-def test_fig05a_heldout_row_point_is_a_loop_and_its_interval_near_normal():
+def test_fig05a_heldout_row_point_is_a_loop_and_its_interval_resamples_its_groups():
     """Held-out states: mean over rollout signs of mean Δ̂(boosted) − mean Δ̂(suppressed) of the committed
-    held-out pool, by a loop; the bootstrap interval against the normal half-width of that mean."""
+    held-out pool, by a loop; the interval against a loop-based bootstrap over the held-out batch's query
+    groups (n counts them)."""
     path = TINY / "fig05_heldout_values.parquet"
     if not path.exists():
         pytest.skip("no held-out values committed")
@@ -832,14 +907,16 @@ def test_fig05a_heldout_row_point_is_a_loop_and_its_interval_near_normal():
     cells = defaultdict(list)
     for s, st, x in zip(v.sign, v.status, v.delta_hat):
         cells[(s, st)].append(x)
-    gaps, var = [], 0.0
+    gaps = []
     for s in ("pos", "neg"):
         b, m = np.array(cells[(s, "boosted")]), np.array(cells[(s, "suppressed")])
         gaps.append(b.mean() - m.mean())
-        var += b.var(ddof=1) / len(b) + m.var(ddof=1) / len(m)
     r = registry().loc["fig05a_exclude_heldout"]
-    near_normal(r, float(np.mean(gaps)), 0.5 * math.sqrt(var))
-    assert r.n == len(v)
+    items = list(zip(v.group, v.sign, v.status, v.delta_hat))
+    want = group_bootstrap_loop(items, _balanced_group_gap)
+    assert close(want[0], float(np.mean(gaps)))
+    near_loop(r, want)
+    assert r.n == v.group.nunique() and r.resampling == "group" and f"{len(v)} valued tokens" in r.detail
 
 
 # ----------------------------------------------------------------------------- issue 33: notebooks 02, 03, 08

@@ -216,3 +216,132 @@ def test_percentile_interval_drops_undefined_replicates_and_gives_none_below_min
     assert stats.percentile_interval(reps, min_defined=0.95) != (np.nan, np.nan)
     assert np.isnan(stats.percentile_interval(np.r_[reps, np.nan], min_defined=0.95)).all()
     assert np.isnan(stats.percentile_interval([np.nan, np.inf])).all()
+
+
+# ----------------------------------------------------------------------------- notebook 05: query groups resampled
+def _loop_group_draws(labels, n_boot, seed):
+    """Per replicate, by hand: the clusters (sorted labels) drawn with `default_rng(seed).integers(0, n, n)`,
+    the engine's draw, and every drawn cluster's rows copied in, cluster by cluster in draw order."""
+    units = sorted(set(labels.tolist()))
+    rng = np.random.default_rng(seed)
+    for _ in range(n_boot):
+        yield [t for c in rng.integers(0, len(units), len(units)) for t in range(len(labels)) if labels[t] == units[c]]
+
+
+def _loop_gap(rows, x, is_b):
+    b = [x[t] for t in rows if is_b[t]]
+    s = [x[t] for t in rows if not is_b[t]]
+    return sum(b) / len(b) - sum(s) / len(s) if b and s else float("nan")
+
+
+def _loop_sign_balanced(rows, x, sign, status):
+    out = []
+    for sg in ("pos", "neg"):
+        b = [x[t] for t in rows if sign[t] == sg and status[t] == "boosted"]
+        s = [x[t] for t in rows if sign[t] == sg and status[t] == "suppressed"]
+        if not b or not s:
+            return float("nan")
+        out.append(sum(b) / len(b) - sum(s) / len(s))
+    return sum(out) / 2
+
+
+def _percentiles(reps, n_boot):
+    reps = np.array(reps, float)
+    ok = reps[np.isfinite(reps)]
+    assert len(ok) >= n_boot // 2
+    return tuple(np.quantile(ok, [0.025, 0.975]))
+
+
+def _grouped_tokens(seed=8, n=140, n_groups=9):
+    rng = np.random.default_rng(seed)
+    group = rng.integers(0, n_groups, n) * 10 + 3                      # arbitrary labels, rows in no order
+    effect = rng.normal(0, 0.6, n_groups * 10 + 10)[group]             # a shared group effect: not independent
+    sign = rng.choice(["pos", "neg"], n)
+    status = rng.choice(["boosted", "suppressed"], n)
+    x = effect + rng.normal(size=n) + 0.3 * (status == "boosted")
+    return x, sign, status, group
+
+
+def test_group_gap_intervals_equal_a_loop_that_copies_the_groups():
+    """bootstrap_gap / balanced_gap / bootstrap_mean with clusters=: the groups drawn as the engine draws
+    them (sorted labels, `default_rng(seed).integers`), each drawn group's tokens copied in by a loop;
+    replicates without a cell dropped; the percentiles of those replicates."""
+    x, sign, status, group = _grouped_tokens()
+    is_b = status == "boosted"
+    b, s = x[is_b], x[~is_b]
+    n_boot, seed = 300, 4
+    got = stats.bootstrap_gap(b, s, n_boot, seed, clusters=(group[is_b], group[~is_b]))
+    order = np.r_[np.flatnonzero(is_b), np.flatnonzero(~is_b)]         # the b values first, as the function sees them
+    xo, bo, go = x[order], is_b[order], group[order]
+    reps = [_loop_gap(rows, xo, bo) for rows in _loop_group_draws(go, n_boot, seed)]
+    assert got == pytest.approx((b.mean() - s.mean(), *_percentiles(reps, n_boot)), abs=1e-12)
+    # the sign-balanced gap: one draw of the groups for both signs' cells
+    cells = [(x[(sign == sg) & is_b], x[(sign == sg) & ~is_b]) for sg in ("pos", "neg")]
+    labs = [(group[(sign == sg) & is_b], group[(sign == sg) & ~is_b]) for sg in ("pos", "neg")]
+    got = stats.balanced_gap(cells, n_boot, seed, clusters=labs)
+    order = np.concatenate([np.flatnonzero((sign == sg) & (is_b == wb))
+                            for sg in ("pos", "neg") for wb in (True, False)])
+    reps = [_loop_sign_balanced(rows, x[order], sign[order], status[order])
+            for rows in _loop_group_draws(group[order], n_boot, seed)]
+    point = np.mean([bb.mean() - ss.mean() for bb, ss in cells])
+    assert got == pytest.approx((point, *_percentiles(reps, n_boot)), abs=1e-12)
+    reps = [sum(x[t] for t in rows) / len(rows) for rows in _loop_group_draws(group, n_boot, seed)]
+    assert stats.bootstrap_mean(x, n_boot, seed, clusters=group) == pytest.approx(
+        (x.mean(), *np.quantile(reps, [0.025, 0.975])), abs=1e-12)
+    with pytest.raises(ValueError, match="labels"):
+        stats.bootstrap_mean(x, 10, 0, clusters=group[:-1])
+
+
+def test_group_paired_change_and_peaks_equal_a_loop_that_copies_the_groups():
+    """paired_gap_change, bootstrap_peak and bootstrap_peak_minus_end with clusters=: the same group draws
+    by a loop, the statistic recomputed on the copied tokens."""
+    x, sign, status, group = _grouped_tokens(seed=3, n=160)
+    rng = np.random.default_rng(1)
+    status_b = np.where(rng.random(len(x)) < 0.2, np.where(status == "boosted", "suppressed", "boosted"), status)
+    n_boot, seed = 200, 6
+    d, lo, hi = stats.paired_gap_change(x, sign, status, status_b, n_boot, seed, clusters=group)
+    reps = [_loop_sign_balanced(r, x, sign, status_b) - _loop_sign_balanced(r, x, sign, status)
+            for r in _loop_group_draws(group, n_boot, seed)]
+    want = _loop_sign_balanced(range(len(x)), x, sign, status_b) - _loop_sign_balanced(range(len(x)), x, sign, status)
+    assert (d, lo, hi) == pytest.approx((want, *_percentiles(reps, n_boot)), abs=1e-12)
+    score, ks = rng.random(len(x)), [25, 50, 75, 100]
+    thr = [np.quantile(score, 1 - k / 100) for k in ks]
+
+    def gaps(rows):
+        return [_loop_sign_balanced([t for t in rows if score[t] >= th], x, sign, status) for th in thr]
+
+    peaks, diffs = [], []
+    g0 = gaps(range(len(x)))
+    pk = int(np.nanargmax(g0))
+    for rows in _loop_group_draws(group, n_boot, seed):
+        g = gaps(rows)
+        peaks.append(ks[int(np.nanargmax(g))] if np.isfinite(g).any() else np.nan)
+        diffs.append(g[pk] - g[-1])
+    ok = np.array(peaks, float)[np.isfinite(peaks)]
+    assert stats.bootstrap_peak(x, sign, status, score, ks, n_boot, seed, clusters=group) == pytest.approx(
+        (ks[pk], *np.quantile(ok, [0.025, 0.975])), abs=1e-12)
+    ok = np.array(diffs, float)[np.isfinite(diffs)]
+    assert stats.bootstrap_peak_minus_end(x, sign, status, score, ks, n_boot, seed, clusters=group) == pytest.approx(
+        (g0[pk] - g0[-1], *np.quantile(ok, [0.025, 0.975]), ks[pk]), abs=1e-12)
+
+
+def test_one_token_per_group_is_a_token_bootstrap_in_distribution():
+    """With every token its own group the cluster bootstrap is the token bootstrap (other draws, so the
+    intervals agree to Monte Carlo error); where the gap itself differs between groups, resampling the
+    groups widens the interval."""
+    rng = np.random.default_rng(0)
+    b, s = rng.normal(0.3, 1, 400), rng.normal(0, 1.5, 300)
+    tok = stats.bootstrap_gap(b, s, 4000, 1)
+    one = stats.bootstrap_gap(b, s, 4000, 1, clusters=(np.arange(400), 400 + np.arange(300)))
+    half = 1.96 * np.sqrt(b.var(ddof=1) / 400 + s.var(ddof=1) / 300)
+    assert one[0] == tok[0] and abs(one[1] - tok[1]) < 0.08 * half and abs(one[2] - tok[2]) < 0.08 * half
+    x = rng.normal(size=500)
+    m_tok, m_one = stats.bootstrap_mean(x, 4000, 2), stats.bootstrap_mean(x, 4000, 2, clusters=np.arange(500)[::-1])
+    h = 1.96 * x.std(ddof=1) / np.sqrt(500)
+    assert m_one[0] == m_tok[0] and abs(m_one[1] - m_tok[1]) < 0.08 * h and abs(m_one[2] - m_tok[2]) < 0.08 * h
+    _, _, status, group = _grouped_tokens(seed=2, n=400, n_groups=10)
+    is_b = status == "boosted"
+    x = rng.normal(size=400) + is_b * rng.normal(0.3, 0.8, 200)[group]   # each group its own gap
+    g_tok = stats.bootstrap_gap(x[is_b], x[~is_b], 1000, 0)
+    g_grp = stats.bootstrap_gap(x[is_b], x[~is_b], 1000, 0, clusters=(group[is_b], group[~is_b]))
+    assert g_grp[0] == g_tok[0] and g_grp[2] - g_grp[1] > g_tok[2] - g_tok[1]

@@ -248,6 +248,78 @@ def test_repeated_gap_matches_a_brute_force_loop():
     assert value.nonlinear_choice({0.1: 0.05}, 0.2) is None
 
 
+def _loop_group_rows(group, n_boot, seed):
+    """The engine's draw of the query groups (sorted labels, `default_rng(seed).integers(0, n, n)` per
+    replicate), each drawn group's rows copied in by a loop."""
+    units = sorted(set(group.tolist()))
+    rng = np.random.default_rng(seed)
+    return [[t for c in rng.integers(0, len(units), len(units)) for t in range(len(group)) if group[t] == units[c]]
+            for _ in range(n_boot)]
+
+
+def _loop_all(vals, sign, status, rows):
+    g = {}
+    for s in ("pos", "neg"):
+        b = [vals[t] for t in rows if sign[t] == s and status[t] == "boosted"]
+        m = [vals[t] for t in rows if sign[t] == s and status[t] == "suppressed"]
+        g[s] = sum(b) / len(b) - sum(m) / len(m) if b and m else float("nan")
+    g["all"] = (g["pos"] + g["neg"]) / 2
+    return g
+
+
+def _q(reps):
+    reps = np.array(reps, float)
+    return tuple(np.quantile(reps[np.isfinite(reps)], [0.025, 0.975]))
+
+
+def test_sign_gaps_with_clusters_resample_the_query_groups_like_a_loop():
+    """Per sign: the groups drawn once, every drawn group's boosted and suppressed tokens of that sign
+    copied in (seed); the balanced row: one draw for both signs (seed + 1); n_groups counted by hand."""
+    rng = np.random.default_rng(6)
+    n = 180
+    df = pd.DataFrame(dict(sign=rng.choice(["pos", "neg"], n),
+                           status=rng.choice(["boosted", "suppressed", "stable"], n),
+                           delta_hat=rng.normal(size=n), group=rng.integers(0, 8, n) * 3))
+    rows = {r["sign"]: r for r in value.sign_gaps(df, n_boot=200, seed=5, clusters=df.group)}
+    v, sg, st, grp = df.delta_hat.to_numpy(), df.sign.to_numpy(), df.status.to_numpy(), df.group.to_numpy()
+    want = _loop_gaps(v, sg, st)
+    for s in ("pos", "neg"):
+        keep = [t for t in range(n) if sg[t] == s and st[t] != "stable"]
+        order = [t for t in keep if st[t] == "boosted"] + [t for t in keep if st[t] == "suppressed"]
+        reps = [_loop_all(v[order], sg[order], st[order], r)[s] for r in _loop_group_rows(grp[order], 200, 5)]
+        assert (rows[s]["gap"], rows[s]["lo"], rows[s]["hi"]) == pytest.approx((want[s], *_q(reps)), abs=1e-12)
+        assert rows[s]["n_groups"] == len({grp[t] for t in keep})
+    order = [t for s in ("pos", "neg") for w in ("boosted", "suppressed") for t in range(n)
+             if sg[t] == s and st[t] == w]
+    reps = [_loop_all(v[order], sg[order], st[order], r)["all"] for r in _loop_group_rows(grp[order], 200, 6)]
+    assert (rows["all"]["gap"], rows["all"]["lo"], rows["all"]["hi"]) == pytest.approx((want["all"], *_q(reps)),
+                                                                                       abs=1e-12)
+    tok = {r["sign"]: r for r in value.sign_gaps(df, n_boot=200, seed=5)}   # without clusters: tokens, as before
+    assert "n_groups" not in tok["pos"] and tok["pos"]["hi"] == stats.bootstrap_gap(
+        v[(sg == "pos") & (st == "boosted")], v[(sg == "pos") & (st == "suppressed")], 200, 5)[2]
+
+
+def test_repeated_gap_with_clusters_resamples_the_pool_groups_like_a_loop():
+    rng = np.random.default_rng(2)
+    n, K, eps = 80, 3, 1e-6
+    vals, sign = rng.normal(size=n), np.array(["pos", "neg"] * (n // 2))
+    group = rng.integers(0, 7, n)
+    deltas = rng.normal(scale=1e-5, size=(K, n))
+    out = value.repeated_gap(vals, sign, deltas, eps, n_boot=150, seed=3, clusters=group)
+    status = [np.array(["boosted" if d > eps else "suppressed" if d < -eps else "stable" for d in row])
+              for row in deltas]
+    draws = _loop_group_rows(group, 150, 3)
+    for k in range(K):
+        r = out.iloc[k]
+        reps = [_loop_all(vals, sign, status[k], rows)["all"] for rows in draws]
+        assert (r.gap, r.lo, r.hi) == pytest.approx((_loop_all(vals, sign, status[k], range(n))["all"], *_q(reps)),
+                                                    abs=1e-12)
+        if k:
+            reps = [_loop_all(vals, sign, status[k], rows)["all"] - _loop_all(vals, sign, status[0], rows)["all"]
+                    for rows in draws]
+            assert (r.change_lo, r.change_hi) == pytest.approx(_q(reps), abs=1e-12)
+
+
 def test_repeated_deltas_are_cumulative_steps_with_one_optimizer_and_restore_theta(model64, tok):
     from cancellation import grpo
     m = copy.deepcopy(model64)

@@ -147,9 +147,9 @@ FIG03 = Stage("fig03", FIGURE, version=5, version_field="effects_columns",
 CATEGORY_SHIFT = Stage("category_shift", FIGURE + ("i", "main"), version=1,
                        doc="04: Algorithm 2 on batch i (main: the thesis rows; 1: random masks, permuted advantages and "
                            "first-order terms)")
-FIG05 = Stage("fig05", FIGURE + ("categories", "tagger_used"), version=3,
+FIG05 = Stage("fig05", FIGURE + ("categories", "tagger_used"), version=4,
               doc="05's Result (2: Fig. 5(b)'s peak at the pool's end reads 100%, a rule that can fail; 3: its "
-                  "summary as numbers, not lines)")
+                  "summary as numbers, not lines; 4: intervals resample query groups)")
 FIG06 = Stage("fig06", FIGURE, version=3, doc="06's Result (2: groups resampled; 3: its summary as numbers, not lines)")
 FIG12 = Stage("fig12", FIGURE, version=4,
               doc="08's Result, the paper's Fig. 12 (2: matched per conf bin; 3: two-way rollout intervals; 4: its "

@@ -18,6 +18,12 @@ read by `cluster_bootstrap` and `percentile_interval`. `cluster_ratio`, `rollout
 `rollout_matrix_ratio`, `thesis.cluster_bootstrap` (notebook 04) and notebook 05's token-id
 bootstrap are that engine with their statistic; each draws what its own loop drew before, in the same
 order, so every committed interval is unchanged.
+
+The value-gap intervals (`bootstrap_mean`, `bootstrap_gap`, `balanced_gap`, `paired_gap_change`,
+`bootstrap_peak`, `bootstrap_peak_minus_end`; value.sign_gaps and value.repeated_gap above them) resample
+tokens by default; given `clusters=` (a label per token, e.g. its query group) they resample the clusters
+instead through the same engine (`cluster_resamples(rows=True)`: a drawn cluster brings all its tokens),
+notebook 05's intervals: tokens of one query group share a prompt and are not independent.
 """
 from __future__ import annotations
 
@@ -52,32 +58,103 @@ def bootstrap_stats(x, fns: dict, n_boot: int = 1000, seed: int = 0, level: floa
     return out
 
 
-def bootstrap_mean(x, n_boot: int = 2000, seed: int = 0, alpha: float = 0.05) -> tuple[float, float, float]:
-    """(mean, lo, hi): percentile bootstrap interval of the mean of x."""
+def _mean(x: np.ndarray) -> float:
+    """The mean, NaN for no values (without numpy's empty-slice warning)."""
+    return float(x.mean()) if len(x) else np.nan
+
+
+def _labels(clusters, n: int) -> np.ndarray:
+    lab = np.asarray(clusters).ravel()
+    if len(lab) != n:
+        raise ValueError(f"clusters: {len(lab)} labels for {n} observations (one label per observation)")
+    return lab
+
+
+def resample_rows(n: int, n_boot: int, seed: int, clusters=None):
+    """The row positions of n_boot bootstrap replicates of n observations: without `clusters`,
+    `default_rng(seed).integers(0, n, n)` per replicate (tokens resampled); with `clusters` (a label
+    per observation), the clusters resampled (`cluster_resamples(rows=True)`: n_c of the n_c clusters,
+    sorted labels, drawn with `default_rng(seed).integers(0, n_c, n_c)` per replicate; each drawn
+    cluster brings all its rows, in position order)."""
+    if clusters is None:
+        rng = np.random.default_rng(seed)
+        for _ in range(n_boot):
+            yield rng.integers(0, n, n)
+        return
+    yield from cluster_resamples([_labels(clusters, n)], n_boot, seed, rows=True)
+
+
+def _cluster_interval(stat, labels, n_boot: int, seed: int, alpha: float,
+                      min_defined: float = 0.5) -> tuple[float, float, float]:
+    """(stat(all rows), lo, hi): `cluster_bootstrap(stat, labels, rows=True)` at quantiles alpha/2 and
+    1 − alpha/2; replicates where the statistic is undefined (a drawn set without one of its cells)
+    are dropped, and the interval is NaN when fewer than `min_defined` of them are defined."""
+    point, lo, hi, _ = cluster_bootstrap(stat, labels, n_boot=n_boot, seed=seed, q=(alpha / 2, 1 - alpha / 2),
+                                         rows=True, min_defined=min_defined)
+    return (point, np.nan, np.nan) if not np.isfinite(point) else (point, lo, hi)
+
+
+def bootstrap_mean(x, n_boot: int = 2000, seed: int = 0, alpha: float = 0.05,
+                   clusters=None) -> tuple[float, float, float]:
+    """(mean, lo, hi): percentile bootstrap interval of the mean of x.
+
+    With `clusters` (a label per value, e.g. its query group) the clusters are resampled, each drawn
+    cluster bringing all its values (`cluster_bootstrap(..., rows=True)`)."""
+    if clusters is not None:
+        x = _arr(x)
+        if len(x) == 0:
+            return np.nan, np.nan, np.nan
+        return _cluster_interval(lambda i: _mean(x[i]), _labels(clusters, len(x)), n_boot, seed, alpha)
     return bootstrap_stats(x, {"mean": np.mean}, n_boot, seed, q=(alpha / 2, 1 - alpha / 2))["mean"]
 
 
-def bootstrap_gap(b, s, n_boot: int = 2000, seed: int = 0, alpha: float = 0.05) -> tuple[float, float, float]:
+def bootstrap_gap(b, s, n_boot: int = 2000, seed: int = 0, alpha: float = 0.05,
+                  clusters=None) -> tuple[float, float, float]:
     """(mean(b) − mean(s), lo, hi): the value gap with a percentile bootstrap interval.
 
-    b and s are resampled independently, b's draws first, from one generator."""
+    b and s are resampled independently, b's draws first, from one generator. With `clusters` =
+    (labels of b, labels of s) (e.g. the query group of every token) the clusters of b ∪ s are
+    resampled instead, each drawn cluster bringing all its b and s values (a cluster bootstrap,
+    `cluster_bootstrap(..., rows=True)`); a replicate that draws no b or no s value is dropped, and
+    the interval is NaN when more than half are."""
     b, s = _arr(b), _arr(s)
     if len(b) == 0 or len(s) == 0:
         return np.nan, np.nan, np.nan
+    if clusters is not None:
+        cb, cs = clusters
+        x = np.concatenate([b, s])
+        isb = np.r_[np.ones(len(b), bool), np.zeros(len(s), bool)]
+        lab = np.concatenate([_labels(cb, len(b)), _labels(cs, len(s))])
+        return _cluster_interval(lambda i: _mean(x[i][isb[i]]) - _mean(x[i][~isb[i]]), lab, n_boot, seed, alpha)
     rng = np.random.default_rng(seed)
     g = b[rng.integers(0, len(b), (n_boot, len(b)))].mean(1) - s[rng.integers(0, len(s), (n_boot, len(s)))].mean(1)
     return float(b.mean() - s.mean()), float(np.quantile(g, alpha / 2)), float(np.quantile(g, 1 - alpha / 2))
 
 
-def balanced_gap(cells, n_boot: int = 2000, seed: int = 0, alpha: float = 0.05) -> tuple[float, float, float]:
+def balanced_gap(cells, n_boot: int = 2000, seed: int = 0, alpha: float = 0.05,
+                 clusters=None) -> tuple[float, float, float]:
     """The balanced gap: the mean over strata of mean(b) − mean(s), with a percentile bootstrap.
 
     `cells`: [(b, s), ...] one pair per stratum (e.g. positive, then negative rollouts). Tokens are
     resampled within each of the 2·len(cells) cells, in the order b₁, s₁, b₂, s₂, … from one
-    generator (notebook 05's order). NaN when a cell is empty."""
+    generator (notebook 05's order). NaN when a cell is empty. With `clusters` = [(labels of b,
+    labels of s), ...] (one pair per stratum, e.g. the query group of every token) the clusters of
+    all cells are resampled at once, each drawn cluster bringing all its values in every cell (a
+    cluster bootstrap, `cluster_bootstrap(..., rows=True)`); replicates with an empty cell are
+    dropped, and the interval is NaN when more than half are."""
     cells = [(_arr(b), _arr(s)) for b, s in cells]
     if not cells or any(len(x) == 0 for bs in cells for x in bs):
         return np.nan, np.nan, np.nan
+    if clusters is not None:
+        k = len(cells)
+        x = np.concatenate([v for bs in cells for v in bs])
+        cell = np.concatenate([np.full(len(v), j) for j, v in enumerate(v for bs in cells for v in bs)])
+        lab = np.concatenate([_labels(c, len(v)) for (b, s), cs in zip(cells, clusters) for v, c in zip((b, s), cs)])
+
+        def stat(i):
+            xi, ci = x[i], cell[i]
+            return sum(_mean(xi[ci == 2 * j]) - _mean(xi[ci == 2 * j + 1]) for j in range(k)) / k
+        return _cluster_interval(stat, lab, n_boot, seed, alpha)
     rng = np.random.default_rng(seed)
     boot = sum(x[rng.integers(0, len(x), (n_boot, len(x)))].mean(1) * (1 if i == 0 else -1)
                for bs in cells for i, x in enumerate(bs)) / len(cells)
@@ -172,17 +249,18 @@ def sign_balanced_gap(values, sign, status) -> float:
 
 
 def paired_gap_change(values, sign, status_a, status_b, n_boot: int = 2000, seed: int = 0,
-                      alpha: float = 0.05) -> tuple[float, float, float]:
+                      alpha: float = 0.05, clusters=None) -> tuple[float, float, float]:
     """gap(status_b) − gap(status_a) on the same tokens (sign_balanced_gap), with a paired
     percentile bootstrap: each replicate resamples the tokens once and splits them both ways,
-    so what the two splits share cancels (e.g. Fig. 11: step K against step 1)."""
+    so what the two splits share cancels (e.g. Fig. 11: step K against step 1). With `clusters` (a
+    label per token, e.g. its query group) each replicate resamples the clusters instead, a drawn
+    cluster bringing all its tokens (`resample_rows`). Replicates with an empty cell are dropped; NaN
+    interval when fewer than half are left."""
     values, sign = _arr(values), np.asarray(sign)
     status_a, status_b = np.asarray(status_a), np.asarray(status_b)
     d = sign_balanced_gap(values, sign, status_b) - sign_balanced_gap(values, sign, status_a)
-    rng = np.random.default_rng(seed)
     reps = []
-    for _ in range(n_boot):
-        i = rng.integers(0, len(values), len(values))
+    for i in resample_rows(len(values), n_boot, seed, clusters):
         reps.append(sign_balanced_gap(values[i], sign[i], status_b[i]) - sign_balanced_gap(values[i], sign[i], status_a[i]))
     reps = np.asarray(reps)
     reps = reps[np.isfinite(reps)]
@@ -192,10 +270,11 @@ def paired_gap_change(values, sign, status_a, status_b, n_boot: int = 2000, seed
 
 
 def bootstrap_peak(values, sign, status, score, ks, n_boot: int = 1000, seed: int = 0,
-                   alpha: float = 0.05, to=None) -> tuple[float, float, float]:
+                   alpha: float = 0.05, to=None, clusters=None) -> tuple[float, float, float]:
     """Where the sign-balanced gap peaks over top-k% subsets by `score` (Fig. 5(b): k of the
     highest-entropy tokens), with a percentile bootstrap of the argmax: each replicate resamples
-    the tokens, keeps the score thresholds of the full pool, and finds its own peak k. `to` (a
+    the tokens (with `clusters`, a label per token: the clusters, each bringing all its tokens;
+    `resample_rows`), keeps the score thresholds of the full pool, and finds its own peak k. `to` (a
     function of k) maps the point and every replicate's k before the percentiles are read."""
     values, sign, status, score = _arr(values), np.asarray(sign), np.asarray(status), _arr(score)
     ks = list(ks)
@@ -208,8 +287,7 @@ def bootstrap_peak(values, sign, status, score, ks, n_boot: int = 1000, seed: in
         return to(k) if to is not None and np.isfinite(k) else k
 
     point = peak(np.arange(len(values)))
-    rng = np.random.default_rng(seed)
-    reps = np.array([peak(rng.integers(0, len(values), len(values))) for _ in range(n_boot)], dtype=float)
+    reps = np.array([peak(i) for i in resample_rows(len(values), n_boot, seed, clusters)], dtype=float)
     reps = reps[np.isfinite(reps)]
     if not len(reps):
         return float(point), np.nan, np.nan
@@ -217,12 +295,14 @@ def bootstrap_peak(values, sign, status, score, ks, n_boot: int = 1000, seed: in
 
 
 def bootstrap_peak_minus_end(values, sign, status, score, ks, n_boot: int = 1000, seed: int = 0,
-                             alpha: float = 0.05) -> tuple[float, float, float, float]:
+                             alpha: float = 0.05, clusters=None) -> tuple[float, float, float, float]:
     """The sign-balanced gap at its peak over top-k% subsets by `score` minus the gap at the
     largest k (Fig. 5(b): "rises, then falls"): (d, lo, hi, k_peak). The peak k is chosen once, on
     the full pool (so the point is biased up); each replicate resamples the tokens once, keeps the
     full pool's score thresholds and takes gap(k_peak) − gap(largest k) on the same tokens (paired),
-    so the interval can fall below 0. Replicates with a non-finite difference are dropped."""
+    so the interval can fall below 0. Replicates with a non-finite difference are dropped. With
+    `clusters` (a label per token) each replicate resamples the clusters instead, each bringing all
+    its tokens (`resample_rows`)."""
     values, sign, status, score = _arr(values), np.asarray(sign), np.asarray(status), _arr(score)
     ks = list(ks)
     end = int(np.argmax(ks))
@@ -236,10 +316,8 @@ def bootstrap_peak_minus_end(values, sign, status, score, ks, n_boot: int = 1000
     if not np.isfinite(g).any():
         return np.nan, np.nan, np.nan, np.nan
     pk = int(np.nanargmax(g))
-    rng = np.random.default_rng(seed)
     reps = []
-    for _ in range(n_boot):
-        i = rng.integers(0, len(values), len(values))
+    for i in resample_rows(len(values), n_boot, seed, clusters):
         v, sg, st, sc = values[i], sign[i], status[i], score[i]
         a, b = (sign_balanced_gap(v[sc >= thr[j]], sg[sc >= thr[j]], st[sc >= thr[j]]) for j in (pk, end))
         reps.append(a - b)

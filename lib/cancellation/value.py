@@ -447,23 +447,26 @@ def heldout_deltas(model, batch, other, cfg: "grpo.UpdateConfig") -> np.ndarray:
     return (after - before)[other.response_mask].double().cpu().numpy()
 
 
-def repeated_gap(values, sign, deltas: np.ndarray, eps: float, n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
+def repeated_gap(values, sign, deltas: np.ndarray, eps: float, n_boot: int = 2000, seed: int = 0,
+                 clusters=None) -> pd.DataFrame:
     """Fig. 11 on a fixed pool of valued tokens: after each step k (row k−1 of `deltas`, shape
     (K, n_pool), cumulative Δlog p of the pool's tokens), the pool split by status at step k, the
     sign-balanced value gap (stats.sign_balanced_gap) with a token-bootstrap interval, the share
     of tokens whose status differs from step 1, and gap(k) − gap(1) with a paired bootstrap (the
-    same tokens split both ways in every replicate). One row per step."""
+    same tokens split both ways in every replicate). One row per step. With `clusters` (a label per
+    pool token, e.g. its query group) every interval resamples the clusters instead, each drawn
+    cluster bringing all its tokens (stats' cluster engine; the same replicates at every step)."""
     values, sign = np.asarray(values, float), np.asarray(sign)
     status = [measure.classify(d, eps) for d in deltas]
-    rng = np.random.default_rng(seed)
-    idx = [rng.integers(0, len(values), len(values)) for _ in range(n_boot)]
+    idx = list(_stats.resample_rows(len(values), n_boot, seed, clusters))
     rows = []
     for k, st in enumerate(status, start=1):
         g = _stats.sign_balanced_gap(values, sign, st)
         reps = np.array([_stats.sign_balanced_gap(values[i], sign[i], st[i]) for i in idx])
         reps = reps[np.isfinite(reps)]
         lo, hi = (np.quantile(reps, [0.025, 0.975]) if len(reps) >= n_boot // 2 else (np.nan, np.nan))
-        ch, ch_lo, ch_hi = _stats.paired_gap_change(values, sign, status[0], st, n_boot, seed) if k > 1 else (0.0, 0.0, 0.0)
+        ch, ch_lo, ch_hi = (_stats.paired_gap_change(values, sign, status[0], st, n_boot, seed, clusters=clusters)
+                            if k > 1 else (0.0, 0.0, 0.0))
         rows.append(dict(step=k, gap=g, lo=float(lo), hi=float(hi), change=ch, change_lo=ch_lo, change_hi=ch_hi,
                          changed_status=float((st != status[0]).mean()),
                          n_boosted=int((st == "boosted").sum()), n_suppressed=int((st == "suppressed").sum())))
@@ -478,21 +481,35 @@ def nonlinear_choice(changed: dict, share: float):
 
 
 def sign_gaps(df: pd.DataFrame, n_boot: int = 2000, seed: int = 0, status_col: str = "status",
-              value_col: str = "delta_hat") -> list[dict]:
+              value_col: str = "delta_hat", clusters=None) -> list[dict]:
     """Fig. 5's value gap of one token table: per rollout sign, mean value of boosted minus
     suppressed tokens (bootstrap, `seed`), and the sign-balanced gap over both signs (`seed + 1`).
 
     Rows: sign ('pos', 'neg', 'all'), gap, lo, hi, n_boosted, n_suppressed; NaN where a cell is empty.
+    Tokens are resampled (within each cell); with `clusters` (a label per row of `df`, e.g. its query
+    group) the clusters are resampled instead, each drawn cluster bringing all its tokens of the row's
+    cells (stats.bootstrap_gap / balanced_gap with clusters), and each row also holds n_groups (the
+    clusters its boosted and suppressed tokens come from).
     """
-    rows, cells = [], []
+    cl = None if clusters is None else np.asarray(clusters).ravel()
+    if cl is not None and len(cl) != len(df):
+        raise ValueError(f"sign_gaps: {len(cl)} cluster labels for {len(df)} rows")
+    sg, st, val = df.sign.to_numpy(), df[status_col].to_numpy(), df[value_col].to_numpy()
+    rows, cells, labs = [], [], []
     for sign in ("pos", "neg"):
-        d = df[df.sign == sign]
-        b = d[d[status_col] == "boosted"][value_col].to_numpy()
-        s = d[d[status_col] == "suppressed"][value_col].to_numpy()
+        mb, ms = (sg == sign) & (st == "boosted"), (sg == sign) & (st == "suppressed")
+        b, s = val[mb].astype(float), val[ms].astype(float)
         cells.append((b, s))
-        g, lo, hi = _stats.bootstrap_gap(b, s, n_boot, seed)
+        lab = None if cl is None else (cl[mb], cl[ms])
+        labs.append(lab)
+        g, lo, hi = _stats.bootstrap_gap(b, s, n_boot, seed, clusters=lab)
         rows.append(dict(sign=sign, gap=g, lo=lo, hi=hi, n_boosted=len(b), n_suppressed=len(s)))
-    g, lo, hi = _stats.balanced_gap(cells, n_boot, seeds.derive(seed, "balanced_gap"))
+        if cl is not None:
+            rows[-1]["n_groups"] = len(np.unique(np.concatenate(lab)))
+    g, lo, hi = _stats.balanced_gap(cells, n_boot, seeds.derive(seed, "balanced_gap"),
+                                    clusters=None if cl is None else labs)
     rows.append(dict(sign="all", gap=g, lo=lo, hi=hi, n_boosted=sum(len(b) for b, _ in cells),
                      n_suppressed=sum(len(s) for _, s in cells)))
+    if cl is not None:
+        rows[-1]["n_groups"] = len(np.unique(np.concatenate([x for lab in labs for x in lab])))
     return rows

@@ -5,7 +5,9 @@
 `value.repeated_deltas`), then values a balanced pool of tokens with every estimator
 (`value.token_values`: M continuations per branch) and reads (a) the value gap per rollout sign,
 (b) the gap on the top-k% highest-entropy tokens and its peak, the gap by token class and by
-confidence, and Fig. 11's gap after each repeated step on a pool drawn before any step. The
+confidence, and Fig. 11's gap after each repeated step on a pool drawn before any step. Every
+interval resamples the query groups the valued tokens come from (a cluster bootstrap: a drawn group
+brings all its tokens; the tokens of one prompt's rollouts are not independent). The
 expensive parts keep their own caches, shared with other runs (the repeated steps by model, batch,
 optimizer, lr and K; the continuations' rewards per prefix); the whole Result is cached under every
 parameter and the model's, problems' and category table's fingerprints. `fig05_claims.claims(R, P)` gives the
@@ -91,10 +93,10 @@ class Result:
     mc: pd.DataFrame          # per estimator: continuations sampled, cache hits, seconds
     se: pd.DataFrame          # per estimator: mean / median / 90% / max per-token standard error of Δ̂
     values: pd.DataFrame      # the Fig. 5 pool, one row per (token, estimator): Δ̂, its SE, status, class, p, entropy
-    cells: pd.DataFrame       # (a): mean Δ̂ per (estimator, sign, status) with bootstrap intervals
+    cells: pd.DataFrame       # (a): mean Δ̂ per (estimator, sign, status) with group-bootstrap intervals
     gap1: pd.DataFrame        # (a): value gap per (estimator, sign ∈ pos/neg/all) after step 1
     entropy_gap: pd.DataFrame  # (b): value gap per (estimator, top-k% entropy, sign)
-    peak: dict                # (b): where the balanced gap peaks (k of the valued pool, and of all tokens)
+    peak: dict                # (b): where the balanced gap peaks (k of the valued pool, and of all tokens), groups
     strata: pd.DataFrame      # value gap by token class and by confidence (first estimator)
     conf_gaps: pd.DataFrame   # value gap per (sign, confidence stratum) (first estimator)
     pool11: pd.DataFrame      # Fig. 11's pool, valued with the first estimator
@@ -202,7 +204,8 @@ def _compute(P: Params, source) -> Result:
     strata = []
     for col in ("category", "confidence"):
         for level, d in v0.groupby(col):
-            strata += [dict(by=col, level=level, **r) for r in value.sign_gaps(d, P.n_boot, P.seed)]
+            strata += [dict(by=col, level=level, **r) for r in value.sign_gaps(d, P.n_boot, P.seed,
+                                                                                 clusters=d.group)]
     strata = pd.DataFrame(strata)
     peak = _peak(v0, signed, P)
     conf_gaps = _confidence_gaps(v0, P)
@@ -214,7 +217,8 @@ def _compute(P: Params, source) -> Result:
                              verifier=verifier)
     rows = []
     for (o, r), D in deltas.items():
-        rg = value.repeated_gap(v11.delta_hat, v11.sign, D[:, v11.tok_idx.to_numpy()], P.eps, P.n_boot, P.seed)
+        rg = value.repeated_gap(v11.delta_hat, v11.sign, D[:, v11.tok_idx.to_numpy()], P.eps, P.n_boot, P.seed,
+                                clusters=v11.group)
         rows.append(rg.assign(optimizer=o, lr=r, estimator=P.estimators[0]))
     fig11 = pd.concat(rows, ignore_index=True)
     last11 = fig11[fig11.step == P.repeat_steps].set_index(["optimizer", "lr"])
@@ -268,28 +272,31 @@ def _cell_means(df, P: Params, status_col="status"):
     for (est, sign, status), d in df.groupby(["estimator", "sign", status_col]):
         if status == "stable":
             continue
-        m, lo, hi = S.bootstrap_mean(d.delta_hat, P.n_boot, P.seed)
+        m, lo, hi = S.bootstrap_mean(d.delta_hat, P.n_boot, P.seed, clusters=d.group)
         rows.append(dict(estimator=est, sign=sign, status=status, n=len(d), mean=m, lo=lo, hi=hi))
     return pd.DataFrame(rows)
 
 
 def _gaps(df, P: Params, status_col="status", **extra):
-    """Value gap per sign and the sign average, with bootstrap intervals (tokens resampled per cell)."""
+    """Value gap per sign and the sign average, with intervals that resample the query groups."""
     return pd.DataFrame([dict(estimator=est, **r, **extra) for est, d in df.groupby("estimator")
-                         for r in value.sign_gaps(d, P.n_boot, P.seed, status_col)])
+                         for r in value.sign_gaps(d, P.n_boot, P.seed, status_col, clusters=d.group)])
 
 
 def _peak(v0, signed, P: Params) -> dict:
-    """Fig. 5(b)'s peak k with its interval: tokens resampled, each replicate finds its own peak k (all
-    valued tokens, no balancing). k counts within the valued pool (p ≤ p_max); the paper's k counts all
-    tokens: `all`, `all_lo`, `all_hi` map the pool's entropy threshold at k to the share of all response
-    tokens of mixed groups above it (monotone in k)."""
+    """Fig. 5(b)'s peak k with its interval: query groups resampled (each brings all its valued tokens),
+    each replicate finds its own peak k (all valued tokens, no balancing); `groups` counts them. k counts
+    within the valued pool (p ≤ p_max); the paper's k counts all tokens: `all`, `all_lo`, `all_hi` map the
+    pool's entropy threshold at k to the share of all response tokens of mixed groups above it (monotone
+    in k)."""
     kmax, klo, khi = S.bootstrap_peak(v0.delta_hat, v0.sign, v0.status, v0.entropy, P.entropy_k,
-                                      min(P.n_boot, 1000), P.seed)
+                                      min(P.n_boot, 1000), P.seed, clusters=v0.group)
     a, a_lo, a_hi = S.bootstrap_peak(v0.delta_hat, v0.sign, v0.status, v0.entropy, P.entropy_k,
                                      min(P.n_boot, 1000), P.seed, to=lambda k: to_all(signed.entropy, v0.entropy, k,
-                                                                                      max(P.entropy_k)))
+                                                                                      max(P.entropy_k)),
+                                     clusters=v0.group)
     return dict(k=kmax, lo=klo, hi=khi, all=a, all_lo=a_lo, all_hi=a_hi, n=len(v0),
+                groups=int(v0.group.nunique()),
                 reach=to_all(signed.entropy, v0.entropy, max(P.entropy_k) - 1e-9, max(P.entropy_k)))
 
 
@@ -305,14 +312,16 @@ def to_all(all_entropy, pool_entropy, k, k_end):
 
 
 def _confidence_gaps(v0, P: Params) -> pd.DataFrame:
-    """The value gap per rollout sign within each confidence stratum (p confounds the gap)."""
+    """The value gap per rollout sign within each confidence stratum (p confounds the gap), with intervals
+    that resample the query groups of the stratum's tokens."""
     rows = []
     for sign in ("pos", "neg"):
         for conf, m in zip(CONFIDENCE, (v0.prob < CONFIDENT, v0.prob >= CONFIDENT)):
             d = v0[m & (v0.sign == sign)]
-            b, sp = d[d.status == "boosted"].delta_hat, d[d.status == "suppressed"].delta_hat
-            g, lo, hi = S.bootstrap_gap(b, sp, P.n_boot, P.seed)
-            rows.append(dict(sign=sign, confidence=conf, gap=g, lo=lo, hi=hi, n_boosted=len(b), n_suppressed=len(sp)))
+            b, sp = d[d.status == "boosted"], d[d.status == "suppressed"]
+            g, lo, hi = S.bootstrap_gap(b.delta_hat, sp.delta_hat, P.n_boot, P.seed, clusters=(b.group, sp.group))
+            rows.append(dict(sign=sign, confidence=conf, gap=g, lo=lo, hi=hi, n_boosted=len(b), n_suppressed=len(sp),
+                             n_groups=int(pd.concat([b.group, sp.group]).nunique())))
     return pd.DataFrame(rows)
 
 
@@ -323,7 +332,12 @@ def heldout_text(R: Result, P: Params) -> str:
         return "held-out states: skipped (heldout_per_cell: 0)"
     return (f"held-out states ({len(R.heldout)} tokens of a second batch, split by the step on the first), value gap: "
             + ", ".join(f"{r['sign']} {r['gap']:+.3f} [{r['lo']:+.3f}, {r['hi']:+.3f}]"
-                        for r in value.sign_gaps(R.heldout, P.n_boot, seeds.derive(P.seed, "heldout_gaps"))))
+                        for r in heldout_gaps(R, P)))
+
+
+def heldout_gaps(R: Result, P: Params) -> list[dict]:
+    """value.sign_gaps of the held-out pool, its query groups (of the second batch) resampled."""
+    return value.sign_gaps(R.heldout, P.n_boot, seeds.derive(P.seed, "heldout_gaps"), clusters=R.heldout.group)
 
 
 # ----------------------------------------------------------------------------- the planner's workload

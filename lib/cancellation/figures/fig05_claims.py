@@ -6,14 +6,20 @@ import numpy as np
 import pandas as pd
 
 from .. import claims as C
-from .. import seeds, value
+from .. import value
 from .. import stats as S
-from .fig05 import CONFIDENCE, Params, Result
+from .fig05 import CONFIDENCE, Params, Result, heldout_gaps
+
+# every interval resamples the query groups the valued tokens come from (tokens of one prompt's rollouts
+# share its context and are not independent); the rows' n counts those groups
+CLUSTER = "percentile cluster bootstrap over query groups (each drawn group brings all its tokens)"
+GROUP = dict(estimator=CLUSTER, resampling="group")
+PAIRED = dict(estimator="paired percentile cluster bootstrap over query groups (each drawn group brings all its "
+              "tokens; the same tokens split at step 1 and step K)", resampling="group")
 
 
-TOK = dict(estimator="percentile bootstrap over tokens", resampling="token")
-PAIRED = dict(estimator="paired percentile bootstrap over tokens (same tokens split at step 1 and step K)",
-              resampling="token")
+def _tokens(n_tokens: int, n_groups: int) -> str:
+    return f"{n_tokens} valued tokens from {n_groups} query groups, groups resampled"
 
 
 def id_matched_gaps(values: pd.DataFrame) -> pd.DataFrame:
@@ -43,7 +49,7 @@ def main_text_gaps(R: Result, P: Params) -> list[dict]:
     if not len(v):
         return []
     v = v.assign(main=v.avg0 - v.avg1)
-    return [r for r in value.sign_gaps(v, P.n_boot, P.seed, value_col="main") if r["sign"] != "all"]
+    return [r for r in value.sign_gaps(v, P.n_boot, P.seed, value_col="main", clusters=v.group) if r["sign"] != "all"]
 
 
 def step1_duplicates(repeated: pd.DataFrame) -> dict:
@@ -73,50 +79,59 @@ def claims(R: Result, P: Params) -> list[C.Claim]:
             r = g.loc[sign]
             rows.append(C.Claim(f"fig05a_{est}_{sign}", f"Fig. 5(a), {est} estimator",
                                 f"boosted tokens have higher value than suppressed ({label})", "yes",
-                                r.gap, r.lo, r.hi, n=int(r.n_boosted + r.n_suppressed), unit="value gap",
-                                rule="direction", params=dict(sign=1), **TOK,
-                                detail=f"boosted {cm.get((sign, 'boosted'), np.nan):+.2f}, suppressed "
+                                r.gap, r.lo, r.hi, n=int(r.n_groups), unit="value gap",
+                                rule="direction", params=dict(sign=1), **GROUP,
+                                detail=f"{_tokens(int(r.n_boosted + r.n_suppressed), int(r.n_groups))}; boosted "
+                                f"{cm.get((sign, 'boosted'), np.nan):+.2f}, suppressed "
                                 f"{cm.get((sign, 'suppressed'), np.nan):+.2f}; median SE {R.se.loc[est, '50%']:.2f}"))
     for r in main_text_gaps(R, P):  # the main text's Â_M (paper line 131): no 1/(1 − p) factor
         label = {"pos": "A > 0", "neg": "A < 0"}[r["sign"]]
         rows.append(C.Claim(f"fig05a_maintext_{r['sign']}", "Fig. 5(a), main-text estimator Â_M",
                             f"boosted tokens have higher value than suppressed ({label})", "yes",
-                            r["gap"], r["lo"], r["hi"], n=int(r["n_boosted"] + r["n_suppressed"]),
-                            unit="value gap of avg₀ − avg₋₁", rule="direction", params=dict(sign=1), **TOK,
-                            detail=f"§3's Â_M = mean reward from s_t ⊕ o_t − mean reward from s_t (M = {P.M} each), "
+                            r["gap"], r["lo"], r["hi"], n=int(r["n_groups"]),
+                            unit="value gap of avg₀ − avg₋₁", rule="direction", params=dict(sign=1), **GROUP,
+                            detail=f"{_tokens(int(r['n_boosted'] + r['n_suppressed']), int(r['n_groups']))}; §3's "
+                            f"Â_M = mean reward from s_t ⊕ o_t − mean reward from s_t (M = {P.M} each), "
                             "the same continuations as the Eq. 20 row without its 1/(1 − p_t) factor: it weighs a "
                             "token's value by its improbability (Â_M = (1 − p_t)·Δ), so confident tokens count little"))
     if R.heldout is not None and len(R.heldout):  # the referee's control: values on states the step never saw
-        g = {r["sign"]: r for r in value.sign_gaps(R.heldout, P.n_boot, seeds.derive(P.seed, "heldout_gaps"))}
+        g = {r["sign"]: r for r in heldout_gaps(R, P)}
         a = g["all"]
         rows.append(C.Claim(f"fig05a_{est0}_heldout", f"Fig. 5(a), {est0}, held-out states",
                             "boosted tokens have higher value than suppressed on states the step never saw (a second "
                             "batch, new prompts)", "— (a control)", a["gap"], a["lo"], a["hi"],
-                            n=int(a["n_boosted"] + a["n_suppressed"]), unit="value gap (sign-balanced)",
-                            rule="direction", params=dict(sign=1), **TOK,
-                            detail=f"A > 0: {g['pos']['gap']:+.3f} [{g['pos']['lo']:+.3f}, {g['pos']['hi']:+.3f}], "
+                            n=int(a["n_groups"]), unit="value gap (sign-balanced)",
+                            rule="direction", params=dict(sign=1), **GROUP,
+                            detail=f"{_tokens(int(a['n_boosted'] + a['n_suppressed']), int(a['n_groups']))} (of "
+                            f"the held-out batch); A > 0: {g['pos']['gap']:+.3f} [{g['pos']['lo']:+.3f}, "
+                            f"{g['pos']['hi']:+.3f}], "
                             f"A < 0: {g['neg']['gap']:+.3f} [{g['neg']['lo']:+.3f}, {g['neg']['hi']:+.3f}]; "
                             f"{P.heldout_per_cell} tokens per (sign, status) cell, split by the same SGD step "
                             f"(lr {P.lr:g}) on the first batch"))
     b = R.entropy_gap[(R.entropy_gap.estimator == est0) & (R.entropy_gap.sign == "all")]
     pk = R.peak
     rows.append(C.Claim("fig05b_peak", f"Fig. 5(b), {est0}", "the gap peaks at intermediate entropy", "k ≈ 40%",
-                        pk["all"], pk["all_lo"], pk["all_hi"], n=pk["n"], unit="top-% of all tokens at the peak",
-                        rule="similar", params=dict(target=40, tol=15), estimator="percentile bootstrap over "
-                        "tokens (argmax per replicate; a peak at the pool's last k reads 100%)", resampling="token",
-                        detail=f"peak at k = {pk['k']:.0f}% [{pk['lo']:.0f}, {pk['hi']:.0f}] of the valued pool; the "
+                        pk["all"], pk["all_lo"], pk["all_hi"], n=pk["groups"], unit="top-% of all tokens at the peak",
+                        rule="similar", params=dict(target=40, tol=15), estimator="percentile cluster bootstrap over "
+                        "query groups (each drawn group brings all its tokens; argmax per replicate; a peak at the "
+                        "pool's last k reads 100%)", resampling="group",
+                        detail=f"{_tokens(pk['n'], pk['groups'])}; peak at k = {pk['k']:.0f}% [{pk['lo']:.0f}, "
+                        f"{pk['hi']:.0f}] of the valued pool; the "
                         f"pool reaches {pk.get('reach', np.nan):.0f}% of all tokens, so a peak at its last k "
                         f"(k = {max(P.entropy_k)}%: no fall inside the pool) reads 100% and fails the rule on the "
                         "high side; balanced-draw gaps by k: "
                         + ", ".join(f"{k}%: {x:+.2f}" for k, x in zip(b.k, b.gap))))
     v0 = R.values[R.values.estimator == est0]
     d, lo, hi, kp = S.bootstrap_peak_minus_end(v0.delta_hat, v0.sign, v0.status, v0.entropy, P.entropy_k,
-                                           min(P.n_boot, 1000), P.seed)
+                                               min(P.n_boot, 1000), P.seed, clusters=v0.group)
+    n_groups0 = int(v0.group.nunique())
     rows.append(C.Claim("fig05b_peak_minus_end", f"Fig. 5(b), {est0}", "the gap rises, then falls (peak − all tokens)",
-                        "falls after ≈ 40%", d, lo, hi, n=len(v0), unit=f"gap(peak k) − gap(k = {max(P.entropy_k)}%)",
-                        rule="direction", params=dict(sign=1), estimator="paired percentile bootstrap over tokens "
-                        "(peak k fixed)", resampling="token",
-                        detail=f"gap(k = {kp:.0f}%) − gap(k = {max(P.entropy_k)}%) of the valued pool, sign-balanced, "
+                        "falls after ≈ 40%", d, lo, hi, n=n_groups0,
+                        unit=f"gap(peak k) − gap(k = {max(P.entropy_k)}%)", rule="direction", params=dict(sign=1),
+                        estimator="paired percentile cluster bootstrap over query groups (each drawn group brings all "
+                        "its tokens; peak k fixed)", resampling="group",
+                        detail=f"{_tokens(len(v0), n_groups0)}; gap(k = {kp:.0f}%) − gap(k = {max(P.entropy_k)}%) "
+                        "of the valued pool, sign-balanced, "
                         f"on the top-k% highest-entropy tokens; k = {kp:.0f}% is the largest of {len(P.entropy_k)} "
                         "gaps on these same tokens, so the point is biased up"))
     bs = v0[v0.status.isin(["boosted", "suppressed"])]
@@ -144,8 +159,9 @@ def claims(R: Result, P: Params) -> list[C.Claim]:
                             f"{int(cells.n_boosted.sum())} boosted and {int(cells.n_suppressed.sum())} suppressed "
                             f"tokens (of {len(v0)}); unweighted mean over cells"))
     for _, r in R.strata[(R.strata.by == "category") & (R.strata.sign == "all")].iterrows():  # by token class
-        nb_ = dict(n=int(r.n_boosted + r.n_suppressed), unit="value gap (sign-balanced)", **TOK,
-                   detail=f"{int(r.n_boosted)} boosted, {int(r.n_suppressed)} suppressed tokens of class {r.level}")
+        nb_ = dict(n=int(r.n_groups), unit="value gap (sign-balanced)", **GROUP,
+                   detail=f"{int(r.n_boosted)} boosted, {int(r.n_suppressed)} suppressed tokens of class "
+                   f"{r.level} from {int(r.n_groups)} query groups, groups resampled")
         if r.level == "Template":  # a control: scaffold wording never changes the reward, so no gap is expected
             rows.append(C.Claim(f"fig05a_{est0}_{r.level}", f"Fig. 5(a), {est0}, {r.level} tokens (control)",
                                 "scaffold (Template) tokens show no value gap", "≈ 0 (control)", r.gap, r.lo, r.hi,
@@ -159,10 +175,12 @@ def claims(R: Result, P: Params) -> list[C.Claim]:
         rows.append(C.Claim(f"fig05a_{est0}_{r.sign}_{'low' if r.confidence == CONFIDENCE[0] else 'high'}conf",
                             f"Fig. 5(a), {est0}, {r.confidence}",
                             f"boosted tokens have higher value than suppressed ({label}, {r.confidence})", "yes",
-                            r.gap, r.lo, r.hi, n=int(r.n_boosted + r.n_suppressed), unit="value gap",
-                            rule="direction", params=dict(sign=1), **TOK,
-                            detail=f"{int(r.n_boosted)} boosted, {int(r.n_suppressed)} suppressed tokens in this stratum"))
+                            r.gap, r.lo, r.hi, n=int(r.n_groups), unit="value gap",
+                            rule="direction", params=dict(sign=1), **GROUP,
+                            detail=f"{int(r.n_boosted)} boosted, {int(r.n_suppressed)} suppressed tokens in this "
+                            f"stratum from {int(r.n_groups)} query groups, groups resampled"))
     last11, unit = R.last, f"gap(step {P.repeat_steps}) − gap(step 1), paired"
+    n11 = int(R.pool11.group.nunique())  # Fig. 11's pool: its query groups are what its intervals resample
     for o, c in R.chosen.items():  # Fig. 11 in the regime where repeated steps change the split
         others = "; ".join(f"lr {r:g}: {100 * x.changed_status:.0f}% changed, change {x.change:+.3f}"
                            for r, x in last11.loc[o].iterrows())
@@ -174,8 +192,9 @@ def claims(R: Result, P: Params) -> list[C.Claim]:
         first = R.repeated[(R.repeated.optimizer == o) & (R.repeated.lr == c)].gap.iloc[0]
         rows.append(C.Claim(f"fig11_{o}", f"Fig. 11 ({o} lr {c:g}, {est0}, {regime})",
                             "repeated updates widen the gap", "yes", x.change, x.change_lo, x.change_hi,
-                            n=len(R.pool11), unit=unit, rule="direction", params=dict(sign=1), **PAIRED,
-                            detail=f"{100 * x.changed_status:.0f}% of statuses changed; gap {first:+.2f} → "
+                            n=n11, unit=unit, rule="direction", params=dict(sign=1), **PAIRED,
+                            detail=f"{_tokens(len(R.pool11), n11)}; {100 * x.changed_status:.0f}% of statuses "
+                            f"changed; gap {first:+.2f} → "
                             f"{x.gap:+.2f}; grid: {others}"))
     dup = step1_duplicates(R.repeated)  # one measurement, one row
     for (o, lr_), r in R.repeated[R.repeated.step == 1].set_index(["optimizer", "lr"]).iterrows():  # every run
@@ -186,9 +205,10 @@ def claims(R: Result, P: Params) -> list[C.Claim]:
                 for (oo, b), (a, k) in dup.items() if oo == o and a == lr_]
         rows.append(C.Claim(f"fig11_step1_{o}_lr{lr_:g}", f"Fig. 11 / 5(a) ({o} lr {lr_:g}, {est0}, step 1)",
                             "boosted tokens have higher value than suppressed after one step", "yes", r.gap, r.lo,
-                            r.hi, n=len(R.pool11), unit="value gap (sign-balanced), step 1", rule="direction",
-                            params=dict(sign=1), **TOK,
-                            detail=f"{int(r.n_boosted)} boosted, {int(r.n_suppressed)} suppressed of the Fig. 11 pool"
+                            r.hi, n=n11, unit="value gap (sign-balanced), step 1", rule="direction",
+                            params=dict(sign=1), **GROUP,
+                            detail=f"{int(r.n_boosted)} boosted, {int(r.n_suppressed)} suppressed of the Fig. 11 pool "
+                            f"({_tokens(len(R.pool11), n11)})"
                             + ("; the lr the Fig. 11 row reads" if R.chosen.get(o) == lr_ else "")
                             + "".join(f"; {x}" for x in same)))
     return rows
@@ -211,7 +231,7 @@ def reading(rows: list[C.Claim], R: Result, P: Params) -> str:
            f"rises then falls, gap(peak) − gap(all): {f('fig05b_peak_minus_end')}; peak (% of all tokens): "
            f"{f('fig05b_peak')}"]
     if R.heldout is not None and len(R.heldout):
-        g = {r["sign"]: r for r in value.sign_gaps(R.heldout, P.n_boot, seeds.derive(P.seed, "heldout_gaps"))}
+        g = {r["sign"]: r for r in heldout_gaps(R, P)}
         out.append(f"held-out states: balanced {f(f'fig05a_{est0}_heldout')}; per sign " + ", ".join(
             f"{s_} {g[s_]['gap']:+.3f} [{g[s_]['lo']:+.3f}, {g[s_]['hi']:+.3f}]"
             + ("" if g[s_]["lo"] > 0 else " (its interval holds 0)") for s_ in ("pos", "neg")))
