@@ -67,7 +67,7 @@ def test_one_registry():
     assert len(stage.STAGES) == len({s.name for s in stage.STAGES.values()})
     assert {n: (s.version_field, s.version) for n, s in stage.STAGES.items() if s.version} == {
         "fig01_noise_floor": ("revision", 1), "fig02": ("revision", 3), "fig03": ("effects_columns", 5),
-        "fig05": ("revision", 3), "fig06": ("revision", 3), "fig12": ("revision", 4), "train_trl": ("record", "steps"), "local_imbalance": ("shared", 2),
+        "fig05": ("revision", 4), "fig06": ("revision", 3), "category_shift": ("revision", 1), "fig12": ("revision", 4), "train_trl": ("record", "steps"), "local_imbalance": ("shared", 2),
         "masked_topk_full": ("revision", 2)}
 
 

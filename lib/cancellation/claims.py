@@ -411,9 +411,9 @@ def summary_markdown(root=".", registries=README_REGISTRIES) -> str:
             total += counts
             lines.append(f"| {nb}{tag} | {len(g)} | " + " | ".join(str(counts[v]) for v in VERDICTS) + " |")
     lines.append(f"| all | {int(total.sum())} | " + " | ".join(f"**{total[v]}**" for v in VERDICTS) + " |")
-    thesis = [r for path, _ in registries[:1] if (Path(root) / path).exists()
-              for _, r in read_registry(Path(root) / path).iterrows()
-              if r.claim.startswith(THESIS_PREFIX) and r.claim[len(THESIS_PREFIX):] in THESIS_README]
+    every = [r for path, _ in registries[:1] if (Path(root) / path).exists()
+             for _, r in read_registry(Path(root) / path).iterrows() if r.claim.startswith(THESIS_PREFIX)]
+    thesis = [r for r in every if r.claim[len(THESIS_PREFIX):] in THESIS_README]
     if thesis:  # the paper's thesis itself, row by row: what a reader looks for first
         lines += ["", "The thesis itself (notebook 04, Algorithm 2 on one batch and θ₀ at a time; "
                   "what would refute it is in each row's rule; every thesis row is in docs/claims.md):", "",
@@ -422,7 +422,43 @@ def summary_markdown(root=".", registries=README_REGISTRIES) -> str:
             ci = "" if _nan(r.lo) else f" [{_fmt(r.lo)}, {_fmt(r.hi)}]"
             cells = [r.statement, f"{_fmt(r.measured)}{ci}", f"**{r.verdict}**"]
             lines.append("| " + " | ".join(c.replace("|", "\\|").replace("\n", " ") for c in cells) + " |")
+        lines += ["", "In words (generated from the rows):", "",
+                  *thesis_reading({r.claim[len(THESIS_PREFIX):]: r for r in every})]
     return "\n".join(lines)
+
+
+def thesis_reading(rows: dict) -> list[str]:
+    """The thesis in words, built from the rows (id without the prefix -> a row with verdict, measured, lo,
+    hi): per definition of 'shared', which reading the rows support; then the refutation, the permuted
+    control and the mechanism. README's sentences under the thesis table (never hand-typed)."""
+    def cite(k, fmt="+.3g"):
+        r = rows[k]
+        ci = "" if _nan(r.lo) else f" [{r.lo:{fmt}}, {r.hi:{fmt}}]"
+        return f"{r.measured:{fmt}}{ci}"
+    out = []
+    for sfx, name in (("", "the same token id"), ("_ctx", "the same id after the same preceding tokens")):
+        v, alt = rows.get(f"verdict{sfx}"), rows.get(f"alternative{sfx}")
+        if v is None or alt is None:
+            continue
+        which = ("the paper's reading: shared tokens lose reinforcement, and more than specific ones"
+                 if v.verdict == REPRODUCED else
+                 "the alternative reading: GRPO amplifies specific tokens while shared ones keep their gain"
+                 if alt.verdict == REPRODUCED else "neither reading")
+        part = [f"- **'Shared' = {name}: the rows support {which}.**"]
+        found = []
+        for k, what, fmt in ((f"pos_shared_cancellation{sfx}", "shared A>0 tokens' cancellation", "+.3g"),
+                             (f"pos_shared_retained{sfx}", "share of their positive-only gain they keep", ".2f"),
+                             (f"pos_specific_amplification{sfx}", "specific tokens' amplification", ".2f")):
+            if k in rows:
+                found.append(f"{what} {cite(k, fmt)} ({rows[k].verdict})")
+        out.append(" ".join(part) + (" " + "; ".join(found)[0].upper() + "; ".join(found)[1:] + "." if found else ""))
+    for k, what in (("copies_vs_random", "Masking the opposite-sign copies against random masks of the same size "
+                     "(the refutation test)"),
+                    ("minus_permuted", "The A>0 contrast, real minus advantages shuffled within groups"),
+                    ("mech_same_id_share", "The same-id share of the opposite-sign first-order coupling (Eq. 9)")):
+        if k in rows:
+            out.append(f"- {what}: {cite(k)} ({rows[k].verdict}).")
+    return out
 
 
 def _between(text: str, begin: str, end: str, body: str) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from .. import categories
+from .. import categories, thesis
 from .. import claims as C
 from .. import stats as S
 from .fig04 import UPDATES, Params, Result
@@ -333,6 +333,22 @@ def thesis_reading(TC: list[C.Claim]) -> list[str]:
                       ("mech_same_id_share", "same-id share of the first-order opposite-sign coupling")):
         if cid in by:
             out.append(f"{what}: {C.cite(TC, by[cid].claim)}")
+    return out
+
+
+def class_share_lines(shares: pd.DataFrame, k: int) -> list[str]:
+    """What this task's classes can test: per definition, the specific share of each pool and whether it
+    reaches thesis.MIN_SPECIFIC (below it, nearly every token is 'shared' and the specific class is a
+    handful of rare ids: its rows say little about what happens to specific tokens)."""
+    out, MIN_SPECIFIC = [], thesis.MIN_SPECIFIC
+    for defn, kk in (("ids", 0), ("context", k)):
+        d = shares[(shares.defn == defn) & (shares.k == kk)].set_index("pool").specific_share
+        ok = (d >= MIN_SPECIFIC).all()
+        name = "same id" if defn == "ids" else f"same id after the same {kk} tokens"
+        out.append(f"'shared' = {name}: specific share A>0 {d.get('pos', np.nan):.1%}, A<0 {d.get('neg', np.nan):.1%} -> "
+                   + ("the classes are not degenerate: both classes' rows can be read" if ok else
+                      f"below {MIN_SPECIFIC:.0%}: nearly every token is shared on this task, so the specific class "
+                      "is a few rare ids and the rows on it test little"))
     return out
 
 
