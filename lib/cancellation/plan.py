@@ -245,12 +245,14 @@ def seconds(w: Work, shape: Shape, units: dict) -> tuple[float, dict]:
     return sum(out.values()), out
 
 
-def seconds_per_process(w: Work, shape: Shape, units: dict, procs: int) -> float:
+def seconds_per_process(w: Work, shape: Shape, units: dict, procs: int, stem: str | None = None) -> float:
     """Wall time of each of `procs` processes (one per device) when they divide the work's splittable
-    parts (`Work.split`: ceil(units / procs) of each part's units apiece); the start and every other
-    block run in full on each process."""
+    parts (`Work.split`: ceil(units / procs) of each part's units apiece); the start, every other block
+    and (with `stem`) every part whose split is not built yet (`procs.BUILT`) run in full on one process."""
     total, _ = seconds(w, shape, units)
     for part in w.parts:
+        if stem is not None and (stem, part["what"]) not in BUILT:
+            continue   # planned, not split yet: one process does it all
         t = sum(_block_seconds(part["blocks"], shape, units["units"]).values())
         n = part["units"]
         total -= t * (1 - ceil(n, procs) / n)
@@ -365,7 +367,7 @@ def make(stem: str, params: dict, root: Path = ROOT, scale_dir: Path | None = No
     else:
         plan.seconds, plan.by_block = seconds(plan.work, shape, units)
         plan.missing = unmeasured(plan.work.blocks, units["units"])
-        plan.proc_seconds = seconds_per_process(plan.work, shape, units, plan.procs)
+        plan.proc_seconds = seconds_per_process(plan.work, shape, units, plan.procs, plan.stem)
     return plan
 
 
