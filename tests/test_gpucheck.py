@@ -126,3 +126,14 @@ def test_an_uncached_hub_model_offline_is_one_line_naming_it(monkeypatch, tmp_pa
         policy.load_policy("Qwen/Qwen3-1.7B-Base")
     assert time.time() - t < 10 and "Qwen/Qwen3-1.7B-Base" in str(e.value) and "HF_HUB_OFFLINE" in str(e.value)
     assert "\n" not in str(e.value)
+
+
+def test_the_report_says_what_the_machine_has_first():
+    got = gpucheck.packages(("transformers", "no_such_package_here"))
+    assert got["transformers"]["importable"] and got["transformers"]["version"]
+    assert got["no_such_package_here"] == dict(version=None, importable=False, error=None)
+    rep = dict(device=dict(date="2026-11-27", name="X", kind="x", memory_gib=1, torch="t", cuda="12", python="3",
+                           driver="550", packages=got), budget_s=1, spent_s=1, steps=[])
+    md = gpucheck.markdown(rep)
+    assert "**The machine:** driver 550, CUDA 12" in md and "no_such_package_here absent" in md
+    assert md.index("**The machine:**") < md.index("| step | status |")

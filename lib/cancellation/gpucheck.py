@@ -133,11 +133,49 @@ def _json_step(name: str, expr: str, js: Path, timeout: float) -> dict:
     return r
 
 
+# what the report says the machine has, first: installed (a distribution found) and importable (the import ran)
+PACKAGES = ("vllm", "flash_attn", "triton", "transformers", "trl", "accelerate", "deepspeed", "math_verify")
+
+
+def packages(names=PACKAGES) -> dict:
+    """Per package: its installed version (None when absent) and whether importing it works here, each
+    import in a subprocess of its own (a broken CUDA extension cannot take this process down), 60 s each."""
+    from importlib import metadata
+    out = {}
+    for name in names:
+        try:
+            version = metadata.version(name.replace("_", "-"))
+        except metadata.PackageNotFoundError:
+            try:
+                version = metadata.version(name)
+            except metadata.PackageNotFoundError:
+                version = None
+        err = None
+        if version is not None:
+            try:
+                p = subprocess.run([sys.executable, "-c", f"import {name}"], capture_output=True, text=True, timeout=60)
+                err = None if p.returncode == 0 else (_tail(p.stderr, 300).strip().splitlines() or ["failed"])[-1]
+            except subprocess.TimeoutExpired:
+                err = "import took over 60 s"
+        out[name] = dict(version=version, importable=version is not None and err is None, error=err)
+    return out
+
+
+def _driver() -> str | None:
+    try:
+        p = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True,
+                           text=True, timeout=30)
+        return p.stdout.strip().splitlines()[0] if p.returncode == 0 and p.stdout.strip() else None
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+
+
 def _device() -> dict:
     p = torch.cuda.get_device_properties(0)
     return dict(kind=device_kind("cuda"), name=p.name, memory_gib=round(p.total_memory / 2**30, 1),
                 multiprocessors=p.multi_processor_count, torch=torch.__version__, cuda=torch.version.cuda,
-                date=time.strftime("%Y-%m-%d"), python=sys.version.split()[0])
+                driver=_driver(), date=time.strftime("%Y-%m-%d"), python=sys.version.split()[0],
+                packages=packages())
 
 
 def _dry_overrides(nb: str) -> list[str]:
@@ -237,6 +275,10 @@ def markdown(report: dict) -> str:
              "", f"Budget {report['budget_s']:.0f} s, spent {report['spent_s']:.0f} s. "
              "Written by `python -m cancellation.gpucheck` (`make gpu-check`).", "",
              *([f"Calls: {'; '.join(report['calls'])}.", ""] if report.get("calls") else []),
+             *(["**The machine:** driver " + str(d.get("driver")) + f", CUDA {d.get('cuda')}, Python {d.get('python')}; "
+                + ", ".join(f"{k} {v['version'] or 'absent'}" + ("" if v["importable"] or not v["version"] else
+                                                                 " (does not import)")
+                            for k, v in d["packages"].items()), ""] if d.get("packages") else []),
              "| step | status | seconds |", "|---|---|---|"]
     for s in report["steps"]:
         status = f"skipped ({s['skipped']})" if "skipped" in s else ("ok" if s["rc"] == 0 else
