@@ -583,3 +583,21 @@ def test_unscorable_rewards_stop_the_trainer_in_one_line():
     assert "\n" not in msg and msg.startswith("BatchingGRPOTrainer: 4 of 16 completions got no reward")
     assert "[sometimes_none: 4 NaN]" in msg
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))   # no step was taken
+
+
+@pytest.mark.slow
+def test_a_trl_run_writes_tensorboard_events_and_keeps_its_numbers(tmp_path):
+    """Observability changes no number: the same run with and without the progress bar and TensorBoard
+    gives the same per-step record, and the observed one leaves event files under <output_dir>/tensorboard."""
+    model, tok = policy.load_policy(MODEL)
+    torch.manual_seed(0)
+    a = engine.train_trl(MODEL, tasks.ProblemSource(**SOURCE), "random", output_dir=tmp_path / "a", model=model,
+                         tokenizer=tok, **{**RUN, "iterations": 1})
+    model, tok = policy.load_policy(MODEL)
+    torch.manual_seed(0)
+    b = engine.train_trl(MODEL, tasks.ProblemSource(**SOURCE), "random", output_dir=tmp_path / "b", model=model,
+                         tokenizer=tok, progress=False, tensorboard=False, **{**RUN, "iterations": 1})
+    cols = ["loss", "grad_norm"]
+    assert a["steps"][cols].equals(b["steps"][cols]) and len(a["steps"]) == RUN["n_minibatches"]
+    assert list((tmp_path / "a" / "tensorboard").glob("events.out.tfevents.*"))
+    assert not (tmp_path / "b" / "tensorboard").exists()

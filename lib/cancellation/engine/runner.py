@@ -7,6 +7,7 @@ monitor, evaluation callbacks; and the frame mapping (`SMALL_FRAMES`, `TRL_FRAME
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pandas as pd
 import torch
@@ -118,13 +119,43 @@ def small_trainer_frames(out: dict, n_minibatches: int | None = None) -> dict:
 
 
 # --------------------------------------------------------------------------- runs
+def _progress_bar(strategy: str, seed: int):
+    """A tqdm bar over the run's optimizer steps, named by strategy and seed (the Trainer's own
+    ProgressCallback also writes every log dict as a line; this one only moves the bar)."""
+    from transformers.trainer_callback import ProgressCallback
+
+    class _Bar(ProgressCallback):
+        def on_train_begin(self, args, state, control, **kw):
+            from tqdm.auto import tqdm
+            if state.is_world_process_zero:
+                self.training_bar = tqdm(total=state.max_steps, desc=f"TRL {strategy} seed {seed}", leave=False,
+                                         dynamic_ncols=True)
+            self.current_step = 0
+
+        def on_log(self, args, state, control, logs=None, **kw):
+            pass
+
+    return _Bar()
+
+
+def _tensorboard(log_dir: Path):
+    """transformers' TensorBoardCallback writing to `log_dir` (None when tensorboard is not installed)."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        return None
+    from transformers.integrations import TensorBoardCallback
+    log_dir.mkdir(parents=True, exist_ok=True)
+    return TensorBoardCallback(tb_writer=SummaryWriter(log_dir=str(log_dir)))
+
+
 def train_trl(model_path, source: tasks.ProblemSource, strategy: str = "random", *, output_dir="data/cache/trl",
               iterations: int = 16, n_prompts: int = 8, G: int = 8, n_minibatches: int = 4, lr: float = 3e-4,
               max_new_tokens: int = 96, temperature: float = 1.0, tau: float = 0.4, max_rounds: int = 4,
               max_age: int = 2, seed: int = 0, dtype: str = "float32", device: str | None = None,
               use_vllm: bool = False, gradient_checkpointing: bool = False, monitor: bool = True,
               eval_fn=None, eval_every: int = 0, model=None, tokenizer=None, quiet: bool = True,
-              compute=None, **config_overrides) -> dict:
+              compute=None, progress: bool = True, tensorboard: bool = True, **config_overrides) -> dict:
     """One Table 2 run on TRL: `strategy` (STRATEGIES) from `model_path` on `source`'s problems.
 
     Returns {'log' (trainer log history), 'minibatches', 'iterations', 'monitor' (per-step
@@ -135,6 +166,10 @@ def train_trl(model_path, source: tasks.ProblemSource, strategy: str = "random",
     launch the script with `accelerate launch --config_file configs/accelerate_zero2.yaml`.
     `compute` (a `Compute`): its token_chunk bounds TRL's loss forwards (rows × max_new_tokens per
     micro-batch, gradient accumulation making up the mini-batch: `grpo_config`).
+    A long run is observable: `progress` shows a progress bar over the optimizer steps (tqdm, without
+    the Trainer's per-step log lines), `tensorboard` writes TensorBoard event files of the Trainer's log
+    (loss, reward, clip fraction, ...) under `<output_dir>/tensorboard` when tensorboard is installed
+    (`tensorboard --logdir <output_dir>/tensorboard`). Neither changes a number of the run.
     """
     from transformers import TrainerCallback
 
@@ -185,6 +220,12 @@ def train_trl(model_path, source: tasks.ProblemSource, strategy: str = "random",
         from transformers.trainer_callback import PrinterCallback, ProgressCallback
         trainer.remove_callback(PrinterCallback)
         trainer.remove_callback(ProgressCallback)
+    if progress:
+        trainer.add_callback(_progress_bar(strategy, seed))
+    if tensorboard:
+        tb = _tensorboard(Path(output_dir) / "tensorboard")
+        if tb is not None:
+            trainer.add_callback(tb)
     with warnings.catch_warnings():
         if quiet:  # transformers 5 renames gradient_checkpointing -> activation_checkpointing; TRL calls the old names
             warnings.filterwarnings("ignore", category=FutureWarning)
