@@ -64,6 +64,7 @@ UNITS = ("token", "token id", "pair", "candidate", "rollout", "group", "prompt",
          "none")
 BEGIN, END = "<!-- claims:begin -->", "<!-- claims:end -->"  # the full table (docs/claims.md)
 SUMMARY_BEGIN, SUMMARY_END = "<!-- claims-summary:begin -->", "<!-- claims-summary:end -->"  # counts (README.md)
+FINDINGS_BEGIN, FINDINGS_END = "<!-- findings:begin -->", "<!-- findings:end -->"  # README's first screen
 CLAIMS_DOC = "docs/claims.md"
 THESIS_PREFIX = "fig04_thesis_"  # the thesis rows; README lists those of THESIS_README one by one (docs/claims.md all)
 THESIS_README = ("verdict", "alternative", "pos_shared_cancellation", "pos_shared_retained", "pos_specific_amplification",
@@ -399,18 +400,21 @@ def readme_registry(root=".", registries=README_REGISTRIES) -> pd.DataFrame:
 
 
 def summary_markdown(root=".", registries=README_REGISTRIES) -> str:
-    """README's summary: claims per notebook and verdict, one row per notebook of each registry."""
+    """README's summary: claims per notebook and verdict, one row per notebook of each registry; the total
+    counts each claim once (`findings_registry`: notebook 07's light run left out when its full run exists);
+    then the thesis rows of THESIS_README (their reading in words is on the first screen, `findings_markdown`)."""
     lines = ["| notebook | claims | " + " | ".join(VERDICTS) + " |", "|---|" + "---|" * (len(VERDICTS) + 1)]
-    total = pd.Series(0, index=list(VERDICTS))
     for path, tag in registries:
         if not (Path(root) / path).exists():
             continue
         reg = read_registry(Path(root) / path)
         for nb, g in reg.groupby("notebook", sort=True):
             counts = g.verdict.value_counts().reindex(list(VERDICTS), fill_value=0)
-            total += counts
             lines.append(f"| {nb}{tag} | {len(g)} | " + " | ".join(str(counts[v]) for v in VERDICTS) + " |")
-    lines.append(f"| all | {int(total.sum())} | " + " | ".join(f"**{total[v]}**" for v in VERDICTS) + " |")
+    once = findings_registry(root, registries).verdict.value_counts().reindex(list(VERDICTS), fill_value=0)
+    label = "all (07 counted once: its full run)" if len(registries) > 1 and (Path(root) / registries[1][0]).exists() \
+        else "all"
+    lines.append(f"| {label} | {int(once.sum())} | " + " | ".join(f"**{once[v]}**" for v in VERDICTS) + " |")
     every = [r for path, _ in registries[:1] if (Path(root) / path).exists()
              for _, r in read_registry(Path(root) / path).iterrows() if r.claim.startswith(THESIS_PREFIX)]
     thesis = [r for r in every if r.claim[len(THESIS_PREFIX):] in THESIS_README]
@@ -422,8 +426,6 @@ def summary_markdown(root=".", registries=README_REGISTRIES) -> str:
             ci = "" if _nan(r.lo) else f" [{_fmt(r.lo)}, {_fmt(r.hi)}]"
             cells = [r.statement, f"{_fmt(r.measured)}{ci}", f"**{r.verdict}**"]
             lines.append("| " + " | ".join(c.replace("|", "\\|").replace("\n", " ") for c in cells) + " |")
-        lines += ["", "In words (generated from the rows):", "",
-                  *thesis_reading({r.claim[len(THESIS_PREFIX):]: r for r in every})]
     return "\n".join(lines)
 
 
@@ -461,19 +463,64 @@ def thesis_reading(rows: dict) -> list[str]:
     return out
 
 
+def findings_registry(root=".", registries=README_REGISTRIES) -> pd.DataFrame:
+    """Every claim counted once: the tiny registry, with notebook 07's rows taken from its full run
+    (`make table2`, the later registry) when that exists instead of the light run the notebook calls a smoke test."""
+    frames = [read_registry(Path(root) / p) for p, _ in registries if (Path(root) / p).exists()]
+    if not frames:
+        raise FileNotFoundError(f"no claims registry under {root}")
+    if len(frames) > 1:
+        full = set(frames[1].notebook)
+        frames[0] = frames[0][~frames[0].notebook.isin(full)]
+    return pd.concat(frames, ignore_index=True)
+
+
+def findings_markdown(root=".", registries=README_REGISTRIES) -> str:
+    """README's first screen, generated from the registries: where the results come from, the counts (each
+    claim once), the thesis in words (`thesis_reading`) and every claim that did not reproduce."""
+    reg = findings_registry(root, registries)
+    n = reg.verdict.value_counts().reindex(list(VERDICTS), fill_value=0)
+    rows = {r.claim[len(THESIS_PREFIX):]: r for _, r in reg.iterrows() if r.claim.startswith(THESIS_PREFIX)}
+    out = ["**What was found, and on what.** Every result below is on the `tiny` profile: policies of 1.06M and 0.2M "
+           "parameters that this repository trains on column arithmetic, on a CPU. **No result on the paper's models "
+           "(Qwen3-1.7B/4B-Base, Qwen2.5-Math-7B) exists yet**: the paper profiles are built, tested on stand-ins and "
+           "planned ([the paper profile](#the-paper-profile)), not run.", "",
+           f"Of {len(reg)} claim rows (notebook 07 counted once, from its full `make table2` run): "
+           f"**{n[REPRODUCED]} reproduced, {n[NOT_REPRODUCED]} not reproduced, {n[INCONCLUSIVE]} inconclusive** "
+           f"(the interval straddles the paper's side at this profile's n), and {n[BY_CONSTRUCTION]} hold by "
+           "construction (checks of the method, not findings). Every row, its rule and its interval: "
+           "[docs/claims.md](docs/claims.md).", ""]
+    if rows:
+        out += ["**The thesis** (notebook 04; shared tokens are those that also occur in a rollout of the opposite "
+                "sign in the same group):", "", *thesis_reading(rows), ""]
+    bad = reg[reg.verdict == NOT_REPRODUCED]
+    if len(bad):
+        out += ["**Did not reproduce** (the row's rule reads its refuting outcome: the 95% interval on the wrong "
+                "side, or, for a rule that names the paper's value, the point on the wrong side with the interval "
+                "excluding that value):", "",
+                "| paper | claim | measured [95% CI] |", "|---|---|---|"]
+        for _, r in bad.iterrows():
+            ci = "" if _nan(r.lo) else f" [{_fmt(r.lo)}, {_fmt(r.hi)}]"
+            cells = [str(r.figure), str(r.statement), f"{_fmt(r.measured)}{ci} {r.unit}".strip()]
+            out.append("| " + " | ".join(c.replace("|", "\\|").replace("\n", " ") for c in cells) + " |")
+    return "\n".join(out)
+
+
 def _between(text: str, begin: str, end: str, body: str) -> str:
     return re.sub(re.escape(begin) + r".*?" + re.escape(end), lambda _: f"{begin}\n{body}\n{end}", text, flags=re.S)
 
 
 def update_readme(readme="README.md", registry=None, root=None) -> bool:
-    """Write the full table between BEGIN/END and the summary between SUMMARY_BEGIN/SUMMARY_END, whichever
+    """Write the full table between BEGIN/END, the summary between SUMMARY_BEGIN/SUMMARY_END and the
+    first screen between FINDINGS_BEGIN/FINDINGS_END, whichever
     markers `readme` has (of `registry`, a claims.parquet path, or by default the README's registries
     under `root`, default the file's folder); returns True when the file changed."""
     readme = Path(readme)
     root = Path(root) if root is not None else readme.resolve().parent
     text = readme.read_text()
     full, summary = BEGIN in text and END in text, SUMMARY_BEGIN in text and SUMMARY_END in text
-    if not (full or summary):
+    findings = FINDINGS_BEGIN in text and FINDINGS_END in text
+    if not (full or summary or findings):
         raise ClaimsError(f"{readme}: markers {BEGIN} / {END} not found")
     new = text
     if full:
@@ -482,6 +529,9 @@ def update_readme(readme="README.md", registry=None, root=None) -> bool:
     if summary:
         regs = ((str(Path(registry).resolve()), ""),) if registry else README_REGISTRIES
         new = _between(new, SUMMARY_BEGIN, SUMMARY_END, summary_markdown(root, regs))
+    if findings:
+        regs = ((str(Path(registry).resolve()), ""),) if registry else README_REGISTRIES
+        new = _between(new, FINDINGS_BEGIN, FINDINGS_END, findings_markdown(root, regs))
     if new != text:
         readme.write_text(new)
     return new != text
