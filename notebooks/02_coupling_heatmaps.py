@@ -82,15 +82,17 @@ R.fidelity
 fig, axes = plots.figure(ncols=2, nrows=2, width=plots.WIDTH_2COL, height=4.6)
 axes = axes.ravel()
 colors = {"same": plots.PALETTE[1], "different": plots.PALETTE[0]}
+lo_h, hi_h = np.quantile(R.pairs.hdot, [0.001, 0.999])
 for name in ("same", "different"):
     d = R.pairs[R.pairs.pair == name]
-    axes[0].hist(d.hcos, bins=60, range=(-1, 1), density=True, histtype="step", lw=1.2, color=colors[name],
-                 label=f"{name} token")
+    axes[0].hist(d.hdot.clip(lo_h, hi_h), bins=60, range=(lo_h, hi_h), density=True, histtype="step", lw=1.2,
+                 color=colors[name], label=f"{name} token (mean cosine {d.hcos.mean():+.2f})")
     axes[1].hist(np.log10(d.phi.abs().clip(lower=1e-12)), bins=60, range=(-12, 0.5), density=True, histtype="step",
                  lw=1.2, color=colors[name], label=f"{name} token")
-axes[0].set(title="(a) cos⟨h_j, h_k⟩", xlabel="cosine", ylabel="density")
-axes[0].legend(frameon=False, loc="upper left")
-axes[1].set(title="(b) |φ_jk|", xlabel="log10 |φ_jk|")
+axes[0].set(title="(a) ⟨h_j, h_k⟩", xlabel="⟨h_j, h_k⟩ (0.1–99.9% of pairs shown)", ylabel="density")
+axes[0].axvline(0, color="k", lw=0.5)
+axes[0].legend(frameon=False, loc="upper left", fontsize=6.5)
+axes[1].set(title="(b) |φ_jk|", xlabel="log10 |φ_jk|  (|φ| ≤ 1e-12, zeros included, piled at −12)")
 im = axes[2].imshow(R.absolute, origin="lower", cmap="viridis",
                     norm=LogNorm(vmin=max(float(R.absolute.min()), 1e-12), vmax=float(R.absolute.max())))
 axes[2].set(title="(c) mean |A_k⟨h,h⟩φ|", xlabel="entropy bin of k (low → high)", ylabel="entropy bin of j")

@@ -78,7 +78,7 @@ EST_LABEL = {"paper": "Eq. 20: (avg₀ − avg₋₁)/(1 − p)", "exclude": "ex
 SIGN = {"all": "balanced", "pos": "A > 0", "neg": "A < 0"}
 est0 = P.estimators[0]
 fig, axes = plots.figure(ncols=len(P.estimators) + 1, width=plots.WIDTH_2COL, height=2.2)
-for ax, est in zip(axes, P.estimators):
+for i, (ax, est) in enumerate(zip(axes, P.estimators)):
     d = R.cells[R.cells.estimator == est]
     for j, status in enumerate(("boosted", "suppressed")):
         s = d[d.status == status].set_index("sign").reindex(["pos", "neg"])
@@ -87,7 +87,7 @@ for ax, est in zip(axes, P.estimators):
         ax.errorbar(x, s["mean"], yerr=[s["mean"] - s["lo"], s["hi"] - s["mean"]], fmt="none", ecolor="k", lw=0.8, capsize=2)
     ax.axhline(0, color="k", lw=0.5)
     ax.set_xticks([0, 1], ["positive\nrollouts", "negative\nrollouts"])
-    ax.set(title=f"(a) {EST_LABEL[est]}", ylabel="mean Δ̂ (95% CI)" if est == est0 else None)
+    ax.set(title=f"(a{'′' * i}) {EST_LABEL[est]}", ylabel="mean Δ̂ (95% CI)" if est == est0 else None)
 axes[0].legend(frameon=False, loc="best")
 ax = axes[-1]
 for sign in ("all", "pos", "neg"):
@@ -97,7 +97,8 @@ for sign in ("all", "pos", "neg"):
     if sign == "all":
         ax.fill_between(d.k, d.lo, d.hi, color=plots.SIGN_COLORS[sign], alpha=0.12)
 ax.axhline(0, color="k", lw=0.5)
-ax.set(title=f"(b) top-k% entropy ({est0})", xlabel="top-k% highest entropy", ylabel="value gap")
+ax.set(title=f"(b) top-k% entropy ({est0})", ylabel="value gap (95% CI)",
+       xlabel=f"top-k% highest entropy, % of the valued pool\n(k = 100 is the top {R.peak.get('reach', np.nan):.0f}% of all tokens)")
 ax.legend(frameon=False, fontsize=6)
 fig.tight_layout()
 plots.save(fig, "fig05_value_gap", fig_dir)

@@ -98,8 +98,10 @@ ax.legend(frameon=False, fontsize=6)
 short = {"p<0.9": "<0.9", "p>=0.9": "≥0.9"}
 labels = [f"j {short[bj]}\nk {short[bk]}" for bj in controls.CONF_BINS for bk in controls.CONF_BINS]
 x = np.arange(len(labels))
+full_ci = controls.pair_intervals(R.pairs, "full_inner", P.n_boot, P.seed).rename(
+    columns={"mean": "v", "lo": "mean_K_lo", "hi": "mean_K_hi"})   # the claim row's interval, per cell
 for ax, table, val, title in ((axes[1], R.lm.rename(columns={"mean_K": "v"}), "v", "(b) LM-head K_jk, all pairs"),
-                              (axes[2], R.full.rename(columns={"mean": "v"}), "v", "(c) full-param ⟨∇_j,∇_k⟩, sample")):
+                              (axes[2], full_ci, "v", "(c) full-param ⟨∇_j,∇_k⟩, sample")):
     for i, pair in enumerate(controls.SAME):
         d = table[table.pair == pair].set_index(["bin_j", "bin_k"])
         v = [float(d[val].get((bj, bk), np.nan)) for bj in controls.CONF_BINS for bk in controls.CONF_BINS]
@@ -112,7 +114,7 @@ for ax, table, val, title in ((axes[1], R.lm.rename(columns={"mean_K": "v"}), "v
     ax.set_yscale("symlog", linthresh=max(1e-8, float(np.nanmax(np.abs(table[val]))) * 1e-4))
     ax.axhline(0, color="k", lw=0.5)
     ax.set_xticks(x, labels, fontsize=6)
-    ax.set(title=title, xlabel="p of j (A>0), p of k (A<0)", ylabel="mean inner product")
+    ax.set(title=title, xlabel="p of j (A>0), p of k (A<0)", ylabel="mean inner product (95% CI, rollouts)")
 axes[1].legend(frameon=False, fontsize=6)
 fig.tight_layout()
 plots.save(fig, "fig12_referee_controls", fig_dir)

@@ -2,6 +2,7 @@
 cross-sign kernel summary by a brute-force loop over pairs, full-parameter inner products by autograd."""
 import numpy as np
 import pandas as pd
+import pytest
 import torch
 
 from cancellation import controls, coupling, measure
@@ -103,3 +104,19 @@ def test_cross_kernel_cells_equal_brute_force_per_pair_of_rollouts(model64, batc
         assert got[key][0] == n and np.isclose(got[key][1], s, rtol=1e-9, atol=1e-15)
     summ = controls.cross_kernel_summary(n_boot=50, cells=cells)
     assert (summ.mean_K_lo.dropna() <= summ.mean_K.dropna() + 1e-12).all()
+
+
+def test_pair_intervals_point_is_the_cell_mean_and_the_interval_moves_with_the_rollouts():
+    """Fig. 12(c)'s error bars: per (bin_j, bin_k, pair) cell the point is the mean of the pairs (a loop), and
+    the interval resamples the rollouts of j and k (a cell whose pairs all share one rollout value has none)."""
+    rng = np.random.default_rng(0)
+    rows = [dict(bin_j=bj, bin_k=bk, pair=pr, row_j=int(rng.integers(4)), row_k=4 + int(rng.integers(4)),
+                 full_inner=float(rng.normal(1.0 if pr == "same" else 0.0)))
+            for bj in ("p<0.9", "p>=0.9") for bk in ("p<0.9", "p>=0.9") for pr in ("same", "different") for _ in range(30)]
+    pairs = pd.DataFrame(rows)
+    got = controls.pair_intervals(pairs, n_boot=300, seed=1)
+    assert len(got) == 8
+    for r in got.itertuples():
+        xs = [x["full_inner"] for x in rows if (x["bin_j"], x["bin_k"], x["pair"]) == (r.bin_j, r.bin_k, r.pair)]
+        assert r.mean == pytest.approx(sum(xs) / len(xs), rel=1e-12)
+        assert r.lo <= r.mean <= r.hi and r.hi - r.lo > 0

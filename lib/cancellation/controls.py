@@ -259,6 +259,19 @@ def pair_table(f: coupling.Features, J, K, full: torch.Tensor, threshold: float 
                          "full_inner": full.reshape(-1).numpy(), "lm_head_K": lm})
 
 
+def pair_intervals(pairs: pd.DataFrame, value: str = "full_inner", n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
+    """Per (bin_j, bin_k, same/different): the mean of `value` with its 95% interval, resampling the rollouts
+    of j and of k (`stats.rollout_pair_bootstrap`, pairs=False: the sampled tokens' pairs are every j × k,
+    as the Fig. 12(c) claim row reads them). Columns bin_j, bin_k, pair, mean, lo, hi."""
+    rows = []
+    for (bj, bk, same), d in pairs.groupby(["bin_j", "bin_k", "pair"]):
+        x = d[value].to_numpy()
+        m, lo, hi, _ = _stats.rollout_pair_bootstrap(lambda w, x=x: float((w * x).sum() / w.sum()), d.row_j, d.row_k,
+                                                      n_boot, seed, pairs=False)
+        rows.append(dict(bin_j=bj, bin_k=bk, pair=same, mean=m, lo=lo, hi=hi))
+    return pd.DataFrame(rows, columns=["bin_j", "bin_k", "pair", "mean", "lo", "hi"])
+
+
 def summarise_pairs(pairs: pd.DataFrame, value: str = "full_inner") -> pd.DataFrame:
     """Per (bin_j, bin_k, same/different): n pairs, mean, mean |.|, share > 0 of `value`."""
     g = pairs.groupby(["bin_j", "bin_k", "pair"])[value]
