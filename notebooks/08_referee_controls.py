@@ -114,7 +114,7 @@ for ax, table, val, title in ((axes[1], R.lm.rename(columns={"mean_K": "v"}), "v
     ax.set_yscale("symlog", linthresh=max(1e-8, float(np.nanmax(np.abs(table[val]))) * 1e-4))
     ax.axhline(0, color="k", lw=0.5)
     ax.set_xticks(x, labels, fontsize=6)
-    ax.set(title=title, xlabel="p of j (A>0), p of k (A<0)", ylabel="mean inner product (95% CI, rollouts)")
+    ax.set(title=title, xlabel="p of j (A>0), p of k (A<0)", ylabel="mean, 95% CI (rollouts)")
 axes[1].legend(frameon=False, fontsize=6)
 fig.tight_layout()
 plots.save(fig, "fig12_referee_controls", fig_dir)

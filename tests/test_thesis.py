@@ -289,3 +289,27 @@ def test_can_pass_refuses_a_thesis_row_below_five_batches_and_all_of_reads_its_p
     assert C.all_of(0, 0, 0, parts=[yes, no]) == C.NOT_REPRODUCED
     assert C.all_of(0, 0, 0, parts=[yes, maybe]) == C.INCONCLUSIVE
     assert not C.can_pass("all_of", dict(parts=[yes, yes]), 4, est)[0]
+
+
+def test_first_order_terms_on_a_subset_are_the_full_terms_at_those_tokens(model64, batch):
+    f = coupling.features(model64, batch, compute=KNOBS)
+    grp = batch.group[f.rows]
+    full = thesis.first_order_terms(f, grp, lr=0.1, chunk=50)
+    J = torch.tensor([3, 0, 17, len(f) - 1])
+    part = thesis.first_order_terms(f, grp, lr=0.1, chunk=2, J=J)
+    for k in thesis.FIRST_ORDER:
+        assert torch.allclose(part[k], full[k][J], rtol=1e-10, atol=1e-15), k
+
+
+def test_first_order_means_count_only_the_tokens_with_terms():
+    """With `fo_tokens` capping the tokens whose terms are computed, the mechanism rows average over those
+    tokens (n_fo), not over every token of the class (a loop over the cells)."""
+    t = _tokens(seed=3)
+    t.loc[t.index % 3 == 0, list(thesis.FIRST_ORDER)] = np.nan
+    c = thesis.cells(t, [0.5, 0.9], k=1)
+    ids = c[(c.defn == "ids") & (c.pool == "pos") & (c.cls == "shared")]
+    assert ids.n_fo.sum() < ids.n.sum()
+    want = (ids.sum_fo_same_id_group + ids.sum_fo_same_id_other + ids.sum_fo_other_id).sum() / ids.n_fo.sum()
+    S = thesis.summary(c, n_boot=200, seed=0)
+    got = S[(S.defn == "ids") & (S.pool == "pos") & (S.statistic == "fo_opposite")].value.iloc[0]
+    assert got == pytest.approx(want, rel=1e-12)

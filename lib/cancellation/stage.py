@@ -34,7 +34,8 @@ from . import cache
 # fields of a config dropped from keys while at these values (added after entries were cached without them)
 KEYLESS = MappingProxyType({
     # a figure's Params (base.FigureParams.cache_params): the grader's knobs also enter through the source
-    "params": MappingProxyType({"answer_mode": "auto", "unrewardable_golds": "refuse", "trim_padding": False}),
+    "params": MappingProxyType({"answer_mode": "auto", "unrewardable_golds": "refuse", "trim_padding": False,
+                                "fo_tokens": 0}),
     # a Compute (Compute.cache_params) and the update config inside a run's (train.run_params)
     "compute": MappingProxyType({"trim_padding": False}),
     "update": MappingProxyType({"trim_padding": False}),

@@ -30,7 +30,8 @@ draws per pool for every statistic: paired), `cluster_bootstrap`; none below `MI
 
 `cells` reduces the token table to the sufficient statistics (per definition, batch, group, pool,
 class, category, token id and confidence bin: the count and the sum of every Δ and first-order term),
-the committed table `fig04_thesis_cells.parquet`; every statistic and interval is a function of it.
+the committed table `fig04_thesis_cells.parquet` (`n_fo`: the tokens among `n` whose first-order terms were
+computed, all of them unless `fo_tokens` caps it); every statistic and interval is a function of it.
 """
 from __future__ import annotations
 
@@ -107,27 +108,31 @@ def permuted(batch, seed: int):
 
 
 def first_order_terms(f: coupling.Features, group: torch.Tensor, lr: float, chunk: int = 1024,
-                      vocab_chunk: int = 8192) -> dict:
+                      vocab_chunk: int = 8192, J=None) -> dict:
     """Token j's first-order Δ under one SGD LM-head GRPO step, δ_j = η/N Σ_k A_k K_jk (Eq. 9), split
     by the source k: the same id in an opposite-sign rollout of j's group (`fo_same_id_group`) or of
     another group (`fo_same_id_other`), another id in an opposite-sign rollout (`fo_other_id`), and
     everything else (same-sign rollouts, j itself, zero advantage: `fo_same_sign`). The four sum to
-    `coupling.first_order_delta`. `group`: the group of each token of f. Memory: one chunk × chunk block."""
+    `coupling.first_order_delta`. `group`: the group of each token of f. `J`: the tokens j to compute
+    (indices into f; default all), each against every token k: the cost is |J| × N × vocabulary, so the
+    paper profiles cap |J| (fig04's `fo_tokens`). Memory: one chunk × chunk block. Returns (|J|,) arrays."""
     dev, dt = f.h.device, f.h.dtype
+    Ji = coupling._idx(J, len(f), dev)
     g = group.to(dev)
     sgn = torch.sign(f.A)
-    out = {k: torch.zeros(len(f), dtype=dt, device=dev) for k in FIRST_ORDER}
-    total = torch.zeros(len(f), dtype=dt, device=dev)
-    for a, b, hg, phi in coupling.blocks(f, None, None, chunk, vocab_chunk):
-        j, k = slice(a, a + hg.shape[0]), slice(b, b + hg.shape[1])
+    out = {k: torch.zeros(len(Ji), dtype=dt, device=dev) for k in FIRST_ORDER}
+    total = torch.zeros(len(Ji), dtype=dt, device=dev)
+    for a, b, hg, phi in coupling.blocks(f, Ji, None, chunk, vocab_chunk):
+        r, k = slice(a, a + hg.shape[0]), slice(b, b + hg.shape[1])
+        j = Ji[r]
         t = hg * phi * f.A[k][None, :]
         opp = (sgn[j][:, None] * sgn[k][None, :]) < 0
         same = f.o[j][:, None] == f.o[k][None, :]
         grp = g[j][:, None] == g[k][None, :]
-        out["fo_same_id_group"][j] += (t * (opp & same & grp)).sum(1)
-        out["fo_same_id_other"][j] += (t * (opp & same & ~grp)).sum(1)
-        out["fo_other_id"][j] += (t * (opp & ~same)).sum(1)
-        total[j] += t.sum(1)
+        out["fo_same_id_group"][r] += (t * (opp & same & grp)).sum(1)
+        out["fo_same_id_other"][r] += (t * (opp & same & ~grp)).sum(1)
+        out["fo_other_id"][r] += (t * (opp & ~same)).sum(1)
+        total[r] += t.sum(1)
     out["fo_same_sign"] = total - out["fo_same_id_group"] - out["fo_same_id_other"] - out["fo_other_id"]
     return {k: lr / len(f) * v for k, v in out.items()}
 
@@ -198,10 +203,11 @@ def cells(tokens: pd.DataFrame, bins, k: int) -> pd.DataFrame:
             sums = {f"sum_{u}": d[f"delta_perm_{u}"] for u in PERMUTED}
         else:
             sums = {f"sum_{u}": d[f"delta_{u}"] for u in UPDATES} | {f"sum_{f}": d[f] for f in FIRST_ORDER}
+            sums["n_fo"] = d[FIRST_ORDER[0]].notna().astype(int)   # tokens whose first-order terms were computed
         d = d.assign(**sums)
         agg = {s: (s, "sum") for s in sums}
         out.append(d.groupby(KEYS, observed=True).agg(n=("token_id", "size"), **agg).reset_index())
-    return pd.concat(out, ignore_index=True).reindex(columns=KEYS + ["n"] + SUMS)
+    return pd.concat(out, ignore_index=True).reindex(columns=KEYS + ["n", "n_fo"] + SUMS)
 
 
 def with_frequency(c: pd.DataFrame) -> pd.DataFrame:
@@ -232,7 +238,8 @@ def values(c: pd.DataFrame, pool: str) -> dict:
             "copies_vs_random": s("grpo_masked") - s("grpo_random"), "copies_restore": s("grpo_masked") - s("grpo"),
             "random_restore": s("grpo_random") - s("grpo"), "fo_same_id": fo_same,
             "fo_same_id_group": s("fo_same_id_group"), "fo_other_id": s("fo_other_id"),
-            "fo_opposite": fo_same + s("fo_other_id")}
+            "fo_opposite": fo_same + s("fo_other_id"),
+            "N_fo": c["n_fo"].fillna(0).to_numpy(dtype=float) if "n_fo" in c else c.n.to_numpy(dtype=float)}
 
 
 def arrays(c: pd.DataFrame, pool: str, clusters: pd.MultiIndex, cls_col: str = "cls", classes=CLASSES,
@@ -321,10 +328,10 @@ ONLY_IDS = {   # on the ids definition, A > 0 pool: the masks and the mechanism
     "copies_vs_random": lambda a: class_mean(a["N"], a["copies_vs_random"], 0),
     "copies_restore": lambda a: class_mean(a["N"], a["copies_restore"], 0),
     "random_restore": lambda a: class_mean(a["N"], a["random_restore"], 0),
-    "fo_opposite": lambda a: class_mean(a["N"], a["fo_opposite"], 0),
-    "fo_same_id": lambda a: class_mean(a["N"], a["fo_same_id"], 0),
-    "fo_same_id_group": lambda a: class_mean(a["N"], a["fo_same_id_group"], 0),
-    "fo_other_id": lambda a: class_mean(a["N"], a["fo_other_id"], 0),
+    "fo_opposite": lambda a: class_mean(a["N_fo"], a["fo_opposite"], 0),   # over the tokens with terms
+    "fo_same_id": lambda a: class_mean(a["N_fo"], a["fo_same_id"], 0),
+    "fo_same_id_group": lambda a: class_mean(a["N_fo"], a["fo_same_id_group"], 0),
+    "fo_other_id": lambda a: class_mean(a["N_fo"], a["fo_other_id"], 0),
     "fo_same_id_share": lambda a: abs_share(a["fo_same_id"], a["fo_other_id"], 0),
 }
 
@@ -389,7 +396,7 @@ def fidelity(tokens: pd.DataFrame) -> pd.DataFrame:
     """How well the first-order LM-head terms track the measured full-parameter Δ (mixed groups only):
     Pearson correlation and sign agreement of Σ terms vs Δ_GRPO (all tokens), and of the opposite-sign
     terms vs the measured cancellation Δ_GRPO − Δ_single (per pool)."""
-    t = tokens[tokens.advantage != 0]
+    t = tokens[(tokens.advantage != 0) & tokens[FIRST_ORDER[0]].notna()]   # the tokens whose terms were computed
     fo = t[list(FIRST_ORDER)].sum(axis=1)
     opp = t.fo_same_id_group + t.fo_same_id_other + t.fo_other_id
     rows = [dict(what="first-order total vs Δ_GRPO", pool="both", n=len(t), corr=_corr(fo, t.delta_grpo),

@@ -66,6 +66,8 @@ class Params(base.FigureParams):
     n_boot: int = param(1000, "bootstrap replicates of the thesis contrasts (batches, then groups)", min=100)
     n_random_masks: int = param(2, "random masks drawn per batch as the copies mask's null (same count per group "
                                 "and confidence bin); Δ averaged over the draws", min=1)
+    fo_tokens: int = param(0, "tokens per batch whose first-order terms (Eq. 9) are computed, a seeded random draw; "
+                           "0: every token (each costs all tokens × the vocabulary)", min=0)
     context_k: int = param(0, "preceding tokens the in-context 'shared' definition matches on; 0: the smallest k "
                            "whose specific share is ≥ 20% in both pools (thesis.choose_k)", min=0, max=thesis.MAX_K)
 
@@ -150,8 +152,14 @@ def _thesis_updates(P: Params, cc, model, batch, before, df: pd.DataFrame, bseed
     for u in thesis.PERMUTED:
         df[f"delta_perm_{u}"] = delta(shuffled, u)
     f = coupling.features(model, batch, compute=cc)
-    for k, v in thesis.first_order_terms(f, batch.group[f.rows], P.lr).items():
-        df[k] = v.double().cpu().numpy()
+    J = None
+    if P.fo_tokens and P.fo_tokens < len(f):   # a seeded draw of the tokens j (each against every token k)
+        g = torch.Generator().manual_seed(seeds.derive(bseed, "thesis_fo_tokens"))
+        J = torch.randperm(len(f), generator=g)[:P.fo_tokens].sort().values
+    for k, v in thesis.first_order_terms(f, batch.group[f.rows], P.lr, J=J).items():
+        col = np.full(len(f), np.nan)
+        col[slice(None) if J is None else J.numpy()] = v.double().cpu().numpy()
+        df[k] = col
 
 
 def compute(P: Params) -> Result:
@@ -299,6 +307,8 @@ def workload(P: Params, shape, z: W.Sizes) -> W.Work:
         thesis_steps = 2 + P.n_random_masks + len(thesis.PERMUTED)
         W.analysis(w, rows, z, P.chunk_rows, times=n * 4 + P.n_batches * (thesis_steps + 1))
         W.step(w, kind, rows, z, P.chunk_rows, times=n * 2 + P.n_batches * thesis_steps)
+        N = rows * z.new                                    # response tokens (upper bound: every row at the cap)
+        W.kernel(w, (min(P.fo_tokens, N) if P.fo_tokens else N) * N * P.n_batches, shape, 1024, N)   # Eq. 9 terms
     w.full_grads = kind == "full"
     w.extra_bytes += shape.params * W.BYTES[P.dtype] * (policies - 1)
     return w
