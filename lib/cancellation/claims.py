@@ -457,7 +457,9 @@ def thesis_reading(rows: dict) -> list[str]:
     for k, what in (("copies_vs_random", "Masking the opposite-sign copies against random masks of the same size "
                      "(the refutation test)"),
                     ("minus_permuted", "The A>0 contrast, real minus advantages shuffled within groups"),
-                    ("mech_same_id_share", "The same-id share of the opposite-sign first-order coupling (Eq. 9)")):
+                    ("mech_same_id_share", "The same-id share of the opposite-sign first-order coupling (Eq. 9)"),
+                    ("mech_fo_cancellation", "What those opposite-sign first-order terms net to per shared A>0 token "
+                     "(same-id terms lower it, other ids raise it)")):
         if k in rows:
             out.append(f"- {what}: {cite(k)} ({rows[k].verdict}).")
     return out
