@@ -427,3 +427,12 @@ def test_deeply_nested_json_in_a_problem_file_names_the_file_and_line(tmp_path):
                  + "]" * 100_000 + "}\n")
     with pytest.raises(tasks.ProblemFileError, match=r"deep.jsonl: line 2: JSON nested too deeply"):
         tasks.ProblemSource(path=str(p)).load()
+
+
+def test_a_negative_value_after_dash_p_meets_the_parameter_check(capsys):
+    """`-p temperature -.inf` is read as a value (not an option): the runner's own check names it."""
+    from cancellation import run
+    with pytest.raises(SystemExit) as e:
+        run.main(["02", "-p", "temperature", "-.inf", "--check"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "parameter 'temperature' = -inf: not finite" in err and "expected 2" not in err

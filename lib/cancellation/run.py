@@ -943,6 +943,21 @@ def _print_errors(e: Exception):
         print(f"error: {_short(line, 500)}", file=sys.stderr)  # a huge value never floods the terminal
 
 
+def _dash_values(argv: list[str]) -> list[str]:
+    """`-p NAME VALUE` with a VALUE that starts with '-' (`-p temperature -.inf`, `-p seed -1`) as the
+    equivalent `--set NAME=VALUE` (argparse would take the value for an
+    option and answer "expected 2 arguments"); the value then meets the same checks as any other."""
+    out, i = [], 0
+    while i < len(argv):
+        if argv[i] == "-p" and i + 2 < len(argv) and argv[i + 2].startswith("-") and not argv[i + 1].startswith("-"):
+            out += ["--set", f"{argv[i + 1]}={argv[i + 2]}"]
+            i += 3
+            continue
+        out.append(argv[i])
+        i += 1
+    return out
+
+
 def main(argv=None):
     """The command line: validate every selected notebook, then run them in order (see the module doc).
     Exit 0, 1 (a notebook failed), 2 (bad parameters or setup), 130/143 (Ctrl-C/SIGTERM)."""
@@ -980,7 +995,7 @@ def main(argv=None):
     ap.add_argument("--root", metavar="DIR",
                     help=f"the repository checkout whose notebooks/, notebooks/params/, figures/ and data/results/ "
                          f"are used (default: the checkout this module lives in, {ROOT})")
-    a = ap.parse_args(argv)
+    a = ap.parse_args(_dash_values(sys.argv[1:] if argv is None else list(argv)))
     saved = (ROOT, NOTEBOOKS, PARAMS)
     saved_procs = os.environ.get(procs.PROCS_ENV)
     try:
