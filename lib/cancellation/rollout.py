@@ -108,6 +108,11 @@ def group_advantages(reward: torch.Tensor, group: torch.Tensor, eps: float = 1e-
     return adv
 
 
+# vLLM's share of GPU memory beside the training model: the one declared default of every config that carries it
+# (SampleConfig, train.RunConfig / TrainConfig, the figures' Params, TRL's colocated vLLM in engine.grpo_config)
+GPU_MEMORY_UTILIZATION = 0.3
+
+
 @dataclass
 class SampleConfig:
     """How to sample one batch: which prompts, how many rollouts each, with what and where."""
@@ -122,7 +127,7 @@ class SampleConfig:
     source: tasks.ProblemSource = field(default_factory=lambda: tasks.ProblemSource())  # problems, rendering, verifier
     chunk_size: int = 256           # rollouts per HF sampler call: bounds the KV cache
     token_chunk: int = knob("token_chunk")  # a decode step's LM-head calls: rows per call (guard.KNOB_FIELDS)
-    gpu_memory_utilization: float = 0.3   # vLLM's share of GPU memory (the HF model sits beside it)
+    gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION   # vLLM's share of GPU memory (the HF model sits beside it)
 
     def __post_init__(self):
         if self.backend not in ("hf", "vllm"):
@@ -135,6 +140,17 @@ class SampleConfig:
     def cache_params(self) -> dict:
         """What a stage's key holds of it (`config_params`: the problem file by content hash)."""
         return config_params(self)
+
+
+def run_sample_config(run, **over) -> SampleConfig:
+    """The SampleConfig of a training run's rounds, read off the run's config whole (`train.RunConfig`,
+    `train.TrainConfig`): every SampleConfig field the run declares by the same name (n_prompts, G, temperature,
+    max_new_tokens, backend, seed, source, gpu_memory_utilization), `chunk_size` from its `sample_rows` when it has
+    one, then `over` (what a run's config does not hold: device, dtype, token_chunk)."""
+    kw = {f.name: getattr(run, f.name) for f in fields(SampleConfig) if hasattr(run, f.name)}
+    if hasattr(run, "sample_rows"):
+        kw["chunk_size"] = run.sample_rows
+    return SampleConfig(**{**kw, **over})
 
 
 def config_params(cfg: SampleConfig) -> dict:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 import numpy as np
 import pandas as pd
@@ -66,21 +66,19 @@ class RunConfig(_SamplesThePolicy):
     source: tasks.ProblemSource = field(default_factory=tasks.ProblemSource)  # prompts, rendering and verifier
     backend: str = "hf"             # sampler: 'hf' (the policy itself or a cast copy) or 'vllm' (synced each step)
     sample_dtype: str = ""          # dtype of the sampler copy; "" samples from the training model itself
-    gpu_memory_utilization: float = 0.3  # vLLM's share of GPU memory (beside the training model)
+    gpu_memory_utilization: float = rollout.GPU_MEMORY_UTILIZATION  # vLLM's share of GPU memory (beside the model)
     sample_rows: int = 256          # rollouts per HF sampler call: bounds the sampler's KV cache
     update: grpo.UpdateConfig = field(default_factory=grpo.UpdateConfig)  # the GRPO update
 
 
 
 def _sample_config(cfg, model=None) -> rollout.SampleConfig:
-    """The SampleConfig of a run's training rounds (device and dtype follow the model)."""
+    """The SampleConfig of a run's training rounds (`rollout.run_sample_config`: the run's sizes, sampler and
+    seed), its device and dtype following the model."""
     dev = str(next(model.parameters()).device) if model is not None else "cpu"
     dt = cfg.sample_dtype or (str(next(model.parameters()).dtype).removeprefix("torch.") if model is not None
                               else "float32")
-    return rollout.SampleConfig(n_prompts=cfg.n_prompts, G=cfg.G, temperature=cfg.temperature,
-                                max_new_tokens=cfg.max_new_tokens, backend=cfg.backend, device=dev, dtype=dt,
-                                seed=cfg.seed, source=cfg.source, gpu_memory_utilization=cfg.gpu_memory_utilization,
-                                token_chunk=cfg.update.token_chunk, chunk_size=getattr(cfg, "sample_rows", 256))
+    return rollout.run_sample_config(cfg, device=dev, dtype=dt, token_chunk=cfg.update.token_chunk)
 
 
 class PolicySampler:
@@ -269,7 +267,7 @@ class TrainConfig(_SamplesThePolicy):
     source: tasks.ProblemSource = field(default_factory=tasks.ProblemSource)  # training prompts, rendering, verifier
     backend: str = "hf"             # sampler: 'hf' or 'vllm' (synced after every iteration)
     sample_dtype: str = ""          # dtype of the sampler copy; "" samples from the training model itself
-    gpu_memory_utilization: float = 0.3  # vLLM's share of GPU memory
+    gpu_memory_utilization: float = rollout.GPU_MEMORY_UTILIZATION  # vLLM's share of GPU memory
     update: grpo.UpdateConfig = field(default_factory=lambda: grpo.UpdateConfig(n_minibatches=4))
 
     def __post_init__(self):
@@ -286,21 +284,29 @@ class TrainConfig(_SamplesThePolicy):
         return self.reward_balanced or self.dynamic_sampling
 
     @property
+    def query_preserved(self) -> bool:
+        """The plan keeps each query's rollouts in one mini-batch (`strategies.keeps_queries_whole`), so the
+        buffer releases whole groups (QB+RB)."""
+        return strategies.keeps_queries_whole(self.plan)
+
+    @property
     def label(self) -> str:
         return self.plan + ("+RB" if self.reward_balanced else "+DS" if self.dynamic_sampling else "")
 
 
-# Table 2's rows the small trainer runs (every registered one): name -> (mini-batch plan, reward-balanced buffer)
-STRATEGIES = strategies.plans("small")
+STRATEGY_FIELDS = ("plan", "reward_balanced", "dynamic_sampling")   # what a registered strategy sets of a TrainConfig
 
 
-def strategy_config(name: str, **kw) -> TrainConfig:
-    """A TrainConfig for one of STRATEGIES (other fields from `kw`)."""
-    if name not in STRATEGIES:
-        raise ValueError(f"unknown batching strategy {name!r}; allowed: {', '.join(STRATEGIES)}")
-    plan, rb = STRATEGIES[name]
-    return TrainConfig(plan=plan, reward_balanced=rb, dynamic_sampling=strategies.STRATEGIES[name].dynamic_sampling,
-                       **kw)
+def strategy_config(name: str, params=None, **kw) -> TrainConfig:
+    """The TrainConfig of registered strategy `name` (`cancellation.strategies`: its plan and release rule).
+    The other fields: every TrainConfig field that `params` (e.g. notebook 07's Params, passed whole) has by
+    the same name, a list copied, then `kw`."""
+    s = strategies.lookup(name, "small")
+    taken = {} if params is None else {
+        f.name: list(v) if isinstance(v := getattr(params, f.name), list) else v
+        for f in fields(TrainConfig) if f.name not in STRATEGY_FIELDS and hasattr(params, f.name)}
+    return TrainConfig(plan=s.plan, reward_balanced=s.reward_balanced, dynamic_sampling=s.dynamic_sampling,
+                       **{**taken, **kw})
 
 
 def set_name(name: str) -> str:
@@ -352,6 +358,13 @@ def evaluate(model, tok, sets, n: int, samples: int = 1, temperature: float = 1.
             b = rollout.sample(model, tok, scfg(eval_source(d, like)), problems=eval_problems(d, n, like), seed=4242)
             out[d] = float(b.reward.mean())
     return {set_name(d): out[d] for d in sets}
+
+
+def evaluate_run(model, tok, cfg: TrainConfig) -> dict:
+    """`evaluate` as run `cfg` evaluates: its held-out sets, problems per set, samples, temperature and
+    response cap, rendered and graded like its training source, with its update's token_chunk."""
+    return evaluate(model, tok, cfg.eval_sets, cfg.eval_n, cfg.eval_samples, cfg.eval_temperature,
+                    cfg.max_new_tokens, like=cfg.source, token_chunk=cfg.update.token_chunk)
 
 
 def minibatch_update(model, batch, plan, old_logp, optimizer, cfg: grpo.UpdateConfig) -> list[dict]:
@@ -447,7 +460,7 @@ def train_run(model, tok, cfg: TrainConfig, ckpt_path=None, ckpt_every: int = 1,
 def _train_run(model, tok, cfg, opt, sampler, ckpt_path, ckpt_when, progress, on_iteration, initial_eval) -> dict:
     B = cfg.n_prompts * cfg.G
     st = dict(iteration=0, round=0, iters=[], mbs=[], evals=[],
-              buffer=batching.RewardBalancedBuffer(B, cfg.tau, cfg.plan == "query_preserved", cfg.max_age,
+              buffer=batching.RewardBalancedBuffer(B, cfg.tau, cfg.query_preserved, cfg.max_age,
                                                    mixed_groups=cfg.dynamic_sampling)
               if cfg.buffered else None)
     ck = _load_checkpoint(ckpt_path)
@@ -464,8 +477,7 @@ def _train_run(model, tok, cfg, opt, sampler, ckpt_path, ckpt_when, progress, on
 
     def do_eval(it):
         t = time.time()
-        acc = evaluate(model, tok, cfg.eval_sets, cfg.eval_n, cfg.eval_samples, cfg.eval_temperature,
-                       cfg.max_new_tokens, like=cfg.source, token_chunk=cfg.update.token_chunk)
+        acc = evaluate_run(model, tok, cfg)
         st["evals"] += [dict(iteration=it, updates=it * cfg.update.n_minibatches, set=d, accuracy=a,
                              seconds=time.time() - t) for d, a in acc.items()]
 
@@ -553,8 +565,7 @@ def cached_train(model_path, cfg: TrainConfig, dtype: str = "float32", device: s
         model, tok = policy.load_policy(model_path, dtype=dtype, device=device)
         # iteration 0's evaluation is the same for every run from this policy: computed once
         ev0 = stage.INITIAL_EVAL.cached(
-            lambda: evaluate(model, tok, cfg.eval_sets, cfg.eval_n, cfg.eval_samples, cfg.eval_temperature,
-                             cfg.max_new_tokens, like=cfg.source, token_chunk=cfg.update.token_chunk),
+            lambda: evaluate_run(model, tok, cfg),
             model=inputs["model"], dtype=dtype, device=device, threads=threads, sets=list(cfg.eval_sets),
             n=cfg.eval_n, samples=cfg.eval_samples, temperature=cfg.eval_temperature,
             max_new_tokens=cfg.max_new_tokens, source=cfg.source, files=run_params(cfg).get("eval_fingerprints"))

@@ -1,6 +1,6 @@
 """What a TRL run is fed, and the layout of what it hands back.
 
-Owns: `STRATEGIES` (Table 2's rows TRL runs, from `cancellation.strategies`), `problem_dataset` and
+Owns: `STRATEGIES` (Table 2's rows TRL runs: a view of `cancellation.strategies`), `problem_dataset` and
 `reward_function` (a `tasks.ProblemSource` as a TRL dataset and reward), `grpo_config` (the
 GRPOConfig of docs/methods.md "The update", its micro-batch sized by `micro_batch` from the
 Compute config's token_chunk), and `to_rollout` / `from_rollout` (TRL's mini-batch dicts
@@ -12,7 +12,8 @@ import torch
 
 from .. import rollout, strategies, tasks
 
-STRATEGIES = strategies.plans("trl")  # name -> (mini-batch plan, reward-balanced buffer) wired into TRL
+# name -> (mini-batch plan, reward-balanced buffer) of the strategies wired into TRL: a view of the registry
+STRATEGIES = strategies.plans("trl")
 
 
 def _import_trl():
@@ -124,7 +125,7 @@ def grpo_config(output_dir, *, n_prompts: int = 8, G: int = 8, n_minibatches: in
     )
     kw["gradient_checkpointing"] = gradient_checkpointing   # TRL's default is on; the tiny runs need not recompute
     if use_vllm:
-        kw.update(vllm_mode="colocate", vllm_gpu_memory_utilization=0.3)
+        kw.update(vllm_mode="colocate", vllm_gpu_memory_utilization=rollout.GPU_MEMORY_UTILIZATION)
     kw.update(overrides)
     return trl.GRPOConfig(**kw)
 

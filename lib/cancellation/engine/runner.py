@@ -156,7 +156,8 @@ def train_trl(model_path, source: tasks.ProblemSource, strategy: str = "random",
               use_vllm: bool = False, gradient_checkpointing: bool = False, monitor: bool = True,
               eval_fn=None, eval_every: int = 0, model=None, tokenizer=None, quiet: bool = True,
               compute=None, progress: bool = True, tensorboard: bool = True, **config_overrides) -> dict:
-    """One Table 2 run on TRL: `strategy` (STRATEGIES) from `model_path` on `source`'s problems.
+    """One Table 2 run on TRL: `strategy` (a registered strategy TRL runs: `STRATEGIES`) from `model_path` on
+    `source`'s problems.
 
     Returns {'log' (trainer log history), 'minibatches', 'iterations', 'monitor' (per-step
     shares, when `monitor`), 'steps' (per optimizer step: loss, clipfrac, ratio_dev, entropy,

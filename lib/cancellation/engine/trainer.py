@@ -57,7 +57,7 @@ import pandas as pd
 import torch
 
 from .. import batching, rollout, seeds, strategies
-from .data import STRATEGIES, _import_trl, from_rollout, micro_rows, to_rollout
+from .data import _import_trl, from_rollout, micro_rows, to_rollout
 
 GRPOTrainer = _import_trl().GRPOTrainer
 
@@ -93,13 +93,13 @@ def check_rewards(rewards_per_func: torch.Tensor, names: list[str]) -> None:
 
 
 class BatchingGRPOTrainer(GRPOTrainer):
-    """GRPOTrainer whose generation batches are split by a Table 2 strategy (`STRATEGIES`).
+    """GRPOTrainer whose generation batches are split by a Table 2 strategy (`cancellation.strategies`).
 
-    Extra arguments: `strategy` (a key of STRATEGIES), `tau`, `max_rounds`, `max_age` (RB and
-    DS, as in train.TrainConfig), `plan_seed` (seeds the plans as train_run does), `token_chunk`
-    (the Compute bound: with `gradient_accumulation_steps` > 1, see `grpo_config`, each
-    mini-batch is packed into micro-batches of at most token_chunk // max_completion_length
-    rows, one per accumulation step, empty steps padding the rest). Everything else is
+    Extra arguments: `strategy` (a registered strategy wired into TRL: `engine.STRATEGIES`), `tau`,
+    `max_rounds`, `max_age` (RB and DS, as in train.TrainConfig), `plan_seed` (seeds the plans as
+    train_run does), `token_chunk` (the Compute bound: with `gradient_accumulation_steps` > 1, see
+    `grpo_config`, each mini-batch is packed into micro-batches of at most token_chunk //
+    max_completion_length rows, one per accumulation step, empty steps padding the rest). Everything else is
     GRPOTrainer's. After training: `minibatch_table()` (one row per rollout per
     mini-batch: iteration, minibatch, step, row, group, reward, advantage, sign, n_tokens),
     `iteration_table()` (rounds, updated, RB buffer counters); the RB counters are also
@@ -108,14 +108,12 @@ class BatchingGRPOTrainer(GRPOTrainer):
 
     def __init__(self, *args, strategy: str = "random", tau: float = 0.4, max_rounds: int = 4,
                  max_age: int = 2, plan_seed: int | None = None, token_chunk: int | None = None, **kw):
-        if strategy not in STRATEGIES:
-            raise ValueError(f"unknown batching strategy {strategy!r}; allowed: {', '.join(STRATEGIES)}")
+        spec = strategies.lookup(strategy, "trl")   # the registry's entry: plan, release rule (RB / DS / none)
         super().__init__(*args, **kw)
         if self.num_iterations != 1:
             raise ValueError("BatchingGRPOTrainer needs num_iterations=1 (one pass over each batch, docs/methods.md)")
         self.strategy = strategy
-        self.plan, self.reward_balanced = STRATEGIES[strategy]
-        self.dynamic_sampling = strategies.STRATEGIES[strategy].dynamic_sampling   # DS: DAPO's release rule
+        self.plan, self.reward_balanced, self.dynamic_sampling = spec.plan, spec.reward_balanced, spec.dynamic_sampling
         self.max_rounds = max_rounds
         self.plan_seed = self.args.seed if plan_seed is None else plan_seed
         self.accumulation = self.args.gradient_accumulation_steps
@@ -126,9 +124,8 @@ class BatchingGRPOTrainer(GRPOTrainer):
         B = self.args.per_device_train_batch_size * self.args.steps_per_generation
         self.micro_rows = micro_rows(self.args.max_completion_length, token_chunk) if token_chunk else \
             B // self.n_minibatches
-        self.buffer = batching.RewardBalancedBuffer(B, tau, self.plan == "query_preserved", max_age,
-                                                    mixed_groups=self.dynamic_sampling) \
-            if self.reward_balanced or self.dynamic_sampling else None
+        self.buffer = batching.RewardBalancedBuffer(B, tau, spec.query_preserved, max_age,
+                                                    mixed_groups=spec.dynamic_sampling) if spec.buffered else None
         self._iteration = 0
         self._round = 0
         self._extra_iter = None

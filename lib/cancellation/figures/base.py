@@ -65,7 +65,7 @@ def backend():
 
 
 def gpu_memory_utilization():
-    return param(0.3, "vLLM's share of GPU memory, beside the training model", gt=0, max=1)
+    return param(rollout.GPU_MEMORY_UTILIZATION, "vLLM's share of GPU memory, beside the training model", gt=0, max=1)
 
 
 def gradient_checkpointing(doc: str | None = None):

@@ -21,7 +21,7 @@ import pandas as pd
 import torch
 from scipy import stats
 
-from .. import batching, cache, eq14, grpo, measure, plots, policy, rollout, stage, strategies, tasks, train
+from .. import batching, cache, eq14, grpo, measure, policy, rollout, stage, strategies, tasks, train
 from .. import engine as rl_engine
 from .. import workload as W
 from .. import stats as ST
@@ -32,7 +32,7 @@ from .base import param
 STRATEGY_NAMES = list(strategies.TABLE2_ROWS)     # the default rows of Table 2 (cancellation.strategies)
 STRATEGY_CHOICES = list(strategies.STRATEGIES)     # every registered strategy
 SMALL_ONLY = strategies.small_only()               # the strategies TRL does not run (random+filter)
-COLORS = dict(zip(strategies.STRATEGIES, [plots.PALETTE[i] for i in (7, 0, 4, 2, 1, 5, 3)]))  # one per strategy
+COLORS = strategies.COLORS                         # name -> colour, read off the registry (a live view)
 DTYPES = ["float64", "float32", "bfloat16", "float16"]
 
 
@@ -44,8 +44,8 @@ class Params(base.FigureParams):
          "workers > 1 parallelises the small trainer on the CPU only (set workers: 1 for engine trl or a GPU)"),
         (lambda run_rounds, iterations: run_rounds == 0 or run_rounds >= iterations,
          "run_rounds (a whole run's RB sampling budget) must be 0 or at least iterations"),
-        (lambda trl_strategies, engine, strategies, probe_strategies: not set(SMALL_ONLY) & set(trl_strategies) and (
-            engine == 'small' or not set(SMALL_ONLY) & set(strategies + probe_strategies)),
+        (lambda trl_strategies, engine, strategies, probe_strategies: _trl_runs_all(trl_strategies) and (
+            engine == 'small' or _trl_runs_all(strategies + probe_strategies)),
          f"{', '.join(SMALL_ONLY)}: the small trainer only (not wired into TRL)"),
         (lambda engine, budget_strategies: engine == 'small' or not budget_strategies,
          "the equal-rollout-budget arm (budget_strategies) runs on the small trainer only (TRL's RB has no "
@@ -59,7 +59,7 @@ class Params(base.FigureParams):
                          "shared CPU)", min=1)
     workers: int = param(1, "small engine: training runs computed in parallel processes (each with threads), "
                          "same numbers", min=1)
-    strategies: list = param(list(STRATEGY_NAMES), "Table 2 rows (train.STRATEGIES)",
+    strategies: list = param(list(STRATEGY_NAMES), "Table 2 rows (cancellation.strategies)",
                              choices=STRATEGY_CHOICES, nonempty=True, distinct=True)
     seeds: list = param([0, 1, 2], "training seeds per strategy (prompts, sampling, plans)",
                         min=0, nonempty=True, distinct=True)
@@ -97,11 +97,16 @@ class Params(base.FigureParams):
     sample_dtype: str = param("", "dtype of the sampler copy; empty: the training model itself (paper: bfloat16)",
                               choices=["", *DTYPES])
     backend: str = param("hf", "sampler: 'hf' or 'vllm' (weights pushed after every update)", choices=["hf", "vllm"])
-    gpu_memory_utilization: float = param(0.3, "vLLM's share of GPU memory, beside the training model", gt=0, max=1)
+    gpu_memory_utilization: float = base.gpu_memory_utilization()
     gradient_checkpointing: bool = base.gradient_checkpointing()
     trl_strategies: list = param(["random", "QB+RB"], "strategies also trained on TRL (engine.train_trl) as a "
                                  "cross-check ([] skips)", choices=STRATEGY_CHOICES, distinct=True)
     trl_seeds: list = param([0], "seeds of the TRL runs", min=0, distinct=True)
+
+
+def _trl_runs_all(names) -> bool:
+    """Every strategy of `names` is wired into TRL (the registry's `trl`; an unknown name is the choices' error)."""
+    return all(strategies.STRATEGIES[n].trl for n in names if n in strategies.STRATEGIES)
 
 
 LIGHT_RUN_NOTE = ("The light run of `make figures`. The full test (10 seeds x 64 iterations, avg@4 on 256 problems per "
@@ -210,15 +215,13 @@ class Result:
 
 
 # ----------------------------------------------------------------------------- the runs
-def _config(P: Params, source, name, seed, lr, run_rounds=None):
-    return train.strategy_config(
-        name, iterations=P.iterations, n_prompts=P.n_prompts, G=P.G, temperature=P.temperature,
-        max_new_tokens=P.max_new_tokens, tau=P.tau, max_rounds=P.max_rounds, max_age=P.max_age,
-        run_rounds=P.run_rounds if run_rounds is None else run_rounds, eval_every=P.eval_every,
-        eval_sets=list(P.eval_sets), eval_n=P.eval_n, eval_samples=P.eval_samples, eval_temperature=P.eval_temperature,
-        seed=seed, source=source, backend=P.backend, sample_dtype=P.sample_dtype,
-        gpu_memory_utilization=P.gpu_memory_utilization,
-        update=P.compute().update(optimizer="adam", lr=lr, n_minibatches=P.n_minibatches))
+def _config(P: Params, source, name, seed, lr, run_rounds=None) -> train.TrainConfig:
+    """The small trainer's config of one run: strategy `name` (the registry's plan and release rule), P's fields
+    of the same names passed whole (`train.strategy_config`), this run's seed, the problems, the update at
+    `lr` (Adam, P's mini-batches and Compute knobs) and, for the equal-rollout-budget arm, its `run_rounds`."""
+    budget = {} if run_rounds is None else {"run_rounds": run_rounds}
+    return train.strategy_config(name, P, seed=seed, source=source, **budget,
+                                 update=P.compute().update(optimizer="adam", lr=lr, n_minibatches=P.n_minibatches))
 
 
 def _small_runs(P: Params, source, jobs):
@@ -252,22 +255,29 @@ def _trl_inputs(P: Params, source, name, seed, lr) -> dict:
                 trl_micro_rows=rl_engine.micro_rows(P.max_new_tokens, P.token_chunk) if binds else None)
 
 
+def _trl_arguments(run: train.TrainConfig) -> dict:
+    """`engine.train_trl`'s arguments for the run that small-trainer config `run` describes (the config a TRL run's
+    cache key holds, so key and run have one source): the same batch shape, lr, sampling, RB / DS knobs, seed,
+    evaluation cadence and backend. TRL has no whole-run budget (`run_rounds`)."""
+    return dict(iterations=run.iterations, n_prompts=run.n_prompts, G=run.G, n_minibatches=run.update.n_minibatches,
+                lr=run.update.lr, max_new_tokens=run.max_new_tokens, temperature=run.temperature, tau=run.tau,
+                max_rounds=run.max_rounds, max_age=run.max_age, seed=run.seed, use_vllm=run.backend == "vllm",
+                eval_every=run.eval_every)
+
+
 def _trl_out(P: Params, source, name, seed, lr):
     """One cached TRL run (engine.train_trl): the raw frames plus the per-step record."""
     inputs = _trl_inputs(P, source, name, seed, lr)
+    run = inputs["run"]
     out_dir = cache.DEFAULT_DIR / "ckpt" / "trl" / stage.TRAIN_TRL.key(**inputs)  # one per run: runs may overlap
     out_dir.mkdir(parents=True, exist_ok=True)
 
     def compute():
         m, tk = policy.load_policy(P.model_path, dtype=P.dtype, device=P.device)
         out = rl_engine.train_trl(
-            P.model_path, source, name, output_dir=str(out_dir), model=m, tokenizer=tk,
-            iterations=P.iterations, n_prompts=P.n_prompts, G=P.G, n_minibatches=P.n_minibatches, lr=lr,
-            max_new_tokens=P.max_new_tokens, temperature=P.temperature, tau=P.tau, max_rounds=P.max_rounds,
-            max_age=P.max_age, seed=seed, dtype=P.dtype, use_vllm=P.backend == "vllm",
-            gradient_checkpointing=P.gradient_checkpointing, eval_every=P.eval_every, compute=P.compute(),
-            eval_fn=lambda mm, tt: train.evaluate(mm, tt, P.eval_sets, P.eval_n, P.eval_samples, P.eval_temperature,
-                                                  P.max_new_tokens, like=source, token_chunk=P.token_chunk))
+            P.model_path, run.source, name, output_dir=str(out_dir), model=m, tokenizer=tk, **_trl_arguments(run),
+            dtype=P.dtype, gradient_checkpointing=P.gradient_checkpointing, compute=P.compute(),
+            eval_fn=lambda mm, tt: train.evaluate_run(mm, tt, run))
         return {k: out[k] for k in ("evals", "iterations", "minibatches", "monitor", "steps", "eval_times")}
 
     return stage.TRAIN_TRL.cached(compute, **inputs)
@@ -336,22 +346,20 @@ def _budget_table(P: Params, runs) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-IMBALANCE_PLANS = {"random": "random", "QB": "query_preserved", "sign_partitioned": "sign_partitioned"}
-
-
 def _imbalance_inputs(P: Params, source) -> tuple[dict, list]:
     """Eq. 14's inputs (stage.LOCAL_IMBALANCE: the policy, dtype, device, threads, draws and each seed's run
     config) and those configs."""
     # sampled by the HF path on the training model (a vLLM engine here would hold GPU memory beside the runs')
     cfgs = [dataclasses.replace(_config(P, source, "random", s, P.lr), backend="hf") for s in P.seeds]
     return dict(model=policy.fingerprint(P.model_path), dtype=P.dtype, device=P.device, threads=P.threads,
-                draws=P.imbalance_plans, plans=IMBALANCE_PLANS, runs=cfgs), cfgs
+                draws=P.imbalance_plans, plans=strategies.local_imbalance_plans(), runs=cfgs), cfgs
 
 
 def local_imbalance(P: Params, source) -> pd.DataFrame:
     """Eq. 14 on real batches: for each seed, the batch its runs sample first (the same prompts and
     sampling seeds, from the starting policy), split by `imbalance_plans` draws of each plan in
-    IMBALANCE_PLANS (draw 0 is the split the run itself used at iteration 0). Per (seed, plan, draw):
+    the registry's Eq. 14 plans (`strategies.local_imbalance_plans()`: random, QB, sign-partitioned; draw 0 is the
+    split the run itself used at iteration 0). Per (seed, plan, draw):
 
     - `retained`: the local cross-advantage mass Σ_{B,g} (S_B² − Σ_{i∈B} A_i²) over the grouped one
       Σ_g −Σ A_i² (1 when every group shares one mini-batch, as under QB; `batching.cross_advantage`),
@@ -384,7 +392,7 @@ def local_imbalance(P: Params, source) -> pd.DataFrame:
             full_sq = grpo.minibatch_grads(model, batch, [torch.arange(len(batch))], cfg.update,
                                            old_logp=old)[0]["grad_norm"] ** 2
             gram = eq14.group_score_gram(model, batch, cfg.update, old_logp=old)   # None at large models
-            for name, plan_name in IMBALANCE_PLANS.items():
+            for name, plan_name in inputs["plans"].items():
                 for draw in range(P.imbalance_plans):
                     plan = batching.make_plan(plan_name, batch.group, batch.advantage, cfg.update.n_minibatches,
                                               seed=derive(cfg.seed, "plan", draw))   # draw 0: iteration 0's plan
@@ -486,12 +494,11 @@ def coverage_line(iters: pd.DataFrame, P: Params) -> str:
 def _fewer_steps_cause(name: str, P: Params) -> str:
     """Why strategy `name` can take fewer optimizer steps than the others."""
     s = strategies.STRATEGIES[name]
-    plan = s.plan
     if s.buffered:
         return ("the whole-run sampling budget (run_rounds) ran out before every iteration had released a batch; "
                 "a larger run_rounds equalises them" if P.run_rounds else
                 "the buffer released no batch within max_rounds on some iterations; run_rounds > 0 keeps it sampling")
-    if plan == "random_filter":
+    if s.filtered:
         return "no step on an iteration whose batch held only zero-variance (A = 0) groups"
     return "no step on some iterations"
 
@@ -532,8 +539,8 @@ def _tables(P: Params, runs, probe) -> Result:
     last = iters.sort_values("iteration").groupby(["strategy", "seed"]).last()
     counts = iters.groupby(["strategy", "seed"]).rounds.sum().mul(P.n_prompts * P.G).groupby("strategy").mean()
     table2 = pd.DataFrame(index=pd.Index(P.strategies, name="strategy"))
-    table2["QB"] = [train.STRATEGIES[s][0] == "query_preserved" for s in P.strategies]
-    table2["RB"] = [train.STRATEGIES[s][1] for s in P.strategies]
+    table2["QB"] = [strategies.STRATEGIES[s].query_preserved for s in P.strategies]
+    table2["RB"] = [strategies.STRATEGIES[s].reward_balanced for s in P.strategies]
     for c in cols:
         a = agg[agg.set == c].set_index("strategy")
         table2[f"{c}_mean"], table2[f"{c}_ci95"] = 100 * a["mean"], 100 * a["ci"]
@@ -661,7 +668,7 @@ def workload(P: Params, shape, z: W.Sizes) -> W.Work:
             [s for _ in P.probe_lrs for s in P.probe_strategies for _ in P.probe_seeds]
         with w.split("runs (strategy x seed)", len(jobs)):
             for s in jobs:
-                W.trl_run(w, P, z, rb="RB" in s)
+                W.trl_run(w, P, z, rb=strategies.STRATEGIES[s].reward_balanced)
                 W.sample(w, eval_rows, z, times=evals_per_run)   # evaluation: train.evaluate, our sampler
         w.notes.append("TRL runs: transformers' generate, TRL's fused-head log-prob and loss forwards, the "
                        "Trainer's per-run/step/log overhead (workload.trl_run); RB: about two sampling rounds "
@@ -672,7 +679,7 @@ def workload(P: Params, shape, z: W.Sizes) -> W.Work:
     else:
         runs = len(P.strategies) * len(P.seeds) + len(P.probe_lrs) * len(P.probe_strategies) * len(P.probe_seeds)
         runs += len(getattr(P, "budget_strategies", [])) * len(P.seeds)   # equal-rollout arm: at most as many rounds
-        rb = any("RB" in s for s in P.strategies)
+        rb = any(strategies.STRATEGIES[s].reward_balanced for s in P.strategies)
         rounds = P.iterations * (2 if rb else 1)          # RB samples extra rounds: about 2 per iteration
         with w.split("runs (strategy x seed)", runs):
             W.sample(w, rows, z, times=runs * rounds)
@@ -685,7 +692,7 @@ def workload(P: Params, shape, z: W.Sizes) -> W.Work:
         if trl:   # the TRL cross-check runs beside the small trainer's
             with w.split("TRL cross-check runs", len(trl)):
                 for s in trl:
-                    W.trl_run(w, P, z, rb="RB" in s)
+                    W.trl_run(w, P, z, rb=strategies.STRATEGIES[s].reward_balanced)
                     W.sample(w, eval_rows, z, times=evals_per_run)
             w.notes.append(f"{len(trl)} TRL cross-check runs (workload.trl_run)")
     d = getattr(P, "imbalance_plans", 0)

@@ -9,7 +9,7 @@ import pandas as pd
 
 from .. import claims as C
 from .. import stats as ST
-from .. import train
+from .. import strategies
 from .fig07 import Params, Result, scatter_vs_qb
 
 
@@ -23,7 +23,7 @@ def nonzero_share(iters: pd.DataFrame) -> pd.Series:
     rollouts of every iteration that updated); zero-variance groups carry A = 0."""
     u = iters[iters.updated.astype(bool)]
     share = (u.n_pos + u.n_neg).groupby(u.strategy).sum() / u.n_rollouts.groupby(u.strategy).sum()
-    filtered = [s for s in share.index if train.STRATEGIES.get(s, ("",))[0] == "random_filter"]
+    filtered = [s for s in share.index if s in strategies.STRATEGIES and strategies.STRATEGIES[s].filtered]
     share[filtered] = 1.0  # its plan drops the A = 0 rows: they are sampled, never in an update
     return share
 
