@@ -126,7 +126,7 @@ def test_the_mode_reaches_every_reward_call(tmp_path):
 # ------------------------------------------------------------------------- golds that can never be rewarded
 def _golds_file(tmp_path):
     rows = [{"prompt": "a", "answer": "12"}, {"prompt": "b", "answer": "???"},
-            {"prompt": "c", "answer": "3 is the only possible value"}, {"prompt": "d", "answer": "7"},
+            {"prompt": "c", "answer": "sum_(k=1)^n 1/k"}, {"prompt": "d", "answer": "7"},
             {"prompt": "e", "answer": "No"}]
     f = tmp_path / "golds.jsonl"
     f.write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -143,7 +143,7 @@ def test_refuse_is_the_default_and_names_the_count_and_the_file(tmp_path):
     assert "\n" not in msg and msg.startswith(f"{src.path}: 2 of 5 problems have a gold")
     assert str(ids) in msg and "'skip'" in msg and "'allow'" in msg
     assert ids.read_text().splitlines() == ["problem,answer,why", "1,???,unparseable",
-                                           "2,3 is the only possible value,reject_short"]
+                                           "2,sum_(k=1)^n 1/k,constant"]
     assert isinstance(e.value, tasks.ProblemFileError)
     assert type(e.value).__name__ in run.ONE_LINE_STOPS   # the runner prints it alone, as NoSignal
 
@@ -227,10 +227,10 @@ def test_a_profiles_common_answer_mode_reaches_every_notebook(tmp_path, monkeypa
 
 
 # Styles in which a mode finds an answer candidate at all (the coverage `with_answer` counts; by hand):
-# last_sentence always has one (every style ends in a sentence with a letter), answer_line reads the box on
-# "Answer: $\boxed{12}$" when the mode has no boxed extractor.
-WITH_CANDIDATE = {"answer_line": 3, "boxed": 3, "last_sentence": 6, "answer_line+boxed": 4,
-                  "answer_line+boxed+last_sentence": 6}
+# last_sentence has one where the final sentence states an answer (not "Done, that was it." nor "I am not sure
+# how to do this one"), answer_line reads the box on "Answer: $\boxed{12}$" when the mode has no boxed extractor.
+WITH_CANDIDATE = {"answer_line": 3, "boxed": 3, "last_sentence": 4, "answer_line+boxed": 4,
+                  "answer_line+boxed+last_sentence": 5}
 
 
 @pytest.mark.parametrize("mode", list(WITH_CANDIDATE))

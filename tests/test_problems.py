@@ -280,7 +280,8 @@ def test_math_verifier_grades_answer_lines_and_boxes():
     assert v(twelve, "Answer: 13 but \\boxed{12}") == 1.0  # either candidate may match
     assert v(tasks.Problem("q", "2\\pi"), "Answer: 2\\pi") == 1.0  # bare LaTeX in the Answer line
     assert v(tasks.Problem("q", "\\frac{\\sqrt{3}}{2}"), "\\boxed{\\frac{\\sqrt{3}}{2}}") == 1.0
-    assert v.stats == {"graded": 11, "unparsed_response": 0, "unparsed_gold": 0, "errors": 0, "as_words": 0}
+    assert v.stats == {"graded": 11, "unparsed_response": 0, "unparsed_gold": 0, "errors": 0, "as_words": 0,
+                       "too_long": 0, "timeouts": 0}
 
 
 def test_math_verifier_counts_unparseable_and_never_raises():
@@ -388,7 +389,8 @@ def test_gold_check_names_what_can_never_be_rewarded(tmp_path):
             assert flagged, g
     assert check["n"] == 9 and check["words"] == 2
     assert check["unparseable"] == ["???"]
-    assert check["reject_short"] == ["3 is the only possible value"]     # math-verify reads it as 3·E·E·a·b·...
+    # math-verify reads it as 3·E·E·a·b·...; the grader reads its short form, 3, and credits `Answer: 3`
+    assert check["reject_short"] == [] and v(tasks.Problem("q", "3 is the only possible value"), "Answer: 3") == 1.0
     assert not check["reject_themselves"]
     bad = sum(len(check[k]) for k in ("unparseable", "reject_themselves", "constant", "reject_short"))
     assert line.startswith(f"gold answers: 9 distinct, 2 compared as words; {bad} can never be rewarded")

@@ -240,9 +240,10 @@ _ANSWER_LINE_RE = re.compile(r"(?i)Answer\s*:\s*([^\n]+)")
 # Named answer-extraction modes of the reward (`answer_mode`, a parameter of every notebook):
 #   answer_line    DAPO's training reward (verl math_dapo): the text after the last "Answer:" to the end of its line
 #   boxed          the last \boxed{...} (nested braces kept)
-#   last_sentence  math-verify's own extraction (its default LaTeX + expression configs) over the response's
-#                  final sentence (measured on real responses: ~55% recall at ~99.8% precision)
-# or a '+' combination (a response is rewarded when any of its candidates matches). 'auto' is the paper's
+#   last_sentence  the answer the response's final sentence states (`sentence_answer`: "the answer is X", "there
+#                  are X ways", "X is the only ...", "= X" after so/thus/we get; negations refused), no candidate when
+#                  it states none (on tests/data/graded_responses.jsonl: 96% recall at 100% precision)
+# or a '+' combination (a response is graded by its final candidate, `final_answer`). 'auto' is the paper's
 # grader: problem files answer_line+boxed (by math-verify), the generated arithmetic task its exact \boxed{}.
 EXTRACTORS = ("answer_line", "boxed", "last_sentence")
 ANSWER_MODES = ("auto", "answer_line", "boxed", "last_sentence", "answer_line+boxed", "answer_line+last_sentence",
@@ -268,12 +269,384 @@ def last_sentence(response: str) -> str | None:
     return parts[-1] if parts else None
 
 
+# ------------------------------------------------------------------ the answer a sentence states
+# A sentence is read as a list of items: math ($...$, \(...\), \[...\] spans, and plain-text tokens that read as
+# math: digits, operators, brackets, backslash commands, a letter next to an operator) and words, each with the
+# punctuation that closes it. Consecutive math items with no punctuation between them are one run: one expression.
+_MATH_SPAN_RE = re.compile(r"\$\$(.+?)\$\$|\$(.+?)\$|\\\((.+?)\\\)|\\\[(.+?)\\\]", re.S)
+_MATHY_RE = re.compile(r"[0-9=+\-*/^<>()\[\]{}\\_|≤≥≠×·÷√π∞]")
+_HYPHENATED_RE = re.compile(r"[A-Za-z]+(?:-[A-Za-z]+)+")
+_PLAIN_MATH_NAMES = {"pi", "sqrt", "infty", "infinity"}
+# Short English words: never a product of variables (longer words with a vowel are prose anyway; see _is_prose_word).
+_SHORT_WORDS = {"a", "an", "as", "at", "be", "by", "do", "if", "in", "is", "it", "no", "of", "on", "or", "so", "to", "up",
+                "we", "and", "are", "but", "can", "for", "has", "how", "its", "not", "one", "the", "two", "was", "yes",
+                "all", "any", "few", "six", "ten", "way", "odd", "our", "get", "got", "let", "may", "use", "see", "too",
+                "had", "did", "does", "each", "i"}
+_NEGATIONS = {"not", "never", "cannot", "can't", "isn't", "aren't", "doesn't", "don't", "won't", "wasn't", "weren't",
+              "neither", "nor", "nothing", "none", "impossible"}
+_CLAUSE_WORDS = {"so", "thus", "hence", "therefore", "but", "then", "consequently"}
+_LEADING_WORDS = {"so", "thus", "hence", "therefore", "consequently", "finally", "overall", "in", "conclusion",
+                  "answer", "final", "the", "is"}
+_FILLERS = {"exactly", "precisely", "just", "simply", "then", "therefore", "thus", "also", "still", "indeed", "now",
+            "clearly", "finally", "that", "only", "always", "obviously", "really", "us"}
+# Words that state a result right before a final "lhs = rhs" ("So $x = 5$", "we get $f(3) = 81$"); a premise
+# ("such that a+b+c=99", "Suppose $k = 2$", "where", "with", "let") is none of them.
+_RESULT_WORDS = {"so", "thus", "hence", "therefore", "consequently", "finally", "then", "get", "gets", "got",
+                 "obtain", "obtains", "obtained", "find", "finds", "found", "have", "has", "had", "gives", "give",
+                 "gave", "giving", "yields", "yield", "yielding", "shows", "means", "conclude", "concludes", "follows",
+                 "is", "are", "becomes", "equals", "answer", "result", "total", "sum", "altogether", "overall",
+                 "indeed", "clearly", "compute", "computes", "computed", "makes", "value", "values"}
+# Verbs whose object is the result ("we get 12", "giving $\frac{5}{36}$", "the area equals 48").
+_VERBS = {"get", "gets", "got", "obtain", "obtains", "obtained", "find", "finds", "found", "have", "has", "gives",
+          "give", "gave", "giving", "yields", "yield", "yielding", "equals", "equal", "becomes", "totals", "makes",
+          "is", "are", "was", "were", "be"}
+_MODALS = {"must", "should", "will", "would", "to", "only", "always", "then"}
+# After "is X", words that make X a bound, a comparison or one of several answers ("is at least 36", "is 8 or 9").
+_BAD_FOLLOW = {"or", "more", "less", "than", "times", "greater", "smaller", "larger", "fewer", "higher", "lower",
+               "plus", "minus", "divides", "divided", "percent", "apart", "away", "and", "if", "when", "whenever",
+               "unless", "provided", "before", "after", "not"}
+_SUPERLATIVES = {"only", "unique", "smallest", "largest", "least", "greatest", "minimum", "maximum", "minimal",
+                 "maximal", "answer", "desired", "required", "correct", "final", "sought", "biggest", "lowest",
+                 "highest", "one"}
+_CHOICE_RE = re.compile(r"^\(([A-Ea-e])\)\s+\S")
+
+
+class _Item:
+    __slots__ = ("kind", "text", "raw", "punct")
+
+    def __init__(self, kind: str, text: str, raw: str, punct: str = ""):
+        self.kind, self.text, self.raw, self.punct = kind, text, raw, punct
+
+    @property
+    def low(self) -> str:
+        return self.text.lower() if self.kind == "w" else ""
+
+
+def _plain_tokens(chunk: str) -> list[str]:
+    """Whitespace tokens of plain text, a bracket left open joined with what follows up to its close."""
+    out, cur, depth = [], "", 0
+    for tok in chunk.split():
+        cur = f"{cur} {tok}" if cur else tok
+        depth += sum(tok.count(c) for c in "([{") - sum(tok.count(c) for c in ")]}")
+        if depth <= 0:
+            out.append(cur)
+            cur, depth = "", 0
+    if cur:
+        out.append(cur)
+    return out
+
+
+def _add_plain(chunk: str, items: list) -> None:
+    for tok in _plain_tokens(chunk):
+        m = re.match(r"^(.*?)([,.;:?]+|(?<![\d)!])!+)?$", tok, re.S)
+        core, punct = m.group(1), m.group(2) or ""
+        if not core:
+            if items and punct:
+                items[-1].punct += punct
+            continue
+        core = core.strip("\"'`")
+        if not core:
+            continue
+        low = core.lower()
+        if _HYPHENATED_RE.fullmatch(core) or (len(core) > 1 and low in _SHORT_WORDS):
+            kind = "w"
+        elif _MATHY_RE.search(core) or low in _PLAIN_MATH_NAMES or not re.search(r"[A-Za-z\u2013\u2014]", core):
+            kind = "m"
+        elif re.fullmatch(r"[A-Za-z]{1,3}", core):
+            kind = "l"     # a letter (or 'xy'): math only beside an operator, else a word
+        else:
+            kind = "w"
+        items.append(_Item(kind, core, core, punct))
+
+
+def _items(sentence: str) -> list:
+    """The items of a sentence (see above); markdown emphasis and \\text{}-style wrappers outside math dropped."""
+    s = re.sub(r"\*\*|__|`", "", sentence)
+    items: list = []
+    pos = 0
+    for m in _MATH_SPAN_RE.finditer(s):
+        _add_plain(_TEXT_WRAP_RE.sub(r"\1", s[pos:m.start()]), items)
+        body = next(g for g in m.groups() if g is not None).strip()
+        punct = ""
+        while body and body[-1] in ",.;:" and not body.endswith("\\."):
+            punct, body = body[-1] + punct, body[:-1].rstrip()
+        if body:
+            items.append(_Item("m", body, m.group(0), punct))
+        pos = m.end()
+    _add_plain(_TEXT_WRAP_RE.sub(r"\1", s[pos:]), items)
+    # a letter is math next to an operator ("x = 5"), or after math ("\sum_{i=1}^{3} i", "3 x 4") unless it is
+    # the article or the pronoun ("is 5 a prime"); 'xy' and the like only next to an operator ("12 cm" is a word)
+    for i, it in enumerate(items):
+        if it.kind == "l":
+            prev = items[i - 1] if i else None
+            nxt = items[i + 1] if i + 1 < len(items) else None
+            after = prev is not None and prev.kind == "m" and not prev.punct
+            beside = ((after and prev.text[-1] in "=+-*/^<>(")
+                      or (nxt is not None and nxt.kind == "m" and not it.punct and nxt.text[0] in "=+-*/^<>)")
+                      or (after and len(it.text) == 1 and it.text not in "aAI"))
+            it.kind = "m" if beside else "w"
+    return items
+
+
+def _runs(items: list) -> list[tuple[int, int]]:
+    """(first, last) item indices of each run of consecutive math items with no punctuation inside."""
+    out, i = [], 0
+    while i < len(items):
+        if items[i].kind == "m":
+            j = i
+            while j + 1 < len(items) and items[j + 1].kind == "m" and not items[j].punct:
+                j += 1
+            out.append((i, j))
+            i = j + 1
+        else:
+            i += 1
+    return out
+
+
+def _run_text(items: list, a: int, b: int) -> str:
+    return " ".join(items[k].text for k in range(a, b + 1))
+
+
+def _top_level_eq(text: str) -> bool:
+    depth = 0
+    for c in text:
+        depth += c in "([{"
+        depth -= c in ")]}"
+        if c == "=" and depth <= 0:
+            return True
+    return False
+
+
+def _clause_negated(items: list, upto: int) -> bool:
+    """A negation in the clause that ends at item `upto`: back to the last , ; : or so/thus/hence/but."""
+    for k in range(upto, -1, -1):
+        it = items[k]
+        if k < upto and it.punct and it.punct[-1] in ",;:":
+            return False
+        if it.low in _NEGATIONS or it.low.endswith("n't"):
+            return True
+        if it.low in _CLAUSE_WORDS:
+            return False
+    return False
+
+
+def _tail_ok(items: list, b: int, strict: bool) -> bool:
+    """What follows the expression that ends at item `b` leaves it the answer: nothing, a remark after a comma,
+    or words that neither negate it nor offer another ("$x = 1/2$ is not a solution", "is 8 or 9"); `strict`: nor
+    compare it or add a second expression ("is 5 units", not "is 5 more than", "is 2 when n is odd")."""
+    rest = items[b + 1:]
+    if not rest:
+        return True
+    if items[b].punct:
+        return not (items[b].punct[-1] in ",;" and rest[0].low in ("or", "and") and
+                    any(it.kind == "m" for it in rest[1:3]))
+    if rest[0].low in ("or", "nor") or (rest[0].low == "and" and len(rest) > 1 and rest[1].kind == "m"):
+        return False
+    clause = []
+    for it in rest:
+        clause.append(it)
+        if it.punct:
+            break
+    if any(it.low in _NEGATIONS or it.low.endswith("n't") for it in clause):
+        return False
+    if not strict:
+        return True
+    if rest[0].low in _BAD_FOLLOW:
+        return False
+    return not any(it.kind == "m" for it in clause)
+
+
+def _after(items: list, k: int, skip=_FILLERS) -> int:
+    """Index of the first item after `k` that is not a filler word ("exactly", "then", ...)."""
+    j = k + 1
+    while j < len(items) and items[j].low in skip and not items[j - 1].punct:
+        j += 1
+    return j
+
+
+def _explicit_answer(items: list) -> tuple[int, str] | None:
+    """'the (final) answer is X', 'Answer: X', 'the answer to the question is: X': the last such X, as written up
+    to the end of its clause (words kept: 'No', 'infinitely many', '12 cm'); None if negated or one of several."""
+    found = None
+    for k, it in enumerate(items):
+        if it.low not in ("answer", "answers"):
+            continue
+        j = None
+        if it.punct.endswith(":"):
+            j = k + 1
+        else:
+            q = k + 1
+            if q < len(items) and items[q].low == "to":   # "the answer to the question is"
+                while q < len(items) and items[q].low not in ("is", "would", "must", "should", "will") and not items[q].punct:
+                    q += 1
+            if q < len(items) and items[q].low == "is":
+                j = q + 1
+            elif q + 1 < len(items) and items[q].low in ("would", "must", "should", "will") and items[q + 1].low == "be":
+                j = q + 2
+            elif q < len(items) and items[q].kind == "m" and items[q].text == "=":
+                j = q + 1
+        if j is None or j >= len(items) or _clause_negated(items, k):
+            continue
+        j = _after(items, j - 1, {"therefore", "then", "thus", "indeed", "clearly", "simply", "just", "exactly"})
+        phrase = []
+        for it2 in items[j:]:
+            phrase.append(it2)
+            if it2.punct and it2.punct[-1] in ",;.!?":
+                break
+        if not phrase or phrase[0].low in _NEGATIONS or phrase[0].low in ("either", "maybe", "perhaps", "probably"):
+            continue
+        if any(p.low in ("or", "nor") for p in phrase):
+            continue
+        found = (j, " ".join(p.raw for p in phrase))
+    return found
+
+
+def sentence_answer(sentence: str) -> str | None:
+    """The answer a sentence states, or None when it states none. Read in this order:
+
+    1. a \\boxed{...}: its content;
+    2. an explicit answer: "the (final) answer is X", "Answer: X", "the answer to the question is: X" (X to the end of
+       its clause, words kept, so "the answer is no" gives "No");
+    3. a sentence that opens with Yes or No and a punctuation mark ("No, it is impossible.", "Thus, yes: ...");
+    4. the last expression stated as a result: "there are X ..." ("there are 144 ways to fill a 2 x 11 rectangle"
+       gives 144, not the rectangle), "in X ways", "X is the only/smallest/unique ...", "is (equal to) X", "equals X",
+       "must be X", "comes out to X", "we get/find/have X", "gives/yields X", and an expression "lhs = X" that ends
+       the sentence (or is followed only by its condition, "for all n >= 1") after a word that states a result
+       (so, thus, hence, we get, a comma or colon) -- never after a premise ("such that a+b+c=99", "Suppose k = 2",
+       "where f(3) = 81", "with x + y + z = 15");
+    5. a sentence that is nothing but math ("$x = 5$", "42").
+
+    Refused, so no answer: a negated statement ("The answer is not 5.", "does not equal 48", "3 is not the only
+    value"), one of several values ("is 8 or 9", "x = 5/2 or x = -1"), a bound or a comparison ("is at least 36",
+    "is 5 more than"), and a fact stated in passing ("since 5 divides n."). The math is returned as written inside its
+    $...$ (math-verify reads "f(3) = 81" as 81 against a number gold)."""
+    if "\\boxed" in sentence:
+        b = last_boxed(sentence)
+        if b:
+            return b
+    items = _items(sentence)
+    if not items:
+        return None
+    exp = _explicit_answer(items)
+    if exp:
+        return exp[1]
+    lead = 0
+    while lead < len(items) - 1 and items[lead].low in _LEADING_WORDS:
+        lead += 1
+    if items[lead].low in ("yes", "no") and (items[lead].punct or lead == len(items) - 1):
+        return items[lead].text
+    best: tuple[int, str] | None = None
+
+    def offer(a: int, b: int):
+        nonlocal best
+        if best is None or a >= best[0]:
+            best = (a, _run_text(items, a, b))
+
+    runs = _runs(items)
+    starts = {a: b for a, b in runs}
+    ends = {b: a for a, b in runs}
+    n = len(items)
+    for k, it in enumerate(items):
+        w = it.low
+        # there are X ..., there exist(s) X ...
+        if w == "there" and k + 1 < n and items[k + 1].low in ("are", "is", "were", "exist", "exists") and not it.punct:
+            j = _after(items, k + 1, _FILLERS | {"a", "total", "of", "in", "altogether", "overall"})
+            if j < n and j in starts and not _clause_negated(items, k) and _tail_ok(items, starts[j], strict=False):
+                offer(j, starts[j])
+            elif (j + 1 < n and items[j].low == "infinitely" and items[j + 1].low == "many"
+                  and not _clause_negated(items, k)):
+                best = (j, "infinitely many") if best is None or j >= best[0] else best
+        # in X ways
+        elif w == "in" and k + 1 in starts and not it.punct:
+            b = starts[k + 1]
+            if b + 1 < n and items[b + 1].low in ("ways", "different", "distinct") and not items[b].punct:
+                if not _clause_negated(items, k):
+                    offer(k + 1, b)
+        # X is the only / smallest / unique ... ; X is the answer
+        elif (w in ("is", "are") and k - 1 in ends and not items[k - 1].punct and k + 2 < n
+              and items[k + 1].low in ("the", "our") and (items[k + 2].low in _SUPERLATIVES)):
+            a = ends[k - 1]
+            if a == 0 or not _clause_negated(items, a - 1):
+                offer(a, k - 1)
+        # is X, equals X, we get X, gives X, must be X, is equal to X, comes out to X
+        if w in _VERBS or (w == "to" and k and items[k - 1].low in ("equal", "out", "amounts", "comes", "adds", "up")):
+            if it.punct or (w == "be" and not (k and items[k - 1].low in _MODALS)):
+                continue
+            if w == "equal" and k + 1 < n and items[k + 1].low == "to":
+                continue      # "is equal to X": the 'to' carries it
+            j = _after(items, k)
+            if j < n and items[j].low == "equal" and j + 1 < n and items[j + 1].low == "to":
+                j = _after(items, j + 1)
+            if j in starts and not _clause_negated(items, k) and _tail_ok(items, starts[j], strict=True):
+                if not (k and items[k - 1].low in _NEGATIONS):
+                    offer(j, starts[j])
+    # lhs = X ending the sentence, after a result word
+    eq_runs = [(a, b) for a, b in runs if _top_level_eq(_run_text(items, a, b))]
+    if eq_runs:
+        a, b = eq_runs[-1]
+        later_math = any(items[q].kind == "m" for q in range(b + 1, n))
+        cond_after = b + 1 < n and items[b + 1].low in ("for", "when", "where", "if", "since", "as", "because",
+                                                       "with", "whenever", "provided")
+        prev = a - 1     # the word that introduces it, fillers ("that", "finally") skipped
+        while prev >= 0 and items[prev].low in _FILLERS and not items[prev].punct:
+            prev -= 1
+        purpose = prev >= 0 and items[prev].low == "so" and items[prev + 1].low == "that"     # "so that x = 5"
+        if prev < 0:
+            stated = True
+        elif items[prev].punct and items[prev].punct[-1] in ",:":
+            stated = items[prev].low not in ("where", "if", "when", "with", "let", "suppose", "assume")
+        else:
+            stated = items[prev].low in _RESULT_WORDS and not purpose
+        if stated and (not later_math or cond_after) and not _clause_negated(items, a - 1 if a else 0) \
+                and _tail_ok(items, b, strict=False):
+            offer(a, b)
+    if best is not None:
+        return best[1]
+    if all(it.kind == "m" for it in items[lead:]) and runs:
+        return " ".join(it.text + it.punct for it in items[lead:]).rstrip(",.;:!? ")
+    return None
+
+
+def _math_answer(text: str, depth: int = 0) -> str | None:
+    """The math an answer candidate states, for math-verify: a text with no prose (`_has_prose`) as it is (its
+    $...$ delimiters dropped), so every purely mathematical answer reaches math-verify as before; a text with prose
+    reduced to the answer found in it (`sentence_answer`: "3 is the only possible value" -> 3, "The number of
+    solutions is 8" -> 8) or to the expression it opens with before words that neither negate it nor offer another
+    ("8 solutions"; not "5 or 7", "5 is not possible"). A multiple-choice letter before its value ("(B) 12") is
+    the letter. None when it states no math ("No, it is impossible", "I am not sure")."""
+    out: str | None
+    if not _has_prose(text):
+        out = text.strip()
+        if "$" in out or "\\(" in out or "\\[" in out:
+            out = " ".join(it.text + it.punct for it in _items(out)).rstrip(",;:. ")
+        out = out or None
+    else:
+        out = None
+        items = _items(text)
+        sa = sentence_answer(text) if depth < 2 else None
+        if sa is not None and sa.strip() != text.strip():
+            return _math_answer(sa, depth + 1)
+        runs = _runs(items)
+        if runs and runs[0][0] == 0:
+            a, b = runs[0]
+            rest = items[b + 1:]
+            if (not any(it.low in _NEGATIONS or it.low.endswith("n't") for it in rest)
+                    and _tail_ok(items, b, strict=False)
+                    and not (rest and rest[0].low in _BAD_FOLLOW)):
+                out = _run_text(items, a, b)
+    if out is None:
+        return None
+    c = _CHOICE_RE.match(out)
+    return f"({c.group(1)})" if c else out
+
+
 def extract_answers(response: str, mode: str = FILE_MODE) -> list[tuple[str, str]]:
     """What a response states as an answer under extraction `mode` (not 'auto'): (extractor, text) pairs,
     at most one per extractor of the mode, in the order they appear in the response (the last is its final
     answer, `final_answer`). answer_line: the last "Answer: ..." line, surrounding $, ** and a final period
     removed (a boxed answer on it is taken from its box); boxed: the last \\boxed{}'s content;
-    last_sentence: the final sentence as written (math-verify finds the answer in it)."""
+    last_sentence: the answer the final sentence states (`sentence_answer`), and no candidate when it states
+    none, so a closing "Done." or "since 5 divides n." is no answer and coverage counts only answers found."""
     parts = mode.split("+")
     out = []   # (position in the response, extractor, text)
     if "answer_line" in parts:
@@ -291,8 +664,11 @@ def extract_answers(response: str, mode: str = FILE_MODE) -> list[tuple[str, str
             out.append((response.rfind("\\boxed{"), "boxed", boxed))
     if "last_sentence" in parts:
         sent = last_sentence(response)
-        if sent:
-            out.append((response.rfind(sent), "last_sentence", sent))
+        if sent and len(sent) > MAX_CANDIDATE:   # bounded work: a run-on "sentence" is read by its last part
+            sent = sent[-MAX_CANDIDATE:].split(None, 1)[-1]
+        found = sentence_answer(sent) if sent else None
+        if found:
+            out.append((response.rfind(sent), "last_sentence", found))
     return [(k, t) for _, k, t in sorted(out, key=lambda x: x[0])]
 
 
@@ -305,10 +681,10 @@ def final_answer(response: str, mode: str = FILE_MODE) -> tuple[str, str] | None
 
 
 def answer_candidates(response: str, mode: str = FILE_MODE) -> list[str]:
-    """What a response claims as its answer, as math-verify is handed it: the answer_line and boxed
-    candidates wrapped in \\boxed{} for its LaTeX parser, the last sentence as written; empty when the
-    response has none (see `extract_answers`)."""
-    return [t if k == "last_sentence" else f"\\boxed{{{t}}}" for k, t in extract_answers(response, mode)]
+    """What a response claims as its answer, as math-verify is handed it: each candidate wrapped in \\boxed{}
+    for its LaTeX parser (the last sentence's is the answer found in it); empty when the response has none
+    (see `extract_answers`)."""
+    return [f"\\boxed{{{t}}}" for _, t in extract_answers(response, mode)]
 
 
 # Words that are math when a gold is read as text (so "pi" or "\\infty" stay math, "No" does not).
@@ -317,6 +693,12 @@ _MATH_WORDS = {"pi", "infty", "inf", "infinity", "sin", "cos", "tan", "cot", "se
                "mathbb", "left", "right", "pm", "mp", "circ", "deg", "emptyset", "varnothing", "arcsin", "arccos",
                "arctan", "sinh", "cosh", "tanh", "max", "min", "gcd", "lcm", "mod", "bmod", "pmod"}
 _TEXT_WRAP_RE = re.compile(r"\\(?:text|mathrm|textbf|textit|mbox|operatorname)\s*\{([^{}]*)\}")
+# Names that are math in plain text too ("sum_(k=1)^n", "lim", "binom"): no prose.
+_PLAIN_MATH = _MATH_WORDS | {"sum", "prod", "lim", "binom", "choose", "det", "arg", "floor", "ceil", "to", "dx", "dy",
+                             "dt", "mathrm", "text", "quad", "qquad", "ldots", "cdots", "dots", "int", "infty"}
+# Short words that make a gold a sentence (longer ones: any word of 4+ letters with a vowel that is no math name).
+_PROSE_SHORT = {"is", "are", "the", "of", "be", "it", "we", "not", "its", "was", "has", "can", "all", "any",
+                "yes", "no", "odd", "one", "two", "six", "ten", "way", "our", "but", "if", "so", "by", "as", "at"}
 
 
 def word_answer(text: str) -> str | None:
@@ -334,11 +716,105 @@ def word_answer(text: str) -> str | None:
     return " ".join(w.lower() for w in words)
 
 
-def _says_words(sentence: str, words: str) -> bool:
-    """A final sentence that states the word answer `words`: its words (lower case, text wrappers and
-    punctuation dropped) are `words`, or end with "is <words>" / "answer <words>" ("So the answer is No.")."""
-    t = " ".join(w.lower() for w in re.findall(r"[A-Za-z]+", _TEXT_WRAP_RE.sub(r"\1", sentence)))
-    return t == words or t.endswith((f" is {words}", f" answer {words}"))
+def text_answer(text: str) -> str:
+    """Text normalised for comparison as words: its words (lower case) and numbers in order, \\text{}-style
+    wrappers, $, markdown and punctuation dropped ('2 \\text{inequalities}.' -> '2 inequalities')."""
+    t = _TEXT_WRAP_RE.sub(r"\1", str(text))
+    return " ".join(w.lower() for w in re.findall(r"[A-Za-z]+|\d+(?:\.\d+)?", t))
+
+
+def _is_prose_word(w: str) -> bool:
+    low = w.lower()
+    if low in _PLAIN_MATH:
+        return False
+    return low in _PROSE_SHORT or (len(low) >= 4 and re.search(r"[aeiou]", low) is not None)
+
+
+def _has_prose(text: str) -> bool:
+    """Whether a text is (partly) an English sentence: a word that is no math name and no product of variables
+    ('xy', 'xyz'): 'is', 'the', ... or a word of four letters or more with a vowel ('inequalities', 'equivalently').
+    Backslash commands (\\frac, \\sqrt) and \\text{}-style contents beside math do not count: those are units
+    ("10\\text{ inches}"), which math-verify drops itself."""
+    t = re.sub(r"\\[A-Za-z]+", " ", _TEXT_WRAP_RE.sub(" ", str(text)))
+    return any(_is_prose_word(w) for w in re.findall(r"[A-Za-z]+", t))
+
+
+_EQUIV_RE = re.compile(r"\s*,?\s*(?:\bor\s+equivalently\b|\bequivalently\b|\bi\.e\.,?|\bthat\s+is,|\bor\s+simply\b)\s*", re.I)
+
+
+def gold_forms(gold: str) -> list[str]:
+    """The math texts a gold is credited by. A gold with no prose: itself. A gold that is (partly) a sentence: its
+    short forms -- each alternative it names ("C(10, 5), or equivalently 252" -> C(10, 5) and 252) and the answer
+    its sentence states (`sentence_answer`: "The limit exists and is equal to 2/3" -> 2/3, "3 is the only possible
+    value" -> 3); [] when it states none ("2 inequalities": compared as text, `text_answer`)."""
+    if not _has_prose(gold):
+        return [gold]
+    forms = []
+    for part in _EQUIV_RE.split(str(gold)):
+        part = part.strip().strip(",;").strip()
+        if part.endswith(".") and not part.endswith("\\."):
+            part = part[:-1].strip()
+        if not part:
+            continue
+        if not _has_prose(part):
+            forms.append(part)
+            continue
+        said = sentence_answer(part)
+        m = _math_answer(said) if said else None
+        if m and not _has_prose(m):
+            forms.append(m)
+    return list(dict.fromkeys(forms))
+
+
+def _says_words(text: str, words: str, anywhere: bool = False) -> bool:
+    """A final answer that states the text gold `words` (normalised, `text_answer`/`word_answer`): its words are
+    `words`; or it opens with them, followed by punctuation or its end for a one-word gold ("No, it is impossible"
+    for "no"; not "No matter what, ...") and by anything for a gold of several words ("2 inequalities hold"); or it
+    ends with "is/are/answer <words>" ("So the answer is No."). `anywhere` (a whole final sentence): also
+    "is/are <words>" inside it for a gold of several words ("there are 2 inequalities here")."""
+    t = _TEXT_WRAP_RE.sub(r"\1", str(text)).replace("**", "").strip().strip("$").strip()
+    n = text_answer(t)
+    if not n or not words:
+        return False
+    if n == words or n.endswith((f" is {words}", f" are {words}", f" answer {words}")):
+        return True
+    several = " " in words
+    body = r"\W+".join(map(re.escape, words.split()))
+    if re.match(r"^\W*" + body + (r"\b" if several else r"(?=\s*(?:[,.;:!?(\u2014\u2013-]|$))"), t, re.I):
+        return True
+    return anywhere and several and re.search(r"\b(?:is|are|answer)\W+" + body + r"\b", t, re.I) is not None
+
+
+def _is_constant(parsed: list) -> bool:
+    try:
+        c = parsed[0].doit() if hasattr(parsed[0], "doit") else parsed[0]
+        return bool(getattr(c, "is_number", False))
+    except Exception:  # noqa: BLE001 - sympy raises many types on odd input; then no claim
+        return False
+
+
+def _free_letters(text: str) -> set[str]:
+    """Letters of a math text that name a free variable: not a command or math name (\\frac, sqrt, sum, pi), not a
+    constant (e, i), not bound ("k=" of a sum's index, "n\\to" of a limit) and not named on the left of a top-level
+    "=" ("f(x) = 1")."""
+    t = re.sub(r"\\(?:text|mathrm|textbf|mbox|operatorname)\s*\{[^{}]*\}", " ", str(text))
+    depth, cut = 0, -1
+    for i, c in enumerate(t):
+        depth += c in "([{"
+        depth -= c in ")]}"
+        if c == "=" and depth <= 0:
+            cut = i
+    bound = set(re.findall(r"([A-Za-z])\s*(?:=|\\to\b|\\in\b)", t))
+    rhs = t[cut + 1:] if cut >= 0 else t
+    rhs = re.sub(r"\\[A-Za-z]+", " ", rhs)
+    rhs = re.sub(r"[A-Za-z]{2,}", lambda m: " " if m.group(0).lower() in _PLAIN_MATH else m.group(0), rhs)
+    return set(re.findall(r"[A-Za-z]", rhs)) - bound - {"e", "i"}
+
+
+def _misread(text: str, parsed: list) -> bool:
+    """math-verify's parse of a gold that drops what the gold says: a number, from a text with prose or with a free
+    variable ("sum_(k=1)^n 1/k" -> 1: `Answer: 1` would be credited and the true answer, which depends on n, not)."""
+    return bool(parsed) and _is_constant(parsed) and (_has_prose(text) or bool(_free_letters(text)))
 
 
 MAX_CANDIDATE = 2000   # characters of one answer candidate handed to math-verify (longer: no answer, 'too_long')
@@ -347,16 +823,26 @@ MAX_CANDIDATE = 2000   # characters of one answer candidate handed to math-verif
 class MathVerifier:
     """Reward by math-verify for real math data: 1.0 if the response's answer equals the gold one.
 
-    Gold answers are parsed as \\boxed{answer} (falling back to the raw text) and cached per
-    answer string. A response is graded by its one final answer under its extraction `mode`
-    (of the candidates the mode finds — default answer_line+boxed: its DAPO "Answer:" line and its last
-    \\boxed{} — the one that comes last among those that read as an answer, as `final_answer` orders them);
-    an earlier, hedged answer is never credited. A gold that is words (`word_answer`: "Yes", "No", "infinitely many") is compared
-    as normalised text, not by math-verify (which reads "No" as N·o and rewards "On"); `stats`
-    counts those responses under 'as_words'. Unparseable gold or response, and any math-verify
-    error, give 0.0 and are counted in `stats`; a call never raises.
+    A response is graded by its one final answer under its extraction `mode` (of the candidates the mode finds --
+    default answer_line+boxed: its DAPO "Answer:" line and its last \\boxed{} -- the one that comes last among those
+    that read as an answer, as `final_answer` orders them); an earlier, hedged answer is never credited. A candidate
+    with words is reduced to the math it states (`_math_answer`: "3 is the only possible value" -> 3, "12 cm" -> 12).
+
+    Golds (`gold_spec`): a gold with no prose is parsed as \\boxed{answer} (falling back to the raw text), cached
+    per answer string; a parse that drops what the gold says (`_misread`: "sum_(k=1)^n 1/k" read as 1) is refused,
+    so nothing is credited against it and `gold_check` flags it. A gold that is (partly) a sentence is graded by its
+    short forms (`gold_forms`: "C(10, 5), or equivalently 252" by C(10, 5) and 252). A gold that is words
+    (`word_answer`: "Yes", "No", "infinitely many") or words and numbers with no short form ("2 inequalities") is
+    compared as normalised text, not by math-verify (which reads "No" as N·o and rewards "On"): a final answer that
+    opens with a yes/no gold's word counts ("No, it is impossible"); `stats` counts those responses under
+    'as_words'. Unparseable gold or response, and any math-verify error, give 0.0 and are counted in `stats`; a call
+    never raises.
     """
-    REVISION = "final-1"   # grading rules beyond math-verify's own (cache keys hold it: value.verifier_id); final-1: the final answer only
+    # grading rules beyond math-verify's own (cache keys hold it: value.verifier_id, the gold check's stage key).
+    # final-1: the final answer only. answers-2: last_sentence reads the answer its sentence states (no candidate
+    # when none; negations refused); golds with prose graded by their short forms or as text; misread golds
+    # refused; a final answer opening with a yes/no gold's word credited; candidates with words reduced to their math.
+    REVISION = "answers-2"
 
     def __init__(self, timeout_s: int = 5, mode: str = FILE_MODE):
         check_answer_mode(mode)
@@ -374,6 +860,7 @@ class MathVerifier:
         self.stats = {"graded": 0, "unparsed_response": 0, "unparsed_gold": 0, "errors": 0, "as_words": 0,
                       "too_long": 0, "timeouts": 0}
         self._gold: dict[str, list] = {}
+        self._spec: dict[str, tuple] = {}
 
     def _timeout(self) -> int | None:
         # math-verify times out with signal.alarm, which only works in the main thread; elsewhere
@@ -402,33 +889,64 @@ class MathVerifier:
         return out if any(not isinstance(x, str) for x in out) else []
 
     def _gold_for(self, answer: str) -> list:
+        """math-verify's own parse of a gold text (cached): \\boxed{answer}, else the raw text."""
         if answer not in self._gold:
             self._gold[answer] = self._parsed(f"\\boxed{{{answer}}}") or self._parsed(answer)
         return self._gold[answer]
 
+    def gold_spec(self, answer: str) -> tuple[str, object]:
+        """How a gold is graded (cached): ('text', normalised words) for a word gold and a words-and-numbers gold
+        with no short form; else ('math', [parse, ...]): the parses of its forms (`gold_forms`) that read it
+        (`_misread` ones dropped), [] when none does (an unparseable gold)."""
+        if answer not in self._spec:
+            words = word_answer(answer)
+            forms = [] if words is not None else gold_forms(answer)
+            if words is None and not forms:
+                words = text_answer(answer)
+            if words is not None:
+                self._spec[answer] = ("text", words)
+            else:
+                parses = []
+                for f in forms:
+                    p = self._gold_for(f)
+                    if p and not _misread(f, p):
+                        parses.append(p)
+                self._spec[answer] = ("math", parses)
+        return self._spec[answer]
+
+    def _answer_parse(self, text: str) -> list:
+        """The parse of the math a candidate states ([] when it states none)."""
+        if len(text) > MAX_CANDIDATE:
+            self.stats["too_long"] += 1
+            return []
+        m = _math_answer(text)
+        return self._parsed(f"\\boxed{{{m}}}") if m else []
+
     def __call__(self, problem: Problem, response: str) -> float:
         self.stats["graded"] += 1
         try:
-            words = word_answer(problem.answer)
+            kind, gold = self.gold_spec(problem.answer)
             cands = extract_answers(response, self.mode)
-            if words is not None:
+            if kind == "text":
                 self.stats["as_words"] += 1
                 if not cands:
                     self.stats["unparsed_response"] += 1
                     return 0.0
                 k, t = cands[-1]   # the final answer only
-                return float(_says_words(t, words) if k == "last_sentence" else word_answer(t) == words)
-            gold = self._gold_for(problem.answer)
+                if _says_words(t, gold):
+                    return 1.0
+                # the last sentence as a whole, for a gold of several words ("So there are 2 inequalities.")
+                return float(k == "last_sentence" and _says_words(last_sentence(response) or "", gold, anywhere=True))
             if not gold:
                 self.stats["unparsed_gold"] += 1
                 return 0.0
-            # the final answer: the last candidate that reads as math (a closing "Done." sentence is no answer)
-            final = next((p for p in (self._parsed(t if k == "last_sentence" else f"\\boxed{{{t}}}")
-                                      for k, t in reversed(cands)) if p), None)
+            # the final answer: the last candidate that reads as math (an "Answer: I am not sure" line is no answer)
+            final = next((p for p in (self._answer_parse(t) for _, t in reversed(cands)) if p), None)
             if final is None:
                 self.stats["unparsed_response"] += 1
                 return 0.0
-            return float(self._verify(gold, final, timeout_seconds=self._timeout()))
+            t = self._timeout()
+            return float(any(self._verify(g, final, timeout_seconds=t) for g in gold))
         except self._failures:  # a reward must never stop a run
             self.stats["errors"] += 1
             return 0.0
@@ -440,56 +958,52 @@ class MathVerifier:
 #   MATH-500: problem + answer, or problem + solution with a \boxed{} answer
 #   plain: prompt (text or chat messages) + answer
 
-def gold_check(answers: list[str], verifier: "MathVerifier | None" = None) -> dict:
-    """Grade every distinct gold answer against itself before a run: what the reward can never credit.
+def gold_responses(gold: str) -> list[str]:
+    """The responses of a gold's own form: `Answer: g` and `\\boxed{g}`, then the same for each short form."""
+    out = [f"Answer: {gold}", f"\\boxed{{{gold}}}"]
+    if _has_prose(gold):
+        for f in gold_forms(gold):
+            out += [f"Answer: {f}", f"\\boxed{{{f}}}"]
+    return list(dict.fromkeys(out))
 
-    Returns {'n': distinct golds, 'words': golds compared as text, and lists of golds that
-    'unparseable' (math-verify finds no expression), 'reject_themselves' (neither `Answer: g` nor
-    `\\boxed{g}` is rewarded against g), 'constant' (a gold with words that parses to a number its
-    text does not state, e.g. "Σ i³, or equivalently (n(n+1)/2)²" -> 1 on real data, so `Answer: 1`
-    scores) and
-    'reject_short' (the text states one number, e.g. "3 is the only possible value", and
-    `Answer: 3` is not rewarded)}. Each listed gold can never be rewarded as its text means."""
+
+def gold_check(answers: list[str], verifier: "MathVerifier | None" = None) -> dict:
+    """Grade every distinct gold by the grader itself before a run: what the reward can never credit.
+
+    A gold is flagged exactly when none of the responses of its own form (`gold_responses`: `Answer: g`,
+    `\\boxed{g}` and the same for its short forms, "C(10, 5), or equivalently 252" -> `Answer: 252`) is credited
+    by `verifier` (a MathVerifier in the default mode, whose gold reading is the one every mode uses). Returns
+    {'n': distinct golds, 'words': golds compared as text (words, or words and numbers with no short form), and
+    the flagged golds by why: 'constant' (math-verify reads the gold as written as a number its text does not
+    state: "sum_(k=1)^n 1/k" -> 1, a sentence read as 1; the grader refuses that reading), 'unparseable' (no form
+    of it parses), 'reject_short' (a gold with prose whose short forms are not credited) or 'reject_themselves'
+    (the rest)}. Each listed gold can never be rewarded as its text means."""
     v = verifier or MathVerifier()
     out = {"n": 0, "words": 0, "unparseable": [], "reject_themselves": [], "constant": [], "reject_short": []}
     for g in dict.fromkeys(answers):
         out["n"] += 1
-        if word_answer(g) is not None:
-            out["words"] += 1
-            continue
         try:
-            parsed = v._gold_for(g)
+            kind, _ = v.gold_spec(g)
         except v._failures:
-            parsed = []
-        if not parsed:
-            out["unparseable"].append(g)
-            continue
-        bare = _TEXT_WRAP_RE.sub(" ", re.sub(r"\\[A-Za-z]+", " ", g))
-        nums = set(re.findall(r"-?\d+(?:\.\d+)?", bare))
-        prose = [w for w in re.findall(r"[A-Za-z]{2,}", bare) if w.lower() not in _MATH_WORDS]
-        try:
-            c = parsed[0].doit() if hasattr(parsed[0], "doit") else parsed[0]
-            const = bool(getattr(c, "is_number", False))
-        except Exception:  # noqa: BLE001 - sympy raises many types on odd input; then no claim
-            const = False
-        if const and prose:   # words around math that came out a constant: a misread gold, unless it says so
-            try:
-                # numbers the text states on their own (the 1 of "n+1" is part of an expression)
-                alone = re.findall(r"(?<![\w+\-*/^.])(-?\d+(?:\.\d+)?)(?![\w+\-*/^(.])", bare)
-                stated = any(abs(float(c) - float(x)) <= 1e-9 * max(1.0, abs(float(x))) for x in alone)
-            except (TypeError, ValueError):
-                stated = True    # not a real number (a complex constant, say): no claim either way
-            if not stated:
-                out["constant"].append(g)
-                continue
+            kind = "math"
+        if kind == "text":
+            out["words"] += 1
         q = Problem("gold check", g)
-        if not (v(q, f"Answer: {g}") or v(q, f"\\boxed{{{g}}}")):
-            out["reject_themselves"].append(g)
+        if any(v(q, r) for r in gold_responses(g)):
             continue
-        if len(nums) == 1 and re.search(r"[A-Za-z]{2,}", bare):
-            (num,) = nums
-            if not v(q, f"Answer: {num}"):
-                out["reject_short"].append(g)
+        try:
+            raw = v._gold_for(g)
+        except v._failures:
+            raw = []
+        forms = gold_forms(g) if kind == "math" else []
+        if raw and _misread(g, raw):
+            out["constant"].append(g)
+        elif kind == "math" and not any(v._gold_for(f) for f in forms):
+            out["unparseable"].append(g)
+        elif kind == "math" and _has_prose(g):
+            out["reject_short"].append(g)
+        else:
+            out["reject_themselves"].append(g)
     v.stats = {k: 0 for k in v.stats}   # the check's own grades are not a run's
     return out
 
@@ -503,7 +1017,7 @@ def gold_line(check: dict, ids_path: str | None = None) -> str:
     return (f"gold answers: {check['n']} distinct, {check['words']} compared as words; {bad} can never be rewarded as "
             f"written: {len(check['unparseable'])} unparseable, {len(check['reject_themselves'])} reject themselves, "
             f"{len(check['constant'])} parse to a constant their text does not state, "
-            f"{len(check['reject_short'])} reject the one number their text states"
+            f"{len(check['reject_short'])} reject their short form"
             + (f" (listed in {ids_path})" if ids_path and bad else ""))
 
 
