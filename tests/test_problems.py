@@ -289,7 +289,8 @@ def test_math_verifier_counts_unparseable_and_never_raises():
     twelve = tasks.Problem("q", "12")
     assert v(twelve, "I don't know, sorry") == 0.0
     assert v(twelve, "Answer: ???") == 0.0
-    assert v.stats == {"graded": 2, "unparsed_response": 2, "unparsed_gold": 0, "errors": 0, "as_words": 0}
+    assert v.stats == {"graded": 2, "unparsed_response": 2, "unparsed_gold": 0, "errors": 0, "as_words": 0,
+                       "too_long": 0, "timeouts": 0}
     assert v(tasks.Problem("q", "}"), "\\boxed{12}") == 0.0
     assert v(tasks.Problem("q", "???"), "\\boxed{???}") == 0.0  # a string-only parse is not math
     assert v.stats["unparsed_gold"] == 2 and v.stats["graded"] == 4

@@ -101,9 +101,10 @@ class FigureParams:
     prompt_format: str = param("auto", "'auto' (chat template when the tokenizer has one), 'chat' or 'raw'",
                                choices=["auto", "chat", "raw"])
     answer_mode: str = param("auto", "how the reward finds a response's answer: 'answer_line' (DAPO's last Answer: "
-                             "line), 'boxed' (last \\boxed{}), 'last_sentence' (math-verify's extraction over the final "
-                             "sentence) or a '+' combination; 'auto': the paper's (a file: answer_line+boxed; generated "
-                             "arithmetic: exact \\boxed{})", choices=list(tasks.ANSWER_MODES))
+                             "line), 'boxed' (last \\boxed{}), 'last_sentence' (the answer the final sentence "
+                             "states) or a '+' combination (the last candidate in the response is graded); 'auto': "
+                             "the paper's (a file: answer_line+boxed; generated arithmetic: exact \\boxed{})",
+                             choices=list(tasks.ANSWER_MODES))
     unrewardable_golds: str = param("refuse", "a problem file with golds the reward can never credit (the gold "
                                     "check): 'refuse' it, 'skip' those problems, or 'allow' them (kept, never "
                                     "rewarded)", choices=list(tasks.GOLD_POLICIES))
