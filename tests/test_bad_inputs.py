@@ -436,3 +436,29 @@ def test_a_negative_value_after_dash_p_meets_the_parameter_check(capsys):
         run.main(["02", "-p", "temperature", "-.inf", "--check"])
     err = capsys.readouterr().err
     assert e.value.code == 2 and "parameter 'temperature' = -inf: not finite" in err and "expected 2" not in err
+
+
+def test_a_full_disk_while_the_notebook_is_written_is_one_line(tmp_path, monkeypatch, capsys):
+    """Papermill runs out of space writing the executed notebook: one line says the disk is full, the
+    committed outputs stay, and the cut-off notebook is not read back (no JSONDecodeError on top)."""
+    import errno as _errno
+
+    import papermill
+    from cancellation import run
+
+    def executes(src, dst, **k):
+        Path(dst).write_text(Path(src).read_text()[:40])   # cut off part way
+        raise OSError(_errno.ENOSPC, "No space left on device", str(dst))
+    monkeypatch.setattr(papermill, "execute_notebook", executes)
+    root = tmp_path / "repo"
+    (root / "notebooks/params").mkdir(parents=True)
+    (root / "notebooks/params/tiny.yaml").write_text("97_probe:\n  value: 1\n")
+    (root / "notebooks/97_probe.py").write_text('# %% tags=["parameters"]\nprofile = "tiny"\nvalue = 1\n')
+    before = _outputs(root)
+    with pytest.raises(SystemExit) as e:
+        run.main(["97", "--root", str(root)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 1 and len(err) == 1, err
+    assert err[0].startswith("error: 97_probe stopped: the disk is full (no space left writing ") and \
+        err[0].endswith("its figures, tables and executed notebook are unchanged: free some space and run it again")
+    assert _outputs(root) == before

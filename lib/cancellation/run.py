@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import difflib
+import errno
 import hashlib
 import inspect
 import json
@@ -720,11 +721,31 @@ def _quiet_teardown_noise():
             asyncio_log.removeFilter(TEARDOWN_NOISE)
 
 
+def _disk_full(e: BaseException | None) -> OSError | None:
+    """The 'no space left on device' error in `e`'s chain of causes, if any."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+            return e
+        e = e.__cause__ or e.__context__
+    return None
+
+
+def _disk_full_line(name: str, e: OSError, where: Path) -> str:
+    return (f"{name} stopped: the disk is full (no space left writing {getattr(e, 'filename', None) or where}); "
+            "its figures, tables and executed notebook are unchanged: free some space and run it again")
+
+
 def _keep_failed(tmp: Path, failed: Path, renames: dict) -> Path | None:
-    """The partial executed notebook moved to `failed` (None when papermill wrote nothing)."""
+    """The partial executed notebook moved to `failed` (None when papermill wrote nothing, or wrote a
+    notebook cut off part way, e.g. on a full disk: nothing readable to keep)."""
     if not (tmp.exists() and tmp.stat().st_size):
         return None
-    _strip_volatile(tmp, renames)
+    try:
+        _strip_volatile(tmp, renames)
+    except (ValueError, OSError):   # json's JSONDecodeError is a ValueError: a half-written file
+        return None
     os.chmod(tmp, 0o666 & ~_UMASK)
     staging.replace_file(tmp, failed)
     return failed
@@ -817,9 +838,14 @@ def run_notebook(ref: str, profile: str = "tiny", overrides: dict | None = None,
                 run_params[k] = _show(st.dirs[k]) if out_root is None else str(st.dirs[k])
                 renames.update({run_params[k]: params[k], str(st.dirs[k]): str(final[k])})
         src, tmp = st.dir / "source" / f"{nb_path.stem}.ipynb", st.dirs["executed_dir"] / f"{nb_path.stem}.ipynb"
-        _prepare(nb_path, src, {"profile": profile, "overrides": ov, "replace": bool(replace and ov),
-                                "fig_dir": params.get("fig_dir"), "results_dir": params.get("results_dir")},
-                 peak_file)
+        try:
+            _prepare(nb_path, src, {"profile": profile, "overrides": ov, "replace": bool(replace and ov),
+                                    "fig_dir": params.get("fig_dir"), "results_dir": params.get("results_dir")},
+                     peak_file)
+        except OSError as e:
+            if _disk_full(e) is None:
+                raise
+            raise NotebookFailed(_disk_full_line(nb_path.stem, e, st.dir)) from None
         t0 = time.time()
         # where it really goes: a dry run's (or another out_root's) notebook is not under notebooks/executed/
         print(f"[run] {nb_path.name} profile={profile} -> {_show(out)}", flush=True)
@@ -843,6 +869,9 @@ def run_notebook(ref: str, profile: str = "tiny", overrides: dict | None = None,
             raise NotebookInterrupted(_interrupt_summary(nb_path.stem, e, kept),
                                       143 if isinstance(e, staging.Terminated) else 130) from None
         except Exception as e:  # noqa: BLE001 - papermill, kernel death
+            full = _disk_full(e)
+            if full is not None:   # one line, not papermill's traceback and a JSONDecodeError on the cut-off file
+                raise NotebookFailed(_disk_full_line(nb_path.stem, full, st.dir)) from None
             if isinstance(e, PapermillExecutionError) and getattr(e, "ename", "") in ONE_LINE_STOPS:
                 _keep_failed(tmp, failed, renames)   # no reward signal, golds refused, a rank died: one line is the outcome
                 raise NotebookFailed(f"{nb_path.stem} stopped: {_ANSI.sub('', str(e.evalue)).strip()}") from None
