@@ -461,7 +461,10 @@ def test_a_signal_to_the_runners_pid_reaches_every_side_by_side_child_once(tmp_p
     import sys
     import time
     env = dict(os.environ, PYTHONPATH=str(run.ROOT / "lib"))
-    p = subprocess.Popen([sys.executable, "-c", SIDE_BY_SIDE_RUNNER, str(tmp_path)], env=env, start_new_session=True)
+    # the runner as a terminal starts it, with SIGINT's default disposition: a test process that ran kernels
+    # (papermill, jupyter_client) may hold SIGINT ignored, which a child would inherit and keep
+    p = subprocess.Popen([sys.executable, "-c", SIDE_BY_SIDE_RUNNER, str(tmp_path)], env=env, start_new_session=True,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.time() + 60
     while not all((tmp_path / f"{s}.up").exists() for s in ("05_value_gap", "06_sampling_budget")):
         assert time.time() < deadline and p.poll() is None, "the children did not start"
