@@ -51,7 +51,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from cancellation import claims, plots
-from cancellation.figures import fig05, fig05_claims
+from cancellation.figures import fig05, fig05_claims, fig05_plots
 
 logging.basicConfig(level=logging.WARNING)
 P = fig05.Params(**params)   # every parameter, its default, doc and allowed range: lib/cancellation/figures/fig05.py
@@ -75,7 +75,7 @@ R.se.round(3)
 # %%
 print(R.cells.round(3).to_string(index=False), R.gap1.round(3).to_string(index=False), sep="\n\n")
 EST_LABEL = {"paper": "Eq. 20: (avg₀ − avg₋₁)/(1 − p)", "exclude": "exclude: avg₀ − avg₋ₒ"}
-SIGN = {"all": "balanced", "pos": "A > 0", "neg": "A < 0"}
+SIGN = fig05_plots.SIGN
 est0 = P.estimators[0]
 fig, axes = plots.figure(ncols=len(P.estimators) + 1, width=plots.WIDTH_2COL, height=2.2)
 for i, (ax, est) in enumerate(zip(axes, P.estimators)):
@@ -112,21 +112,7 @@ plt.show()
 # gap is ≈ 0 whatever the update does; Fig. 5(a)'s gap has to come from the decision classes.
 
 # %%
-fig, axes = plots.figure(ncols=2, width=plots.WIDTH_2COL * 0.75, height=2.0)
-for ax, col in zip(axes, ("category", "confidence")):
-    d = R.strata[R.strata.by == col]
-    levels = list(dict.fromkeys(d.level))
-    for j, sg in enumerate(("pos", "neg", "all")):
-        e = d[d.sign == sg].set_index("level").reindex(levels)
-        x = np.arange(len(levels)) + (j - 1) * 0.27
-        ax.bar(x, e.gap, width=0.25, color=plots.SIGN_COLORS[sg], label=SIGN[sg])
-        ax.errorbar(x, e.gap, yerr=[e.gap - e.lo, e.hi - e.gap], fmt="none", ecolor="k", lw=0.7, capsize=1.5)
-    ax.axhline(0, color="k", lw=0.5)
-    n = d[d.sign == "all"].set_index("level").reindex(levels).eval("n_boosted + n_suppressed")
-    ax.set_xticks(range(len(levels)), [f"{lv}\n(n={int(k)})" for lv, k in zip(levels, n)], fontsize=6)
-    ax.set(title=f"value gap by {col} ({est0})", ylabel="boosted − suppressed Δ̂")
-axes[0].legend(frameon=False, fontsize=6)
-fig.tight_layout()
+fig = fig05_plots.strata(R, est0)   # lib/cancellation/figures/fig05_plots.py
 plots.save(fig, "fig05c_value_gap_strata", fig_dir)
 plt.show()
 R.strata.round(3)

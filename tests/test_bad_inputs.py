@@ -246,6 +246,15 @@ def test_unwritable_destination_is_found_before_the_first_move(tmp_path, monkeyp
     assert _outputs(root) == before
 
 
+def _probe_checkout(tmp_path) -> Path:
+    """A checkout holding one one-cell notebook, 97_probe, and its tiny profile (for the runner's failures)."""
+    root = tmp_path / "repo"
+    (root / "notebooks/params").mkdir(parents=True)
+    (root / "notebooks/params/tiny.yaml").write_text("97_probe:\n  value: 1\n")
+    (root / "notebooks/97_probe.py").write_text('# %% tags=["parameters"]\nprofile = "tiny"\nvalue = 1\n')
+    return root
+
+
 def test_runner_reports_a_failed_promotion_in_one_line(tmp_path, monkeypatch, capsys):
     import papermill
     from cancellation import run, staging
@@ -257,10 +266,7 @@ def test_runner_reports_a_failed_promotion_in_one_line(tmp_path, monkeypatch, ca
         raise staging.PromotionError("/x/figures/tiny: not writable (Permission denied)")
     monkeypatch.setattr(papermill, "execute_notebook", executes)
     monkeypatch.setattr(staging.Stage, "check_destinations", refuse)
-    root = tmp_path / "repo"
-    (root / "notebooks/params").mkdir(parents=True)
-    (root / "notebooks/params/tiny.yaml").write_text("97_probe:\n  value: 1\n")
-    (root / "notebooks/97_probe.py").write_text('# %% tags=["parameters"]\nprofile = "tiny"\nvalue = 1\n')
+    root = _probe_checkout(tmp_path)
     before = _outputs(root)
     with pytest.raises(SystemExit) as e:
         run.main(["97", "--root", str(root)])
@@ -450,10 +456,7 @@ def test_a_full_disk_while_the_notebook_is_written_is_one_line(tmp_path, monkeyp
         Path(dst).write_text(Path(src).read_text()[:40])   # cut off part way
         raise OSError(_errno.ENOSPC, "No space left on device", str(dst))
     monkeypatch.setattr(papermill, "execute_notebook", executes)
-    root = tmp_path / "repo"
-    (root / "notebooks/params").mkdir(parents=True)
-    (root / "notebooks/params/tiny.yaml").write_text("97_probe:\n  value: 1\n")
-    (root / "notebooks/97_probe.py").write_text('# %% tags=["parameters"]\nprofile = "tiny"\nvalue = 1\n')
+    root = _probe_checkout(tmp_path)
     before = _outputs(root)
     with pytest.raises(SystemExit) as e:
         run.main(["97", "--root", str(root)])

@@ -311,17 +311,16 @@ def cluster_bootstrap(arrs: dict, stat, W: np.ndarray, level: float = 0.95):
 
 
 # the statistics per pool and definition: name -> (which arrays, function of the summed arrays)
-def _class_stats(k_shared=0, k_specific=1):
-    return {
-        "shared_cancellation": lambda a: class_mean(a["N"], a["cancellation"], k_shared),
-        "specific_cancellation": lambda a: class_mean(a["N"], a["cancellation"], k_specific),
-        "shared_single": lambda a: class_mean(a["N"], a["single"], k_shared),
-        "specific_single": lambda a: class_mean(a["N"], a["single"], k_specific),
-        "shared_retained": lambda a: class_ratio(a["grpo"], a["single"], k_shared),
-        "specific_amplification": lambda a: class_ratio(a["grpo"], a["single"], k_specific),
-        "contrast": lambda a: contrast(a["N"], a["cancellation"], "matched"),
-        "contrast_raw": lambda a: contrast(a["N"], a["cancellation"], "raw"),
-    }
+CLASS_STATS = {   # class 0 is shared, 1 specific (CLASSES)
+    "shared_cancellation": lambda a: class_mean(a["N"], a["cancellation"], 0),
+    "specific_cancellation": lambda a: class_mean(a["N"], a["cancellation"], 1),
+    "shared_single": lambda a: class_mean(a["N"], a["single"], 0),
+    "specific_single": lambda a: class_mean(a["N"], a["single"], 1),
+    "shared_retained": lambda a: class_ratio(a["grpo"], a["single"], 0),
+    "specific_amplification": lambda a: class_ratio(a["grpo"], a["single"], 1),
+    "contrast": lambda a: contrast(a["N"], a["cancellation"], "matched"),
+    "contrast_raw": lambda a: contrast(a["N"], a["cancellation"], "raw"),
+}
 
 
 ONLY_IDS = {   # on the ids definition, A > 0 pool: the masks and the mechanism
@@ -372,7 +371,7 @@ def summary(c: pd.DataFrame, categories=(), n_boot: int = 1000, seed: int = 0) -
                     continue
                 N, V = arrays(d, pool, clusters)
                 n_sh, n_sp = N[..., 0].sum(), N[..., 1].sum()
-                stats_ = _class_stats() if cat == "all" else {"contrast": _class_stats()["contrast"]}
+                stats_ = CLASS_STATS if cat == "all" else {"contrast": CLASS_STATS["contrast"]}
                 if defn == "ids" and cat == "all" and pool == "pos":
                     stats_ = stats_ | ONLY_IDS
                 for stat, fn in stats_.items():

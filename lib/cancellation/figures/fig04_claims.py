@@ -157,10 +157,9 @@ def _cls_rows(pool: str) -> list[tuple]:
     up, s = (("A>0", "positive-only"), -1) if pool == "pos" else (("A<0", "negative-only"), 1)
     sign_text, single = up
     gain = "reinforcement" if pool == "pos" else "suppression"
-    lose = "lose" if pool == "pos" else "lose"
     return [
         (f"{pool}_shared_cancellation", "shared_cancellation", s, 0.0,
-         f"{'' if pool == 'pos' else 'mirror: '}shared tokens of {sign_text} rollouts {lose} {gain} under GRPO "
+         f"{'' if pool == 'pos' else 'mirror: '}shared tokens of {sign_text} rollouts lose {gain} under GRPO "
          f"(mean Δ_GRPO − Δ_{single} {'<' if s < 0 else '>'} 0)", "yes (§3: opposite signals on shared tokens cancel)",
          f"95% CI {'>' if s < 0 else '<'} 0 (shared tokens gain {gain} when the opposite sign joins)", "Δlog p per token"),
         (f"{pool}_shared_retained", "shared_retained", -1, 1.0,
@@ -312,28 +311,9 @@ def thesis_claims(T: pd.DataFrame, fidelity: pd.DataFrame | None = None, k: int 
 
 
 def thesis_reading(TC: list[C.Claim]) -> list[str]:
-    """Which reading the rows support, per definition, in words built from the rows."""
-    by = {c.claim.replace(C.THESIS_PREFIX, ""): c for c in TC}
-    out = []
-    for defn, sfx in SFX.items():
-        v, alt = by.get(f"verdict{sfx}"), by.get(f"alternative{sfx}")
-        if v is None:
-            continue
-        sc, rt = by[f"pos_shared_cancellation{sfx}"], by[f"pos_shared_retained{sfx}"]
-        amp = by[f"pos_specific_amplification{sfx}"]
-        name = "ids" if defn == "ids" else "in context"
-        which = ("the paper's reading" if v.verdict == C.REPRODUCED else
-                 "the alternative reading" if alt is not None and alt.verdict == C.REPRODUCED else "neither reading")
-        out.append(f"'shared' by {name}: the data support {which}. Shared A>0 tokens: cancellation "
-                   f"{C.cite(TC, sc.claim)}, retained share {C.cite(TC, rt.claim, fmt='.3g')}; specific tokens' "
-                   f"amplification {C.cite(TC, amp.claim, fmt='.3g')}; thesis {v.verdict}, alternative "
-                   f"{alt.verdict if alt is not None else 'n/a'}.")
-    for cid, what in (("copies_vs_random", "copies mask vs random masks of its size"),
-                      ("minus_permuted", "real − shuffled-advantage contrast"),
-                      ("mech_same_id_share", "same-id share of the first-order opposite-sign coupling")):
-        if cid in by:
-            out.append(f"{what}: {C.cite(TC, by[cid].claim)}")
-    return out
+    """Which reading the rows support, per definition, in words built from the rows: README's sentences
+    (`claims.thesis_reading`), read off this run's rows."""
+    return C.thesis_reading({c.claim[len(C.THESIS_PREFIX):]: c for c in TC})
 
 
 def class_share_lines(shares: pd.DataFrame, k: int) -> list[str]:
