@@ -10,12 +10,13 @@ masked tokens' share of the gradient.
 from __future__ import annotations
 
 import contextlib
+import copy
 from dataclasses import dataclass
 from types import MappingProxyType
 
 import torch
 
-from . import measure
+from . import guard, measure
 from .guard import check_update, knob
 from .measure import forward_logits, token_logp, token_stats
 
@@ -206,40 +207,54 @@ def accumulate_grad(model, batch, rows, old_logp, weight, cfg: UpdateConfig, tok
     """
     rows = torch.as_tensor(rows)
     n_tok = batch.response_mask[rows].sum().clamp(min=1)
-    total, clipped, ratio_dev = 0.0, 0.0, 0.0
+    acc = [0.0, 0.0, 0.0]   # loss, clipped tokens, Σ|ρ - 1|, summed in the order of the token chunks
     # A frozen body (lm_head scope) runs without a graph: no activations kept, no backward through it,
     # whatever hooks make the embeddings' output require grad (gradient checkpointing adds one).
     body_grad = any(p.requires_grad for p in model.get_decoder().parameters())
     for r, cols in measure.chunks(batch.attention_mask, rows, cfg):
         with torch.set_grad_enabled(body_grad and torch.is_grad_enabled()):
             h = measure.forward_hidden(model, batch, r, cols)
-        dev, dt = h.device, h.dtype
-        rr, cc = measure.response_positions(batch.response_mask[r][:, cols])
-        ids = batch.input_ids[r][:, cols][rr, cc].to(dev)
-        adv = weight.detach()[r.to(weight.device)][rr.to(weight.device)].to(dev, dt)
-        cb = cc + cols.start   # the batch's columns of the chunk's response positions
-        old = old_logp[r.to(old_logp.device)][rr.to(old_logp.device), cb.to(old_logp.device)].to(dev, dt)
-        tw = None if token_weight is None else \
-            token_weight[r.to(token_weight.device)][rr.to(token_weight.device), cb.to(token_weight.device)].to(dev, dt)
-        hd = h.detach().requires_grad_(h.requires_grad)
-        rd, cd = rr.to(dev), cc.to(dev)
-        n = n_tok.to(dev)
-        for t in range(0, len(rr), cfg.token_chunk):
-            k = slice(t, t + cfg.token_chunk)
-            lsm = torch.log_softmax(measure.head_logits(model, hd[rd[k], cd[k] - 1]), dim=-1)
-            logp = lsm.gather(-1, ids[k, None]).squeeze(-1)
-            del lsm
-            mask = torch.ones_like(logp, dtype=torch.bool)
-            loss, c, d = _loss_terms(logp, old[k], adv[k], None if tw is None else tw[k], mask, cfg, n)
-            if loss.requires_grad:
-                loss.backward()
-            total += float(loss.detach())
-            clipped += c
-            ratio_dev += d
-        if h.requires_grad and hd.grad is not None:
-            h.backward(hd.grad)
+        _chunk_backward(model, batch, r, cols, h, old_logp, weight, cfg, token_weight, n_tok, acc)
+    return _info(acc, n_tok)
+
+
+def _info(acc, n_tok) -> dict:
+    total, clipped, ratio_dev = acc
     return {"loss": total, "clipfrac": clipped / float(n_tok), "n_tokens": int(n_tok),
             "ratio_dev": ratio_dev / float(n_tok)}
+
+
+def _chunk_backward(model, batch, r, cols, h, old_logp, weight, cfg: UpdateConfig, token_weight, n_tok, acc: list,
+                    retain_graph: bool = False) -> None:
+    """One chunk's share of `accumulate_grad` from its final hidden states h (rows r, column slice cols): the
+    loss terms per `cfg.token_chunk` positions, each with its backward into the LM head's .grad and a detached
+    copy of h, then one backward of h through the body (`retain_graph`: keep h's graph for another update
+    from the same forward, `Trials`). Adds each token chunk's loss, clipped tokens and Σ|ρ - 1| to `acc`."""
+    dev, dt = h.device, h.dtype
+    rr, cc = measure.response_positions(batch.response_mask[r][:, cols])
+    ids = batch.input_ids[r][:, cols][rr, cc].to(dev)
+    adv = weight.detach()[r.to(weight.device)][rr.to(weight.device)].to(dev, dt)
+    cb = cc + cols.start   # the batch's columns of the chunk's response positions
+    old = old_logp[r.to(old_logp.device)][rr.to(old_logp.device), cb.to(old_logp.device)].to(dev, dt)
+    tw = None if token_weight is None else \
+        token_weight[r.to(token_weight.device)][rr.to(token_weight.device), cb.to(token_weight.device)].to(dev, dt)
+    hd = h.detach().requires_grad_(h.requires_grad)
+    rd, cd = rr.to(dev), cc.to(dev)
+    n = n_tok.to(dev)
+    for t in range(0, len(rr), cfg.token_chunk):
+        k = slice(t, t + cfg.token_chunk)
+        lsm = torch.log_softmax(measure.head_logits(model, hd[rd[k], cd[k] - 1]), dim=-1)
+        logp = lsm.gather(-1, ids[k, None]).squeeze(-1)
+        del lsm
+        mask = torch.ones_like(logp, dtype=torch.bool)
+        loss, c, d = _loss_terms(logp, old[k], adv[k], None if tw is None else tw[k], mask, cfg, n)
+        if loss.requires_grad:
+            loss.backward()
+        acc[0] += float(loss.detach())
+        acc[1] += c
+        acc[2] += d
+    if h.requires_grad and hd.grad is not None:
+        h.backward(hd.grad, retain_graph=retain_graph)
 
 
 def accumulate_grad_unchunked(model, batch, rows, old_logp, weight, cfg: UpdateConfig, token_weight=None) -> dict:
@@ -382,3 +397,101 @@ def trial_delta(model, batch, cfg: UpdateConfig, before_logp: torch.Tensor, meas
     with trial(model, cfg.scope):
         grpo_step(model, batch, cfg, **step_kw)
         return token_stats(model, mb, cfg).logp - before_logp
+
+
+class Trials:
+    """Single updates from one θ₀ on one batch, Δlog p of the whole batch after each, θ₀ back after each
+    (Algorithm 2: notebook 04 takes nine per batch).
+
+    `shared=False` is the old way, one `trial_delta` per update: the "before" forward (`token_stats`), and per
+    update a forward with a graph, its backward, the step, the "after" forward and the restore; the restore is
+    checked at the end by one more forward (`restore_error`: max |Δlog p| against "before").
+
+    `shared=True` runs the forward from θ₀ once, with a graph: the "before" statistics are read from it (the same
+    ops as `token_stats`, so the same bits), and every update is a backward of it (`retain_graph`) into the
+    gradients, with the same token chunks and the same order of accumulation as `grpo_step`. The step and the
+    "after" forward run on a copy of the model reset to θ₀ before each step (the graph holds θ₀'s parameters,
+    which must not move). The restore is checked by comparing the parameters with a snapshot of θ₀. Every
+    Δ is bit for bit the old way's (tests/test_trials.py; `make bench` prints both, `trials`).
+    It needs what makes the updates' forwards the one from θ₀: one optimizer step (`n_minibatches` 1), one
+    chunk of rows (`chunk_rows` ≥ the batch; the tiny profile's), no gradient checkpointing, the same memory
+    knobs, and batches that differ in rewards and advantages only; with more than one row chunk (the graph of
+    every chunk would be kept: the paper's batches) it falls back to the old way. Memory: one copy of the
+    parameters more than the old way.
+    """
+
+    def __init__(self, model, batch, knobs, scope: str = "full", shared: bool = True):
+        self.model, self.batch, self.knobs, self.scope = model, batch, knobs, scope
+        parts = list(measure.chunks(batch.attention_mask, torch.arange(len(batch)), knobs))
+        self.shared = shared and len(parts) == 1 and not knobs.gradient_checkpointing
+        self._copy = self._h = None
+        if not self.shared:
+            self.before = token_stats(model, batch, knobs)
+            return
+        self.snap = snapshot(model, scope)             # before the untying below: `restore` re-ties, as `trial` does
+        self.params = scope_params(model, scope)       # (unties an lm_head scope's tied head, as a step would)
+        self._rows, self._cols = parts[0]
+        B, L = batch.input_ids.shape
+        guard.tally_batch(B * L)
+        with only_grad_for(model, self.params):
+            body_grad = any(p.requires_grad for p in model.get_decoder().parameters())
+            with torch.set_grad_enabled(body_grad and torch.is_grad_enabled()):
+                self._h = measure.forward_hidden(model, batch, self._rows, self._cols)
+        self.before = measure.stats_of_chunk(model, batch, self._rows, self._cols, self._h, knobs.token_chunk)
+
+    def delta(self, cfg: UpdateConfig, batch=None, token_weight=None) -> torch.Tensor:
+        """Δlog p (B, L) of the batch after one `grpo_step` from θ₀ on `batch` (default: the trials' batch; another
+        must hold the same tokens: a permutation of its advantages), ρ = 1 against "before"."""
+        b = self.batch if batch is None else batch
+        if not self.shared:
+            return trial_delta(self.model, b, cfg, self.before.logp, token_weight=token_weight)
+        self._check(cfg, b)
+        if self._copy is None:   # the model the steps run on (its parameters θ₀ again after each)
+            self._copy = copy.deepcopy(self.model)
+            self._params2 = scope_params(self._copy, self.scope)
+        for p in self.params:
+            p.grad = None
+        acc = [0.0, 0.0, 0.0]
+        n_tok = b.response_mask.sum().clamp(min=1)
+        with only_grad_for(self.model, self.params):
+            _chunk_backward(self.model, b, self._rows, self._cols, self._h, self.before.logp,
+                            reweight_advantage(b, cfg.reweight), cfg, token_weight, n_tok, acc, retain_graph=True)
+        for p, q in zip(self.params, self._params2):
+            q.grad, p.grad = p.grad, None
+        make_optimizer(self._copy, cfg).step()
+        out = token_stats(self._copy, b, cfg).logp - self.before.logp
+        self._copy.zero_grad(set_to_none=True)
+        with torch.no_grad():
+            for q, p in zip(self._params2, self.params):
+                q.copy_(p)
+        return out
+
+    def _check(self, cfg: UpdateConfig, b) -> None:
+        if cfg.scope != self.scope or cfg.n_minibatches != 1:
+            raise ValueError(f"Trials(scope={self.scope!r}): an update of scope {cfg.scope!r} with "
+                             f"{cfg.n_minibatches} mini-batches does not start from the shared forward")
+        moved = [k for k in guard.KNOBS if getattr(cfg, k) != getattr(self.knobs, k)]
+        if moved:
+            raise ValueError(f"Trials: the update's memory knobs {moved} differ from the shared forward's")
+        if b is not self.batch and not all(torch.equal(getattr(b, k), getattr(self.batch, k))
+                                           for k in ("input_ids", "attention_mask", "response_mask")):
+            raise ValueError("Trials: an update's batch must hold the shared forward's tokens")
+
+    def restore_error(self) -> float:
+        """0.0 when θ₀ is back exactly; ends the trials (the shared graph and the copy are freed).
+        Old way: max |Δlog p| of one more forward against "before". Shared: the parameters against θ₀'s
+        snapshot (the largest |difference|), the model's tie state restored as `trial` restores it."""
+        if not self.shared:
+            again = token_stats(self.model, self.batch, self.knobs)
+            return float((again.logp - self.before.logp)[self.batch.response_mask].abs().max())
+        self._h = self._copy = None
+        now = self.model.state_dict()
+        keys = [k for k in self.snap if not k.startswith("__")]
+        if self.scope == "lm_head":
+            pairs = [(self.model.get_output_embeddings().weight, self.snap["__lm_head__"])]
+        else:
+            pairs = [(now[k], self.snap[k]) for k in keys]
+        err = max((float((a.detach() - b).abs().max()) for a, b in pairs if not torch.equal(a, b)), default=0.0)
+        restore(self.model, self.snap)
+        self.model.zero_grad(set_to_none=True)
+        return err

@@ -151,30 +151,39 @@ def token_stats(model, batch, knobs, hidden: bool = False) -> TokenStats:
     is fixed by the two chunk sizes alone, so two calls with the same model give bit-identical
     results (the noise floor of a no-op update is then exactly 0 on CPU).
     """
-    token_chunk = knobs.token_chunk
     B, L = batch.input_ids.shape
     guard.tally_batch(B * L)  # the memory guard's tally (tests); a no-op otherwise
-    logp = ent = hs = None
+    out = None
     for rows, cols in chunks(batch.attention_mask, torch.arange(B), knobs):
-        h = forward_hidden(model, batch, rows, cols)
-        if logp is None:
-            logp = torch.zeros(B, L, dtype=h.dtype)
-            ent = torch.zeros(B, L, dtype=h.dtype)
-            hs = torch.zeros(B, L, h.shape[-1], dtype=h.dtype) if hidden else None
-        r, c = response_positions(batch.response_mask[rows][:, cols])
-        ids = batch.input_ids[rows][:, cols][r, c].to(h.device)
-        rd, cd = r.to(h.device), c.to(h.device)
-        for t in range(0, len(r), token_chunk):
-            k = slice(t, t + token_chunk)
-            lp, e = _logp_entropy(model, h[rd[k], cd[k] - 1], ids[k])   # h at t-1 predicts token t
-            logp[rows[r[k]], cols.start + c[k]] = lp.cpu()
-            ent[rows[r[k]], cols.start + c[k]] = e.cpu()
-        if hidden:   # the hidden state that predicts token t sits at t - 1 (zeros at columns a trim cut)
-            hs[rows, cols.start + 1:cols.stop] = h[:, :-1].cpu()
-    if logp is None:
+        out = stats_of_chunk(model, batch, rows, cols, forward_hidden(model, batch, rows, cols), knobs.token_chunk,
+                             out, hidden)
+    if out is None:
         dt = next(model.parameters()).dtype
-        logp, ent = torch.zeros(B, L, dtype=dt), torch.zeros(B, L, dtype=dt)
-    return TokenStats(logp, ent, hs)
+        out = TokenStats(torch.zeros(B, L, dtype=dt), torch.zeros(B, L, dtype=dt))
+    return out
+
+
+@torch.no_grad()
+def stats_of_chunk(model, batch, rows, cols, h: torch.Tensor, token_chunk: int, out: TokenStats | None = None,
+                   hidden: bool = False) -> TokenStats:
+    """`token_stats`' statistics of one chunk (`chunks`: rows, column slice) from its final hidden states h,
+    written into `out` (allocated (B, L) on the first chunk) and returned. h may carry a graph (a forward
+    shared with the updates, `grpo.Trials`): nothing here is recorded in it."""
+    B, L = batch.input_ids.shape
+    if out is None:
+        out = TokenStats(torch.zeros(B, L, dtype=h.dtype), torch.zeros(B, L, dtype=h.dtype),
+                         torch.zeros(B, L, h.shape[-1], dtype=h.dtype) if hidden else None)
+    r, c = response_positions(batch.response_mask[rows][:, cols])
+    ids = batch.input_ids[rows][:, cols][r, c].to(h.device)
+    rd, cd = r.to(h.device), c.to(h.device)
+    for t in range(0, len(r), token_chunk):
+        k = slice(t, t + token_chunk)
+        lp, e = _logp_entropy(model, h[rd[k], cd[k] - 1], ids[k])   # h at t-1 predicts token t
+        out.logp[rows[r[k]], cols.start + c[k]] = lp.cpu()
+        out.entropy[rows[r[k]], cols.start + c[k]] = e.cpu()
+    if hidden:   # the hidden state that predicts token t sits at t - 1 (zeros at columns a trim cut)
+        out.hidden[rows, cols.start + 1:cols.stop] = h[:, :-1].cpu()
+    return out
 
 
 @torch.no_grad()

@@ -103,42 +103,50 @@ class Result:
             cache.write_table(getattr(self, field), Path(results_dir) / name)
 
 
-def batch_deltas(P: Params, source, i: int, path: str, load) -> pd.DataFrame:
+def batch_deltas(P: Params, source, i: int, path: str, load, shared_forward: bool = True) -> pd.DataFrame:
     """Algorithm 2 on batch i of the policy at `path`: the token table with Δlog p under both updates
-    (cached under every parameter, the policy's fingerprint and i)."""
+    (cached under every parameter, the policy's fingerprint and i). `shared_forward`: the updates' one
+    forward from θ₀ shared (`grpo.Trials`; False: one forward per update, the old way, bit for bit the
+    same table: tests/test_trials.py)."""
     bseed = seeds.derive(P.seed, "category_batch", i)
     main = path == P.model_path  # the control policy takes the two updates of Fig. 4 only
-    cc = P.compute()
-    scfg = base.sample_config(P, source)
 
     def run():
         model, tok = load(path)
-        batch = rollout.sample(model, tok, scfg, seed=bseed)
-        before = cc.stats(model, batch)
-        df = measure.token_table(batch, before, tokenizer=tok).assign(batch=i)
-        m = batch.response_mask
-        for rw in UPDATES:
-            cfg = cc.update(optimizer="sgd", lr=P.lr, scope=P.scope, reweight=rw)
-            df[f"delta_{rw}"] = grpo.trial_delta(model, batch, cfg, before.logp)[m].double().cpu().numpy()
-        if main:  # the thesis rows' updates (lib/cancellation/thesis.py), each from θ₀ too
-            _thesis_updates(P, cc, model, batch, before, df, bseed)
-        # θ₀ must come back exactly for the second update (Algorithm 2, line 10): same forward, Δ = 0
-        again = cc.stats(model, batch)
-        df["restore_error"] = float((again.logp - before.logp)[m].abs().max())
-        df["mixed_groups"] = batch.mixed_groups()
-        return df
+        return batch_table(P, model, tok, rollout.sample(model, tok, base.sample_config(P, source), seed=bseed),
+                           i, bseed, main, shared_forward)
 
     return stage.CATEGORY_SHIFT.cached(run, **base.inputs(P, source, path), i=i, main=main)
 
 
-def _thesis_updates(P: Params, cc, model, batch, before, df: pd.DataFrame, bseed: int) -> None:
-    """The thesis rows' steps from θ₀ on one batch, as columns of its token table `df`: negative-only;
-    GRPO with the opposite-sign copies masked and with `n_random_masks` random masks of the same size
-    per group and confidence bin (their mean); positive-only, negative-only and GRPO with the advantages
-    shuffled within groups; and the first-order LM-head terms of every token (Eq. 9)."""
+def batch_table(P: Params, model, tok, batch, i: int, bseed: int, main: bool, shared_forward: bool = True):
+    """The token table of one sampled batch (what `batch_deltas` caches): "before" statistics and Δlog p
+    under every update, each from θ₀ (`grpo.Trials`, with `shared_forward` or the old way)."""
+    cc = P.compute()
+    trials = grpo.Trials(model, batch, cc, scope=P.scope, shared=shared_forward)
+    before = trials.before
+    df = measure.token_table(batch, before, tokenizer=tok).assign(batch=i)
     m = batch.response_mask
-    delta = lambda b, rw, **kw: grpo.trial_delta(  # noqa: E731
-        model, b, cc.update(optimizer="sgd", lr=P.lr, scope=P.scope, reweight=rw), before.logp, **kw)[m].double().cpu().numpy()
+    for rw in UPDATES:
+        cfg = cc.update(optimizer="sgd", lr=P.lr, scope=P.scope, reweight=rw)
+        df[f"delta_{rw}"] = trials.delta(cfg)[m].double().cpu().numpy()
+    if main:  # the thesis rows' updates (lib/cancellation/thesis.py), each from θ₀ too
+        _thesis_updates(P, cc, model, batch, trials, df, bseed)
+    # θ₀ must come back exactly for the second update (Algorithm 2, line 10): 0.0 (grpo.Trials.restore_error)
+    df["restore_error"] = trials.restore_error()
+    df["mixed_groups"] = batch.mixed_groups()
+    return df
+
+
+def _thesis_updates(P: Params, cc, model, batch, trials, df: pd.DataFrame, bseed: int) -> None:
+    """The thesis rows' steps from θ₀ on one batch (`trials`: grpo.Trials), as columns of its token table
+    `df`: negative-only; GRPO with the opposite-sign copies masked and with `n_random_masks` random masks of
+    the same size per group and confidence bin (their mean); positive-only, negative-only and GRPO with the
+    advantages shuffled within groups; and the first-order LM-head terms of every token (Eq. 9)."""
+    m = batch.response_mask
+    before = trials.before
+    delta = lambda b, rw, **kw: trials.delta(  # noqa: E731
+        cc.update(optimizer="sgd", lr=P.lr, scope=P.scope, reweight=rw), b, **kw)[m].double().cpu().numpy()
     df["delta_negative_only"] = delta(batch, "negative_only")
     w = thesis.copies_mask(batch)
     df["delta_grpo_masked"] = delta(batch, "grpo", token_weight=w)
