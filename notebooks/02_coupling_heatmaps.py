@@ -43,6 +43,7 @@ from cancellation.figures import fig02
 
 logging.basicConfig(level=logging.WARNING)
 P = fig02.Params(**params)   # every parameter, its default, doc and allowed range: lib/cancellation/figures/fig02.py
+plots.use_profile(profile, P)  # every figure saved below is stamped with the profile and policy
 R = fig02.compute(P)         # sampling, kernel, pairs, heatmap and first-order steps (cached)
 R.write(results_dir)
 print(fig02.summary(R))
@@ -93,11 +94,9 @@ axes[0].set(title="(a) ⟨h_j, h_k⟩", xlabel="⟨h_j, h_k⟩ (0.1–99.9% of p
 axes[0].axvline(0, color="k", lw=0.5)
 axes[0].legend(frameon=False, loc="upper left", fontsize=6.5)
 axes[1].set(title="(b) |φ_jk|", xlabel="log10 |φ_jk|  (|φ| ≤ 1e-12, zeros included, piled at −12)")
-im = axes[2].imshow(R.absolute, origin="lower", cmap="viridis",
-                    norm=LogNorm(vmin=max(float(R.absolute.min()), 1e-12), vmax=float(R.absolute.max())))
+plots.heatmap(axes[2], R.absolute, square=True,
+              norm=LogNorm(vmin=max(float(R.absolute.min()), 1e-12), vmax=float(R.absolute.max())))
 axes[2].set(title="(c) mean |A_k⟨h,h⟩φ|", xlabel="entropy bin of k (low → high)", ylabel="entropy bin of j")
-axes[2].grid(False)
-fig.colorbar(im, ax=axes[2], fraction=0.046, pad=0.04)
 d, pred = R.scatter.measured.to_numpy(), R.scatter.predicted.to_numpy()
 lim = np.abs(np.concatenate([d, pred])).max()
 axes[3].scatter(pred, d, s=2, alpha=0.4, color=plots.PALETTE[2], rasterized=True)

@@ -1,10 +1,20 @@
-"""One figure style for every notebook; figures saved as PDF + PNG, byte-stable across reruns."""
+"""One figure style for every notebook; figures saved as PDF + PNG, byte-stable across reruns.
+
+A notebook calls `use_profile(profile, P)` once after building its Params: from then on every figure
+`save` writes carries a small grey stamp in its top-right corner naming the profile, the policy's
+size and the device ("tiny profile: 1.06M-parameter policy (tiny-m), CPU"), so a PNG seen on its own
+says what it was made on. Categorical panels and heatmaps go through seaborn with our own intervals
+(`bars`: seaborn draws the bars, never its own bootstrap; `heatmap`).
+"""
 from __future__ import annotations
 
+import json
+import struct
 from pathlib import Path
 
 import matplotlib
-import matplotlib.pyplot as plt  # inline in notebooks; headless scripts fall back to Agg by themselves
+import matplotlib.pyplot as plt
+import numpy as np  # inline in notebooks; headless scripts fall back to Agg by themselves
 from .cache import atomic_write  # a temporary name, then rename: never a half-written figure
 
 # Okabe–Ito colour-blind-safe palette.
@@ -13,6 +23,70 @@ STATUS_COLORS = {"boosted": "#009E73", "suppressed": "#D55E00", "stable": "#9999
 SIGN_COLORS = {"pos": "#0072B2", "neg": "#D55E00", "all": "#000000"}
 SIGN_LABELS = {"pos": "positive rollouts (A > 0)", "neg": "negative rollouts (A < 0)", "all": "all rollouts"}
 WIDTH_1COL, WIDTH_2COL = 3.25, 6.75  # inches
+STAMP_GID = "profile-stamp"
+_state: dict = {"stamp": None}   # set by use_profile: the text `save` stamps on every figure
+
+
+def n_params(model_path: str | Path) -> int | None:
+    """A local policy's parameter count without loading it: its manifest's `n_params` (the artifact's own
+    policies), else the sum over the tensor shapes in its safetensors header; None for a hub name."""
+    p = Path(model_path)
+    if (p / "manifest.json").is_file():
+        n = json.loads((p / "manifest.json").read_text()).get("n_params")
+        if n:
+            return int(n)
+    files = sorted(p.glob("*.safetensors")) if p.is_dir() else []
+    if not files:
+        return None
+    total = 0
+    for f in files:
+        with open(f, "rb") as fh:
+            header = json.loads(fh.read(struct.unpack("<Q", fh.read(8))[0]))
+        for k, v in header.items():
+            if k != "__metadata__":
+                n = 1
+                for d in v["shape"]:
+                    n *= d
+                total += n
+    return total
+
+
+def size_text(n: int) -> str:
+    """1064832 -> '1.06M', 1.7e9 -> '1.70B'."""
+    for div, unit in ((1e9, "B"), (1e6, "M"), (1e3, "k")):
+        if n >= div:
+            return f"{n / div:.{2 if n < 100 * div else 0}f}{unit}"
+    return str(n)
+
+
+def stamp_text(profile: str, P=None) -> str:
+    """'<profile> profile: <size>-parameter policy (<name>), <device>' from the notebook's Params
+    (`model_path`, `device`); the parts it cannot tell are left out."""
+    parts = []
+    model = getattr(P, "model_path", None)
+    if model:
+        n = n_params(model)
+        name = Path(str(model)).name or str(model)
+        parts.append(f"{size_text(n)}-parameter policy ({name})" if n else f"policy {model}")
+    device = getattr(P, "device", None)
+    if device:
+        parts.append("CPU" if str(device) == "cpu" else "GPU" if str(device).startswith("cuda") else str(device))
+    return f"{profile} profile" + (": " + ", ".join(parts) if parts else "")
+
+
+def use_profile(profile: str, P=None) -> str:
+    """Stamp every figure `save` writes from now on with `stamp_text(profile, P)`; returns the text."""
+    _state["stamp"] = stamp_text(profile, P)
+    return _state["stamp"]
+
+
+def stamp(fig, text: str | None = None):
+    """Put `text` (default: the profile's, from use_profile) in small grey type above the figure's top-right
+    corner, outside every panel; once per figure."""
+    text = text or _state["stamp"]
+    if not text or any(t.get_gid() == STAMP_GID for t in fig.texts):
+        return
+    fig.text(0.995, 1.0, text, ha="right", va="bottom", fontsize=5, color="0.5", family="sans-serif", gid=STAMP_GID)
 
 
 def setup():
@@ -33,7 +107,9 @@ def figure(ncols: int = 1, nrows: int = 1, width: float = WIDTH_2COL, height: fl
 
 
 def save(fig, name: str, fig_dir: str | Path) -> list[Path]:
-    """Write `name`.pdf and `name`.png under fig_dir with fixed metadata (byte-stable reruns)."""
+    """Write `name`.pdf and `name`.png under fig_dir with fixed metadata (byte-stable reruns), stamped with
+    the profile (use_profile)."""
+    stamp(fig)
     out = Path(fig_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / f"{name}.pdf", out / f"{name}.png"]
@@ -41,3 +117,40 @@ def save(fig, name: str, fig_dir: str | Path) -> list[Path]:
                                                                              "Producer": None, "Creator": None}))
     atomic_write(paths[1], lambda t: fig.savefig(t, format="png", metadata={"Software": None}))
     return paths
+
+
+def interval_err(mean, lo, hi):
+    """matplotlib's yerr (two rows, distances below and above) from a mean and its interval's ends."""
+    mean, lo, hi = (np.asarray(x, dtype=float) for x in (mean, lo, hi))
+    return np.vstack([mean - lo, hi - mean])
+
+
+def bars(ax, data, x: str, y: str, hue: str | None = None, lo: str | None = None, hi: str | None = None,
+         palette=None, order=None, hue_order=None, **kw):
+    """A seaborn bar plot of the values in `data` as they are (errorbar=None: no seaborn bootstrap), with our
+    own intervals [lo, hi] drawn on each bar when given."""
+    import seaborn as sns
+    sns.barplot(data=data, x=x, y=y, hue=hue, ax=ax, errorbar=None, palette=palette, order=order,
+                hue_order=hue_order, **kw)
+    if lo is None:
+        return ax
+    order = order or list(dict.fromkeys(data[x]))
+    hues = (hue_order or list(dict.fromkeys(data[hue]))) if hue else [None]
+    for container, h in zip(ax.containers, hues):
+        rows = data[data[hue] == h] if hue else data
+        rows = rows.set_index(x).reindex(order)
+        xs = [b.get_x() + b.get_width() / 2 for b in container]
+        ax.errorbar(xs, rows[y], yerr=interval_err(rows[y], rows[lo], rows[hi]), fmt="none", ecolor="k", lw=0.6,
+                    capsize=1.5)
+    return ax
+
+
+def heatmap(ax, values, norm=None, cmap="viridis", cbar_label: str | None = None, **kw):
+    """A seaborn heatmap of a 2-D array, row 0 at the bottom (origin lower), no grid."""
+    import seaborn as sns
+    values = np.asarray(values)
+    sns.heatmap(values, ax=ax, norm=norm, cmap=cmap, cbar_kws={"label": cbar_label} if cbar_label else None, **kw)
+    ax.invert_yaxis()
+    ax.tick_params(axis="y", labelrotation=0)
+    ax.grid(False)
+    return ax
