@@ -5,6 +5,8 @@
 #   make verify    compare data/results/ with the committed results (no rerun): every table within its stated
 #                  tolerance, every verdict equal; exit 0 when within (A=dir B=dir: any two results folders)
 #   make claims    regenerate README's claims table from data/results/tiny/claims.parquet (+ tiny-table2's)
+#   make report    the browsable report: site/index.html, each figure beside its claims and verdicts, the executed
+#                  notebooks as HTML (nbconvert), every claim (PROFILE=tiny; open site/index.html in a browser)
 #   make test      the test suite on TEST_WORKERS pytest-xdist workers (CPU, about 14 min on 2 cores from a fresh clone)
 #   make test-fast the tests that run no notebook and train nothing (pytest -m 'not slow')
 #   make lint      ruff check (the rules in pyproject.toml; CI runs it before make test)
@@ -54,7 +56,7 @@ export PYTHONUNBUFFERED := 1
 export MALLOC_MMAP_THRESHOLD_ ?= 1073741824
 export MALLOC_TRIM_THRESHOLD_ ?= 1073741824
 
-.PHONY: env policy standins figures table2 claims verify test test-fast lint bench gpu-check clean help
+.PHONY: env policy standins figures table2 claims report verify test test-fast lint bench gpu-check clean help
 help:
 	@sed -n '/^# Targets/,/^[^#]/{/^#/s/^# \{0,1\}//p}' Makefile
 
@@ -91,6 +93,9 @@ table2: env $(POLICIES)  ## the full Table 2 / Fig. 8 test: 10 seeds x 64 iterat
 
 claims: env  ## README's claims table from data/results/tiny/claims.parquet
 	$(PY) -m cancellation.claims readme
+
+report: env  ## the static site of PROFILE's executed notebooks and figures, in site/ (ignored)
+	$(PY) -m cancellation.report --profile $(PROFILE) --out site
 
 fig%: env $(POLICIES) $(if $(filter paper-smoke paper-vocab,$(PROFILE)),standins)
 	$(PY) -m cancellation.run $* --profile $(PROFILE) $(OVERRIDES)
