@@ -58,6 +58,7 @@ from cancellation.figures import fig06
 
 logging.basicConfig(level=logging.WARNING)
 P = fig06.Params(**params)   # every parameter, its default, doc and allowed range: lib/cancellation/figures/fig06.py
+plots.use_profile(profile, P)  # every figure saved below is stamped with the profile and policy
 R = fig06.compute(P)         # batches, plans, Monte Carlo values, the sweep of steps, gaps, trends (cached)
 R.write(results_dir)
 print(fig06.summary(R))

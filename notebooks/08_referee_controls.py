@@ -48,6 +48,7 @@ from cancellation.figures import fig08
 
 logging.basicConfig(level=logging.WARNING)
 P = fig08.Params(**params)   # every parameter, its default, doc and allowed range: lib/cancellation/figures/fig08.py
+plots.use_profile(profile, P)  # every figure saved below is stamped with the profile and policy
 R = fig08.compute(P)         # (a) on notebook 01's cached run, (b) kernel and full gradients (cached)
 R.write(results_dir)
 
