@@ -65,3 +65,77 @@ def test_results_are_built_by_keyword():
              for n in ast.walk(ast.parse(p.read_text()))
              if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "Result" and n.args]
     assert not found, found
+
+
+# ----------------------------------------------------------------------------- plots: the stamp, seaborn panels
+def test_stamp_names_the_profile_the_policy_size_and_the_device(tmp_path):
+    """Every saved figure carries '<profile> profile: <size>-parameter policy (<name>), <device>', once."""
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    import matplotlib
+    import safetensors.torch as st
+    import torch
+
+    from cancellation import plots
+    matplotlib.use("Agg")
+    root = Path(__file__).resolve().parents[1]
+    n = sum(t.numel() for t in st.load_file(root / "data/policies/tiny-m/model.safetensors").values())
+    P = SimpleNamespace(model_path=str(root / "data/policies/tiny-m"), device="cpu")
+    assert plots.stamp_text("tiny", P) == f"tiny profile: {n / 1e6:.2f}M-parameter policy (tiny-m), CPU"
+    # a checkpoint without the artifact's manifest: counted from its safetensors header
+    (tmp_path / "m").mkdir()
+    st.save_file({"a": torch.zeros(3, 5), "b": torch.zeros(7)}, tmp_path / "m" / "model.safetensors")
+    assert plots.n_params(tmp_path / "m") == 22
+    assert plots.stamp_text("paper", SimpleNamespace(model_path="Qwen/Qwen3-1.7B-Base", device="cuda:0")) == \
+        "paper profile: policy Qwen/Qwen3-1.7B-Base, GPU"
+    text = plots.use_profile("tiny", P)
+    fig, ax = plots.figure()
+    plots.save(fig, "a", tmp_path)
+    plots.save(fig, "b", tmp_path)
+    assert [t.get_text() for t in fig.texts] == [text]
+    assert (tmp_path / "a.png").stat().st_size > 0
+    plots.plt.close(fig)
+
+
+def test_bars_draw_the_values_and_our_intervals_not_seaborn_s():
+    import matplotlib
+    import pandas as pd
+
+    from cancellation import plots
+    matplotlib.use("Agg")
+    d = pd.DataFrame({"x": ["u", "u", "v", "v"], "h": ["p", "q", "p", "q"], "m": [1.0, 2.0, -1.0, 0.5],
+                      "lo": [0.5, 1.0, -3.0, 0.0], "hi": [1.5, 4.0, 0.0, 0.6]})
+    fig, ax = plots.figure()
+    plots.bars(ax, d, "x", "m", hue="h", lo="lo", hi="hi", order=["u", "v"], hue_order=["p", "q"])
+    heights = [[b.get_height() for b in c] for c in ax.containers if hasattr(c, "patches")]
+    assert heights == [[1.0, -1.0], [2.0, 0.5]]   # hue p: (u, v); hue q: (u, v)
+    ends = sorted(tuple(sorted(seg[:, 1])) for coll in ax.collections for seg in coll.get_segments())
+    assert ends == sorted([(0.5, 1.5), (-3.0, 0.0), (1.0, 4.0), (0.0, 0.6)])
+    plots.plt.close(fig)
+
+
+def test_table2_shown_reads_as_a_table_and_the_prose_follows_the_numbers():
+    """Table 2: ticks for QB / RB and whole optimizer steps ('64', not '64.000000'); 07's sentence on sign-pure
+    mini-batches says 'smaller' when their gradient norm is below random's (0.169–0.222 vs 0.233)."""
+    from types import SimpleNamespace
+
+    import pandas as pd
+
+    from cancellation.figures import fig07
+    t = pd.DataFrame({"strategy": ["random", "RB"], "QB": [False, False], "RB": [False, True],
+                      "easy_mean": [50.0, 60.0], "easy_ci95": [1.0, 2.0], "rollouts_sampled": [1024.0, 3993.6],
+                      "rollouts_discarded": [None, 10.0], "rollouts_delayed": [None, 5.0],
+                      "optimizer_steps": [64.0, 51.5]})
+    R = SimpleNamespace(table2=t, cols=["easy"])
+    shown = fig07.table2_shown(R)
+    assert shown.QB.tolist() == ["", ""] and shown.RB.tolist() == ["", "✓"]
+    assert shown["optimizer steps"].tolist() == ["64", "51.5"]
+    assert fig07.rollout_ratio(R).round(2).tolist() == [1.0, 3.9]
+    gn = pd.DataFrame({"mixed": [0.233, None, 0.3], "one sign": [0.306, 0.222, 0.169]},
+                      index=["random", "sign_partitioned", "QB"])
+    line = fig07.sign_pure_reading(SimpleNamespace(grad_norm=gn))
+    assert "sign_partitioned 0.222 (smaller than random's)" in line and "QB 0.169 (smaller" in line
+    assert line.endswith("sign-pure is smaller, not what the cancellation reading expects")
+    gn["one sign"] = [0.306, 0.5, 0.4]
+    assert fig07.sign_pure_reading(SimpleNamespace(grad_norm=gn)).endswith("larger, as the cancellation reading expects")

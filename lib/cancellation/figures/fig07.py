@@ -11,8 +11,9 @@ time it reports is this session's). `fig07_claims.claims(R, P)` gives the notebo
 """
 from __future__ import annotations
 
-import time
 import dataclasses
+import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -102,6 +103,9 @@ class Params(base.FigureParams):
     trl_strategies: list = param(["random", "QB+RB"], "strategies also trained on TRL (engine.train_trl) as a "
                                  "cross-check ([] skips)", choices=STRATEGY_CHOICES, distinct=True)
     trl_seeds: list = param([0], "seeds of the TRL runs", min=0, distinct=True)
+    trl_checkpoint_every: int = param(4, "TRL runs: iterations between checkpoints under the run's cache folder "
+                                      "(an interrupted run resumes from its last; 0: none); changes no number",
+                                      min=0)
 
 
 def _trl_runs_all(names) -> bool:
@@ -118,15 +122,50 @@ def table2_shown(R) -> pd.DataFrame:
     """Table 2 as displayed: mean ± 95% half-width per set, rollouts (sampled / discarded / delayed for a buffered
     strategy), optimizer steps."""
     t = R.table2
-    shown = t[["strategy", "QB", "RB"]].copy()
+    shown = t[["strategy"]].copy()
+    for c in ("QB", "RB"):   # the strategy's parts: a tick where it has one
+        shown[c] = t[c].map({True: "✓", False: ""})
     for c in R.cols:
         shown[c] = [f"{m:.1f} ± {h:.1f}" for m, h in zip(t[f"{c}_mean"], t[f"{c}_ci95"])]
     buffered = [strategies.STRATEGIES[s].buffered for s in t.strategy]
     shown["rollouts (sampled / discarded / delayed)"] = [
         f"{s:.0f} / {d:.0f} / {y:.0f}" if r else f"{s:.0f}" for s, d, y, r in
         zip(t.rollouts_sampled, t.rollouts_discarded.fillna(0), t.rollouts_delayed.fillna(0), buffered)]
-    shown["optimizer steps"] = t.optimizer_steps.round(1)
+    shown["optimizer steps"] = [f"{v:.0f}" if float(v).is_integer() else f"{v:.1f}" for v in t.optimizer_steps]
     return shown
+
+
+def rollout_ratio(R) -> pd.Series:
+    """Rollouts each strategy sampled (Table 2's `rollouts_sampled`, mean over seeds) as a multiple of the
+    baseline's (random's); NaN without a random row."""
+    t = R.table2.set_index("strategy").rollouts_sampled
+    return t / t["random"] if "random" in t.index else t * np.nan
+
+
+def comparison_word(a: float, b: float, rel_tol: float = 0.02) -> str:
+    """'larger', 'smaller' or 'about the same as' for a against b (within rel_tol of b: the same)."""
+    if abs(a - b) <= rel_tol * abs(b):
+        return "about the same as"
+    return "larger than" if a > b else "smaller than"
+
+
+def sign_pure_reading(R) -> str:
+    """Fig. 7(a)'s middle panel in words, from the medians it plots: a sign-pure mini-batch has nothing to cancel
+    against, so the cancellation reading expects its gradient to be larger than a mixed one's; says whether it is."""
+    gn = R.grad_norm
+    if gn.empty or "one sign" not in gn or "mixed" not in gn or "random" not in gn.index:
+        return "no sign-pure vs mixed comparison (a strategy or composition is missing)"
+    pure = gn["one sign"].drop("random").dropna()
+    pure = pure[pure > 0]   # a one-sign mini-batch of only A = 0 rollouts has no gradient
+    ref = float(gn.loc["random", "mixed"])
+    if pure.empty:
+        return "no strategy has sign-pure mini-batches with a gradient"
+    parts = [f"{k} {v:.3f} ({comparison_word(v, ref)} random's)" for k, v in pure.items()]
+    word = {comparison_word(v, ref).split()[0] for v in pure}
+    verdict = ("larger, as the cancellation reading expects" if word == {"larger"} else
+               "smaller, not what the cancellation reading expects" if word == {"smaller"} else "mixed")
+    return (f"median gradient norm of sign-pure mini-batches: {', '.join(parts)}; random's mixed mini-batches "
+            f"{ref:.3f}: sign-pure is {verdict}")
 
 
 def table2_html(R) -> str:
@@ -277,10 +316,13 @@ def _trl_out(P: Params, source, name, seed, lr):
         out = rl_engine.train_trl(
             P.model_path, run.source, name, output_dir=str(out_dir), model=m, tokenizer=tk, **_trl_arguments(run),
             dtype=P.dtype, gradient_checkpointing=P.gradient_checkpointing, compute=P.compute(),
-            eval_fn=lambda mm, tt: train.evaluate_run(mm, tt, run))
+            eval_fn=lambda mm, tt: train.evaluate_run(mm, tt, run), save_every=P.trl_checkpoint_every, resume=True)
         return {k: out[k] for k in ("evals", "iterations", "minibatches", "monitor", "steps", "eval_times")}
 
-    return stage.TRAIN_TRL.cached(compute, **inputs)
+    out = stage.TRAIN_TRL.cached(compute, **inputs)
+    for ckpt in out_dir.glob("checkpoint-*"):   # the run is cached: its checkpoints have served
+        shutil.rmtree(ckpt, ignore_errors=True)
+    return out
 
 
 def _trl_run(P: Params, source, name, seed, lr):
