@@ -19,9 +19,10 @@ from pathlib import Path
 
 import torch
 
-from . import coupling, engine, grpo, measure, policy, rollout, scale, standins, tasks, value
+from . import coupling, engine, grpo, measure, policy, rollout, scale, seeds, standins, tasks, value
 from . import categories as C
 from .compute import Compute
+from .figures import fig04
 from .sampler import generate
 
 KNOBS = Compute()   # the default memory knobs of every timed call (a bench times the code, not a profile)
@@ -128,6 +129,52 @@ def trim(n_prompts: int = 8, G: int = 8, repeats: int = 3, rows: str = "64,16"):
               f"    SGD step     full {spread(r['step full']['s'], 1e3, '.0f')} ms   trim "
               f"{spread(r['step trim']['s'], 1e3, '.0f')} ms   speed-up "
               f"{spread(ratios(r['step full']['s'], r['step trim']['s']), fmt='.2f')}x   max |Δθ| {d_step:.1e}")
+
+
+@bench
+def trials(batch: int = 0, repeats: int = 3, threads: int = 1):
+    """Notebook 04's updates on one of its batches (the tiny profile's batch `batch` of tiny-m: 8 x 8 rollouts,
+    float64): the "before" statistics, the nine single SGD steps from θ₀ (positive-only, GRPO, negative-only,
+    copies-masked, two random masks, three permuted) with their "after" forwards, and the restore check, with
+    the forward from θ₀ shared (`grpo.Trials`) vs one per update (the old way); then the batch's whole token
+    table (with Eq. 9's first-order terms, which both ways compute alike). Tables compared bit for bit."""
+    P = fig04.Params()
+    cc = P.compute()
+    model, tok = policy.load_policy(P.model_path, dtype=P.dtype)
+    bseed = seeds.derive(P.seed, "category_batch", batch)
+    b = rollout.sample(model, tok, fig04.base.sample_config(P, fig04.base.problem_source(P)), seed=bseed)
+    before_threads = torch.get_num_threads()
+    torch.set_num_threads(threads)
+
+    def updates(shared):
+        def go():
+            t = grpo.Trials(model, b, cc, scope=P.scope, shared=shared)
+            df = measure.token_table(b, t.before, tokenizer=tok)
+            for rw in fig04.UPDATES:
+                df[f"delta_{rw}"] = t.delta(cc.update(optimizer="sgd", lr=P.lr, scope=P.scope, reweight=rw))[
+                    b.response_mask].double().numpy()
+            fig04._thesis_updates(P, cc, b, t, df, bseed)
+            df["restore_error"] = t.restore_error()
+            return df
+        return go
+
+    def table(shared):
+        return lambda: fig04.batch_table(P, model, tok, b, batch, bseed, True, shared_forward=shared)
+    try:
+        r = paired({"shared": updates(True), "old": updates(False)}, repeats)
+        rt = paired({"shared": table(True), "old": table(False)}, repeats)
+    finally:
+        torch.set_num_threads(before_threads)
+    for name, res in (("updates", r), ("batch table", rt)):
+        if not res["shared"]["out"].equals(res["old"]["out"]):
+            raise AssertionError(f"trials: the shared forward's {name} differs from the old way's")
+    print(f"trials: notebook 04's batch {batch} (tiny-m float64, {len(b)} rollouts x {b.input_ids.shape[1]} columns, "
+          f"{b.n_tokens} response tokens), {threads} thread(s); median (min–max) of {repeats} alternating rounds; "
+          "tables bit for bit\n"
+          f"  nine updates + before + restore  shared {spread(r['shared']['s'], fmt='.2f')} s   old "
+          f"{spread(r['old']['s'], fmt='.2f')} s   speed-up {spread(ratios(r['old']['s'], r['shared']['s']), fmt='.2f')}x\n"
+          f"  whole batch table (+ Eq. 9)      shared {spread(rt['shared']['s'], fmt='.2f')} s   old "
+          f"{spread(rt['old']['s'], fmt='.2f')} s   speed-up {spread(ratios(rt['old']['s'], rt['shared']['s']), fmt='.2f')}x")
 
 
 @bench

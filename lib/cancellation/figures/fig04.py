@@ -130,19 +130,20 @@ def batch_table(P: Params, model, tok, batch, i: int, bseed: int, main: bool, sh
     for rw in UPDATES:
         cfg = cc.update(optimizer="sgd", lr=P.lr, scope=P.scope, reweight=rw)
         df[f"delta_{rw}"] = trials.delta(cfg)[m].double().cpu().numpy()
-    if main:  # the thesis rows' updates (lib/cancellation/thesis.py), each from θ₀ too
-        _thesis_updates(P, cc, model, batch, trials, df, bseed)
+    if main:  # the thesis rows' updates (lib/cancellation/thesis.py), each from θ₀ too, and Eq. 9's terms
+        _thesis_updates(P, cc, batch, trials, df, bseed)
+        _first_order(P, cc, model, batch, df, bseed)
     # θ₀ must come back exactly for the second update (Algorithm 2, line 10): 0.0 (grpo.Trials.restore_error)
     df["restore_error"] = trials.restore_error()
     df["mixed_groups"] = batch.mixed_groups()
     return df
 
 
-def _thesis_updates(P: Params, cc, model, batch, trials, df: pd.DataFrame, bseed: int) -> None:
+def _thesis_updates(P: Params, cc, batch, trials, df: pd.DataFrame, bseed: int) -> None:
     """The thesis rows' steps from θ₀ on one batch (`trials`: grpo.Trials), as columns of its token table
     `df`: negative-only; GRPO with the opposite-sign copies masked and with `n_random_masks` random masks of
     the same size per group and confidence bin (their mean); positive-only, negative-only and GRPO with the
-    advantages shuffled within groups; and the first-order LM-head terms of every token (Eq. 9)."""
+    advantages shuffled within groups."""
     m = batch.response_mask
     before = trials.before
     delta = lambda b, rw, **kw: trials.delta(  # noqa: E731
@@ -159,6 +160,10 @@ def _thesis_updates(P: Params, cc, model, batch, trials, df: pd.DataFrame, bseed
     df["perm_advantage"] = shuffled.advantage[m.nonzero(as_tuple=True)[0]].double().cpu().numpy()
     for u in thesis.PERMUTED:
         df[f"delta_perm_{u}"] = delta(shuffled, u)
+
+
+def _first_order(P: Params, cc, model, batch, df: pd.DataFrame, bseed: int) -> None:
+    """The first-order LM-head terms of every token (Eq. 9; `fo_tokens` of them), as columns of `df`."""
     f = coupling.features(model, batch, compute=cc)
     J = None
     if P.fo_tokens and P.fo_tokens < len(f):   # a seeded draw of the tokens j (each against every token k)
