@@ -183,7 +183,7 @@ def _stage(tmp_path):
     for k, name in (("fig_dir", "f.txt"), ("results_dir", "t.csv"), ("executed_dir", "97.ipynb")):
         final[k].mkdir(parents=True)
         (final[k] / name).write_text("old")
-    st = staging.Stage(root, "97", final)
+    st = staging.Staging(root, "97", final)
     for k, names in (("fig_dir", ["f.txt", "g.txt"]), ("results_dir", ["t.csv"]), ("executed_dir", ["97.ipynb"])):
         for n in names:
             (st.dirs[k] / n).write_text("new")
@@ -265,7 +265,7 @@ def test_runner_reports_a_failed_promotion_in_one_line(tmp_path, monkeypatch, ca
     def refuse(self, moves=None):
         raise staging.PromotionError("/x/figures/tiny: not writable (Permission denied)")
     monkeypatch.setattr(papermill, "execute_notebook", executes)
-    monkeypatch.setattr(staging.Stage, "check_destinations", refuse)
+    monkeypatch.setattr(staging.Staging, "check_destinations", refuse)
     root = _probe_checkout(tmp_path)
     before = _outputs(root)
     with pytest.raises(SystemExit) as e:

@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from cancellation import categories as C
+from cancellation import categories
 from cancellation import measure, policy, rollout, tasks
 from cancellation.compute import Compute
 
@@ -39,7 +39,7 @@ def char_labels(text, words):
 
 @pytest.fixture(scope="module")
 def cz():
-    return C.Categorizer(tagger="shipped")
+    return categories.Categorizer(tagger="shipped")
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +52,7 @@ def test_tiny_vocabulary_every_token(cz, tiny_tok):
     problems = tasks.sample_problems(40, seed=3)
     traces = [tasks.make_trace(p, rng, error_rate=0.5) for p in problems]
     ids = [tiny_tok(t, add_special_tokens=False).input_ids for t in traces]
-    assert C.detect_scheme(tiny_tok.convert_ids_to_tokens(list(range(len(tiny_tok))))) == "wordpiece"
+    assert categories.detect_scheme(tiny_tok.convert_ids_to_tokens(list(range(len(tiny_tok))))) == "wordpiece"
     n = 0
     for trace, (cats, words) in zip(traces, cz.tag_ids(ids, tiny_tok)):
         toks = trace.split()
@@ -108,7 +108,7 @@ def test_real_bpe_tokenisation_every_token(cz):
     # the same through a transformers tokenizer (ids -> pieces -> scheme detected)
     from transformers import PreTrainedTokenizerFast
     hf = PreTrainedTokenizerFast(tokenizer_object=bpe)
-    assert C.detect_scheme(hf.convert_ids_to_tokens(list(range(len(hf))))) == "bytelevel"
+    assert categories.detect_scheme(hf.convert_ids_to_tokens(list(range(len(hf))))) == "bytelevel"
     assert cz.tag_ids([enc.ids], hf)[0][0] == cats
 
 
@@ -134,32 +134,32 @@ def test_newlines_markdown_and_prose(cz):
 
 
 def test_editable_table(tmp_path, tiny_tok):
-    src = C.DEFAULT_MAP.read_text()
+    src = categories.DEFAULT_MAP.read_text()
     edited = src.replace("word,ones,Template", "word,ones,Math")
     assert edited != src
     (tmp_path / "m.csv").write_text(edited)
     ids = tiny_tok("First ones digit : 7 + 8", add_special_tokens=False).input_ids
-    assert C.Categorizer(tmp_path / "m.csv", tagger="shipped").tag_ids([ids], tiny_tok)[0][0][1] == "Math"
-    assert C.Categorizer(tagger="shipped").tag_ids([ids], tiny_tok)[0][0][1] == "Template"
+    assert categories.Categorizer(tmp_path / "m.csv", tagger="shipped").tag_ids([ids], tiny_tok)[0][0][1] == "Math"
+    assert categories.Categorizer(tagger="shipped").tag_ids([ids], tiny_tok)[0][0][1] == "Template"
     (tmp_path / "bad.csv").write_text("rule,key,value\nword,carry,Decision\n")
     with pytest.raises(ValueError, match=r"bad\.csv:2: unknown category 'Decision'"):
-        C.load_map(tmp_path / "bad.csv")
+        categories.load_map(tmp_path / "bad.csv")
     with pytest.raises(FileNotFoundError):
-        C.load_map(tmp_path / "missing.csv")
+        categories.load_map(tmp_path / "missing.csv")
 
 
 def test_tagger_choice(monkeypatch):
     import nltk
-    cz = C.Categorizer(tagger="shipped")
+    cz = categories.Categorizer(tagger="shipped")
     assert isinstance(cz._shipped, nltk.UnigramTagger) and isinstance(cz._shipped.backoff, nltk.RegexpTagger)
-    if not C.perceptron_available():  # nothing is downloaded: 'auto' falls back, 'perceptron' explains
-        assert C.Categorizer(tagger="auto").tagger == "shipped"
+    if not categories.perceptron_available():  # nothing is downloaded: 'auto' falls back, 'perceptron' explains
+        assert categories.Categorizer(tagger="auto").tagger == "shipped"
         with pytest.raises(LookupError, match="never downloads"):
-            C.Categorizer(tagger="perceptron")
-    monkeypatch.setattr(C, "perceptron_available", lambda: True)
-    assert C.Categorizer(tagger="auto").tagger == "perceptron"
+            categories.Categorizer(tagger="perceptron")
+    monkeypatch.setattr(categories, "perceptron_available", lambda: True)
+    assert categories.Categorizer(tagger="auto").tagger == "perceptron"
     with pytest.raises(ValueError, match="tagger="):
-        C.Categorizer(tagger="spacy")
+        categories.Categorizer(tagger="spacy")
 
 
 def test_category_mass_against_loop():
@@ -167,10 +167,10 @@ def test_category_mass_against_loop():
     df = pd.DataFrame({"delta": rng.normal(size=300) * 10.0 ** rng.integers(-9, -1, 300),
                        "category": rng.choice(["Math", "Template", "Reasoning"], 300),
                        "update": rng.choice(["a", "b"], 300)})
-    out = C.category_mass(df, "delta", by=("update",), eps=1e-6).set_index(["update", "category"])
+    out = categories.category_mass(df, "delta", by=("update",), eps=1e-6).set_index(["update", "category"])
     for u in ("a", "b"):
         tot = sum(d for d, uu in zip(df.delta, df["update"]) if uu == u and d > 0)
-        for c in C.CATEGORIES:
+        for c in categories.CATEGORIES:
             rows = [d for d, uu, cc in zip(df.delta, df["update"], df.category) if uu == u and cc == c]
             b = sum(d for d in rows if d > 0)
             s = sum(-d for d in rows if d < 0)
@@ -205,7 +205,7 @@ def test_naive_reference_agrees_without_context(cz, tiny_tok):
     trace = tasks.make_trace(tasks.sample_problems(1, seed=9)[0], random.Random(9))
     pieces = trace.split()
     fast, _ = cz.tag_pieces(pieces, "wordpiece", frozenset({"<eos>"}))
-    slow = C.tag_naive(pieces, "wordpiece", cz, frozenset({"<eos>"}))
+    slow = categories.tag_naive(pieces, "wordpiece", cz, frozenset({"<eos>"}))
     context = {"}", "So", "Thus", "Hence", "the", "is"}  # need the phrase / brace context
     assert len([p for p in pieces if p not in context]) > 30
     assert all(f == s for p, f, s in zip(pieces, fast, slow) if p not in context)
@@ -214,8 +214,7 @@ def test_naive_reference_agrees_without_context(cz, tiny_tok):
 
 def test_padded_vocabulary_ids_are_tagged_not_an_index_error(tok):
     """Qwen's model vocabulary is padded past the tokenizer: a sampled padded id must not crash tagging."""
-    from cancellation import categories as C
-    cz = C.Categorizer(tagger="shipped")
+    cz = categories.Categorizer(tagger="shipped")
     ids = tok("Q: 4 7 + 3 8", add_special_tokens=False)["input_ids"]
     padded = len(tok) + 5
     cats, words = cz.tag_ids([ids + [padded]], tok)[0]
@@ -240,7 +239,7 @@ ROLE_TRACES = [
 
 
 def test_role_tags_match_hand_labels(tiny_tok):
-    cz = C.Categorizer(C.ROLES_MAP, tagger="shipped")
+    cz = categories.Categorizer(categories.ROLES_MAP, tagger="shipped")
     ids = [tiny_tok(t, add_special_tokens=False).input_ids for t, _ in ROLE_TRACES]
     for (trace, labels), (cats, _) in zip(ROLE_TRACES, cz.tag_ids(ids, tiny_tok)):
         assert len(labels.split()) == len(trace.split()) == len(cats)
@@ -269,7 +268,7 @@ def _roles_by_grammar(trace):
 
 
 def test_role_tags_match_grammar_parse_on_generated_traces(tiny_tok):
-    cz = C.Categorizer(C.ROLES_MAP, tagger="shipped")
+    cz = categories.Categorizer(categories.ROLES_MAP, tagger="shipped")
     rng = random.Random(11)
     problems = tasks.sample_problems(120, seed=11)
     traces = [tasks.make_trace(p, rng, error_rate=0.5) for p in problems]
@@ -286,14 +285,14 @@ def test_role_tags_match_grammar_parse_on_generated_traces(tiny_tok):
 def test_include_and_span_rows(tmp_path):
     (tmp_path / "base.csv").write_text("rule,key,value\nregex,\\d+,Math\n")
     (tmp_path / "roles.csv").write_text('rule,key,value\ninclude,base.csv,\nspan,"is ... ,",Reasoning\n')
-    cz = C.Categorizer(tmp_path / "roles.csv", tagger="shipped")
+    cz = categories.Categorizer(tmp_path / "roles.csv", tagger="shipped")
     assert cz.word_categories([["x", "is", "4", "2", ",", "5"]])[0][2:] == ["Reasoning", "Reasoning", "Other", "Math"]
     (tmp_path / "cycle.csv").write_text("rule,key,value\ninclude,cycle.csv,\n")
     with pytest.raises(ValueError, match="include cycle"):
-        C.load_map(tmp_path / "cycle.csv")
+        categories.load_map(tmp_path / "cycle.csv")
     (tmp_path / "badspan.csv").write_text("rule,key,value\nspan,is,Reasoning\n")
     with pytest.raises(ValueError, match=r"badspan\.csv:2: a span key"):
-        C.load_map(tmp_path / "badspan.csv")
+        categories.load_map(tmp_path / "badspan.csv")
 
 
 def test_share_shift_against_loop():
@@ -302,7 +301,7 @@ def test_share_shift_against_loop():
     n, cats = 600, ["Math", "Template", "Reasoning"]
     df = pd.DataFrame(dict(batch=rng.integers(0, 5, n), category=rng.choice(cats, n),
                            delta_positive_only=rng.normal(size=n), delta_grpo=rng.normal(size=n)))
-    mass, summary, shift = C.share_shift(df)
+    mass, summary, shift = categories.share_shift(df)
     for b in range(5):
         d = df[df.batch == b]
         for c in cats:
@@ -313,7 +312,7 @@ def test_share_shift_against_loop():
             assert shift.loc[b, c] == pytest.approx(share["grpo"] - share["positive_only"], abs=1e-12)
     x = shift["Template"].to_numpy()
     h = ss.t.ppf(0.975, len(x) - 1) * x.std(ddof=1) / np.sqrt(len(x))
-    s = C.shift_summary(shift).set_index("category")
+    s = categories.shift_summary(shift).set_index("category")
     assert s.loc["Template", "lo"] == pytest.approx(x.mean() - h) and s.loc["Template", "n"] == 5
     m = summary.set_index(["update", "category", "measure"]).loc[("grpo", "Math", "boosted_mass")]
     per_batch = [df[(df.batch == b) & (df.category == "Math")].delta_grpo.clip(lower=0).sum() for b in range(5)]

@@ -13,14 +13,9 @@ import os
 import pytest
 from golden import digest as D
 
-from cancellation import run
+from cancellation import manifest, run
 
 PINS = json.loads(D.PINS.read_text())
-NOTEBOOK_TABLES = {  # notebook -> the committed tables it writes (prefixes)
-    "01": ("fig01_", "fig09_"), "02": ("fig02_",), "03": ("fig03_", "fig10_", "table1_"), "04": ("fig04_",),
-    "05": ("fig05_", "fig11_"), "06": ("fig06_", "fig07b_"), "07": ("fig07a_", "fig08_", "table2_"),
-    "08": ("fig12_",),
-}
 
 
 @pytest.mark.parametrize("profile", D.PROFILES)
@@ -39,7 +34,7 @@ def test_committed_tables_match_their_pins(profile):
 def test_every_table_belongs_to_a_notebook():
     for name in PINS["tiny"]:
         if name not in ("claims", "claims.parquet"):
-            assert any(name.startswith(p) for ps in NOTEBOOK_TABLES.values() for p in ps), name
+            assert manifest.owner(name) is not None, f"{name}: no notebook of the manifest writes it"
 
 
 def test_digest_sees_a_moved_number_and_ignores_row_order():
@@ -57,8 +52,9 @@ def _recompute_and_compare(nb: str, out_root):
     res = out_root / "data" / "results" / "tiny"
     pins = PINS["tiny"]
     got = D.tables("tiny", out_root)
-    want = [n for n in pins if n != "claims" and n.startswith(NOTEBOOK_TABLES[nb])]
-    assert sorted(n for n in got if n.startswith(NOTEBOOK_TABLES[nb])) == sorted(want)
+    fig = manifest.get(nb)   # the committed tables this notebook writes
+    want = [n for n in pins if n != "claims" and fig.owns(n)]
+    assert sorted(n for n in got if fig.owns(n)) == sorted(want)
     bad = {n: d for n in want if (d := D.differences(D.digest(D.read_table(got[n])), pins[n]))}
     assert not bad, f"notebook {nb} recomputed different numbers: {bad}"
     claims = D.claim_numbers(D.read_table(res / "claims.parquet"))
@@ -73,7 +69,7 @@ def test_notebook_02_recomputes_its_committed_tables(tmp_path):
 
 
 @pytest.mark.golden
-@pytest.mark.parametrize("nb", [n for n in NOTEBOOK_TABLES if n != "02"])
+@pytest.mark.parametrize("nb", [n for n in manifest.keys() if n != "02"])
 def test_notebook_recomputes_its_committed_tables(nb, tmp_path_factory):
     if not os.environ.get("GOLDEN") and "golden" not in (os.environ.get("PYTEST_ADDOPTS") or ""):
         pytest.skip("recomputes a whole tiny notebook: run with GOLDEN=1 (or -m golden with GOLDEN=1)")

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from cancellation import run
+from cancellation import manifest, run
 
 
 def test_profile_parameters_resolve_and_overrides_are_typed():
@@ -303,7 +303,7 @@ def test_cores_pool_the_cpu_notebooks_and_leave_accelerator_ones_alone():
     tiny = [(nb, run.resolve_params(nb, "tiny")) for nb in paths]
     stems = lambda groups: [[nb.stem[:2] for nb, _ in g] for g in groups]  # noqa: E731
     assert [run.cpu_threads(p) for _, p in tiny] == [1, 1, 1, 1, 1, 1, 2, 1]  # 07: 2 workers x 1
-    every = ["01", "02", "03", "04", "05", "06", "07", "08"]
+    every = manifest.keys()
     assert stems(run.segments(tiny, 1)) == [[s] for s in every]
     assert stems(run.segments(tiny, 2)) == [every]
     gpu = [(nb, dict(p, device="cuda")) for nb, p in tiny]

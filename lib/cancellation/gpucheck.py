@@ -43,7 +43,7 @@ from pathlib import Path
 
 import torch
 
-from . import sampler, scale, standins
+from . import manifest, sampler, scale, standins
 from .compute import Compute
 from .plan import device_kind
 
@@ -52,12 +52,29 @@ SHAPE = "data/shapes/qwen3-1.7b-base"   # Qwen3-1.7B-Base's config.json: the dry
 # The dry runs' sizes: paper-vocab's sections (stand-in data, the real 151,936-entry vocabulary) at a stated
 # fraction of the paper's sizes, the same as the first H100 record (data/scale/measured/), so the two compare.
 DRY_SIZES = dict(model_path=SHAPE, device="cuda", token_chunk=2048, max_new_tokens=16, n_prompts=4)
-DRY_PER_NOTEBOOK = {"03": dict(mask_size=1), "06": dict(n_prompts=16), "08": dict(grad_chunk=2)}
-DRY_ORDER = ["03", "05", "06", "08", "01", "02", "04", "07"]   # never measured on a GPU first
+
+
+def dry_per_notebook() -> dict:
+    """Per notebook (the manifest's `dry`): what its dry run adds to DRY_SIZES to fit."""
+    return {f.key: dict(f.dry) for f in manifest.FIGURES if f.dry}
+
+
+def dry_order() -> list[str]:
+    """The notebooks whose dry run was measured on an H200 first (their estimates are known), then the rest."""
+    return [f.key for f in manifest.FIGURES if f.dry_seconds] + [f.key for f in manifest.FIGURES if not f.dry_seconds]
+
+
 # Estimated seconds per step on an H100/H200 (from the 2026-11-25 session), used only to skip what will not fit.
 EST = {"pytest": 100, "sampler": 150, "profile": 45, "units": 120, "trim": 100, "dry": 75}
-# dry runs measured on an H200 (2026-11-26), 10 s added: a step is skipped when its estimate does not fit
-EST_DRY = {"03": 100, "05": 70, "06": 95, "08": 90}
+
+
+def est_dry(nb: str) -> int:
+    """A dry run's estimated seconds: measured on an H200 (2026-11-26), 10 s added (the manifest's
+    `dry_seconds`), else EST["dry"]; a step is skipped when its estimate does not fit."""
+    f = manifest.find(nb)
+    return f.dry_seconds if f is not None and f.dry_seconds else EST["dry"]
+
+
 # transformers' dynamic-cache generate only at 256 x 256 (at 64 x 512 it takes 76 s of an H100's time)
 SAMPLER_KW = "dynamic='256x256'"
 
@@ -179,14 +196,14 @@ def _device() -> dict:
 
 
 def _dry_overrides(nb: str) -> list[str]:
-    kv = {**DRY_SIZES, **DRY_PER_NOTEBOOK.get(nb, {})}
+    kv = {**DRY_SIZES, **dry_per_notebook().get(nb, {})}
     return [x for k, v in kv.items() for x in ("-p", k, str(v))]
 
 
 def plan_steps(notebooks: list[str]) -> list[tuple[str, int]]:
     return [("pytest", EST["pytest"]), ("sampler", EST["sampler"]), ("profile", EST["profile"]),
             ("units", EST["units"]), ("trim", EST["trim"])] + \
-        [(f"dry-{nb}", EST_DRY.get(nb, EST["dry"])) for nb in notebooks]
+        [(f"dry-{nb}", est_dry(nb)) for nb in notebooks]
 
 
 def run_check(budget: float, out: Path, notebooks: list[str], skip: set[str]) -> dict:
@@ -260,7 +277,7 @@ def run_check(budget: float, out: Path, notebooks: list[str], skip: set[str]) ->
 
 def _write(stem: Path, dev: dict, budget: float, spent: float, steps: list[dict]) -> dict:
     report = dict(device=dev, budget_s=budget, spent_s=round(spent, 1), dry_sizes=DRY_SIZES,
-                  dry_per_notebook=DRY_PER_NOTEBOOK, steps=steps)
+                  dry_per_notebook=dry_per_notebook(), steps=steps)
     tmp = stem.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(report, indent=1, default=str) + "\n")
     tmp.replace(stem.with_suffix(".json"))
@@ -324,7 +341,7 @@ def markdown(report: dict) -> str:
     if dry:
         sizes = ", ".join(f"{k} {v}" for k, v in DRY_SIZES.items() if k not in ("model_path", "device"))
         extra = "; ".join(f"{nb}: " + ", ".join(f"{k} {v}" for k, v in kv.items())
-                          for nb, kv in DRY_PER_NOTEBOOK.items())
+                          for nb, kv in dry_per_notebook().items())
         lines += ["", f"**Dry runs at Qwen3-1.7B's shape** (`--dry-run`, profile paper-vocab, {sizes}; {extra}):", "",
                   "| notebook | measured: time, peak GPU | planned: time, peak | measured / planned |", "|---|---|---|---|"]
         for s in dry:
@@ -346,7 +363,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--budget-s", type=float, default=540, help="seconds for all steps (default 540)")
     ap.add_argument("--out", default=str(ROOT / "data" / "scale" / "measured"))
-    ap.add_argument("--notebooks", nargs="+", default=DRY_ORDER, help="dry runs, in this order")
+    ap.add_argument("--notebooks", nargs="+", default=dry_order(), help="dry runs, in this order")
     ap.add_argument("--skip", nargs="*", default=[], help="steps to leave out: pytest sampler units dry dry-NN")
     ap.add_argument("--list", action="store_true", help="print the steps and their estimates, run nothing")
     a = ap.parse_args(argv)

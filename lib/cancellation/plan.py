@@ -2,7 +2,7 @@
 
 A plan is (what the notebook runs) x (what each building block costs on this device):
 
-- `WORKLOADS[stem](P, shape, lengths)`, each figure module's own `workload` (declared beside its
+- `workload(P, shape, lengths)`, each figure module's own (the manifest names the module) (declared beside its
   `compute`, from `cancellation.workload`'s blocks), counts the building blocks a notebook runs at its Params (approximations are stated where they are made):
   positions through analysis forwards, full-parameter and lm_head steps, sampled rows and
   tokens, pairs of the coupling kernel, per-token full gradients, and the largest batch.
@@ -26,8 +26,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import tasks
-from .figures import fig01, fig02, fig03, fig04, fig05, fig06, fig07, fig08
+from . import manifest, tasks
 from .policy import TOKENIZER_FILES, load_tokenizer
 from .procs import BUILT
 from .shapes import Shape, device_kind, device_memory, known_shape
@@ -139,11 +138,6 @@ def prompt_lengths(P, root: Path = ROOT) -> tuple[int, int, str]:
         return d, d, "default (tokenizer or problems not readable here)"
 
 
-# Each figure declares its own workload beside its compute(): a new Params field reaches the plan there.
-MODULES = {"01_token_flipping": fig01, "02_coupling_heatmaps": fig02, "03_masked_updates": fig03,
-           "04_category_shift": fig04, "05_value_gap": fig05, "06_sampling_budget": fig06,
-           "07_batching": fig07, "08_referee_controls": fig08}
-WORKLOADS = {stem: mod.workload for stem, mod in MODULES.items()}
 
 # What to turn when a term is too big (named in the refusal)
 KNOBS = {"weights": "dtype (a smaller model_path)", "grads": "dtype", "adam": "dtype (or an lm_head-scope notebook)",
@@ -339,7 +333,10 @@ def make(stem: str, params: dict, root: Path = ROOT, scale_dir: Path | None = No
     """The plan of one notebook at its resolved parameters (what `run.resolve_params` returns), on this
     host's device, or with `kind` on a device of that kind (data/scale/<kind>.json: its unit costs and
     total memory) wherever the plan is made; `procs` processes divide the splittable work."""
-    P = MODULES[stem].Params(**{k: v for k, v in params.items() if k not in ("profile", "fig_dir", "results_dir")})
+    # each figure declares its own workload beside its compute() (the manifest names the module): a new
+    # Params field reaches the plan there
+    mod = manifest.get(stem).load()
+    P = mod.Params(**{k: v for k, v in params.items() if k not in ("profile", "fig_dir", "results_dir")})
     device = getattr(P, "device", "cpu")
     if kind is None:
         kind = device_kind(device)
@@ -358,7 +355,7 @@ def make(stem: str, params: dict, root: Path = ROOT, scale_dir: Path | None = No
     pm, px, how = prompt_lengths(P, root)
     plan.prompt = f"prompts {pm} tokens on average, {px} at most: {how}"
     z = Sizes(pm, px, P.max_new_tokens)
-    plan.work = WORKLOADS[stem](P, shape, z)
+    plan.work = mod.workload(P, shape, z)
     plan.mem = memory(P, shape, plan.work, plan.total_memory)
     units = units if units is not None else load_units(kind, scale_dir)
     if units is None:

@@ -54,7 +54,7 @@ from pathlib import Path
 
 import yaml
 
-from cancellation import cache, procs, staging
+from cancellation import cache, manifest, procs, staging
 from cancellation.dryrun import DRY_RUN_ENV
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -88,14 +88,10 @@ _DEFAULTS: dict = {}  # (path, mtime_ns, size) -> defaults: profile checks read 
 
 
 def figure_params(nb_path: Path):
-    """The Params class of the notebook's figure module (`cancellation.figures.figNN` for
-    notebooks/NN_*.py), or None for a notebook whose parameters still live in its cell."""
-    import importlib
-    try:
-        mod = importlib.import_module(f"cancellation.figures.fig{Path(nb_path).stem[:2]}")
-    except ModuleNotFoundError:
-        return None
-    return getattr(mod, "Params", None)
+    """The Params class of the notebook's figure module (the manifest's `module`), or None for a
+    notebook the manifest does not list (its parameters live in its cell)."""
+    fig = manifest.find(Path(nb_path).stem)
+    return None if fig is None else getattr(fig.load(), "Params", None)
 
 
 def notebook_defaults(nb_path: Path) -> dict:
@@ -810,7 +806,7 @@ def run_notebook(ref: str, profile: str = "tiny", overrides: dict | None = None,
     Outputs go to the profile's directories (figures/<profile>, data/results/<profile>,
     notebooks/executed/<profile>, under out_root when given), or, for a run with overrides, to
     `runs/<hash of the overrides>/` below each unless `replace`. All or nothing: the notebook writes
-    into a staging folder (staging.Stage, passed as its fig_dir/results_dir), whose figures, tables
+    into a staging folder (staging.Staging, passed as its fig_dir/results_dir), whose figures, tables
     and executed notebook are moved into place only when it ran through. A failed run leaves the
     outputs as they were plus `<name>.failed.ipynb` and raises NotebookFailed with a short summary;
     Ctrl-C / SIGTERM raise NotebookInterrupted. The staging folder is removed on every exit.
@@ -828,7 +824,7 @@ def run_notebook(ref: str, profile: str = "tiny", overrides: dict | None = None,
     out = final["executed_dir"] / f"{nb_path.stem}.ipynb"
     failed = final["executed_dir"] / f"{nb_path.stem}.failed.ipynb"
     staging.clear_stale(root)
-    with staging.sigterm_raises(), staging.Stage(root, nb_path.stem, final) as st:
+    with staging.sigterm_raises(), staging.Staging(root, nb_path.stem, final) as st:
         run_params, renames = dict(params), {}
         if figure_params(nb_path) is not None:  # the notebook builds figNN.Params(**params)
             run_params = {k: v for k, v in params.items() if k in INJECTED}

@@ -27,7 +27,7 @@ import time
 
 import torch
 
-from . import coupling, engine, grpo, measure, plan, policy, rollout, tasks
+from . import coupling, engine, grpo, manifest, measure, plan, policy, rollout, tasks
 from . import workload as W
 from .compute import Compute
 from .guard import _fused_compact
@@ -145,7 +145,7 @@ import pandas as pd
 import torch
 import transformers
 from cancellation import claims, plots, policy, tasks
-from cancellation.figures import fig01, fig02, fig03, fig04, fig05, fig06, fig07, fig08
+from cancellation.figures import {modules}
 from transformers.models.qwen2 import modeling_qwen2   # what loading a policy imports
 from transformers.models.qwen3 import modeling_qwen3
 tasks.MathVerifier()(tasks.Problem("1 + 1", "2"), "The answer is $\\boxed{2}$.")   # a file source's grader
@@ -153,7 +153,7 @@ fig, ax = plots.figure(ncols=2, nrows=2, width=plots.WIDTH_2COL, height=4.6)
 for a in ax.ravel():
     a.hist(np.random.default_rng(0).normal(size=10000), bins=60)
 plots.save(fig, "start", out)
-"""
+""".replace("{modules}", ", ".join(f.module for f in manifest.FIGURES))
 
 
 def trim_probe(shape: str = "qwen3-1.7b", device: str = "cuda", n_prompts: int = 4, G: int = 4, prompt: int = 256,

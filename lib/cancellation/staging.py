@@ -1,7 +1,7 @@
 """All-or-nothing outputs of one notebook run (used by `cancellation.run`).
 
 A run writes its figures, tables and executed notebook into a staging folder,
-`<root>/.run-staging/<notebook>.<token>/{figures,results,executed}/`, and `Stage.promote` moves
+`<root>/.run-staging/<notebook>.<token>/{figures,results,executed}/`, and `Staging.promote` moves
 them into the profile's directories only when the notebook ran through; a failure part way
 leaves the committed outputs as they were. The staged results folder starts with a copy of the
 existing `claims.parquet` (claims.record rewrites that registry read-modify-write), and promotion
@@ -10,7 +10,7 @@ every destination is checked (writable, room) before the first move, and a move 
 way puts back what already moved (PromotionError, one line), so the canonical outputs are never
 a mix of two runs.
 
-The staging folder is removed on every exit of the `with Stage(...)` block; `sigterm_raises`
+The staging folder is removed on every exit of the `with Staging(...)` block; `sigterm_raises`
 turns SIGTERM into an exception so that this cleanup runs when a run is killed politely.
 Folders left by runs killed outright (SIGKILL, power loss) are removed by `clear_stale` at the
 next run's start and by `make clean`.
@@ -155,7 +155,7 @@ def _rollback(done: list) -> list[Path]:
     return failed
 
 
-class Stage:
+class Staging:
     """The staging folder of one run: `dirs[name]` (fig_dir, results_dir, executed_dir) stand in for
     `final[name]` until `promote`; everything is removed when the `with` block exits."""
 
