@@ -1,6 +1,6 @@
-"""`run --procs N` (issue 36, item 3): the fan-out (cancellation.procs), and notebooks 05 and 06 on two
-CPU processes writing the same tables as on one, byte for byte; a rank that dies stops the notebook
-with one line and promotes nothing."""
+"""`run --procs N` (issue 36, item 3; issue 49: on accelerate's launcher): the fan-out (cancellation.procs),
+and notebooks 05 and 06 on two CPU processes writing the same tables as on one, byte for byte; a rank that
+dies stops the notebook with one line and promotes nothing."""
 import os
 from pathlib import Path
 
@@ -26,14 +26,15 @@ def test_count_reads_the_environment(monkeypatch):
 
 
 def test_one_process_or_one_unit_runs_here(monkeypatch):
-    """N = 1, or a single unit, never starts torchrun: the units run in this process, in order."""
+    """N = 1, or a single unit, never starts the launcher: the units run in this process, in order."""
     monkeypatch.setenv(procs.PROCS_ENV, "3")
     assert procs.fan_out("cancellation.procs:_probe", {}, [4]) == [(16, 0)]
     assert procs.fan_out("cancellation.procs:_probe", {}, [1, 2, 3], n=1) == [(1, 0), (4, 0), (9, 0)]
 
 
 def test_failure_line_from_the_launcher_log(tmp_path):
-    """torchrun's failure report becomes one line: the rank, its exit code and signal."""
+    """The launcher's failure report (torch elastic's, under `accelerate launch --multi_gpu`) becomes one
+    line: the rank, its exit code and signal."""
     (tmp_path / "log.txt").write_text("noise\nRoot Cause (first observed failure):\n[0]:\n  time      : x\n"
                                       "  host      : h\n  rank      : 1 (local_rank: 1)\n  exitcode  : -9 (pid: 7)\n")
     line = procs._failure_line(tmp_path, 2, 1, "MC continuations (M=4)")
@@ -49,13 +50,20 @@ def test_procs_and_cores_exclude_each_other(capsys):
     assert procs.PROCS_ENV not in os.environ   # main() leaves the environment as it found it
 
 
-# ----------------------------------------------------------------------------- two ranks (torchrun, gloo)
+def test_the_launcher_is_accelerates():
+    cmd = procs.launch_command(3)
+    assert cmd[1:3] == ["-m", "accelerate.commands.launch"] and cmd[cmd.index("--num_processes") + 1] == "3"
+    assert cmd[cmd.index("--main_process_port") + 1] == "0"   # a free port per launch: launches may overlap
+
+
+# ----------------------------------------------------------------------------- two ranks (accelerate, gloo)
 @pytest.mark.slow
 def test_fan_out_on_two_ranks(monkeypatch):
-    """Units r, r + N, ... on rank r; results in unit order; a raising rank gives one line."""
+    """accelerate's split_between_processes: 5 units on 2 ranks are units 0-2 on rank 0 and 3-4 on rank 1;
+    results in unit order; a raising rank gives one line."""
     monkeypatch.delenv(procs.KILL_ENV, raising=False)
     assert procs.fan_out("cancellation.procs:_probe", {}, list(range(5)), n=2) == \
-        [(0, 0), (1, 1), (4, 0), (9, 1), (16, 0)]
+        [(0, 0), (1, 0), (4, 0), (9, 1), (16, 1)]
     with pytest.raises(procs.RankFailed) as e:
         procs.fan_out("cancellation.procs:_probe", {"raise_on": 3}, list(range(5)), n=2, what="probe")
     assert str(e.value) == "probe: rank 1 of 2 failed: ValueError: probe refused unit 3; no outputs were written"

@@ -4,21 +4,24 @@ How ranks start. The runner puts N in $CANCELLATION_PROCS for the notebook's ker
 itself is unchanged and runs once, in that one kernel. A stage that holds independent work units
 calls `fan_out(fn, shared, units)`. With N > 1 (and more than one unit) it pickles the job (the
 worker function's name, what every rank shares, the units) into a private temporary folder and
-starts PyTorch's own launcher, `python -m torch.distributed.run --standalone --nproc_per_node N
--m cancellation.procs JOB`, as a child of the kernel. Rank r computes units r, r + N, r + 2N, ...;
-rank 0 gathers every rank's results (`torch.distributed.gather_object`; gloo on CPU, NCCL with one
-rank per GPU: CUDA_VISIBLE_DEVICES narrowed to LOCAL_RANK's device, so torch and vLLM in the rank
-both see it as cuda:0) and alone writes them, atomically (cache.atomic_write), to the
-job's result file, which the kernel reads back in unit order. Everything before and after the
-fanned-out stage (the batches, the GRPO steps, the analysis, tables, figures, the claims
-registry) runs once, in the kernel, exactly as on one process.
+starts accelerate's launcher, the one TRL uses (`python -m accelerate.commands.launch --multi_gpu
+--num_processes N --main_process_port 0 --max_restarts 0 -m cancellation.procs JOB`: torch's elastic
+launcher underneath, a free port per launch), as a child of the kernel. Each rank joins through
+`accelerate.PartialState()` (gloo on CPU, NCCL with one rank per GPU: CUDA_VISIBLE_DEVICES narrowed to
+LOCAL_RANK's device, so torch and vLLM in the rank both see it as cuda:0), takes its contiguous share
+of the units (`PartialState().split_between_processes`: rank r of N gets the r-th of N near-equal
+runs of units), and every rank's results are collected with `accelerate.utils.gather_object`; rank 0
+alone writes them, atomically (cache.atomic_write), to the job's result file, which the kernel reads
+back in unit order. Everything before and after the fanned-out stage (the batches, the GRPO steps,
+the analysis, tables, figures, the claims registry) runs once, in the kernel, exactly as on one
+process.
 
-Why this shape rather than the whole notebook under torchrun: papermill, the runner's staging
-folder and its all-or-nothing promotion stay as they are (one kernel, one writer); the ranks live
-only for the heavy stage and load only what it needs; torchrun brings the rendezvous, LOCAL_RANK
-for the GPU and stops every rank when one dies. Running the whole notebook on N ranks would
-sample the batch and take the GRPO steps N times (on N GPUs not bit-equal unless every kernel is
-deterministic) and make every notebook's writes rank-aware.
+Why this shape rather than the whole notebook under `accelerate launch`: papermill, the runner's
+staging folder and its all-or-nothing promotion stay as they are (one kernel, one writer); the ranks
+live only for the heavy stage and load only what it needs; the launcher brings the rendezvous,
+LOCAL_RANK for the GPU and stops every rank when one dies. Running the whole notebook on N ranks
+would sample the batch and take the GRPO steps N times (on N GPUs not bit-equal unless every kernel
+is deterministic) and make every notebook's writes rank-aware.
 
 Results do not depend on N: a unit carries its own seeds (for the Monte Carlo continuations,
 value.prefix_seed of (seed, prefix, banned token) per prefix), and a unit is cut before the
@@ -28,7 +31,7 @@ unit. value.cached_rewards, the one caller so far, makes a unit of each sampler 
 nothing relies on the sampler's batch invariance, which holds only up to floating-point rounding
 of differently padded batches.
 
-A rank that raises or dies makes torchrun stop the others; `fan_out` raises RankFailed with one
+A rank that raises or dies makes the launcher stop the others; `fan_out` raises RankFailed with one
 line (which rank, its exit code or signal, its exception), the notebook fails, and the runner
 promotes nothing.
 
@@ -106,15 +109,14 @@ def fan_out(fn: str, shared, units: list, n: int | None = None, cuda: bool = Fal
         env.pop(PROCS_ENV, None)
         pkg = str(Path(__file__).resolve().parents[1])   # the ranks import this very package
         env["PYTHONPATH"] = os.pathsep.join([pkg] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}",
-               "--max_restarts=0", "-m", "cancellation.procs", str(job)]
+        cmd = launch_command(n) + ["-m", "cancellation.procs", str(job)]
         t0 = time.perf_counter()
         with open(job / "log.txt", "wb") as log:
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
             try:
                 rc = proc.wait()
             finally:
-                if proc.poll() is None:   # Ctrl-C / SIGTERM in the kernel: torchrun stops its ranks
+                if proc.poll() is None:   # Ctrl-C / SIGTERM in the kernel: the launcher stops its ranks
                     proc.terminate()
                     try:
                         proc.wait(30)
@@ -128,6 +130,16 @@ def fan_out(fn: str, shared, units: list, n: int | None = None, cuda: bool = Fal
         return out
     finally:
         shutil.rmtree(job, ignore_errors=True)
+
+
+def launch_command(n: int) -> list[str]:
+    """accelerate's launcher for `n` processes on this host, up to the script: one rank per GPU (NCCL) or,
+    on a host without CUDA, `n` CPU processes joined with gloo (`--multi_gpu` is accelerate's torch-elastic
+    launcher; `--cpu` would start one process without MPI); a free port per launch, no restarts, no
+    mixed precision or dynamo (a rank computes exactly what one process computes)."""
+    return [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_machines", "1",
+            "--num_processes", str(n), "--main_process_port", "0", "--max_restarts", "0",
+            "--mixed_precision", "no", "--dynamo_backend", "no"]
 
 
 def _failure_line(job: Path, n: int, rc: int, what: str) -> str:
@@ -154,23 +166,26 @@ def _failure_line(job: Path, n: int, rc: int, what: str) -> str:
 
 
 def _worker(job: Path) -> None:
-    """One rank (started by torchrun): its share of the units, gathered on rank 0, which writes them."""
-    import torch
-    import torch.distributed as dist
-
+    """One rank (started by accelerate's launcher): its share of the units, gathered on every rank
+    (accelerate's gather_object); rank 0 writes them."""
     with open(job / "job.pkl", "rb") as f:
         spec = pickle.load(f)
-    rank, world, local = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_RANK"])
-    os.environ[RANK_ENV] = str(rank)
+    local = int(os.environ["LOCAL_RANK"])
+    os.environ[RANK_ENV] = os.environ["RANK"]
     if spec["cuda"]:  # this rank sees only its own GPU (before CUDA starts): vLLM and torch both use cuda:0
         visible = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
         os.environ["CUDA_VISIBLE_DEVICES"] = visible[local] if local < len(visible) else str(local)
-        torch.cuda.set_device(0)
-    dist.init_process_group("nccl" if spec["cuda"] else "gloo")
+        os.environ["LOCAL_RANK"] = "0"   # accelerate places the rank on cuda:LOCAL_RANK: its only device
+    from accelerate import PartialState
+    from accelerate.utils import gather_object
+
+    state = PartialState(cpu=not spec["cuda"], backend=None if spec["cuda"] else "gloo")   # CPU: gloo, not MPI
+    rank = state.process_index
     if os.environ.get(KILL_ENV, "") == str(rank):
         os.kill(os.getpid(), signal.SIGKILL)
     units = spec["units"]
-    mine = list(range(rank, len(units), world))
+    with state.split_between_processes(list(range(len(units)))) as mine:
+        mine = list(mine)
     try:
         res = list(_resolve(spec["fn"])(spec["shared"], [units[i] for i in mine], 0 if spec["cuda"] else None))
         if len(res) != len(mine):
@@ -180,8 +195,7 @@ def _worker(job: Path) -> None:
         line = f"{type(e).__name__}: {text[0] if text else ''}\n"
         cache.atomic_write(job / f"rank{rank}.error", lambda tmp: Path(tmp).write_text(line))
         raise
-    got = [None] * world if rank == 0 else None
-    dist.gather_object((mine, res), got, dst=0)
+    got = gather_object([(mine, res)])   # one (unit indices, results) per rank, in rank order, on every rank
     if rank == 0:
         out = [None] * len(units)
         for idx, r in got:
@@ -192,7 +206,7 @@ def _worker(job: Path) -> None:
             with open(tmp, "wb") as f:
                 pickle.dump(out, f)
         cache.atomic_write(job / "result.pkl", write)
-    dist.barrier()
+    state.wait_for_everyone()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)   # gloo can abort a rank at interpreter teardown even after destroy_process_group

@@ -1005,7 +1005,7 @@ def main(argv=None):
                     help="with --plan: plan for a device of this kind (data/scale/<KIND>.json: its measured unit costs "
                          "and total memory), from any host, e.g. nvidia-h100-80gb-hbm3 from a laptop")
     ap.add_argument("--procs", type=int, default=1, metavar="N",
-                    help="N processes (torchrun: one rank per GPU with NCCL, gloo on CPU) divide a notebook's "
+                    help="N processes (accelerate launch: one rank per GPU with NCCL, gloo on CPU) divide a notebook's "
                          "independent work: built for 05 and 06 (their Monte Carlo continuations; the same tables "
                          "as one process), the others run on one; with --plan, each process's planned wall time")
     ap.add_argument("--no-plan-check", action="store_true",
