@@ -55,10 +55,11 @@ def _params(model):
 def test_shared_forward_matches_an_independent_loop(tiny_m, real_batch, scope):
     model = tiny_m[0]
     theta0 = _params(model)
-    ref_before = measure.token_stats(model, real_batch, CC)
-    trials = grpo.Trials(model, real_batch, CC, scope=scope)
+    ref_before = measure.token_stats(model, real_batch, CC, hidden=True)
+    trials = grpo.Trials(model, real_batch, CC, scope=scope, hidden=True)
     assert trials.shared
-    assert torch.equal(trials.before.logp, ref_before.logp) and torch.equal(trials.before.entropy, ref_before.entropy)
+    for k in ("logp", "entropy", "hidden"):           # "before", read off the forward with a graph
+        assert torch.equal(getattr(trials.before, k), getattr(ref_before, k)), k
     moved = 0
     for cfg, b, tw in _updates(real_batch, scope)[:6 if scope == "full" else 3]:
         got = trials.delta(cfg, b, token_weight=tw)

@@ -411,7 +411,9 @@ class Trials:
     ops as `token_stats`, so the same bits), and every update is a backward of it (`retain_graph`) into the
     gradients, with the same token chunks and the same order of accumulation as `grpo_step`. The step and the
     "after" forward run on a copy of the model reset to θ₀ before each step (the graph holds θ₀'s parameters,
-    which must not move). The restore is checked by comparing the parameters with a snapshot of θ₀. Every
+    which must not move). The restore is checked by comparing the parameters with a snapshot of θ₀. With
+    `hidden`, "before" also holds θ₀'s final hidden states (`token_stats(hidden=True)`; shared way only: the
+    old way's "before" has none), for `coupling.features` to read instead of its own forward. Every
     Δ is bit for bit the old way's (tests/test_trials.py; `make bench` prints both, `trials`).
     It needs what makes the updates' forwards the one from θ₀: one optimizer step (`n_minibatches` 1), one
     chunk of rows (`chunk_rows` ≥ the batch; the tiny profile's), no gradient checkpointing, the same memory
@@ -420,7 +422,7 @@ class Trials:
     parameters more than the old way.
     """
 
-    def __init__(self, model, batch, knobs, scope: str = "full", shared: bool = True):
+    def __init__(self, model, batch, knobs, scope: str = "full", shared: bool = True, hidden: bool = False):
         self.model, self.batch, self.knobs, self.scope = model, batch, knobs, scope
         parts = list(measure.chunks(batch.attention_mask, torch.arange(len(batch)), knobs))
         self.shared = shared and len(parts) == 1 and not knobs.gradient_checkpointing
@@ -437,7 +439,8 @@ class Trials:
             body_grad = any(p.requires_grad for p in model.get_decoder().parameters())
             with torch.set_grad_enabled(body_grad and torch.is_grad_enabled()):
                 self._h = measure.forward_hidden(model, batch, self._rows, self._cols)
-        self.before = measure.stats_of_chunk(model, batch, self._rows, self._cols, self._h, knobs.token_chunk)
+        self.before = measure.stats_of_chunk(model, batch, self._rows, self._cols, self._h, knobs.token_chunk,
+                                             hidden=hidden)
 
     def delta(self, cfg: UpdateConfig, batch=None, token_weight=None) -> torch.Tensor:
         """Δlog p (B, L) of the batch after one `grpo_step` from θ₀ on `batch` (default: the trials' batch; another

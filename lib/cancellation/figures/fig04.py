@@ -123,7 +123,7 @@ def batch_table(P: Params, model, tok, batch, i: int, bseed: int, main: bool, sh
     """The token table of one sampled batch (what `batch_deltas` caches): "before" statistics and Δlog p
     under every update, each from θ₀ (`grpo.Trials`, with `shared_forward` or the old way)."""
     cc = P.compute()
-    trials = grpo.Trials(model, batch, cc, scope=P.scope, shared=shared_forward)
+    trials = grpo.Trials(model, batch, cc, scope=P.scope, shared=shared_forward, hidden=main)
     before = trials.before
     df = measure.token_table(batch, before, tokenizer=tok).assign(batch=i)
     m = batch.response_mask
@@ -132,7 +132,7 @@ def batch_table(P: Params, model, tok, batch, i: int, bseed: int, main: bool, sh
         df[f"delta_{rw}"] = trials.delta(cfg)[m].double().cpu().numpy()
     if main:  # the thesis rows' updates (lib/cancellation/thesis.py), each from θ₀ too, and Eq. 9's terms
         _thesis_updates(P, cc, batch, trials, df, bseed)
-        _first_order(P, cc, model, batch, df, bseed)
+        _first_order(P, cc, model, batch, trials.before, df, bseed)
     # θ₀ must come back exactly for the second update (Algorithm 2, line 10): 0.0 (grpo.Trials.restore_error)
     df["restore_error"] = trials.restore_error()
     df["mixed_groups"] = batch.mixed_groups()
@@ -162,9 +162,10 @@ def _thesis_updates(P: Params, cc, batch, trials, df: pd.DataFrame, bseed: int) 
         df[f"delta_perm_{u}"] = delta(shuffled, u)
 
 
-def _first_order(P: Params, cc, model, batch, df: pd.DataFrame, bseed: int) -> None:
-    """The first-order LM-head terms of every token (Eq. 9; `fo_tokens` of them), as columns of `df`."""
-    f = coupling.features(model, batch, compute=cc)
+def _first_order(P: Params, cc, model, batch, before, df: pd.DataFrame, bseed: int) -> None:
+    """The first-order LM-head terms of every token (Eq. 9; `fo_tokens` of them) at θ₀, as columns of `df`;
+    the features from `before`'s hidden states when it has them (the shared forward), else from a forward."""
+    f = coupling.features(model, batch, stats=before, compute=cc)
     J = None
     if P.fo_tokens and P.fo_tokens < len(f):   # a seeded draw of the tokens j (each against every token k)
         g = torch.Generator().manual_seed(seeds.derive(bseed, "thesis_fo_tokens"))
