@@ -50,16 +50,15 @@ params = {}                         # values of figures.fig07.Params (set by the
 import logging
 
 import matplotlib.pyplot as plt
-import numpy as np
 from cancellation import claims, plots
-from cancellation.figures import fig07, fig07_claims
+from cancellation.figures import fig07, fig07_claims, fig07_plots
 from IPython.display import HTML
 
 logging.basicConfig(level=logging.WARNING)
 P = fig07.Params(**params)   # every parameter, its default, doc and allowed range: lib/cancellation/figures/fig07.py
 R = fig07.compute(P)         # every training run (each cached and checkpointed on its own), then the tables
 R.write(results_dir)
-print(fig07.summary(R))
+print(plots.use_profile(profile, P), fig07.summary(R), sep="\n")   # the profile stamp every figure below carries
 R.timing.round(2)  # where the time goes, seconds as measured when each run was computed (RB's extra rounds included)
 
 # %% [markdown]
@@ -94,74 +93,26 @@ if (sweep := fig07.sweep_shown(R)) is not None:
 
 # %% [markdown]
 # ## Fig. 8 — training curves
-# Held-out accuracy per difficulty and on average vs iteration (mean over seeds, band = ±1 standard
-# error), plus the training batch's reward and the policy's mean token entropy on it.
+# Held-out accuracy per difficulty and on average vs iteration (mean over seeds, band = 95% t interval over seeds),
+# batch reward and token entropy. The x-axis counts iterations: the legend gives rollouts sampled vs the baseline's.
 
 # %%
-def band(ax, df, x, y, name, **kw):
-    g = df.groupby(x)[y]
-    m, se = g.mean(), g.std(ddof=1).fillna(0) / np.sqrt(g.size())
-    ax.plot(m.index, m.values, color=fig07.COLORS[name], label=name, lw=1.3, **kw)
-    ax.fill_between(m.index, m - se, m + se, color=fig07.COLORS[name], alpha=0.15, lw=0)
-
-
-acc_panels = R.cols if len(R.set_names) > 1 else R.set_names  # one held-out set: its average is itself
-n_panels = len(acc_panels) + 2
-fig, axes = plots.figure(ncols=3, nrows=-(-n_panels // 3), width=plots.WIDTH_2COL, height=1.95 * -(-n_panels // 3),
-                         squeeze=False)
-flat = list(axes.flat)
-for ax, c in zip(flat, acc_panels):
-    for name in P.strategies:
-        band(ax, R.curves[(R.curves.strategy == name) & (R.curves.set == c)], "iteration", "accuracy", name,
-             marker="o", ms=2)
-    ax.set(title=f"held-out: {c}", xlabel="iteration", ylabel="accuracy")
-upd = R.iters[R.iters.updated]
-for ax, y, title in ((flat[len(acc_panels)], "batch_acc", "training batch reward"),
-                     (flat[len(acc_panels) + 1], "entropy", "token entropy (batch)")):
-    for name in P.strategies:
-        band(ax, upd[upd.strategy == name], "iteration", y, name)
-    ax.set(title=title, xlabel="iteration")
-for ax in flat[n_panels:]:
-    ax.set_visible(False)
-fig.legend(*axes[0, 0].get_legend_handles_labels(), loc="lower center", ncol=len(P.strategies), frameon=False, fontsize=6)
-fig.tight_layout(rect=(0, 0.05, 1, 1))
+fig = fig07_plots.training_curves(R, P.strategies)   # lib/cancellation/figures/fig07_plots.py
 plots.save(fig, "fig08_training_curves", fig_dir)
 plt.show()
 
 # %% [markdown]
 # ## Fig. 7(a) — what sign partitioning does
 # Left: final held-out accuracy, baseline vs sign-partitioned (and QB+RB for reference), per difficulty
-# (mean ± 95% interval over seeds). Middle: the gradient norm of each mini-batch step — a sign-pure
-# mini-batch has nothing to cancel against, so its gradient is larger than a mixed one. Right: how far
-# the policy drifts within an iteration, mean |ρ − 1| at the k-th mini-batch step (0 at the first).
+# (mean ± 95% interval over seeds). Middle: the gradient norm of each mini-batch step — a sign-pure mini-batch has
+# nothing to cancel against, so the cancellation reading expects a larger gradient than a mixed one's (the line
+# below says whether it is). Right: the drift within an iteration, mean |ρ − 1| (95% t) at the k-th step.
 
 # %%
-fig, axes = plots.figure(ncols=3, width=plots.WIDTH_2COL, height=2.1)
-show = [s for s in ("random", "sign_partitioned", "QB+RB") if s in P.strategies]
-w = 0.8 / len(show)
-for i, name in enumerate(show):
-    a = R.agg[R.agg.strategy == name].set_index("set").reindex(R.cols)
-    axes[0].bar(np.arange(len(R.cols)) + (i - (len(show) - 1) / 2) * w, 100 * a["mean"], w, yerr=100 * a["ci"],
-                color=fig07.COLORS[name], label=name, capsize=1.5, error_kw=dict(lw=0.6))
-axes[0].axhline(R.start, color="k", lw=0.6, ls=":", label="start (avg)")
-axes[0].set(xticks=np.arange(len(R.cols)), xticklabels=R.cols, ylabel="final accuracy (%)", title="held-out accuracy")
-axes[0].legend(frameon=False, fontsize=5.5)
-for name in [s for s in ("random", "sign_partitioned") if s in P.strategies]:
-    d = R.minibatches[R.minibatches.strategy == name]
-    gn_ = d.grad_norm[d.grad_norm > 0]  # a mini-batch of only A = 0 rollouts has no gradient
-    axes[1].hist(np.log10(gn_), bins=25, histtype="step", lw=1.2, color=fig07.COLORS[name], density=True,
-                 label=f"{name} ({(d.composition == 'one sign').mean():.0%} one-sign)")
-    k = d.groupby("minibatch").ratio_dev.agg(["mean", "sem"])
-    axes[2].errorbar(k.index, k["mean"], yerr=k["sem"].fillna(0), color=fig07.COLORS[name], marker="o", ms=3, lw=1.2,
-                     capsize=2, label=name)
-axes[1].set(xlabel="log10 mini-batch gradient norm", ylabel="density", title="update size")
-axes[1].legend(frameon=False, fontsize=5.5)
-axes[2].set(xlabel="mini-batch step within iteration", ylabel="mean |ρ − 1|", title="drift from θ_old")
-axes[2].legend(frameon=False, fontsize=6)
-fig.tight_layout()
+fig = fig07_plots.sign_partition(R, P.strategies)
 plots.save(fig, "fig07a_sign_partition", fig_dir)
 plt.show()
-print("median mini-batch gradient norm by composition:", R.grad_norm.round(3).to_string(),
+print(fig07.sign_pure_reading(R), "median mini-batch gradient norm by composition:", R.grad_norm.round(3).to_string(),
       "mean |rho - 1| at the last mini-batch step:", R.drift.round(4).to_string(), sep="\n")
 
 # %% [markdown]

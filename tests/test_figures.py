@@ -139,3 +139,27 @@ def test_table2_shown_reads_as_a_table_and_the_prose_follows_the_numbers():
     assert line.endswith("sign-pure is smaller, not what the cancellation reading expects")
     gn["one sign"] = [0.306, 0.5, 0.4]
     assert fig07.sign_pure_reading(SimpleNamespace(grad_norm=gn)).endswith("larger, as the cancellation reading expects")
+
+
+def test_fig07_figures_redraw_from_the_committed_tables():
+    """fig07_plots.from_tables rebuilds what Fig. 7(a) and Fig. 8 plot: Table 2's final accuracy per set equals the
+    mean over seeds of the committed curves at the last iteration; the mini-batches get their composition."""
+    from pathlib import Path
+
+    import matplotlib
+    import pandas as pd
+
+    from cancellation import plots
+    from cancellation.figures import fig07, fig07_plots
+    matplotlib.use("Agg")
+    d = Path(__file__).resolve().parents[1] / "data" / "results" / "tiny"
+    curves = pd.read_parquet(d / "fig08_training_curves.parquet")
+    P = fig07.Params(iterations=int(curves.iteration.max()), seeds=sorted(curves.seed.unique().tolist()))
+    R = fig07_plots.from_tables(d, P)
+    final = curves[curves.iteration == curves.iteration.max()].groupby(["strategy", "set"]).accuracy.mean()
+    got = R.agg.set_index(["strategy", "set"])["mean"]
+    assert (got - final.reindex(got.index)).abs().max() < 1e-4   # Table 2 keeps 3 decimals of a percentage
+    mb = R.minibatches
+    assert ((mb.composition == "mixed") == ((mb.n_pos > 0) & (mb.n_neg > 0))).all()
+    for fig in (fig07_plots.training_curves(R, P.strategies), fig07_plots.sign_partition(R, P.strategies)):
+        plots.plt.close(fig)

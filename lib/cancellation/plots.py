@@ -131,7 +131,7 @@ def bars(ax, data, x: str, y: str, hue: str | None = None, lo: str | None = None
     own intervals [lo, hi] drawn on each bar when given."""
     import seaborn as sns
     sns.barplot(data=data, x=x, y=y, hue=hue, ax=ax, errorbar=None, palette=palette, order=order,
-                hue_order=hue_order, **kw)
+                hue_order=hue_order, **{"saturation": 1, **kw})   # our palette's colours as they are
     if lo is None:
         return ax
     order = order or list(dict.fromkeys(data[x]))

@@ -135,6 +135,12 @@ def table2_shown(R) -> pd.DataFrame:
     return shown
 
 
+def with_composition(mbs: pd.DataFrame) -> pd.DataFrame:
+    """The mini-batch table with `composition`: 'mixed' when it holds rollouts of both advantage signs, else
+    'one sign'."""
+    return mbs.assign(composition=np.where((mbs.n_pos > 0) & (mbs.n_neg > 0), "mixed", "one sign"))
+
+
 def rollout_ratio(R) -> pd.Series:
     """Rollouts each strategy sampled (Table 2's `rollouts_sampled`, mean over seeds) as a multiple of the
     baseline's (random's); NaN without a random row."""
@@ -610,7 +616,7 @@ def _tables(P: Params, runs, probe) -> Result:
         sweep = fin.merge(steps_, on=["strategy", "lr", "seed"])
         sweep["collapsed"] = sweep.final < 0.5 * start / 100
     # Fig. 7(a)'s numbers
-    mbs["composition"] = np.where((mbs.n_pos > 0) & (mbs.n_neg > 0), "mixed", "one sign")
+    mbs["composition"] = with_composition(mbs).composition
     gn = mbs.groupby(["strategy", "composition"]).grad_norm.median().unstack()
     drift = mbs[mbs.minibatch == mbs.minibatch.max()].groupby("strategy").ratio_dev.mean()
     return Result(runs={}, set_names=set_names, cols=cols, evals=evals, iters=iters,
