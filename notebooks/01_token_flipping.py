@@ -21,11 +21,12 @@
 # should be boosted and tokens of negative rollouts (A < 0) suppressed. The paper finds instead
 # that both signs show **similar boosted/suppressed shares** (a, b) and **similar magnitudes**
 # (c), and that the pattern largely disappears when training on positive rollouts only (d).
-# Fig. 9 repeats (a, b) for every model of the profile.
+# Fig. 9 repeats (a, b) for every model of the profile. The update is verl's token-mean clipped
+# loss (ε_low 0.2, ε_high 0.28, dual clip 3, no KL), Adam, `n_minibatches` optimizer steps per
+# batch; groups with all-equal rewards get A = 0 and are left out of the sign split.
 #
-# The update is verl's token-mean clipped loss (ε_low 0.2, ε_high 0.28, dual clip 3, no KL),
-# Adam, `n_minibatches` optimizer steps per batch; groups with all-equal rewards get A = 0 and
-# are left out of the sign split.
+# **Scale: not the paper's.** The first line printed below gives this run's policy size, learning
+# rate and batch beside the paper's (Qwen 1.7B–7B, lr 1e-6, 128 prompts × 8 rollouts).
 
 # %% tags=["parameters"]
 profile = "tiny"                    # parameter profile (set by the runner)
@@ -50,15 +51,16 @@ params = {}                         # values of figures.fig01.Params (set by the
 
 # %%
 import logging
-from pathlib import Path
 
 import matplotlib.pyplot as plt
 import numpy as np
-from cancellation import claims, measure, plots, run
-from cancellation.figures import fig01, fig01_claims
+from cancellation import claims, plots, run
+from cancellation.figures import fig01, fig01_claims, fig01_plots
 
 logging.basicConfig(level=logging.WARNING)
 P = fig01.Params(**params)   # every parameter, its default, doc and allowed range: lib/cancellation/figures/fig01.py
+print(plots.use_profile(profile, P), f"{P.steps} Adam steps at lr {P.lr:g}, {P.n_prompts} prompts × {P.G} rollouts, "
+      f"{P.n_minibatches} mini-batches per step (the paper: lr 1e-6, 128 × 8, 4 mini-batches)", sep="; ")
 R = fig01.compute(P)         # noise floor, the runs (cached), flip fractions, categories, Fig. 9
 R.write(results_dir)
 print(fig01.probe_summary(R))
@@ -71,32 +73,7 @@ frac.groupby(["run", "sign", "status"]).fraction.agg(["mean", "std"]).unstack("s
 # ## Fig. 1
 
 # %%
-fig, axes = plots.figure(ncols=4, width=plots.WIDTH_2COL, height=2.3)
-for ax, sign, title in ((axes[0], "pos", "(a) positive rollouts"), (axes[1], "neg", "(b) negative rollouts")):
-    d = frac[(frac.run == "grpo") & (frac.sign == sign)]
-    for status in measure.STATUSES:
-        s = d[d.status == status]
-        ax.plot(s.step, s.fraction, marker="o", ms=2.5, lw=1.2, color=plots.STATUS_COLORS[status], label=status)
-    ax.set(title=title, xlabel="training step", ylim=(0, 1))
-axes[0].set_ylabel("share of tokens")
-fig.legend(*axes[0].get_legend_handles_labels(), loc="lower center", ncol=3, frameon=False, bbox_to_anchor=(0.3, -0.02))
-d = signed[(signed.run == "grpo") & (signed.status != "stable")]
-bins = np.linspace(np.log10(P.eps), np.log10(max(d.delta.abs().max(), 10 * P.eps)), 40)
-for sign in ("pos", "neg"):
-    x = np.log10(d[d.sign == sign].delta.abs())
-    axes[2].hist(x, bins=bins, histtype="step", lw=1.2, density=True, color=plots.SIGN_COLORS[sign],
-                 label={"pos": "A > 0", "neg": "A < 0"}[sign])
-axes[2].set(title="(c) |Δlog p|, GRPO run", xlabel="log10 |Δlog p|  (|Δ| > ε)", ylabel="density")
-axes[2].set_ylim(0, axes[2].get_ylim()[1] * 1.3)
-axes[2].legend(frameon=False, loc="upper right", fontsize=6)
-d = frac[(frac.run == "positive_only") & (frac.status != "stable")]
-for (sign, status), s in d.groupby(["sign", "status"]):
-    axes[3].plot(s.step, s.fraction, marker="o" if sign == "pos" else "s", ms=2.5, lw=1.2,
-                 color=plots.STATUS_COLORS[status], ls="-" if sign == "pos" else "--",
-                 label="A > 0" if (sign, status) == ("pos", "boosted") else "A < 0" if (sign, status) == ("neg", "boosted") else None)
-axes[3].set(title="(d) positive-only run", xlabel="training step", ylim=(0, 1))
-axes[3].legend(frameon=False, loc="upper right", fontsize=6, handlelength=2.2)
-fig.tight_layout(rect=(0, 0.07, 1, 1))
+fig = fig01_plots.token_flipping(frac, R.token_deltas, P.eps)   # lib/cancellation/figures/fig01_plots.py
 plots.save(fig, "fig01_token_flipping", fig_dir)
 plt.show()
 
@@ -124,9 +101,7 @@ print(f"boosted share, positive minus negative rollouts: grpo {100 * (gap['grpo'
 print(f"share of tokens with p < 0.9: {(signed.prob < 0.9).mean():.1%}; their status shares:")
 print(R.uncertain().pivot_table(index=["run", "sign"], columns="status", values="fraction").round(3).to_string())
 print(R.sens.pivot(index="eps", columns="stratum").round(2).to_string())
-print(f"{profile}-profile run: {Path(P.model_path).name}, "
-      f"{P.steps} Adam steps at lr {P.lr:g}, {P.n_prompts} prompts × {P.G} rollouts, {P.n_minibatches} mini-batches "
-      f"per step; noise floor: repeat {R.floor['repeat']:.1e}, zero update {R.floor['zero_update']:.1e} (ε = {P.eps:g})")
+print(f"noise floor: repeat {R.floor['repeat']:.1e}, zero update {R.floor['zero_update']:.1e} (ε = {P.eps:g})")
 print(f"stable tokens (|Δ| ≤ ε), GRPO run: {100 * (signed[signed.run == 'grpo'].status == 'stable').mean():.1f}%")
 
 # %% [markdown]
@@ -162,22 +137,7 @@ print(fig01_claims.control_drop(R).detail if R.control is not None else "no cont
 # suppressed / stable tokens among A > 0, A < 0 and all rollouts. The line below says what it can test here.
 
 # %%
-n = R.fig9.model.nunique()
-fig, axes = plots.figure(ncols=3, nrows=n, width=plots.WIDTH_2COL, height=1.6 * n, squeeze=False)
-for i, (name, d) in enumerate(R.fig9.groupby("model", sort=False)):
-    for j, status in enumerate(measure.STATUSES):
-        ax = axes[i, j]
-        for sign in ("pos", "neg", "all"):
-            s = d[(d.sign == sign) & (d.status == status)]
-            ax.plot(s.step, s.fraction, marker="o", ms=2, lw=1.1, color=plots.SIGN_COLORS[sign],
-                    ls=":" if sign == "all" else "-", label={"pos": "A > 0", "neg": "A < 0", "all": "all"}[sign])
-        ax.set(ylim=(0, 1), title=f"{name}: {status}")
-        if i == n - 1:
-            ax.set_xlabel("training step")
-        if j == 0:
-            ax.set_ylabel("share of tokens")
-axes[0, 0].legend(frameon=False)
-fig.tight_layout()
+fig = fig01_plots.across_models(R.fig9)
 plots.save(fig, "fig09_flipping_across_models", fig_dir)
 plt.show()
 print(fig01_claims.fig9_scope(P, run.load_profile("paper")))
