@@ -55,6 +55,7 @@ from cancellation.figures import fig05, fig05_claims, fig05_plots
 
 logging.basicConfig(level=logging.WARNING)
 P = fig05.Params(**params)   # every parameter, its default, doc and allowed range: lib/cancellation/figures/fig05.py
+plots.use_profile(profile, P)  # every figure saved below is stamped with the profile and policy
 R = fig05.compute(P)         # batch, GRPO steps, Monte Carlo values, gaps (cached; the values per prefix)
 R.write(results_dir)
 print(fig05.summary(R), "\nremaining tokens per cell after step 1 (p_t ≤ p_max):", R.counts.to_string(), "",
@@ -79,15 +80,12 @@ SIGN = fig05_plots.SIGN
 est0 = P.estimators[0]
 fig, axes = plots.figure(ncols=len(P.estimators) + 1, width=plots.WIDTH_2COL, height=2.2)
 for i, (ax, est) in enumerate(zip(axes, P.estimators)):
-    d = R.cells[R.cells.estimator == est]
-    for j, status in enumerate(("boosted", "suppressed")):
-        s = d[d.status == status].set_index("sign").reindex(["pos", "neg"])
-        x = np.arange(2) + (j - 0.5) * 0.36
-        ax.bar(x, s["mean"], width=0.34, color=plots.STATUS_COLORS[status], label=status, alpha=0.85)
-        ax.errorbar(x, s["mean"], yerr=[s["mean"] - s["lo"], s["hi"] - s["mean"]], fmt="none", ecolor="k", lw=0.8, capsize=2)
+    d = R.cells[(R.cells.estimator == est) & R.cells.status.isin(["boosted", "suppressed"])]
+    plots.bars(ax, d.assign(side=d.sign.map({"pos": "positive\nrollouts", "neg": "negative\nrollouts"})), "side", "mean",
+               hue="status", lo="lo", hi="hi", palette=plots.STATUS_COLORS, alpha=0.85, legend=i == 0,
+               order=["positive\nrollouts", "negative\nrollouts"], hue_order=["boosted", "suppressed"])
     ax.axhline(0, color="k", lw=0.5)
-    ax.set_xticks([0, 1], ["positive\nrollouts", "negative\nrollouts"])
-    ax.set(title=f"(a{'′' * i}) {EST_LABEL[est]}", ylabel="mean Δ̂ (95% CI)" if est == est0 else None)
+    ax.set(title=f"(a{'′' * i}) {EST_LABEL[est]}", ylabel="mean Δ̂ (95% CI)" if est == est0 else None, xlabel="")
 axes[0].legend(frameon=False, loc="best")
 ax = axes[-1]
 for sign in ("all", "pos", "neg"):
