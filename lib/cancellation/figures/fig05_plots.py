@@ -2,8 +2,6 @@
 `fig05.Result`."""
 from __future__ import annotations
 
-import numpy as np
-
 from .. import plots
 from .fig05 import Result
 
@@ -17,15 +15,13 @@ def strata(R: Result, est0: str):
     for ax, col in zip(axes, ("category", "confidence")):
         d = R.strata[R.strata.by == col]
         levels = list(dict.fromkeys(d.level))
-        for j, sg in enumerate(("pos", "neg", "all")):
-            e = d[d.sign == sg].set_index("level").reindex(levels)
-            x = np.arange(len(levels)) + (j - 1) * 0.27
-            ax.bar(x, e.gap, width=0.25, color=plots.SIGN_COLORS[sg], label=SIGN[sg])
-            ax.errorbar(x, e.gap, yerr=[e.gap - e.lo, e.hi - e.gap], fmt="none", ecolor="k", lw=0.7, capsize=1.5)
+        plots.bars(ax, d.assign(who=d.sign.map(SIGN)), "level", "gap", hue="who", lo="lo", hi="hi", order=levels,
+                   hue_order=[SIGN[s] for s in ("pos", "neg", "all")], legend=ax is axes[0],
+                   palette={SIGN[s]: plots.SIGN_COLORS[s] for s in ("pos", "neg", "all")})
         ax.axhline(0, color="k", lw=0.5)
         n = d[d.sign == "all"].set_index("level").reindex(levels).eval("n_boosted + n_suppressed")
         ax.set_xticks(range(len(levels)), [f"{lv}\n(n={int(k)})" for lv, k in zip(levels, n)], fontsize=6)
-        ax.set(title=f"value gap by {col} ({est0})", ylabel="boosted − suppressed Δ̂")
+        ax.set(title=f"value gap by {col} ({est0})", ylabel="boosted − suppressed Δ̂", xlabel="")
     axes[0].legend(frameon=False, fontsize=6)
     fig.tight_layout()
     return fig
