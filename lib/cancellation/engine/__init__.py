@@ -37,7 +37,7 @@ _WHERE = {
     "CancellationMonitor": "monitor", "CONF_BINS": "monitor", "measure_step": "monitor", "step_table": "monitor",
     "summarize": "monitor", "read_parquet": "monitor", "_own_forward": "monitor",
     "StepRecorder": "recorder",
-    "train_trl": "runner", "small_trainer_frames": "runner", "SMALL_FRAMES": "runner", "TRL_FRAME_NOTES": "runner",
+    "train_trl": "runner", "last_checkpoint": "runner", "small_trainer_frames": "runner", "SMALL_FRAMES": "runner", "TRL_FRAME_NOTES": "runner",
 }
 
 __all__ = [n for n in _WHERE if not n.startswith("_")]

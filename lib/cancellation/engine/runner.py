@@ -12,8 +12,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from .. import tasks
-from .. import policy
+from .. import cache, policy, tasks
 from .data import grpo_config, problem_dataset, reward_function
 from .monitor import CancellationMonitor
 from .recorder import StepRecorder
@@ -149,13 +148,59 @@ def _tensorboard(log_dir: Path):
     return TensorBoardCallback(tb_writer=SummaryWriter(log_dir=str(log_dir)))
 
 
+STATE_FILE = "cancellation_state-{rank}.pt"   # in each checkpoint folder, per process, beside the Trainer's files
+
+
+def last_checkpoint(output_dir, rank: int = 0) -> Path | None:
+    """The newest `checkpoint-<step>` folder under `output_dir` that holds this process's run state (written
+    after the Trainer's own files: a folder without it is a checkpoint cut off while saving); None when none."""
+    found = []
+    for d in Path(output_dir).glob("checkpoint-*"):
+        step = d.name.removeprefix("checkpoint-")
+        if step.isdigit() and (d / STATE_FILE.format(rank=rank)).exists():
+            found.append((int(step), d))
+    return max(found)[1] if found else None
+
+
+def _checkpoints(trainer, recorder, mon, evals: list, eval_times: list):
+    """A callback that writes, at each of the Trainer's checkpoints, what `train_trl(resume=True)` needs besides
+    the Trainer's own files (weights, Adam, scheduler, RNGs, log): the strategy state
+    (`BatchingGRPOTrainer.checkpoint_state`), the per-step record, the monitor's rows and the evaluations."""
+    from transformers import TrainerCallback
+
+    class _State(TrainerCallback):
+        def on_save(self, args, state, control, **kw):
+            folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+            if not folder.is_dir():
+                return
+            st = dict(trainer=trainer.checkpoint_state(), steps=list(recorder.rows), evals=list(evals),
+                      eval_times=list(eval_times))
+            if mon is not None:
+                st["monitor"] = dict(rows=list(mon.rows), tokens=list(mon.tokens), seconds=mon.seconds,
+                                     noise=mon._noise)
+            out = folder / STATE_FILE.format(rank=trainer.accelerator.process_index)
+            cache.atomic_write(out, lambda tmp: torch.save(st, tmp))
+
+    return _State()
+
+
+def _restore(st: dict, trainer, recorder, mon, evals: list, eval_times: list) -> None:
+    trainer.restore_state(st["trainer"])
+    recorder.rows = list(st["steps"])
+    evals[:], eval_times[:] = st["evals"], st["eval_times"]
+    if mon is not None and "monitor" in st:
+        m = st["monitor"]
+        mon.rows, mon.tokens, mon.seconds, mon._noise = list(m["rows"]), list(m["tokens"]), m["seconds"], m["noise"]
+
+
 def train_trl(model_path, source: tasks.ProblemSource, strategy: str = "random", *, output_dir="data/cache/trl",
               iterations: int = 16, n_prompts: int = 8, G: int = 8, n_minibatches: int = 4, lr: float = 3e-4,
               max_new_tokens: int = 96, temperature: float = 1.0, tau: float = 0.4, max_rounds: int = 4,
               max_age: int = 2, seed: int = 0, dtype: str = "float32", device: str | None = None,
               use_vllm: bool = False, gradient_checkpointing: bool = False, monitor: bool = True,
               eval_fn=None, eval_every: int = 0, model=None, tokenizer=None, quiet: bool = True,
-              compute=None, progress: bool = True, tensorboard: bool = True, **config_overrides) -> dict:
+              compute=None, progress: bool = True, tensorboard: bool = True, save_every: int = 0,
+              resume: bool = False, callbacks=(), **config_overrides) -> dict:
     """One Table 2 run on TRL: `strategy` (a registered strategy TRL runs: `STRATEGIES`) from `model_path` on
     `source`'s problems.
 
@@ -164,13 +209,19 @@ def train_trl(model_path, source: tasks.ProblemSource, strategy: str = "random",
     grad norm, seconds), 'eval_times', 'evals' (when `eval_fn(model, tokenizer) -> {set: accuracy}` and
     `eval_every` (iterations) are given), 'trainer'}. The policy trains in place when `model`
     is given. On GPU with `use_vllm` generation runs in a colocated vLLM engine; across GPUs
-    launch the script with `accelerate launch --config_file configs/accelerate_zero2.yaml`.
+    launch the script with `accelerate launch --config_file configs/accelerate_multi.yaml`.
     `compute` (a `Compute`): its token_chunk bounds TRL's loss forwards (rows × max_new_tokens per
     micro-batch, gradient accumulation making up the mini-batch: `grpo_config`).
     A long run is observable: `progress` shows a progress bar over the optimizer steps (tqdm, without
     the Trainer's per-step log lines), `tensorboard` writes TensorBoard event files of the Trainer's log
     (loss, reward, clip fraction, ...) under `<output_dir>/tensorboard` when tensorboard is installed
     (`tensorboard --logdir <output_dir>/tensorboard`). Neither changes a number of the run.
+    `save_every` (iterations, 0: never) saves a checkpoint under `<output_dir>/checkpoint-<step>` at the end
+    of every save_every-th iteration (the Trainer's weights, Adam, scheduler, RNG states and log, plus this run's
+    state: `STATE_FILE`; the last two kept); with `resume` a run picks up at the newest complete checkpoint
+    there (`last_checkpoint`; none: from the start) and gives the same records and weights as a run never
+    interrupted (tests/test_checkpoints.py). `model` is then overwritten with the checkpoint's weights.
+    `callbacks`: more `TrainerCallback`s, added after the run's own.
     """
     from transformers import TrainerCallback
 
@@ -193,13 +244,22 @@ def train_trl(model_path, source: tasks.ProblemSource, strategy: str = "random",
         cfg = grpo_config(output_dir, n_prompts=n_prompts, G=G, n_minibatches=n_minibatches, iterations=iterations,
                           lr=lr, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, dtype=dtype,
                           use_vllm=use_vllm, gradient_checkpointing=gradient_checkpointing,
-                          token_chunk=token_chunk, **config_overrides)
+                          token_chunk=token_chunk,
+                          **({"save_strategy": "steps", "save_steps": save_every * n_minibatches, "save_total_limit": 2}
+                             if save_every else {}), **config_overrides)
     trainer = BatchingGRPOTrainer(model=model, processing_class=tokenizer, reward_funcs=[reward_function(source)],
                       args=cfg, train_dataset=ds, strategy=strategy, tau=tau, max_rounds=max_rounds,
                       max_age=max_age, plan_seed=seed, token_chunk=token_chunk)
     recorder = StepRecorder().attach(trainer)   # before the monitor: its step time excludes the monitor's
     mon = CancellationMonitor().attach(trainer) if monitor else None
     evals, eval_times = [], []
+    ckpt = last_checkpoint(output_dir, trainer.accelerator.process_index) if resume else None
+    if ckpt is not None:
+        _restore(torch.load(ckpt / STATE_FILE.format(rank=trainer.accelerator.process_index), weights_only=False),
+                 trainer, recorder, mon, evals, eval_times)
+        print(f"[trl] {strategy} seed {seed}: resuming from {ckpt}", flush=True)
+    if save_every:
+        trainer.add_callback(_checkpoints(trainer, recorder, mon, evals, eval_times))
     if eval_fn is not None and eval_every:
         class _Eval(TrainerCallback):
             def on_step_end(self, args, state, control, model=None, **kw):
@@ -212,10 +272,11 @@ def train_trl(model_path, source: tasks.ProblemSource, strategy: str = "random",
                     eval_times.append(dict(iteration=state.global_step // n_minibatches,
                                            seconds=time.perf_counter() - t))
                     trainer.model.train(was)
-        model.eval()
-        t = time.perf_counter()
-        evals += [dict(iteration=0, set=k, accuracy=v) for k, v in eval_fn(model, tokenizer).items()]
-        eval_times.append(dict(iteration=0, seconds=time.perf_counter() - t))
+        if ckpt is None:   # a resumed run has its evaluations up to the checkpoint
+            model.eval()
+            t = time.perf_counter()
+            evals += [dict(iteration=0, set=k, accuracy=v) for k, v in eval_fn(model, tokenizer).items()]
+            eval_times.append(dict(iteration=0, seconds=time.perf_counter() - t))
         trainer.add_callback(_Eval())
     if quiet:  # the metrics stay in trainer.state.log_history (and TensorBoard/W&B if configured)
         from transformers.trainer_callback import PrinterCallback, ProgressCallback
@@ -227,10 +288,12 @@ def train_trl(model_path, source: tasks.ProblemSource, strategy: str = "random",
         tb = _tensorboard(Path(output_dir) / "tensorboard")
         if tb is not None:
             trainer.add_callback(tb)
+    for cb in callbacks:
+        trainer.add_callback(cb)
     with warnings.catch_warnings():
         if quiet:  # transformers 5 renames gradient_checkpointing -> activation_checkpointing; TRL calls the old names
             warnings.filterwarnings("ignore", category=FutureWarning)
-        trainer.train()
+        trainer.train(resume_from_checkpoint=str(ckpt) if ckpt is not None else None)
     return {"log": pd.DataFrame(trainer.state.log_history), "minibatches": trainer.minibatch_table(),
             "iterations": trainer.iteration_table(), "monitor": mon.table() if mon else pd.DataFrame(),
             "evals": pd.DataFrame(evals), "steps": recorder.table(), "eval_times": pd.DataFrame(eval_times),

@@ -47,7 +47,7 @@ Rewards: every completion must get a finite reward (`check_rewards`): a completi
 reward function returned None/NaN (plain TRL: "unscorable", advantage 0) or an infinite reward stops the
 run with one line naming the reward functions and the counts, never a silent 0 or a NaN advantage.
 Single process only for the skip steps and the exact per-mini-batch denominators across ranks
-(multi-GPU: see configs/accelerate_zero2.yaml; the plans then act per rank).
+(multi-GPU: see configs/accelerate_multi.yaml; the plans then act per rank).
 """
 from __future__ import annotations
 
@@ -129,6 +129,7 @@ class BatchingGRPOTrainer(GRPOTrainer):
         self._iteration = 0
         self._round = 0
         self._extra_iter = None
+        self._extra_drawn = 0     # RB's extra generation batches drawn so far (a resumed run skips as many)
         self._last_rewards = None
         self.minibatch_rows: list[dict] = []
         self.iteration_rows: list[dict] = []
@@ -189,10 +190,34 @@ class BatchingGRPOTrainer(GRPOTrainer):
                 while True:
                     yield from dl
             self._extra_iter = passes()
+            with torch.random.fork_rng(devices=[]):   # a resumed run: the batches the run before it drew
+                for _ in range(self._extra_drawn):
+                    next(self._extra_iter)
         # DataLoader draws its base seed from the global CPU RNG when an iterator starts: keep
         # that RNG (and with it the sampling of every later round) as if no batch were drawn
         with torch.random.fork_rng(devices=[]):
-            return next(self._extra_iter)
+            batch = next(self._extra_iter)
+        self._extra_drawn += 1
+        return batch
+
+    # ---- checkpoints: what a resumed run needs beside the Trainer's own checkpoint
+    def checkpoint_state(self) -> dict:
+        """This process's strategy state at an iteration boundary (the Trainer's checkpoint holds the weights,
+        Adam, the RNGs and the log): iteration and round counters, the records, RB's buffer, the extra
+        rounds' dataloader position and the reward's coverage counters."""
+        rf = self.reward_funcs[0] if self.reward_funcs else None
+        return dict(iteration=self._iteration, round=self._round, minibatch_rows=list(self.minibatch_rows),
+                    iteration_rows=list(self.iteration_rows), buffer=self.buffer, extra_drawn=self._extra_drawn,
+                    coverage=(getattr(rf, "with_answer", None), getattr(rf, "graded", None)))
+
+    def restore_state(self, st: dict) -> None:
+        """`checkpoint_state()`'s dict back into this trainer (before `train(resume_from_checkpoint=...)`)."""
+        self._iteration, self._round = st["iteration"], st["round"]
+        self.minibatch_rows, self.iteration_rows = list(st["minibatch_rows"]), list(st["iteration_rows"])
+        self.buffer, self._extra_drawn, self._extra_iter = st["buffer"], st["extra_drawn"], None
+        rf = self.reward_funcs[0] if self.reward_funcs else None
+        if rf is not None and st["coverage"][0] is not None and getattr(rf, "with_answer", None) is not None:
+            rf.with_answer, rf.graded = st["coverage"]
 
     # ---- the split
     def _prepare_inputs(self, generation_batch):
