@@ -513,11 +513,11 @@ os._exit(0)
 
 @pytest.mark.slow   # trains or runs a subprocess: make test, not make test-fast
 def test_two_processes_qb_rb_with_monitor(tmp_path):
-    """Two CPU processes under `accelerate launch --multi_gpu --num_processes 2` (its torchrun launcher;
-    on a machine without GPUs the processes join with gloo. `--cpu` would pick accelerate's
-    single-process launcher, which starts one process only without MPI): each samples its own
-    shard, the RB release is agreed by both, groups stay intact, both ranks build the same plan,
-    and only the main process writes the monitor's parquet."""
+    """Two CPU processes under `accelerate launch --config_file configs/accelerate_multi.yaml` (the shipped
+    data-parallel config: its multi-GPU launcher, torch elastic underneath; on a machine without GPUs the
+    processes join with gloo. `--cpu` would pick accelerate's single-process launcher, which starts one
+    process only without MPI): each samples its own shard, the RB release is agreed by both, groups stay
+    intact, both ranks build the same plan, and only the main process writes the monitor's parquet."""
     import os
     import shutil
     import subprocess
@@ -531,8 +531,8 @@ def test_two_processes_qb_rb_with_monitor(tmp_path):
     (tmp_path / "worker.py").write_text(DDP_WORKER)
     env = dict(os.environ, PYTHONPATH=str(root / "lib") + os.pathsep + os.environ.get("PYTHONPATH", ""),
                OMP_NUM_THREADS="1")
-    run = subprocess.run([launcher, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-                          "--mixed_precision", "no", "--dynamo_backend", "no", str(tmp_path / "worker.py"), str(tmp_path)],
+    run = subprocess.run([launcher, "launch", "--config_file", str(root / "configs/accelerate_multi.yaml"),
+                          str(tmp_path / "worker.py"), str(tmp_path)],
                          capture_output=True, text=True, env=env, cwd=root, timeout=600)
     done = all((tmp_path / f"done{r}").exists() for r in (0, 1))
     # A nonzero exit once both ranks wrote `done` can only be the launcher's teardown, not our work.
