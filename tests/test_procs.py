@@ -56,6 +56,27 @@ def test_the_launcher_is_accelerates():
     assert cmd[cmd.index("--main_process_port") + 1] == "0"   # a free port per launch: launches may overlap
 
 
+def test_the_plan_counts_rank_0_beside_the_kernel():
+    """--procs N on CUDA: rank 0 shares the first GPU with the notebook's kernel, so the planned peak is the
+    kernel's plus one sampler copy (vLLM: one more engine share of the device; HF: the weights in the sampling
+    dtype and the KV cache); on the CPU all N ranks share the host. Only a notebook with a built split starts
+    ranks: 03's peak does not move."""
+    from cancellation import plan
+    kind, gib = "nvidia-h100-80gb-hbm3", 2 ** 30
+    for stem, profile in (("05_value_gap", "paper-quick"), ("06_sampling_budget", "paper"), ("05_value_gap", "tiny")):
+        params = run.resolve_params(run.find_notebook(stem[:2]), profile)
+        one = plan.make(stem, params, kind=kind if profile != "tiny" else None)
+        eight = plan.make(stem, params, kind=kind if profile != "tiny" else None, procs=8)
+        if params["backend"] == "vllm":   # the device's share per engine: 0.3 x 79.2 GiB on the H100
+            copy = int(params["gpu_memory_utilization"] * one.total_memory)
+        else:                             # tiny: float32 weights (4 bytes a parameter) and the same KV cache
+            copy = one.shape.params * 4 + one.mem["kv_cache"]
+        copies = 1 if params["device"].startswith("cuda") else 8
+        assert eight.peak - one.peak == copies * copy, (stem, profile, (eight.peak - one.peak) / gib, copy / gib)
+    p03 = run.resolve_params(run.find_notebook("03"), "paper-quick")
+    assert plan.make("03_masked_updates", p03, kind=kind, procs=8).peak == plan.make("03_masked_updates", p03, kind=kind).peak
+
+
 # ----------------------------------------------------------------------------- two ranks (accelerate, gloo)
 @pytest.mark.slow
 def test_fan_out_on_two_ranks(monkeypatch):

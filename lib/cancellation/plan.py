@@ -253,6 +253,17 @@ def seconds_per_process(w: Work, shape: Shape, units: dict, procs: int, stem: st
     return total
 
 
+def rank_memory(P, shape: Shape, mem: dict, procs: int) -> int:
+    """What the ranks of a fanned-out stage (procs.fan_out) add beside the kernel's own models: each rank
+    rebuilds the sampler: the weights in the sampling dtype and its KV cache, or with vLLM its own engine's
+    share (gpu_memory_utilization of the device, its weights inside). On CUDA a rank has a GPU to itself,
+    but rank 0 shares the first with the kernel: the peak there is the kernel's plus rank 0's one copy. On
+    the CPU every rank shares the host's memory: procs copies."""
+    copy = mem["vllm"] if "vllm" in mem else \
+        shape.params * BYTES[getattr(P, "sample_dtype", "") or P.dtype] + mem.get("kv_cache", 0)
+    return copy * (1 if str(getattr(P, "device", "cpu")).startswith("cuda") else procs)
+
+
 # ----------------------------------------------------------------------------- a plan
 @dataclass
 class Plan:
@@ -357,6 +368,8 @@ def make(stem: str, params: dict, root: Path = ROOT, scale_dir: Path | None = No
     z = Sizes(pm, px, P.max_new_tokens)
     plan.work = mod.workload(P, shape, z)
     plan.mem = memory(P, shape, plan.work, plan.total_memory)
+    if plan.procs > 1 and any((stem, part["what"]) in BUILT for part in plan.work.parts):
+        plan.mem["ranks"] = rank_memory(P, shape, plan.mem, plan.procs)
     units = units if units is not None else load_units(kind, scale_dir)
     if units is None:
         plan.why_no_time = (f"no measurement for this device kind ({kind}); run `python -m cancellation.scale "
