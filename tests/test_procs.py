@@ -135,3 +135,29 @@ def test_a_killed_rank_stops_the_notebook_with_one_line(tmp_path, monkeypatch):
                    "no outputs were written"), msg
     results = tmp_path / "data" / "results" / "smoke"
     assert not list(results.rglob("*.parquet")) and not list((tmp_path / "figures").rglob("*.png"))
+
+
+# ----------------------------------------------------------------------------- 07: whole TRL runs over the ranks
+TRL07 = dict(engine="trl", strategies=["random", "QB"], seeds=[0], iterations=2, n_prompts=4, G=4, n_minibatches=2,
+             max_new_tokens=48, eval_every=1, eval_n=8, eval_sets=["easy"], probe_lrs=[], probe_strategies=[],
+             imbalance_plans=0, trl_strategies=[], trl_checkpoint_every=0)
+
+
+@pytest.mark.slow
+def test_07_trl_runs_on_two_processes_give_the_same_tables(tmp_path, monkeypatch, capsys):
+    """Notebook 07 on engine trl (a small parameter set, fresh caches): 1 process, then 2 ranks, each TRL run
+    trained whole by one rank in a child outside the ranks' group (procs.isolated); Table 2, the curves, the
+    iteration and mini-batch records and the cancellation monitor equal bit for bit (wall-clock columns aside)."""
+    from cancellation.figures import fig07
+    out = {}
+    for n in (1, 2):
+        monkeypatch.setenv("CANCELLATION_CACHE", str(tmp_path / str(n)))
+        monkeypatch.setenv(procs.PROCS_ENV, str(n))
+        R = fig07.compute(fig07.Params(**TRL07))
+        out[n] = {k: getattr(R, k) for k in ("table2", "curves", "iters", "minibatches", "trl_monitor")}
+    assert "[procs] TRL runs (strategy x seed): 2 units on 2 processes" in capsys.readouterr().out
+    mb = out[1]["minibatches"]
+    assert (mb.n_pos > 0).any() and (mb.n_neg > 0).any() and len(out[1]["trl_monitor"])   # trained on signal
+    for k, x in out[1].items():
+        secs = [c for c in ("t_sample", "t_update", "seconds") if c in x.columns]
+        assert x.drop(columns=secs).equals(out[2][k].drop(columns=secs)), k

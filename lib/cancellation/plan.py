@@ -28,7 +28,7 @@ from pathlib import Path
 
 from . import manifest, tasks
 from .policy import TOKENIZER_FILES, load_tokenizer
-from .procs import BUILT
+from .procs import BUILT, WHOLE_RUNS
 from .shapes import Shape, device_kind, device_memory, known_shape
 from .standins import build_tokenizer
 from .workload import BYTES, Sizes, Work, ceil
@@ -253,15 +253,20 @@ def seconds_per_process(w: Work, shape: Shape, units: dict, procs: int, stem: st
     return total
 
 
-def rank_memory(P, shape: Shape, mem: dict, procs: int) -> int:
+def rank_memory(P, shape: Shape, mem: dict, procs: int, whole: bool = False) -> int:
     """What the ranks of a fanned-out stage (procs.fan_out) add beside the kernel's own models: each rank
     rebuilds the sampler: the weights in the sampling dtype and its KV cache, or with vLLM its own engine's
     share (gpu_memory_utilization of the device, its weights inside). On CUDA a rank has a GPU to itself,
     but rank 0 shares the first with the kernel: the peak there is the kernel's plus rank 0's one copy. On
-    the CPU every rank shares the host's memory: procs copies."""
+    the CPU every rank shares the host's memory: procs copies. `whole` (procs.WHOLE_RUNS: 07's TRL runs): each
+    rank trains whole runs, each as the one-process plan does, while the kernel holds no model: nothing more
+    on a GPU, procs - 1 more runs side by side on the CPU."""
+    cuda = str(getattr(P, "device", "cpu")).startswith("cuda")
+    if whole:
+        return 0 if cuda else (procs - 1) * sum(mem.values())
     copy = mem["vllm"] if "vllm" in mem else \
         shape.params * BYTES[getattr(P, "sample_dtype", "") or P.dtype] + mem.get("kv_cache", 0)
-    return copy * (1 if str(getattr(P, "device", "cpu")).startswith("cuda") else procs)
+    return copy * (1 if cuda else procs)
 
 
 # ----------------------------------------------------------------------------- a plan
@@ -369,7 +374,7 @@ def make(stem: str, params: dict, root: Path = ROOT, scale_dir: Path | None = No
     plan.work = mod.workload(P, shape, z)
     plan.mem = memory(P, shape, plan.work, plan.total_memory)
     if plan.procs > 1 and any((stem, part["what"]) in BUILT for part in plan.work.parts):
-        plan.mem["ranks"] = rank_memory(P, shape, plan.mem, plan.procs)
+        plan.mem["ranks"] = rank_memory(P, shape, plan.mem, plan.procs, whole=stem in WHOLE_RUNS)
     units = units if units is not None else load_units(kind, scale_dir)
     if units is None:
         plan.why_no_time = (f"no measurement for this device kind ({kind}); run `python -m cancellation.scale "

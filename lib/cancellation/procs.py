@@ -60,11 +60,15 @@ KILL_ENV = "CANCELLATION_PROCS_KILL"   # test hook: this rank kills itself
 
 # the notebooks with a stage split over processes, and what is split (the runner names them)
 SPLIT = {"05_value_gap": "Monte Carlo continuations of the valued tokens",
-         "06_sampling_budget": "Monte Carlo continuations of the valued tokens; settings x seeds with step_mode grpo"}
+         "06_sampling_budget": "Monte Carlo continuations of the valued tokens; settings x seeds with step_mode grpo",
+         "07_batching": "the TRL runs (engine trl: strategy x seed and the sweep's), each trained on one process"}
 # the planner's split parts (workload.Work.split) that --procs really divides, per notebook: (what, how)
 BUILT = {("05_value_gap", "valued tokens' Monte Carlo continuations"): "a unit is a sampler batch",
          ("06_sampling_budget", "valued tokens' Monte Carlo continuations"): "a unit is a sampler batch",
-         ("06_sampling_budget", "settings x seeds"): "a unit is one setting and seed, with step_mode grpo"}
+         ("06_sampling_budget", "settings x seeds"): "a unit is one setting and seed, with step_mode grpo",
+         ("07_batching", "TRL runs (strategy x seed)"): "a unit is one whole TRL run, trained on one process"}
+# notebooks whose ranks each train whole runs while the kernel waits holding no model (the planner's memory)
+WHOLE_RUNS = {"07_batching"}
 
 
 class RankFailed(RuntimeError):
@@ -130,6 +134,53 @@ def fan_out(fn: str, shared, units: list, n: int | None = None, cuda: bool = Fal
         return out
     finally:
         shutil.rmtree(job, ignore_errors=True)
+
+
+# what a rank's environment holds from the launcher: a unit that trains through its own Accelerator (TRL) runs
+# in a child without them, so the child is one process, not a member of the ranks' group
+LAUNCHER_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+                "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT")
+
+
+def isolated(fn: str, *args):
+    """`fn(*args)` ("module:function") in a child process of this one with the launcher's variables removed
+    (LAUNCHER_ENV, TORCHELASTIC_*, ACCELERATE_*): inside a rank, a unit that starts its own Accelerator (a TRL
+    run) trains there as one process, exactly as on one process. Arguments and result are pickled; a child
+    that raises or dies raises RuntimeError with its last line."""
+    job = Path(tempfile.mkdtemp(prefix="cancellation-unit-"))
+    try:
+        with open(job / "call.pkl", "wb") as f:
+            pickle.dump(dict(fn=fn, args=args), f)
+        env = {k: v for k, v in os.environ.items()
+               if k not in LAUNCHER_ENV and not k.startswith(("TORCHELASTIC_", "ACCELERATE_"))}
+        with open(job / "log.txt", "wb") as log:
+            rc = subprocess.run([sys.executable, "-m", "cancellation.procs", "--isolated", str(job)], env=env,
+                                stdout=log, stderr=subprocess.STDOUT).returncode
+        if rc != 0 or not (job / "result.pkl").exists():
+            err = job / "error.txt"
+            last = [ln for ln in (job / "log.txt").read_text(errors="replace").splitlines() if ln.strip()]
+            raise RuntimeError(err.read_text().strip() if err.exists() else
+                               f"{fn}: the child process exited with code {rc}{': ' + last[-1][:200] if last else ''}")
+        with open(job / "result.pkl", "rb") as f:
+            return pickle.load(f)
+    finally:
+        shutil.rmtree(job, ignore_errors=True)
+
+
+def _isolated_child(job: Path) -> None:
+    with open(job / "call.pkl", "rb") as f:
+        call = pickle.load(f)
+    try:
+        out = _resolve(call["fn"])(*call["args"])
+    except BaseException as e:
+        text = str(e).strip().splitlines()
+        (job / "error.txt").write_text(f"{type(e).__name__}: {text[0] if text else ''}\n")
+        raise
+
+    def write(tmp):
+        with open(tmp, "wb") as f:
+            pickle.dump(out, f)
+    cache.atomic_write(job / "result.pkl", write)
 
 
 def launch_command(n: int) -> list[str]:
@@ -221,4 +272,7 @@ def _probe(shared, units, local_rank):
 
 
 if __name__ == "__main__":
-    _worker(Path(sys.argv[1]))
+    if sys.argv[1] == "--isolated":
+        _isolated_child(Path(sys.argv[2]))
+    else:
+        _worker(Path(sys.argv[1]))

@@ -12,6 +12,7 @@ time it reports is this session's). `fig07_claims.claims(R, P)` gives the notebo
 from __future__ import annotations
 
 import dataclasses
+import os
 import shutil
 import time
 from dataclasses import dataclass
@@ -22,7 +23,7 @@ import pandas as pd
 import torch
 from scipy import stats
 
-from .. import batching, cache, eq14, grpo, measure, policy, rollout, stage, strategies, tasks, train
+from .. import batching, cache, eq14, grpo, measure, policy, procs, rollout, stage, strategies, tasks, train
 from .. import engine as rl_engine
 from .. import workload as W
 from .. import stats as ST
@@ -339,6 +340,22 @@ def _trl_run(P: Params, source, name, seed, lr):
     return {k: df.assign(strategy=name, seed=seed) for k, df in frames.items()}
 
 
+def _trl_runs(shared, units, local_rank=None) -> list:
+    """`procs.fan_out`'s worker: the TRL runs `units` ((strategy, seed, lr) each). In a rank each run trains in a
+    child process outside the ranks' group (`procs.isolated`: TRL's Accelerator sees one process), so a run is
+    the one-process run whatever N is."""
+    P, source = shared
+    if os.environ.get(procs.RANK_ENV):
+        return [procs.isolated("cancellation.figures.fig07:_trl_run_pinned", P, source, *u) for u in units]
+    return [_trl_run(P, source, *u) for u in units]
+
+
+def _trl_run_pinned(P: Params, source, name, seed, lr):
+    """`_trl_run` in a fresh process: torch's threads pinned first, as compute() pins the kernel's."""
+    base.pin_threads(P)
+    return _trl_run(P, source, name, seed, lr)
+
+
 def admit_eval_sets(P: Params, source) -> None:
     """The held-out problem files of `eval_sets` through the training file's gold check
     (`base.problem_source`): a gold the reward can never credit undercounts every run's accuracy, so it
@@ -362,9 +379,10 @@ def compute(P: Params) -> Result:
     # the equal-rollout-budget arm: RB may sample `iterations` rounds in the whole run, random's count
     budget_jobs = [(name, s, P.lr, P.iterations) for name in P.budget_strategies for s in P.seeds]
     budget = []
-    if P.engine == "trl":
-        runs = [_trl_run(P, source, *j) for j in jobs]
-        probe = [_trl_run(P, source, *j) for j in probe_jobs]
+    if P.engine == "trl":   # --procs N: whole runs over N ranks, each trained on one process (the same tables)
+        every = procs.fan_out("cancellation.figures.fig07:_trl_runs", (P, source), jobs + probe_jobs,
+                              cuda=str(P.device).startswith("cuda"), what="TRL runs (strategy x seed)")
+        runs, probe = every[:len(jobs)], every[len(jobs):]
     else:  # one pool for all, so the workers stay busy
         every = _small_runs(P, source, jobs + probe_jobs + budget_jobs)
         runs, probe, budget = (every[:len(jobs)], every[len(jobs):len(jobs) + len(probe_jobs)],
@@ -714,7 +732,7 @@ def workload(P: Params, shape, z: W.Sizes) -> W.Work:
     if P.engine == "trl":   # every run on TRL's GRPOTrainer (engine.train_trl): its own blocks (workload.trl_run)
         jobs = [s for s in P.strategies for _ in P.seeds] + \
             [s for _ in P.probe_lrs for s in P.probe_strategies for _ in P.probe_seeds]
-        with w.split("runs (strategy x seed)", len(jobs)):
+        with w.split("TRL runs (strategy x seed)", len(jobs)):
             for s in jobs:
                 W.trl_run(w, P, z, rb=strategies.STRATEGIES[s].reward_balanced)
                 W.sample(w, eval_rows, z, times=evals_per_run)   # evaluation: train.evaluate, our sampler
