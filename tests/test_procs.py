@@ -56,6 +56,16 @@ def test_the_launcher_is_accelerates():
     assert cmd[cmd.index("--main_process_port") + 1] == "0"   # a free port per launch: launches may overlap
 
 
+def test_an_isolated_unit_runs_without_the_launchers_variables(monkeypatch):
+    """procs.isolated: the call in a child process that does not see the rank's RANK/WORLD_SIZE (so TRL's
+    Accelerator there is one process); the child's exception comes back as one line."""
+    monkeypatch.setenv("RANK", "5")
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    assert procs.isolated("cancellation.procs:_probe", {}, [3], None) == [(9, 0)]   # $RANK unset in the child
+    with pytest.raises(RuntimeError, match=r"^ValueError: probe refused unit 2$"):
+        procs.isolated("cancellation.procs:_probe", {"raise_on": 2}, [2], None)
+
+
 def test_the_plan_counts_rank_0_beside_the_kernel():
     """--procs N on CUDA: rank 0 shares the first GPU with the notebook's kernel, so the planned peak is the
     kernel's plus one sampler copy (vLLM: one more engine share of the device; HF: the weights in the sampling

@@ -31,6 +31,10 @@ unit. value.cached_rewards, the one caller so far, makes a unit of each sampler 
 nothing relies on the sampler's batch invariance, which holds only up to floating-point rounding
 of differently padded batches.
 
+A unit that trains through its own Accelerator (notebook 07's TRL runs, engine trl: one whole run per
+unit) runs inside its rank in a child process without the launcher's variables (`isolated`), so TRL
+sees one process and the run is the one-process run, whatever N is.
+
 A rank that raises or dies makes the launcher stop the others; `fan_out` raises RankFailed with one
 line (which rank, its exit code or signal, its exception), the notebook fails, and the runner
 promotes nothing.
