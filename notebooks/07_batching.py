@@ -131,7 +131,7 @@ print(fig07.imbalance_table(R).round(3).to_string() if R.imbalance is not None e
 # buffer, the update of docs/methods.md), with the cancellation monitor attached. On the tiny profile this
 # cross-checks the small trainer (same policy, batch shape, lr and evaluation; TRL draws its own prompts, so the
 # curves agree in kind, not draw for draw). On the paper profile (`engine = "trl"`) every run above already is
-# this call (vLLM colocated; `accelerate launch --config_file configs/accelerate_zero2.yaml` across GPUs).
+# this call (vLLM colocated; `accelerate launch --config_file configs/accelerate_multi.yaml` across GPUs).
 
 # %%
 print(fig07.cross_check(R, P))
