@@ -71,15 +71,16 @@ def test_shared_forward_matches_an_independent_loop(tiny_m, real_batch, scope):
     assert all(torch.equal(a, b) for a, b in zip(_params(model), theta0))
 
 
-def test_tied_head_lm_head_scope(model64, batch):
-    """A tied model (the paper's Qwen3 stand-ins): the lm_head scope's untied copy is the step's, and the
-    model is tied again afterwards, as `grpo.trial` leaves it."""
+@pytest.mark.parametrize("scope", ["full", "lm_head"])
+def test_tied_head(model64, batch, scope):
+    """A tied model (the paper's Qwen3 stand-ins): full scope steps the shared matrix through both uses; the
+    lm_head scope's untied copy is the step's, and the model is tied again afterwards, as `grpo.trial` leaves it."""
     model = copy.deepcopy(model64)
     model.lm_head.weight = model.model.embed_tokens.weight
     model.config.tie_word_embeddings = True
     before = measure.token_stats(model, batch, CC).logp
-    trials = grpo.Trials(model, batch, CC, scope="lm_head")
-    for cfg, b, tw in _updates(batch, "lm_head")[:3]:
+    trials = grpo.Trials(model, batch, CC, scope=scope)
+    for cfg, b, tw in _updates(batch, scope)[:3]:
         assert torch.equal(trials.delta(cfg, b, token_weight=tw), _independent(model, b, cfg, before, tw))
     assert trials.restore_error() == 0.0
     assert grpo.is_tied(model) and model.lm_head.weight is model.model.embed_tokens.weight
