@@ -1,5 +1,6 @@
 """make gpu-check: refuses without a GPU (exit 2, one line), plans its steps under a budget, and renders
 its report (the numbers in the markdown are the JSON's, rounded as stated)."""
+import json
 import os
 import shutil
 import subprocess
@@ -13,6 +14,7 @@ import torch
 from cancellation import gpucheck
 
 ROOT = Path(__file__).resolve().parents[1]
+FAKE_VLLM = Path(__file__).parent / "fake_vllm"
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without a GPU")
@@ -26,8 +28,14 @@ def test_refuses_without_gpu():
 def test_list_names_every_step_in_order():
     p = subprocess.run([sys.executable, "-m", "cancellation.gpucheck", "--list", "--notebooks", "05", "01"],
                        capture_output=True, text=True, check=True)
-    names = [line.split()[0] for line in p.stdout.splitlines()]
-    assert names == ["pytest", "sampler", "profile", "units", "trim", "dry-05", "dry-01"]
+    names = [line.split()[0] for line in p.stdout.splitlines() if not line.startswith("(")]
+    assert names == ["pytest", "sampler", "vllm", "dry-05", "dry-01", "profile", "units", "trim"]
+    assert gpucheck.plan_steps(["05"], units_first=True)[3][0] == "units"   # a card the planner has no file for
+    lines = dict(line.split(None, 1) for line in p.stdout.splitlines() if not line.startswith("("))
+    assert "paper-quick, backend " in lines["dry-05"] and "M=4" in lines["dry-05"]   # the plan: profile, backend, sizes
+    if not gpucheck.packages(("vllm",))["vllm"]["importable"]:
+        assert "skipped here: vllm: not importable (" in lines["vllm"]
+        assert "backend hf (falls back to hf: vllm: not importable (" in lines["dry-05"]
 
 
 def test_dry_overrides_per_notebook():
@@ -35,8 +43,34 @@ def test_dry_overrides_per_notebook():
     pairs = dict(zip(o[1::3], o[2::3]))
     assert o[0::3] == ["-p"] * len(pairs)
     assert pairs["mask_size"] == "1" and pairs["model_path"] == gpucheck.SHAPE and pairs["n_prompts"] == "4"
-    o6 = gpucheck._dry_overrides("06")
+    assert pairs["topk_sizes"] == "[1, 2]" and "backend" not in pairs
+    o6 = gpucheck._dry_overrides("06", "hf")
     assert dict(zip(o6[1::3], o6[2::3]))["n_prompts"] == "16" and o6.count("n_prompts") == 1
+    assert dict(zip(o6[1::3], o6[2::3]))["backend"] == "hf"
+
+
+def test_dry_runs_are_paper_quicks_sections_and_backends():
+    """paper-quick's backends (vLLM where its section says so and vllm imports; else hf, with the reason), 07 and
+    the vLLM notebooks first; every notebook's dry-run parameters pass the runner's validation."""
+    from cancellation import manifest, run
+    assert gpucheck.DRY_PROFILE == "paper-quick"
+    assert gpucheck.dry_order() == ["07", "01", "05", "06", "08", "02", "03", "04"]
+    ok = dict(version="0.11", importable=True, error=None)
+    assert gpucheck.dry_backend("01", ok) == ("vllm", None)
+    assert gpucheck.dry_backend("02", ok) == ("hf", None)          # paper-quick samples 02 with hf
+    b, why = gpucheck.dry_backend("07", ok)                         # TRL's own engine needs the weights on disk
+    assert b == "hf" and "TRL" in why and gpucheck.SHAPE in why
+    b, why = gpucheck.dry_backend("05", dict(version="0.11", importable=False, error="ImportError: libcudart.so"))
+    assert (b, why) == ("hf", "falls back to hf: vllm: not importable (ImportError: libcudart.so)")
+    assert gpucheck.dry_backend("05", dict(version=None, importable=False, error=None))[1].endswith("(not installed)")
+    gpucheck.standin_data()   # the problem files the validation checks exist (as gpu-check writes them)
+    for f in manifest.FIGURES:
+        back, why = gpucheck.dry_backend(f.key, None)
+        o = gpucheck._dry_overrides(f.key, back if why else None)
+        P = run.resolve_params(ROOT / "notebooks" / f"{f.notebook}.py", "paper-quick", dict(zip(o[1::3], o[2::3])),
+                               cwd=ROOT, check_paths=True)
+        assert P["model_path"] == gpucheck.SHAPE and P["max_new_tokens"] == 128 and P["dtype"] == "float32"
+        assert P.get("backend", "hf") == "hf"                         # no vllm here: every one falls back
 
 
 def test_markdown_from_a_report():
@@ -47,22 +81,26 @@ def test_markdown_from_a_report():
                            rows=[dict(shape="64 x 512", way="ours", tokens_per_s=12345.6, first_call_s=3.21),
                                  dict(shape="64 x 512", way="weight-read limit", tokens_per_s=99999.0,
                                       first_call_s=None)]),
+                      dict(step="vllm", skipped="vllm: not importable (not installed)"),
                       dict(step="units", rc=124, seconds=150.0),
                       dict(step="trim", rc=0, seconds=90.0,
                            trim=[dict(block="analysis_forward", rows=16, columns=1280, chunk_rows=4,
                                       positions_share=0.6234, seconds_full=2.0, seconds_trim=1.25, speedup=1.6,
                                       max_abs_diff=3.1e-6)]),
-                      dict(step="dry-03", rc=0, seconds=60.0,
+                      dict(step="dry-03", rc=0, seconds=60.0, backend="hf",
                            measured=dict(notebook="03_masked_updates", measured_seconds=61.4, peak_cuda_gib=40.0,
                                          planned=dict(predicted_seconds=40.0, peak_gib=50.0))),
-                      dict(step="dry-05", skipped="budget: 20 s left, estimated 75 s")])
+                      dict(step="dry-05", skipped="budget: 20 s left, estimated 75 s", backend="hf",
+                           fallback="falls back to hf: vllm: not importable (not installed)")])
     md = gpucheck.markdown(rep)
     assert "| pytest | ok | 80.0 |" in md and "10 passed in 70.1s" in md
     assert "| units | timed out |" in md
     assert "| analysis_forward | 16 x 1280 | 4 | 62% | 2.00 | 1.25 | 1.60x | 3.1e-06 |" in md
-    assert "| 64 x 512 | ours | 12,346 | 3.2 |" in md
-    assert "| 03_masked_updates | 61 s, 40.0 GiB | 40 s, 50.0 GiB | 1.53x, 0.80x |" in md  # 61.4/40, 40/50
-    assert "| 05 | not measured (budget: 20 s left, estimated 75 s) | | |" in md
+    assert "| 64 x 512 | ours | 12,346 | 3.2 | 12.3% |" in md                 # 12345.6 / 99999
+    assert "| 64 x 512 | vllm: not importable (not installed) | | | |" in md
+    assert "| 03_masked_updates | hf | 61 s, 40.0 GiB | 40 s, 50.0 GiB | 1.53x, 0.80x |" in md  # 61.4/40, 40/50
+    assert ("| 05 | hf (falls back to hf: vllm: not importable (not installed)) | not measured (budget: 20 s left, "
+            "estimated 75 s) | | |") in md
 
 
 def _bare_interpreter(tmp_path):
@@ -137,3 +175,107 @@ def test_the_report_says_what_the_machine_has_first():
     md = gpucheck.markdown(rep)
     assert "**The machine:** driver 550, CUDA 12" in md and "no_such_package_here absent" in md
     assert md.index("**The machine:**") < md.index("| step | status |")
+
+
+def _fake_env():
+    return dict(PYTHONPATH=os.pathsep.join([str(FAKE_VLLM), str(ROOT / "lib")]))
+
+
+def test_the_vllm_row_from_the_fake_vllm(tmp_path):
+    """The vllm step's code path end to end against tests/fake_vllm (its speed means nothing): its own process,
+    bench.sampler's row format, and the markdown's numbers are the JSON's. The fake takes a real tiny model
+    (it loads weights; the real engine takes dummy ones at Qwen3-1.7B's shape)."""
+    expr = ("gpucheck.sampler_vllm(model='data/policies/tiny-m', dims=((4, 6), (8, 3)), dtype='float32', "
+            "device='cpu')")
+    r = gpucheck._json_step("vllm", expr, tmp_path / "v.json", 120, env=_fake_env())
+    assert r["rc"] == 0, r["output_tail"]
+    got = r.pop("json")
+    assert got["engine_start_s"] >= 0
+    rows = gpucheck._rows(got["rows"])
+    assert [(x["shape"], x["way"]) for x in rows] == [("4 x 6", "vLLM 0.0-fake"), ("8 x 3", "vLLM 0.0-fake")]
+    assert all(x["tokens_per_s"] > 0 and x["first_call_s"] > 0 for x in rows)
+    sampler_rows = [dict(shape="4 x 6", way="ours (static cache, CUDA graph)", tokens_per_s=1000.0, first_call_s=2.0),
+                    dict(shape="4 x 6", way="weight-read limit", tokens_per_s=50000.0, first_call_s=None)]
+    rep = dict(device=dict(date="2026-11-28", name="X", kind="x", memory_gib=1, torch="t",
+                           packages=dict(vllm=dict(version="0.0-fake", importable=True, error=None))),
+               budget_s=1, spent_s=1, steps=[dict(step="sampler", rc=0, seconds=1.0, rows=sampler_rows),
+                                             dict(step="vllm", rc=0, seconds=1.0, rows=rows)])
+    md = gpucheck.markdown(json.loads(json.dumps(rep)))   # as read back from the JSON file
+    v = rows[0]
+    assert (f"| 4 x 6 | vLLM 0.0-fake | {v['tokens_per_s']:,.0f} | {v['first_call_s']:.1f} | "
+            f"{100 * v['tokens_per_s'] / 50000.0:.1f}% |") in md
+    assert f"| 8 x 3 | vLLM 0.0-fake | {rows[1]['tokens_per_s']:,.0f} | {rows[1]['first_call_s']:.1f} |  |" in md
+    assert md.index("| 4 x 6 | vLLM") < md.index("| 4 x 6 | weight-read limit")   # each shape's limit last
+    assert "not importable" not in md
+
+
+def test_without_vllm_the_step_says_why():
+    rec = gpucheck.packages(("vllm",))["vllm"]
+    if rec["importable"]:
+        pytest.skip("vllm imports here")
+    got = gpucheck.sampler_vllm()
+    assert "No module named 'vllm'" in got["error"] and "rows" not in got
+    assert gpucheck.vllm_unavailable(rec).startswith("vllm: not importable (")
+
+
+def test_the_default_cuda_sampler_from_the_committed_h200_report():
+    """Issue 49, item 3: ours only at >= 1.0x transformers' static cache + compile in the same run. The committed
+    H200 report measured ours below it (its JSON, not a typed number), so transformers' path is chosen."""
+    f = ROOT / "data" / "scale" / "measured" / "gpucheck-nvidia-h200-2026-11-26.json"
+    rows = {r["way"]: r["tokens_per_s"] for s in json.loads(f.read_text())["steps"] for r in s.get("rows") or []
+            if r["shape"] == "64 x 512"}
+    want = rows["ours (static cache, CUDA graph)"] / rows["transformers generate, static cache + torch.compile"]
+    c = gpucheck.default_cuda_sampler("nvidia-h200")
+    assert c["report"] == "data/scale/measured/gpucheck-nvidia-h200-2026-11-26.json"
+    assert c["path"] == "transformers" and c["ratios"] == {"64 x 512": want} and want < 1.0
+    assert f"{want:.2f}x at 64 x 512 (< 1.0x)" in c["why"]
+    assert gpucheck.default_cuda_sampler("no-such-card")["path"] == "transformers"
+
+
+def _rep(ways: dict, vllm_ok=True):
+    rows = [dict(shape=sh, way=w, tokens_per_s=t, first_call_s=None) for sh, d in ways.items() for w, t in d.items()]
+    return dict(device=dict(packages=dict(vllm=dict(importable=vllm_ok))), steps=[dict(step="sampler", rows=rows)])
+
+
+def test_choose_sampler_rules():
+    ours, st, dyn = "ours (static cache, CUDA graph)", gpucheck.STATIC, gpucheck.DYNAMIC
+    lim = "weight-read limit"
+    assert gpucheck.choose_sampler(_rep({"64 x 512": {ours: 100.0, st: 100.0, lim: 1e6}}))["path"] == "ours"
+    assert gpucheck.choose_sampler(_rep({"64 x 512": {ours: 99.0, st: 100.0}}))["path"] == "transformers"
+    # never beside static + compile in one run: not ours, whatever the dynamic cache measured
+    c = gpucheck.choose_sampler(_rep({"256 x 256": {ours: 500.0, dyn: 100.0}}))
+    assert c["path"] == "transformers" and "never measured" in c["why"]
+    fast = {"64 x 512": {ours: 100.0, st: 200.0, "vLLM 0.11": 300.0}, "256 x 256": {ours: 50.0, "vLLM 0.11": 90.0}}
+    assert gpucheck.choose_sampler(_rep(fast))["path"] == "vllm"
+    assert gpucheck.choose_sampler(_rep(fast, vllm_ok=False))["path"] == "transformers"   # measured, not here
+    assert gpucheck.choose_sampler(_rep(fast), vllm_importable=False)["path"] == "transformers"
+    slow = {"64 x 512": {ours: 100.0, st: 200.0, "vLLM 0.11": 150.0}}
+    assert gpucheck.choose_sampler(_rep(slow))["path"] == "transformers"
+    md = gpucheck.markdown(dict(device=dict(date="d", name="n", kind="k", memory_gib=1, torch="t"), budget_s=1,
+                                spent_s=1, steps=[], sampler_choice=gpucheck.choose_sampler(_rep(slow))))
+    assert "**Default CUDA sampling path from this run's numbers:** transformers (ours / transformers static" in md
+
+
+def test_make_sampler_under_a_dry_run_gives_vllm_dummy_weights_then_the_models(monkeypatch):
+    """The seam the vLLM dry runs need (sampler.vllm_dry_kw): data/shapes/ holds only config.json, so the engine
+    starts on dummy weights without a tokenizer and make_sampler pushes the HF model's random weights into it.
+    Outside a dry run nothing changes (tests/test_rollout.py pins the arguments)."""
+    from cancellation import policy, sampler
+    from cancellation.dryrun import DRY_RUN_ENV
+    monkeypatch.syspath_prepend(str(FAKE_VLLM))
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    saved = {k: sys.modules.pop(k) for k in list(sys.modules) if k == "vllm" or k.startswith("vllm.")}
+    try:
+        assert sampler.vllm_dry_kw() == {}
+        monkeypatch.setenv(DRY_RUN_ENV, json.dumps({"seed": 0}))
+        path = ROOT / "data" / "policies" / "tiny-m"
+        model, _ = policy.load_policy(path, dtype="float32")
+        llm = sampler.make_sampler(model, path, backend="vllm", dtype="float32")
+        assert llm.init_kwargs["load_format"] == "dummy" and llm.init_kwargs["skip_tokenizer_init"] is True
+        assert sorted(llm.handle.loaded) == sorted(model.state_dict())
+        for k, v in model.state_dict().items():
+            assert torch.equal(llm.model.state_dict()[k], v)
+    finally:
+        for k in [k for k in sys.modules if k == "vllm" or k.startswith("vllm.")]:
+            del sys.modules[k]
+        sys.modules.update(saved)

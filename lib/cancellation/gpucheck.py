@@ -13,15 +13,25 @@ so, when its estimate no longer fits in what is left of the budget):
 2. `bench sampler`: our sampler's tokens/s at Qwen3-1.7B's shape in bfloat16 (64 x 512 and 256 x 256
    new tokens) beside transformers' `generate` (dynamic cache; static cache + torch.compile at the
    first shape) and the weight-read limit measured on the card.
-3. A decode-step profile (`profile_decode`): kernels by CUDA time, beside the captured graph's pace.
-4. Unit costs (`cancellation.scale`): the planner's per-token and per-call seconds of every block on
+3. `vllm`: vLLM's tokens/s at the same shape, dtype, prompts and sizes (`sampler_vllm`: dummy weights, token
+   ids in), in the sampler table beside the others; where `import vllm` fails, the table says why.
+4. (units first on a card with no data/scale/<kind>.json: the dry runs are planned with what it writes)
+5. Dry runs (`run NN --dry-run`): paper-quick's sections and backends (vLLM where the section samples with
+   it and it imports here; else hf, and the report says why) at Qwen3-1.7B's shape, random weights and
+   coin-flip rewards, at stated sizes scaled to about a minute each (DRY_SIZES and the manifest's `dry`);
+   07 and the notebooks that sample with vLLM first (`dry_order`): wall time and peak GPU memory beside
+   the planner's prediction.
+6. A decode-step profile (`profile_decode`): kernels by CUDA time, beside the captured graph's pace.
+7. Unit costs (`cancellation.scale`): the planner's per-token and per-call seconds of every block on
    this card, at Qwen3-1.7B's shape -> `<out>/<kind>.units.json`, and data/scale/<kind>.json when that
-   kind has none yet (the planner's file: the dry runs after it are planned with it).
-5. `trim_padding` at Qwen3-1.7B's shape (`scale.trim_probe`): an analysis forward and a full-scope
+   kind has none yet (the planner's file).
+8. `trim_padding` at Qwen3-1.7B's shape (`scale.trim_probe`): an analysis forward and a full-scope
    SGD step over every column vs each chunk's real columns only, responses of spread lengths.
-6. Dry runs (`run NN --dry-run`) at Qwen3-1.7B's shape, random weights and coin-flip rewards, at small
-   stated sizes (DRY_SIZES), notebooks in the order given by --notebooks (default: the ones never
-   measured on a GPU first): wall time and peak GPU memory beside the planner's prediction.
+
+The report ends with the default CUDA sampling path this run's numbers choose (`choose_sampler`: ours only
+where it measured at least 1.0x transformers' static cache + torch.compile in the same run; vLLM where it
+imports and was fastest at every shape; else transformers'); `default_cuda_sampler(kind)` makes the same
+choice from the newest committed report of a device kind.
 
 Writes one JSON and one markdown report, `<out>/gpucheck-<kind>-<date>.{json,md}` (default out:
 data/scale/measured/). Without a CUDA device it prints one line and exits 2.
@@ -36,12 +46,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import torch
+import yaml
 
 from . import manifest, sampler, scale, standins
 from .compute import Compute
@@ -49,9 +61,12 @@ from .plan import device_kind
 
 ROOT = Path(__file__).resolve().parents[2]
 SHAPE = "data/shapes/qwen3-1.7b-base"   # Qwen3-1.7B-Base's config.json: the dry runs' architecture
-# The dry runs' sizes: paper-vocab's sections (stand-in data, the real 151,936-entry vocabulary) at a stated
-# fraction of the paper's sizes, the same as the first H100 record (data/scale/measured/), so the two compare.
-DRY_SIZES = dict(model_path=SHAPE, device="cuda", token_chunk=2048, max_new_tokens=16, n_prompts=4)
+# The dry runs: paper-quick's sections (its dtypes, memory knobs and backends) on the stand-in problems, at
+# Qwen3-1.7B's shape with random weights, at these sizes plus each notebook's (the manifest's `dry`): 128 new
+# tokens (paper-quick: 1,024) and 4 prompts, so each is planned at about a minute on an H200.
+DRY_PROFILE = "paper-quick"
+DRY_SIZES = dict(model_path=SHAPE, device="cuda", token_chunk=2048, max_new_tokens=128, n_prompts=4,
+                 problems_path="data/standins/dapo-math-17k.parquet")
 
 
 def dry_per_notebook() -> dict:
@@ -59,24 +74,179 @@ def dry_per_notebook() -> dict:
     return {f.key: dict(f.dry) for f in manifest.FIGURES if f.dry}
 
 
+def profile_section(nb: str, profile: str = DRY_PROFILE) -> dict:
+    """A notebook's section of notebooks/params/<profile>.yaml over the profile's `common` ({} when absent)."""
+    f = manifest.find(nb)
+    path = ROOT / "notebooks" / "params" / f"{profile}.yaml"
+    if f is None or not path.exists():
+        return {}
+    cfg = yaml.safe_load(path.read_text()) or {}
+    return {**(cfg.get("common") or {}), **(cfg.get(f.notebook) or {})}
+
+
 def dry_order() -> list[str]:
-    """The notebooks whose dry run was measured on an H200 first (their estimates are known), then the rest."""
-    return [f.key for f in manifest.FIGURES if f.dry_seconds] + [f.key for f in manifest.FIGURES if not f.dry_seconds]
+    """The dry runs' order: the manifest's `dry_first` (07: paper-quick's least certain time), then the notebooks
+    whose paper-quick section samples with vLLM, then the rest; manifest order within each."""
+    first = [f.key for f in manifest.FIGURES if f.dry_first]
+    vllm = [f.key for f in manifest.FIGURES if f.key not in first and profile_section(f.key).get("backend") == "vllm"]
+    return first + vllm + [f.key for f in manifest.FIGURES if f.key not in first + vllm]
 
 
-# Estimated seconds per step on an H100/H200 (from the 2026-11-25 session), used only to skip what will not fit.
-EST = {"pytest": 100, "sampler": 150, "profile": 45, "units": 120, "trim": 100, "dry": 75}
+def dry_backend(nb: str, vllm: dict | None) -> tuple[str, str | None]:
+    """(backend, why it is not the profile's) of a notebook's dry run. `vllm`: packages()'s record of vllm here.
+    The profile's backend, except vllm -> hf when vllm does not import here, or when TRL builds the engine
+    (engine trl: TRL's colocated vLLM loads weights and tokenizer from model_path, and the dry run's
+    directory holds only config.json)."""
+    sec = profile_section(nb)
+    want = sec.get("backend", "hf")
+    if want != "vllm":
+        return want, None
+    if not (vllm or {}).get("importable"):
+        return "hf", f"falls back to hf: {vllm_unavailable(vllm)}"
+    if sec.get("engine") == "trl":
+        return "hf", (f"falls back to hf: TRL's colocated vLLM loads weights and tokenizer from model_path, and "
+                      f"the dry run's {SHAPE} holds only config.json")
+    return "vllm", None
+
+
+def vllm_unavailable(rec: dict | None) -> str:
+    """'vllm: not importable (<reason>)' from packages()'s record of vllm."""
+    rec = rec or {}
+    why = rec.get("error") or ("not installed" if not rec.get("version") else "import failed")
+    return f"vllm: not importable ({why})"
+
+
+# Estimated seconds per step on an H100/H200 (from the 2026-11-25/26 sessions; vllm and dry: guesses, vLLM's
+# engine start and paper-quick's dry runs were never timed), used only to skip what will not fit.
+EST = {"pytest": 100, "sampler": 150, "vllm": 120, "profile": 45, "units": 120, "trim": 100, "dry": 90}
 
 
 def est_dry(nb: str) -> int:
-    """A dry run's estimated seconds: measured on an H200 (2026-11-26), 10 s added (the manifest's
-    `dry_seconds`), else EST["dry"]; a step is skipped when its estimate does not fit."""
+    """A dry run's estimated seconds: measured at its sizes, 10 s added (the manifest's `dry_seconds`), else
+    EST["dry"]; a step is skipped when its estimate does not fit."""
     f = manifest.find(nb)
     return f.dry_seconds if f is not None and f.dry_seconds else EST["dry"]
 
 
 # transformers' dynamic-cache generate only at 256 x 256 (at 64 x 512 it takes 76 s of an H100's time)
 SAMPLER_KW = "dynamic='256x256'"
+SAMPLER_DIMS = ((64, 512), (256, 256))   # bench.sampler's shapes on a GPU: rows x new tokens after 64-token prompts
+
+
+def _sampling_params(SamplingParams, **kw):
+    """vllm.SamplingParams(**kw), leaving out the optional knobs (ignore_eos, detokenize) a version lacks."""
+    try:
+        return SamplingParams(**kw)
+    except TypeError:
+        return SamplingParams(**{k: v for k, v in kw.items() if k not in ("ignore_eos", "detokenize")})
+
+
+def sampler_vllm(model: str = SHAPE, dims=SAMPLER_DIMS, dtype: str = "bfloat16", prompt: int = 64,
+                 device: str = "cuda", gpu_memory_utilization: float = 0.5) -> dict:
+    """vLLM's tokens/s beside `bench.sampler`'s: the same random prompts (64 tokens, drawn as bench.sampler draws
+    them), rows x new tokens, dtype and sampling law (temperature 1, no top-p / top-k, no stop ids, every row to
+    the cap). The engine holds dummy (random) weights of `model`'s config.json and no tokenizer (token ids in).
+    Returns {"rows": [(shape, way, tokens/s, first call s)], "engine_start_s"} as bench.sampler's rows (tokens/s
+    over the tokens returned, the second call), or {"error": "<why vllm does not import>"}."""
+    try:
+        LLM, SamplingParams, TokensPrompt = sampler._import_vllm()
+    except ImportError as e:
+        return dict(error=f"{type(e.__cause__ or e).__name__}: {e.__cause__ or e}")
+    path = ROOT / model if (ROOT / model).exists() else Path(model)
+    V = json.loads((path / "config.json").read_text())["vocab_size"]
+    t = time.perf_counter()
+    llm = LLM(str(path), dtype=dtype, seed=0, load_format="dummy", skip_tokenizer_init=True,
+              enable_prefix_caching=False, gpu_memory_utilization=gpu_memory_utilization)
+    start = time.perf_counter() - t
+    way = f"vLLM {getattr(sys.modules.get('vllm'), '__version__', '?')}"
+    rows = []
+    for n_rows, new in dims:
+        g = torch.Generator(device=device).manual_seed(0)
+        ids = torch.randint(0, V, (n_rows, prompt), generator=g, device=device).tolist()
+        params = [_sampling_params(SamplingParams, n=1, temperature=1.0, top_p=1.0, max_tokens=new, seed=i,
+                                   ignore_eos=True, detokenize=False) for i in range(n_rows)]
+
+        def call():
+            s = time.perf_counter()
+            outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in ids], params, use_tqdm=False)
+            if device.startswith("cuda"):
+                torch.cuda.synchronize()
+            return time.perf_counter() - s, sum(len(c.token_ids) for o in outs for c in o.outputs)
+        first, _ = call()
+        secs, tokens = call()
+        rows.append((f"{n_rows} x {new}", way, tokens / secs, first))
+        print(f"  {n_rows} x {new}  {way}: {tokens / secs:,.0f} tokens/s ({tokens} tokens; first call {first:.1f} s)",
+              flush=True)
+    return dict(rows=rows, engine_start_s=round(start, 1))
+
+
+# ----------------------------------------------------------------------------- the default CUDA sampling path
+OURS, STATIC, DYNAMIC = "ours (static cache", "transformers generate, static cache + torch.compile", \
+    "transformers generate, dynamic cache"
+
+
+def sampler_rows(report: dict) -> list[dict]:
+    """Every sampling row of a report (the sampler step's and the vllm step's), in the steps' order."""
+    return [r for s in report.get("steps", []) if s.get("step") in ("sampler", "vllm") for r in s.get("rows") or []]
+
+
+def choose_sampler(report: dict, vllm_importable: bool | None = None) -> dict:
+    """The default CUDA sampling path a gpu-check report's numbers choose (issue 49, item 3): 'ours' only where
+    ours measured at least 1.0x transformers' static cache + torch.compile at every shape both were measured in
+    that run (and at one at least); 'vllm' where vLLM imports (`vllm_importable`; None: as the report recorded)
+    and was the fastest way at every shape it was measured; else 'transformers' (static cache + compile).
+    Returns {"path", "why", "ratios": {shape: ours / static+compile}}."""
+    rows = sampler_rows(report)
+    by = {}
+    for r in rows:
+        if r["way"] != "weight-read limit":
+            by.setdefault(r["shape"], {})[r["way"]] = r["tokens_per_s"]
+    ratios = {}
+    for shape, ways in by.items():
+        ours = next((t for w, t in ways.items() if w.startswith(OURS)), None)
+        if ours is not None and STATIC in ways:
+            ratios[shape] = ours / ways[STATIC]
+    if vllm_importable is None:
+        vllm_importable = bool(((report.get("device") or {}).get("packages") or {}).get("vllm", {}).get("importable"))
+    v_shapes = [sh for sh, ways in by.items() if any(w.startswith("vLLM") for w in ways)]
+    if vllm_importable and v_shapes and all(
+            max(t for w, t in by[sh].items() if w.startswith("vLLM")) >= max(by[sh].values()) for sh in v_shapes):
+        return dict(path="vllm", ratios=ratios, why="vLLM imports and was the fastest way at "
+                    + ", ".join(v_shapes))
+    said = ", ".join(f"{v:.2f}x at {sh}" for sh, v in ratios.items())
+    if ratios and all(v >= 1.0 for v in ratios.values()):
+        return dict(path="ours", ratios=ratios, why=f"ours / transformers static cache + compile: {said}")
+    why = (f"ours / transformers static cache + compile: {said} (< 1.0x)" if ratios else
+           "ours was never measured beside transformers' static cache + compile in one run")
+    return dict(path="transformers", ratios=ratios, why=why)
+
+
+def newest_report(kind: str, where: Path = ROOT / "data" / "scale" / "measured", exclude: Path | None = None
+                  ) -> Path | None:
+    """The newest gpu-check report of a device kind under `where` (by the date in its name), among the files git
+    tracks there when git can tell (a report written but not committed is left out), else among all of them but
+    `exclude` (the report a running gpu-check is writing)."""
+    files = sorted(f for f in where.glob(f"gpucheck-{kind}-*.json") if exclude is None or f.resolve() != exclude.resolve())
+    files = [f for f in files if re.fullmatch(rf"gpucheck-{re.escape(kind)}-\d{{4}}-\d{{2}}-\d{{2}}\.json", f.name)]
+    try:
+        p = subprocess.run(["git", "ls-files", "--", str(where)], cwd=where, capture_output=True, text=True, timeout=30)
+        tracked = {(where / Path(x).name).resolve() for x in p.stdout.split()} if p.returncode == 0 else None
+    except (OSError, subprocess.TimeoutExpired):
+        tracked = None
+    if tracked is not None:
+        files = [f for f in files if f.resolve() in tracked]
+    return files[-1] if files else None
+
+
+def default_cuda_sampler(kind: str, where: Path = ROOT / "data" / "scale" / "measured",
+                         vllm_importable: bool | None = None, exclude: Path | None = None) -> dict:
+    """`choose_sampler` over the newest committed gpu-check report of `kind` (+ "report": its path), or
+    {"path": "transformers", "why": "no gpu-check report of <kind>"} when there is none."""
+    f = newest_report(kind, where, exclude)
+    if f is None:
+        return dict(path="transformers", ratios={}, report=None, why=f"no committed gpu-check report of {kind}")
+    out = choose_sampler(json.loads(f.read_text()), vllm_importable)
+    return {**out, "report": str(f.relative_to(ROOT)) if f.is_relative_to(ROOT) else str(f)}
 
 
 def profile_decode(rows: int = 64, prompt: int = 64, new: int = 32, top: int = 15, shape: str = "qwen3-1.7b",
@@ -138,12 +308,12 @@ def _step(name: str, cmd: list[str], timeout: float, env: dict | None = None) ->
     return dict(step=name, cmd=cmd, rc=rc, seconds=round(secs, 1), output_tail=_tail(out))
 
 
-def _json_step(name: str, expr: str, js: Path, timeout: float) -> dict:
+def _json_step(name: str, expr: str, js: Path, timeout: float, env: dict | None = None) -> dict:
     """A step that evaluates `expr` (in a process of its own, with bench, gpucheck and scale imported) and
     returns what it evaluated to under "json" (absent when the process wrote nothing)."""
     code = (f"import json; from cancellation import bench, gpucheck, scale; "
             f"json.dump({expr}, open({str(js)!r}, 'w'))")
-    r = _step(name, [sys.executable, "-c", code], timeout)
+    r = _step(name, [sys.executable, "-c", code], timeout, env)
     if js.exists():
         r["json"] = json.loads(js.read_text())
         js.unlink()
@@ -195,15 +365,20 @@ def _device() -> dict:
                 packages=packages())
 
 
-def _dry_overrides(nb: str) -> list[str]:
-    kv = {**DRY_SIZES, **dry_per_notebook().get(nb, {})}
-    return [x for k, v in kv.items() for x in ("-p", k, str(v))]
+def _dry_overrides(nb: str, backend: str | None = None) -> list[str]:
+    """The dry run's -p pairs: DRY_SIZES, the manifest's `dry` of the notebook, and `backend` when given (a
+    fallback from the profile's); lists as JSON (YAML flow)."""
+    kv = {**DRY_SIZES, **dry_per_notebook().get(nb, {}), **({"backend": backend} if backend else {})}
+    return [x for k, v in kv.items() for x in ("-p", k, v if isinstance(v, str) else json.dumps(v))]
 
 
-def plan_steps(notebooks: list[str]) -> list[tuple[str, int]]:
-    return [("pytest", EST["pytest"]), ("sampler", EST["sampler"]), ("profile", EST["profile"]),
-            ("units", EST["units"]), ("trim", EST["trim"])] + \
-        [(f"dry-{nb}", est_dry(nb)) for nb in notebooks]
+def plan_steps(notebooks: list[str], units_first: bool = False) -> list[tuple[str, int]]:
+    """The steps in order: what the machine can sample with, then the dry runs, then the profile, the unit
+    costs and the trim probe. `units_first`: the unit costs before the dry runs (a card with no planner file)."""
+    head = [("pytest", EST["pytest"]), ("sampler", EST["sampler"]), ("vllm", EST["vllm"])]
+    units = [("units", EST["units"])]
+    return head + (units if units_first else []) + [(f"dry-{nb}", est_dry(nb)) for nb in notebooks] + \
+        [("profile", EST["profile"])] + ([] if units_first else units) + [("trim", EST["trim"])]
 
 
 def run_check(budget: float, out: Path, notebooks: list[str], skip: set[str]) -> dict:
@@ -219,7 +394,9 @@ def run_check(budget: float, out: Path, notebooks: list[str], skip: set[str]) ->
         return budget - (time.time() - t0)
 
     data = None
-    for name, est in plan_steps(notebooks):
+    vllm_rec = dev["packages"].get("vllm")
+    units_first = not (ROOT / "data" / "scale" / f"{kind}.json").exists()
+    for name, est in plan_steps(notebooks, units_first):
         base = name.split("-")[0]
         if base == "dry" and data is None and name not in skip and "dry" not in skip:
             data = standin_data()   # the dry runs' problem files, when this clone has none (no model is built)
@@ -227,6 +404,10 @@ def run_check(budget: float, out: Path, notebooks: list[str], skip: set[str]) ->
                   flush=True)
         if name in skip or base in skip:
             steps.append(dict(step=name, skipped="--skip"))
+            continue
+        if name == "vllm" and not (vllm_rec or {}).get("importable"):
+            steps.append(dict(step=name, skipped=vllm_unavailable(vllm_rec)))
+            print(f"[gpu-check] vllm: skipped ({steps[-1]['skipped']})", flush=True)
             continue
         if left() < est:
             steps.append(dict(step=name, skipped=f"budget: {left():.0f} s left, estimated {est} s"))
@@ -238,8 +419,14 @@ def run_check(budget: float, out: Path, notebooks: list[str], skip: set[str]) ->
         elif name == "sampler":
             r = _json_step(name, f"bench.sampler({SAMPLER_KW})", out / f".{kind}.sampler.json", limit)
             if "json" in r:
-                r["rows"] = [dict(shape=d, way=w, tokens_per_s=t, first_call_s=None if f != f else f)
-                             for d, w, t, f in r.pop("json")]
+                r["rows"] = _rows(r.pop("json"))
+        elif name == "vllm":
+            r = _json_step(name, "gpucheck.sampler_vllm()", out / f".{kind}.vllm.json", limit)
+            got = r.pop("json", None) or {}
+            if got.get("rows"):
+                r["rows"], r["engine_start_s"] = _rows(got["rows"]), got.get("engine_start_s")
+            if got.get("error"):
+                r["error"] = f"vllm: not importable ({got['error']})"
         elif name == "profile":
             r = _json_step(name, "gpucheck.profile_decode()", out / f".{kind}.profile.json", limit)
             if "json" in r:
@@ -260,9 +447,11 @@ def run_check(budget: float, out: Path, notebooks: list[str], skip: set[str]) ->
                 r["trim"] = r.pop("json")
         else:
             nb = name.split("-")[1]
-            r = _step(name, [py, "-m", "cancellation.run", nb, "--profile", "paper-vocab", "--dry-run",
-                             "--no-plan-check", *_dry_overrides(nb)], limit)
-            rec = ROOT / "dry-run" / "paper-vocab" / "measured.json"
+            backend, why = dry_backend(nb, vllm_rec)
+            rec = ROOT / "dry-run" / DRY_PROFILE / "measured.json"
+            r = _step(name, [py, "-m", "cancellation.run", nb, "--profile", DRY_PROFILE, "--dry-run",
+                             "--no-plan-check", *_dry_overrides(nb, backend if why else None)], limit)
+            r.update(profile=DRY_PROFILE, backend=backend, **({"fallback": why} if why else {}))
             if rec.exists():
                 rows = json.loads(rec.read_text())
                 hit = [v for k, v in rows.items() if k.startswith(nb + "_")]
@@ -275,9 +464,17 @@ def run_check(budget: float, out: Path, notebooks: list[str], skip: set[str]) ->
     return report
 
 
+def _rows(raw) -> list[dict]:
+    """bench.sampler's (shape, way, tokens/s, first call s) tuples as the report's rows (NaN first call: None)."""
+    return [dict(shape=d, way=w, tokens_per_s=t, first_call_s=None if f is None or f != f else f) for d, w, t, f in raw]
+
+
 def _write(stem: Path, dev: dict, budget: float, spent: float, steps: list[dict]) -> dict:
-    report = dict(device=dev, budget_s=budget, spent_s=round(spent, 1), dry_sizes=DRY_SIZES,
+    report = dict(device=dev, budget_s=budget, spent_s=round(spent, 1), dry_profile=DRY_PROFILE, dry_sizes=DRY_SIZES,
                   dry_per_notebook=dry_per_notebook(), steps=steps)
+    if sampler_rows(report):
+        report["sampler_choice"] = choose_sampler(report)
+    report["sampler_choice_committed"] = default_cuda_sampler(dev["kind"], exclude=stem.with_suffix(".json"))
     tmp = stem.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(report, indent=1, default=str) + "\n")
     tmp.replace(stem.with_suffix(".json"))
@@ -305,12 +502,9 @@ def markdown(report: dict) -> str:
         if s.get("step") == "pytest" and "output_tail" in s:
             last = [x for x in s["output_tail"].splitlines() if x.strip()][-1:] or [""]
             lines += ["", f"**pytest -m gpu:** {last[0]}"]
-        if s.get("rows"):
-            lines += ["", "**Sampler, Qwen3-1.7B shape, bfloat16, random weights, no stop ids** (`bench sampler`):", "",
-                      "| rows x new | way | tokens/s | first call (s) |", "|---|---|---|---|"]
-            for r in s["rows"]:
-                f = "" if r["first_call_s"] is None else f"{r['first_call_s']:.1f}"
-                lines.append(f"| {r['shape']} | {r['way']} | {r['tokens_per_s']:,.0f} | {f} |")
+        if s.get("step") in ("sampler", "vllm") and not any(x.startswith("**Sampler,") for x in lines) and (
+                sampler_rows(report) or s.get("step") == "vllm"):   # one table: both steps' rows, or why vllm has none
+            lines += ["", *_sampler_table(report)]
         if s.get("profile"):
             pr = s["profile"]
             lines += ["", f"**One decode step, {pr['rows']} rows, prompt {pr['prompt']}, {pr['new']} new tokens** "
@@ -339,24 +533,57 @@ def markdown(report: dict) -> str:
                              f"{r['speedup']:.2f}x | {r['max_abs_diff']:.1e} |")
     dry = [s for s in report["steps"] if s.get("step", "").startswith("dry-")]
     if dry:
-        sizes = ", ".join(f"{k} {v}" for k, v in DRY_SIZES.items() if k not in ("model_path", "device"))
+        sizes = ", ".join(f"{k} {v}" for k, v in report.get("dry_sizes", DRY_SIZES).items()
+                          if k not in ("model_path", "device"))
         extra = "; ".join(f"{nb}: " + ", ".join(f"{k} {v}" for k, v in kv.items())
-                          for nb, kv in dry_per_notebook().items())
-        lines += ["", f"**Dry runs at Qwen3-1.7B's shape** (`--dry-run`, profile paper-vocab, {sizes}; {extra}):", "",
-                  "| notebook | measured: time, peak GPU | planned: time, peak | measured / planned |", "|---|---|---|---|"]
+                          for nb, kv in report.get("dry_per_notebook", dry_per_notebook()).items())
+        lines += ["", f"**Dry runs at Qwen3-1.7B's shape** (`--dry-run`, profile {report.get('dry_profile', 'paper-vocab')}, "
+                  f"{sizes}; {extra}):", "",
+                  "| notebook | backend | measured: time, peak GPU | planned: time, peak | measured / planned |",
+                  "|---|---|---|---|---|"]
         for s in dry:
             m = s.get("measured")
+            back = s.get("backend", "") + (f" ({s['fallback']})" if s.get("fallback") else "")
             if not m:
                 why = s.get("skipped") or f"rc {s.get('rc')}"
-                lines.append(f"| {s['step'][4:]} | not measured ({why}) | | |")
+                lines.append(f"| {s['step'][4:]} | {back} | not measured ({why}) | | |")
                 continue
             p = m.get("planned") or {}
             t, g = m["measured_seconds"], m.get("peak_cuda_gib") or float("nan")
             pt, pg = p.get("predicted_seconds"), p.get("peak_gib")
             ratio = f"{t / pt:.2f}x, {g / pg:.2f}x" if pt and pg else ""
-            lines.append(f"| {m['notebook']} | {t:.0f} s, {g:.1f} GiB | "
+            lines.append(f"| {m['notebook']} | {back} | {t:.0f} s, {g:.1f} GiB | "
                          + (f"{pt:.0f} s, {pg:.1f} GiB" if pt and pg else "no plan") + f" | {ratio} |")
+    for key, where in (("sampler_choice", "this run's numbers"), ("sampler_choice_committed", None)):
+        c = report.get(key)
+        if c:
+            src = where or (f"the newest committed report of this kind (`{c['report']}`)" if c.get("report") else
+                            "no committed report of this kind")
+            lines += ["", f"**Default CUDA sampling path from {src}:** {c['path']} ({c['why']})."]
     return "\n".join(lines) + "\n"
+
+
+def _sampler_table(report: dict) -> list[str]:
+    """The sampler table: the sampler step's rows and the vllm step's, by shape, each beside its shape's
+    weight-read limit; a vllm step that measured nothing as one row saying why."""
+    rows = sampler_rows(report)
+    limit = {r["shape"]: r["tokens_per_s"] for r in rows if r["way"] == "weight-read limit"}
+    lines = ["**Sampler, Qwen3-1.7B shape, bfloat16, random weights, no stop ids** (`bench sampler`; vLLM: "
+             "`gpucheck.sampler_vllm`, the same prompts and sizes):", "",
+             "| rows x new | way | tokens/s | first call (s) | of the weight-read limit |", "|---|---|---|---|---|"]
+    shapes = list(dict.fromkeys(r["shape"] for r in rows))
+    for sh in shapes:
+        mine = [r for r in rows if r["shape"] == sh]
+        for r in sorted(mine, key=lambda r: r["way"] == "weight-read limit"):
+            f = "" if r["first_call_s"] is None else f"{r['first_call_s']:.1f}"
+            share = "" if r["way"] == "weight-read limit" or sh not in limit else \
+                f"{100 * r['tokens_per_s'] / limit[sh]:.1f}%"
+            lines.append(f"| {r['shape']} | {r['way']} | {r['tokens_per_s']:,.0f} | {f} | {share} |")
+    v = next((s for s in report.get("steps", []) if s.get("step") == "vllm"), None)
+    if v is not None and not v.get("rows"):
+        why = v.get("skipped") or v.get("error") or ("timed out" if v.get("rc") == 124 else f"failed (rc {v.get('rc')})")
+        lines.append(f"| {', '.join(shapes)} | {why if why.startswith('vllm') else 'vllm: ' + why} | | | |")
+    return lines
 
 
 def main(argv=None):
@@ -368,8 +595,19 @@ def main(argv=None):
     ap.add_argument("--list", action="store_true", help="print the steps and their estimates, run nothing")
     a = ap.parse_args(argv)
     if a.list:
+        vllm_rec = packages(("vllm",))["vllm"]
         for name, est in plan_steps(a.notebooks):
-            print(f"{name:<8} ~{est} s")
+            what = ""
+            if name == "vllm" and not vllm_rec["importable"]:
+                what = f"  (skipped here: {vllm_unavailable(vllm_rec)})"
+            elif name.startswith("dry-"):
+                backend, why = dry_backend(name[4:], vllm_rec)
+                o = _dry_overrides(name[4:])[3 * len(DRY_SIZES):]
+                what = f"  {DRY_PROFILE}, backend {backend}" + (f" ({why})" if why else "") + \
+                    "".join(f" {k}={v}" for k, v in zip(o[1::3], o[2::3]))
+            print(f"{name:<8} ~{est} s{what}")
+        print("(dry runs: every one with " + " ".join(f"{k}={v}" for k, v in DRY_SIZES.items()) + "; a card with "
+              "no data/scale/<kind>.json runs units before them)")
         return 0
     bare_machine_env()
     if not torch.cuda.is_available():

@@ -41,7 +41,8 @@ class Figure:
     stages: tuple[str, ...]            # the cached stages its module declares in stage.py (by name)
     about: str                         # one line: what it measures (README's and docs/figures.md's tables)
     dry: MappingProxyType = field(default_factory=lambda: MappingProxyType({}))  # gpu-check's dry-run sizes beyond DRY_SIZES
-    dry_seconds: int | None = None     # a dry run's measured seconds on an H200, 10 s added (None: never measured)
+    dry_seconds: int | None = None     # a dry run's measured seconds at those sizes, 10 s added (None: never measured)
+    dry_first: bool = False            # gpu-check dry-runs it before every other notebook
     package: str = "cancellation.figures"   # where `module` lives (a test's dummy figure lives elsewhere)
 
     @property
@@ -57,34 +58,50 @@ class Figure:
         return any(re.match(re.escape(p) + (r"_" if p[-1].isalpha() else r"[a-z]?_"), name) for p in self.outputs)
 
 
-def _fig(notebook, module, panels, outputs, stages, about, dry=None, dry_seconds=None) -> Figure:
+def _fig(notebook, module, panels, outputs, stages, about, dry=None, dry_seconds=None, dry_first=False) -> Figure:
     return Figure(notebook, module, tuple(panels), tuple(outputs), tuple(stages), about,
-                  MappingProxyType(dict(dry or {})), dry_seconds)
+                  MappingProxyType(dict(dry or {})), dry_seconds, dry_first)
+
+
+# gpu-check's dry runs are paper-quick's sections at these sizes on top of gpucheck.DRY_SIZES (Qwen3-1.7B's shape,
+# random weights, 128 new tokens, 4 prompts), each planned at about a minute on an H200 (85 s: 04). None is measured
+# at these sizes yet (the 2026-11-26 H200 seconds were paper-vocab's at 16 new tokens): dry_seconds stays None.
+_SHAPE = "data/shapes/qwen3-1.7b-base"
 
 
 FIGURES: list[Figure] = [
     _fig("01_token_flipping", "fig01", ["Fig. 1", "Fig. 9"], ["fig01", "fig09"], ["fig01_noise_floor"],
-         "how one GRPO step moves each token's log-probability, by advantage sign and confidence; across models"),
+         "how one GRPO step moves each token's log-probability, by advantage sign and confidence; across models",
+         dry=dict(models=[_SHAPE], steps=1, fig9_steps=1)),
     _fig("02_coupling_heatmaps", "fig02", ["Fig. 2"], ["fig02"], ["fig02"],
-         "the coupling kernel ⟨h_j,h_k⟩·φ between tokens of opposite-sign rollouts; first-order fidelity of δ_j"),
+         "the coupling kernel ⟨h_j,h_k⟩·φ between tokens of opposite-sign rollouts; first-order fidelity of δ_j",
+         dry=dict(n_pairs=5000)),
     _fig("03_masked_updates", "fig03", ["Fig. 3", "Table 1", "Fig. 10", "App. D.3"], ["fig03", "table1", "fig10"],
          ["fig03", "masked_full", "masked_topk_full", "sign_consistency_run"],
          "updates masked to token subsets (Boost Rate, Mean Boost); lm_head vs full-parameter sign consistency",
-         dry=dict(mask_size=1), dry_seconds=100),
+         dry=dict(mask_size=1, n_cands=4, n_cands_full=1, run_steps=1, run_n_prompts=2, topk_sizes=[1, 2],
+                  topk_full_sizes=[2], n_cands_topk_full=1, run_G=4)),
     _fig("04_category_shift", "fig04", ["Fig. 4", "thesis"], ["fig04"], ["category_shift"],
          "mass shift per token category, positive-only vs GRPO; the thesis as rows that could fail (shared vs "
-         "success-specific tokens, Algorithm 2)"),
+         "success-specific tokens, Algorithm 2)",
+         dry=dict(fo_tokens=64, n_batches=2)),
     _fig("05_value_gap", "fig05", ["Fig. 5", "Fig. 11"], ["fig05", "fig11"], ["fig05", "repeated_deltas"],
-         "Monte Carlo value of boosted vs suppressed tokens; repeated updates with SGD and Adam", dry_seconds=70),
+         "Monte Carlo value of boosted vs suppressed tokens; repeated updates with SGD and Adam",
+         dry=dict(M=4, n_per_cell=4, heldout_per_cell=0, n_pool11=4, adam_lrs=[1.0e-6], repeat_steps=3)),
     _fig("06_sampling_budget", "fig06", ["Fig. 6", "Fig. 7(b)"], ["fig06", "fig07b"], ["fig06", "budget_sweep_nested"],
          "the value gap vs prompts per update, rollouts per prompt and positives per group",
-         dry=dict(n_prompts=16), dry_seconds=95),
+         dry=dict(n_prompts=16, prompt_sizes=[4, 16], rollout_sizes=[1, 8], prompts_fixed=4, comp_prompts=4,
+                  comp_G=6, G_comp=2, comp_groups=2, n_seeds=2, M=4)),
     _fig("07_batching", "fig07", ["Fig. 7(a)", "Fig. 8", "Table 2", "Eq. 14"], ["fig07a", "fig08", "table2"],
          ["train_trl", "local_imbalance"],
-         "batching strategies (random / QB / RB / QB+RB / sign-partitioned) over seeds, with fair controls"),
+         "batching strategies (random / QB / RB / QB+RB / sign-partitioned) over seeds, with fair controls",
+         dry=dict(seeds=[0], iterations=1, eval_every=1, eval_sets=["data/standins/math500.jsonl"], eval_n=8,
+                  trl_strategies=["QB+RB"], trl_seeds=[0], probe_strategies=[], imbalance_plans=0,
+                  strategies=["QB+RB"]),
+         dry_first=True),   # paper-quick's least certain time (TRL), never dry-run at its own backend
     _fig("08_referee_controls", "fig08", ["Fig. 12"], ["fig12"], ["fig12"],
          "beyond the paper: frequency-matched and within-token-id controls, kernels by confidence bin",
-         dry=dict(grad_chunk=2), dry_seconds=90),
+         dry=dict(steps=1, n_full_tokens=16, grad_chunk=2)),
 ]
 
 

@@ -45,6 +45,7 @@ import torch
 import torch.nn.functional as F
 
 from . import measure
+from .dryrun import dry_run
 from .policy import cast, load_policy
 
 ROW_BUCKETS = (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
@@ -747,6 +748,13 @@ def _import_vllm():
     return vllm.LLM, vllm.SamplingParams, TokensPrompt
 
 
+def vllm_dry_kw() -> dict:
+    """vllm.LLM's extra arguments under the runner's --dry-run (random weights; the model directory may hold
+    only config.json, as data/shapes/ does): dummy weights (make_sampler then pushes the HF model's random
+    ones) and no tokenizer (prompts go in as token ids). Empty otherwise: a real run loads what is at the path."""
+    return dict(load_format="dummy", skip_tokenizer_init=True) if dry_run() is not None else {}
+
+
 def make_sampler(model, model_path, backend: str = "hf", dtype: str = "float32", seed: int = 0,
                  gpu_memory_utilization: float = 0.3, device: str | None = None):
     """What `sample` samples from: a copy of `model` in `dtype` (on `device` if given) for 'hf';
@@ -758,8 +766,10 @@ def make_sampler(model, model_path, backend: str = "hf", dtype: str = "float32",
         # keep the engine in this process (as TRL's colocate mode) so sync_weights can reach its model
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         llm = LLM(str(model_path), dtype=dtype, seed=seed, enable_prefix_caching=True,
-                  gpu_memory_utilization=gpu_memory_utilization)
+                  gpu_memory_utilization=gpu_memory_utilization, **vllm_dry_kw())
         llm.hf_model = model
+        if dry_run() is not None:   # the engine's dummy weights replaced by the HF model's random ones
+            sync_weights(llm, model)
         return llm
     if backend != "hf":
         raise ValueError(f"unknown sampling backend {backend!r}; use 'hf' or 'vllm'")
