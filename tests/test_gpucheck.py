@@ -33,6 +33,8 @@ def test_list_names_every_step_in_order():
     assert gpucheck.plan_steps(["05"], units_first=True)[3][0] == "units"   # a card the planner has no file for
     lines = dict(line.split(None, 1) for line in p.stdout.splitlines() if not line.startswith("("))
     assert "paper-quick, backend " in lines["dry-05"] and "M=4" in lines["dry-05"]   # the plan: profile, backend, sizes
+    assert "(default CUDA sampling path on nvidia-h200: transformers, ours / transformers static cache + compile: " \
+        "0.46x at 64 x 512 (< 1.0x); from data/scale/measured/gpucheck-nvidia-h200-2026-11-26.json)" in p.stdout
     if not gpucheck.packages(("vllm",))["vllm"]["importable"]:
         assert "skipped here: vllm: not importable (" in lines["vllm"]
         assert "backend hf (falls back to hf: vllm: not importable (" in lines["dry-05"]

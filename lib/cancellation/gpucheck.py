@@ -2,7 +2,7 @@
 
     python -m cancellation.gpucheck                    # default budget 540 s (fits one 10-minute device call)
     python -m cancellation.gpucheck --budget-s 1800 --notebooks 03 05
-    python -m cancellation.gpucheck --list             # the steps, their estimated seconds, and what each records
+    python -m cancellation.gpucheck --list             # the steps, their estimates, the dry runs' backends and sizes
 
 Steps, in the order of what they are worth when time is short (each in its own process, so one that
 fails or runs out of memory does not take the rest with it; a step is skipped, and the report says
@@ -15,17 +15,17 @@ so, when its estimate no longer fits in what is left of the budget):
    first shape) and the weight-read limit measured on the card.
 3. `vllm`: vLLM's tokens/s at the same shape, dtype, prompts and sizes (`sampler_vllm`: dummy weights, token
    ids in), in the sampler table beside the others; where `import vllm` fails, the table says why.
-4. (units first on a card with no data/scale/<kind>.json: the dry runs are planned with what it writes)
-5. Dry runs (`run NN --dry-run`): paper-quick's sections and backends (vLLM where the section samples with
+4. Dry runs (`run NN --dry-run`): paper-quick's sections and backends (vLLM where the section samples with
    it and it imports here; else hf, and the report says why) at Qwen3-1.7B's shape, random weights and
    coin-flip rewards, at stated sizes scaled to about a minute each (DRY_SIZES and the manifest's `dry`);
    07 and the notebooks that sample with vLLM first (`dry_order`): wall time and peak GPU memory beside
    the planner's prediction.
-6. A decode-step profile (`profile_decode`): kernels by CUDA time, beside the captured graph's pace.
-7. Unit costs (`cancellation.scale`): the planner's per-token and per-call seconds of every block on
+5. A decode-step profile (`profile_decode`): kernels by CUDA time, beside the captured graph's pace.
+6. Unit costs (`cancellation.scale`): the planner's per-token and per-call seconds of every block on
    this card, at Qwen3-1.7B's shape -> `<out>/<kind>.units.json`, and data/scale/<kind>.json when that
-   kind has none yet (the planner's file).
-8. `trim_padding` at Qwen3-1.7B's shape (`scale.trim_probe`): an analysis forward and a full-scope
+   kind has none yet (the planner's file). On such a card it runs before the dry runs, which are then
+   planned with it.
+7. `trim_padding` at Qwen3-1.7B's shape (`scale.trim_probe`): an analysis forward and a full-scope
    SGD step over every column vs each chunk's real columns only, responses of spread lengths.
 
 The report ends with the default CUDA sampling path this run's numbers choose (`choose_sampler`: ours only
@@ -608,6 +608,12 @@ def main(argv=None):
             print(f"{name:<8} ~{est} s{what}")
         print("(dry runs: every one with " + " ".join(f"{k}={v}" for k, v in DRY_SIZES.items()) + "; a card with "
               "no data/scale/<kind>.json runs units before them)")
+        where = ROOT / "data" / "scale" / "measured"
+        for kind in sorted({m.group(1) for f in where.glob("gpucheck-*.json")
+                            if (m := re.fullmatch(r"gpucheck-(.+)-\d{4}-\d{2}-\d{2}\.json", f.name))}):
+            c = default_cuda_sampler(kind, where)
+            if c["report"]:
+                print(f"(default CUDA sampling path on {kind}: {c['path']}, {c['why']}; from {c['report']})")
         return 0
     bare_machine_env()
     if not torch.cuda.is_available():
