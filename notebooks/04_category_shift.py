@@ -58,6 +58,7 @@ from cancellation.figures import fig04, fig04_claims, fig04_plots
 
 logging.basicConfig(level=logging.WARNING)
 P = fig04.Params(**params)   # every parameter, its default, doc and allowed range: lib/cancellation/figures/fig04.py
+plots.use_profile(profile, P)  # every figure saved below is stamped with the profile and policy
 R = fig04.compute(P)         # Algorithm 2 on every batch (cached per batch), tagging, masses, shifts, settings
 R.write(results_dir)
 print(fig04.summary(R))
