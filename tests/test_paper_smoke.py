@@ -41,21 +41,34 @@ def out_root(canonical_standins, tmp_path_factory):
     return tmp_path_factory.mktemp("paper-smoke")
 
 
-def _run(ref, out_root, profile="paper-smoke", log=None):
+def _run(ref, out_root, profile="paper-smoke", log=None, cache=None):
     """Run a notebook on `profile` under the Compute guard: its LM head raises on more than the
     profile's `token_chunk` positions, and an UpdateConfig with other memory knobs than the
     profile's raises (knob reach: every forward and update of the notebook obeys the profile).
-    With `log`, the guard tallies the positions it sees into that JSON file."""
+    With `log`, the guard tallies the positions it sees into that JSON file; with `cache`, the run
+    takes that (fresh) cache directory instead of the session's, so every position is computed here."""
     params = run.resolve_params(run.find_notebook(ref), profile, None, out_root)
     knobs = {k: params[k] for k in guard.KNOBS if k in params}
     assert "token_chunk" in knobs, f"notebook {ref} declares no token_chunk"
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv(guard.GUARD_ENV, json.dumps(dict(knobs, **({"log": str(log)} if log else {}))))
+        if cache:
+            mp.setenv("CANCELLATION_CACHE", str(cache))
         out = run.run_notebook(ref, profile, out_root=out_root, log_output=False)   # the kernel inherits it
     nb = json.loads(out.read_text())
     errors = [o for c in nb["cells"] for o in c.get("outputs", []) if o.get("output_type") == "error"]
     assert not errors, errors
     return out_root / "data" / "results" / profile, out_root / "figures" / profile
+
+
+def _tallied(ref, out_root, tmp_path):
+    """`_run` with a cache of its own and the guard's tally, then test_plan_tally's check on that same run
+    (the planner's workload within 2x of the tally): one paper-smoke run serves both files' assertions."""
+    from test_plan_tally import check_tally
+    log = tmp_path / "tally.json"
+    res, figs = _run(ref, out_root, log=log, cache=tmp_path / "cache")
+    check_tally(ref, run.resolve_params(run.find_notebook(ref), "paper-smoke", None, out_root), log)
+    return res, figs
 
 
 def _figs(figs, *names):
@@ -75,8 +88,8 @@ def test_01(out_root):
 
 
 @pytest.mark.slow
-def test_02(out_root):
-    res, figs = _run("02", out_root)
+def test_02(out_root, tmp_path):
+    res, figs = _tallied("02", out_root, tmp_path)
     _figs(figs, "fig02_coupling")
     pairs = pd.read_parquet(res / "fig02_pairs.parquet")
     assert np.allclose(pairs.kernel, pairs.hdot * pairs.phi)
@@ -91,8 +104,8 @@ def test_03(out_root):
 
 
 @pytest.mark.slow
-def test_04(out_root):
-    res, figs = _run("04", out_root)
+def test_04(out_root, tmp_path):
+    res, figs = _tallied("04", out_root, tmp_path)
     _figs(figs, "fig04_category_shift")
     mass = pd.read_parquet(res / "fig04_category_mass_per_batch.parquet")
     assert set(mass["update"]) == {"positive_only", "grpo"}
@@ -128,8 +141,8 @@ def test_06(out_root):
 
 
 @pytest.mark.slow
-def test_07(out_root):
-    res, figs = _run("07", out_root)
+def test_07(out_root, tmp_path):
+    res, figs = _tallied("07", out_root, tmp_path)
     _figs(figs, "fig07a_sign_partition", "fig08_training_curves")
     curves = pd.read_parquet(res / "fig08_training_curves.parquet")
     assert "math500" in set(curves.set)  # evaluated on the MATH-500-shaped file, rewarded by math-verify
