@@ -69,8 +69,8 @@ def sign_partition(R, strategies: list):
     plots.bars(axes[0], a, "set", "acc", hue="strategy", lo="lo", hi="hi", order=R.cols, hue_order=show,
                palette={s: fig07.COLORS[s] for s in show})
     axes[0].axhline(R.start, color="k", lw=0.6, ls=":", label="start (avg)")
-    axes[0].set(xlabel="", ylabel="final accuracy (%)", title="held-out accuracy", ylim=(0, 150))  # room for the legend
-    axes[0].legend(frameon=False, fontsize=5.5, ncol=2, loc="upper center")
+    axes[0].set(xlabel="", ylabel="final accuracy (%)", title="held-out accuracy", ylim=(0, 105))
+    axes[0].legend(frameon=False, fontsize=5.5, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.14))  # below the sets
     for name in [s for s in ("random", "sign_partitioned") if s in strategies]:
         d = R.minibatches[R.minibatches.strategy == name]
         gn = d.grad_norm[d.grad_norm > 0]  # a mini-batch of only A = 0 rollouts has no gradient
