@@ -391,10 +391,11 @@ def test_cuda_sampling_matches_cpu(tok, model64):
     assert torch.equal(c1[0], c2[0]) and c1[0].device.type == "cpu"
 
 
-def test_rewards_see_responses_without_special_tokens(tmp_path):
-    """A chat model's response ends in <|im_end|>; DAPO's "Answer:" line must not read "12<|im_end|>"."""
-    from cancellation import standins
-    paths = standins.build(tmp_path / "standins", paper_vocab=False)  # the 151k-row model is not needed here
+def test_rewards_see_responses_without_special_tokens(canonical_standins):
+    """A chat model's response ends in <|im_end|>; DAPO's "Answer:" line must not read "12<|im_end|>".
+    The stand-ins of data/standins (built once per session, as the paper-smoke tests build them; a no-op
+    once there), not a build of their own: the same seed-0 build, a ~30 s build fewer."""
+    paths = canonical_standins
     model, tok = policy.load_policy(paths["model"])
     src = tasks.ProblemSource(path=paths["dapo"])
     b = rollout.sample(model, tok, rollout.SampleConfig(n_prompts=4, G=4, max_new_tokens=24, source=src), seed=1)
