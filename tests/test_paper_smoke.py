@@ -3,6 +3,7 @@
 `paper-smoke.yaml` mirrors `paper.yaml` key for key, so a section of the paper profile cannot
 name a parameter its notebook lacks, or drift away from what the tests run."""
 import json
+import time
 
 import numpy as np
 import pandas as pd
@@ -61,6 +62,21 @@ def _run(ref, out_root, profile="paper-smoke", log=None, cache=None):
     return out_root / "data" / "results" / profile, out_root / "figures" / profile
 
 
+def _timed(ref, out_root, tmp_path, tally=False):
+    """`_run` with a cache of its own, timed, then test_plan's check of its seconds against the CPU plan (its
+    one retry a plain run of its own, as test_plan makes it); with `tally`, also `_tallied`'s check on the
+    same run. One paper-smoke run serves the three files' assertions."""
+    from test_plan import check_plan_time, timed_fresh_run
+    log = tmp_path / "tally.json" if tally else None
+    t = time.time()
+    res, figs = _run(ref, out_root, log=log, cache=tmp_path / "cache")
+    check_plan_time(ref, time.time() - t, lambda: timed_fresh_run(ref, tmp_path / "retry"))
+    if tally:
+        from test_plan_tally import check_tally
+        check_tally(ref, run.resolve_params(run.find_notebook(ref), "paper-smoke", None, out_root), log)
+    return res, figs
+
+
 def _tallied(ref, out_root, tmp_path):
     """`_run` with a cache of its own and the guard's tally, then test_plan_tally's check on that same run
     (the planner's workload within 2x of the tally): one paper-smoke run serves both files' assertions."""
@@ -89,7 +105,7 @@ def test_01(out_root):
 
 @pytest.mark.slow
 def test_02(out_root, tmp_path):
-    res, figs = _tallied("02", out_root, tmp_path)
+    res, figs = _timed("02", out_root, tmp_path, tally=True)
     _figs(figs, "fig02_coupling")
     pairs = pd.read_parquet(res / "fig02_pairs.parquet")
     assert np.allclose(pairs.kernel, pairs.hdot * pairs.phi)
@@ -167,8 +183,8 @@ def test_paper_profile_can_fill_fig7b_and_trains_at_the_papers_lr():
 
 
 @pytest.mark.slow
-def test_08(out_root):
-    res, figs = _run("08", out_root)
+def test_08(out_root, tmp_path):
+    res, figs = _timed("08", out_root, tmp_path)
     _figs(figs, "fig12_referee_controls")
     lm = pd.read_parquet(res / "fig12_lm_head_kernel.parquet")
     assert len(lm) == 8 and lm.n_pairs.sum() > 0

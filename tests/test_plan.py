@@ -1,5 +1,6 @@
 """cancellation.plan and the runner's --plan / --no-plan-check / --dry-run (issue 21; issue 24's size bound)."""
 import json
+import os
 import shlex
 import subprocess
 import time
@@ -117,27 +118,44 @@ def _git_status(*paths):
                           text=True, check=True).stdout
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("nb", ["02", "08"])
-def test_plan_within_2x_of_a_measured_cpu_run(nb, tmp_path, monkeypatch, canonical_standins):
+def check_plan_time(nb: str, first: float, rerun) -> None:
     """The committed CPU measurement (data/scale/cpu.json) predicts a paper-smoke run on the stand-ins, read
     at this machine's pace: the plan is scaled by this machine's notebook start (`scale.time_start`, the
     largest block of both notebooks) over the measuring machine's. Unscaled, a 2-core EPYC with AVX2 only
-    took 20-22 s for plans of 8-9 s (2026-11-27): the machine, not the plan, was 2.5x slower."""
+    took 20-22 s for plans of 8-9 s (2026-11-27): the machine, not the plan, was 2.5x slower.
+    `first`: the seconds of a run with a cache of its own; `rerun()`: another such run's seconds, the one
+    retry (a shared machine's load can double one run's time)."""
     path = run.find_notebook(nb)
     pl = plan.make(path.stem, run.resolve_params(path, "paper-smoke"))
     assert pl.kind == "cpu" and pl.seconds is not None
     pace = scale.time_start("cpu") / plan.load_units("cpu")["units"]["start"]["seconds"]
     expected = pl.seconds * pace
-    measured = []
-    for attempt in range(2):  # a shared machine's load can double one run's time: one retry, fresh cache
-        monkeypatch.setenv("CANCELLATION_CACHE", str(tmp_path / f"cache{attempt}"))
-        t = time.time()
-        run.run_notebook(nb, "paper-smoke", out_root=tmp_path / str(attempt), log_output=False)
-        measured.append(time.time() - t)
-        if expected / 2 <= measured[-1] <= 2 * expected:
-            break
+    measured = [first]
+    if not expected / 2 <= measured[-1] <= 2 * expected:
+        measured.append(rerun())
     assert expected / 2 <= measured[-1] <= 2 * expected, (measured, pl.seconds, pace, pl.by_block)
+
+
+def timed_fresh_run(nb: str, root) -> float:
+    """Seconds of `nb` on paper-smoke with a fresh cache under `root` (nothing computed before)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("CANCELLATION_CACHE", str(root / "cache"))
+        t = time.time()
+        run.run_notebook(nb, "paper-smoke", out_root=root, log_output=False)
+        return time.time() - t
+
+
+# make test checks 02 and 08 on test_paper_smoke.py's runs of them (each with a cache of its own, timed:
+# `check_plan_time` there), not on a second run here
+ON_PAPER_SMOKE = ("02", "08")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("nb", ["02", "08"])
+def test_plan_within_2x_of_a_measured_cpu_run(nb, tmp_path, canonical_standins):
+    if nb in ON_PAPER_SMOKE and not os.environ.get("PLAN_TIME_HERE"):
+        pytest.skip("timed on test_paper_smoke.py's run of it (PLAN_TIME_HERE=1: a run of its own here)")
+    check_plan_time(nb, timed_fresh_run(nb, tmp_path / "0"), lambda: timed_fresh_run(nb, tmp_path / "1"))
 
 
 @pytest.mark.slow
