@@ -136,10 +136,13 @@ def bars(ax, data, x: str, y: str, hue: str | None = None, lo: str | None = None
         return ax
     order = order or list(dict.fromkeys(data[x]))
     hues = (hue_order or list(dict.fromkeys(data[hue]))) if hue else [None]
-    for container, h in zip(ax.containers, hues):
+    for container, h in zip(ax.containers, hues):   # one container per hue level, in hue_order
         rows = data[data[hue] == h] if hue else data
         rows = rows.set_index(x).reindex(order)
+        # seaborn draws no bar where a level has no row or a NaN value: a bar's category is the nearest
+        # whole x to its centre (the dodge offsets stay within ±0.4)
         xs = [b.get_x() + b.get_width() / 2 for b in container]
+        rows = rows.iloc[[int(round(c)) for c in xs]]
         ax.errorbar(xs, rows[y], yerr=interval_err(rows[y], rows[lo], rows[hi]), fmt="none", ecolor="k", lw=0.6,
                     capsize=1.5)
     return ax
