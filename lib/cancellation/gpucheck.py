@@ -141,8 +141,13 @@ def _sampling_params(SamplingParams, **kw):
         return SamplingParams(**{k: v for k, v in kw.items() if k not in ("ignore_eos", "detokenize")})
 
 
+# vLLM's share of the card in the sampler benchmark: its engine is alone there (no HF model beside it, unlike
+# the notebooks' rollout.GPU_MEMORY_UTILIZATION), so it takes half for its KV cache at 256 x 256
+BENCH_VLLM_SHARE = 0.5
+
+
 def sampler_vllm(model: str = SHAPE, dims=SAMPLER_DIMS, dtype: str = "bfloat16", prompt: int = 64,
-                 device: str = "cuda", gpu_memory_utilization: float = 0.5) -> dict:
+                 device: str = "cuda", share: float = BENCH_VLLM_SHARE) -> dict:
     """vLLM's tokens/s beside `bench.sampler`'s: the same random prompts (64 tokens, drawn as bench.sampler draws
     them), rows x new tokens, dtype and sampling law (temperature 1, no top-p / top-k, no stop ids, every row to
     the cap). The engine holds dummy (random) weights of `model`'s config.json and no tokenizer (token ids in).
@@ -156,7 +161,7 @@ def sampler_vllm(model: str = SHAPE, dims=SAMPLER_DIMS, dtype: str = "bfloat16",
     V = json.loads((path / "config.json").read_text())["vocab_size"]
     t = time.perf_counter()
     llm = LLM(str(path), dtype=dtype, seed=0, load_format="dummy", skip_tokenizer_init=True,
-              enable_prefix_caching=False, gpu_memory_utilization=gpu_memory_utilization)
+              enable_prefix_caching=False, gpu_memory_utilization=share)
     start = time.perf_counter() - t
     way = f"vLLM {getattr(sys.modules.get('vllm'), '__version__', '?')}"
     rows = []
