@@ -75,7 +75,6 @@ def test_stamp_names_the_profile_the_policy_size_and_the_device(tmp_path):
 
     import matplotlib
     import safetensors.torch as st
-    import torch
 
     from cancellation import plots
     matplotlib.use("Agg")
@@ -83,12 +82,11 @@ def test_stamp_names_the_profile_the_policy_size_and_the_device(tmp_path):
     n = sum(t.numel() for t in st.load_file(root / "data/policies/tiny-m/model.safetensors").values())
     P = SimpleNamespace(model_path=str(root / "data/policies/tiny-m"), device="cpu")
     assert plots.stamp_text("tiny", P) == f"tiny profile: {n / 1e6:.2f}M-parameter policy (tiny-m), CPU"
-    # a checkpoint without the artifact's manifest: counted from its safetensors header
-    (tmp_path / "m").mkdir()
-    st.save_file({"a": torch.zeros(3, 5), "b": torch.zeros(7)}, tmp_path / "m" / "model.safetensors")
-    assert plots.n_params(tmp_path / "m") == 22
+    # a paper model by name: its parameter count from the planner's closed form of its shape (no download)
+    from cancellation import plan
+    big = plan.shape_of("Qwen/Qwen3-1.7B-Base").params
     assert plots.stamp_text("paper", SimpleNamespace(model_path="Qwen/Qwen3-1.7B-Base", device="cuda:0")) == \
-        "paper profile: policy Qwen/Qwen3-1.7B-Base, GPU"
+        f"paper profile: {plots.size_text(big)}-parameter policy (Qwen3-1.7B-Base), GPU"
     text = plots.use_profile("tiny", P)
     fig, ax = plots.figure()
     plots.save(fig, "a", tmp_path)

@@ -106,10 +106,6 @@ FIGURES: list[Figure] = [
 
 
 # ----------------------------------------------------------------------------- lookups
-def by_notebook() -> dict[str, Figure]:
-    return {f.notebook: f for f in FIGURES}
-
-
 def get(ref: str) -> Figure:
     """The figure of a notebook key ("05") or stem ("05_value_gap")."""
     for f in FIGURES:
@@ -134,11 +130,6 @@ def owner(name: str) -> Figure | None:
     """The figure whose notebook writes the table or figure file `name` (None: not a figure's output)."""
     hits = [f for f in FIGURES if f.owns(name)]
     return hits[0] if len(hits) == 1 else None
-
-
-def modules() -> dict:
-    """notebook stem -> its library module (imported)."""
-    return {f.notebook: f.load() for f in FIGURES}
 
 
 # ----------------------------------------------------------------------------- docs

@@ -8,14 +8,13 @@ says what it was made on. Categorical panels and heatmaps go through seaborn wit
 """
 from __future__ import annotations
 
-import json
-import struct
 from pathlib import Path
 
 import matplotlib
 import matplotlib.pyplot as plt
 import numpy as np  # inline in notebooks; headless scripts fall back to Agg by themselves
 from .cache import atomic_write  # a temporary name, then rename: never a half-written figure
+from .plan import ConfigError, shape_of
 
 # Okabe–Ito colour-blind-safe palette.
 PALETTE = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#F0E442", "#000000"]
@@ -25,30 +24,6 @@ SIGN_LABELS = {"pos": "positive rollouts (A > 0)", "neg": "negative rollouts (A 
 WIDTH_1COL, WIDTH_2COL = 3.25, 6.75  # inches
 STAMP_GID = "profile-stamp"
 _state: dict = {"stamp": None}   # set by use_profile: the text `save` stamps on every figure
-
-
-def n_params(model_path: str | Path) -> int | None:
-    """A local policy's parameter count without loading it: its manifest's `n_params` (the artifact's own
-    policies), else the sum over the tensor shapes in its safetensors header; None for a hub name."""
-    p = Path(model_path)
-    if (p / "manifest.json").is_file():
-        n = json.loads((p / "manifest.json").read_text()).get("n_params")
-        if n:
-            return int(n)
-    files = sorted(p.glob("*.safetensors")) if p.is_dir() else []
-    if not files:
-        return None
-    total = 0
-    for f in files:
-        with open(f, "rb") as fh:
-            header = json.loads(fh.read(struct.unpack("<Q", fh.read(8))[0]))
-        for k, v in header.items():
-            if k != "__metadata__":
-                n = 1
-                for d in v["shape"]:
-                    n *= d
-                total += n
-    return total
 
 
 def size_text(n: int) -> str:
@@ -65,7 +40,11 @@ def stamp_text(profile: str, P=None) -> str:
     parts = []
     model = getattr(P, "model_path", None)
     if model:
-        n = n_params(model)
+        try:   # the planner's closed form of its config.json (a local dir, the HF cache, a paper model by name)
+            shape = shape_of(str(model))
+        except ConfigError:
+            shape = None
+        n = shape.params if shape is not None else None
         name = Path(str(model)).name or str(model)
         parts.append(f"{size_text(n)}-parameter policy ({name})" if n else f"policy {model}")
     device = getattr(P, "device", None)
