@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from cancellation import gpucheck
+from cancellation import gpucheck, sampling_path
 
 ROOT = Path(__file__).resolve().parents[1]
 FAKE_VLLM = Path(__file__).parent / "fake_vllm"
@@ -227,11 +227,11 @@ def test_the_default_cuda_sampler_from_the_committed_h200_report():
     rows = {r["way"]: r["tokens_per_s"] for s in json.loads(f.read_text())["steps"] for r in s.get("rows") or []
             if r["shape"] == "64 x 512"}
     want = rows["ours (static cache, CUDA graph)"] / rows["transformers generate, static cache + torch.compile"]
-    c = gpucheck.default_cuda_sampler("nvidia-h200")
+    c = sampling_path.default_cuda_sampler("nvidia-h200")
     assert c["report"] == "data/scale/measured/gpucheck-nvidia-h200-2026-11-26.json"
     assert c["path"] == "transformers" and c["ratios"] == {"64 x 512": want} and want < 1.0
     assert f"{want:.2f}x at 64 x 512 (< 1.0x)" in c["why"]
-    assert gpucheck.default_cuda_sampler("no-such-card")["path"] == "transformers"
+    assert sampling_path.default_cuda_sampler("no-such-card")["path"] == "transformers"
 
 
 def _rep(ways: dict, vllm_ok=True):
@@ -240,21 +240,21 @@ def _rep(ways: dict, vllm_ok=True):
 
 
 def test_choose_sampler_rules():
-    ours, st, dyn = "ours (static cache, CUDA graph)", gpucheck.STATIC, gpucheck.DYNAMIC
+    ours, st, dyn = "ours (static cache, CUDA graph)", sampling_path.STATIC, sampling_path.DYNAMIC
     lim = "weight-read limit"
-    assert gpucheck.choose_sampler(_rep({"64 x 512": {ours: 100.0, st: 100.0, lim: 1e6}}))["path"] == "ours"
-    assert gpucheck.choose_sampler(_rep({"64 x 512": {ours: 99.0, st: 100.0}}))["path"] == "transformers"
+    assert sampling_path.choose_sampler(_rep({"64 x 512": {ours: 100.0, st: 100.0, lim: 1e6}}))["path"] == "ours"
+    assert sampling_path.choose_sampler(_rep({"64 x 512": {ours: 99.0, st: 100.0}}))["path"] == "transformers"
     # never beside static + compile in one run: not ours, whatever the dynamic cache measured
-    c = gpucheck.choose_sampler(_rep({"256 x 256": {ours: 500.0, dyn: 100.0}}))
+    c = sampling_path.choose_sampler(_rep({"256 x 256": {ours: 500.0, dyn: 100.0}}))
     assert c["path"] == "transformers" and "never measured" in c["why"]
     fast = {"64 x 512": {ours: 100.0, st: 200.0, "vLLM 0.11": 300.0}, "256 x 256": {ours: 50.0, "vLLM 0.11": 90.0}}
-    assert gpucheck.choose_sampler(_rep(fast))["path"] == "vllm"
-    assert gpucheck.choose_sampler(_rep(fast, vllm_ok=False))["path"] == "transformers"   # measured, not here
-    assert gpucheck.choose_sampler(_rep(fast), vllm_importable=False)["path"] == "transformers"
+    assert sampling_path.choose_sampler(_rep(fast))["path"] == "vllm"
+    assert sampling_path.choose_sampler(_rep(fast, vllm_ok=False))["path"] == "transformers"   # measured, not here
+    assert sampling_path.choose_sampler(_rep(fast), vllm_importable=False)["path"] == "transformers"
     slow = {"64 x 512": {ours: 100.0, st: 200.0, "vLLM 0.11": 150.0}}
-    assert gpucheck.choose_sampler(_rep(slow))["path"] == "transformers"
+    assert sampling_path.choose_sampler(_rep(slow))["path"] == "transformers"
     md = gpucheck.markdown(dict(device=dict(date="d", name="n", kind="k", memory_gib=1, torch="t"), budget_s=1,
-                                spent_s=1, steps=[], sampler_choice=gpucheck.choose_sampler(_rep(slow))))
+                                spent_s=1, steps=[], sampler_choice=sampling_path.choose_sampler(_rep(slow))))
     assert "**Default CUDA sampling path from this run's numbers:** transformers (ours / transformers static" in md
 
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, fields
 
 import torch
 
-from . import seeds, tasks
+from . import sampling_path, seeds, stage, tasks
 from .guard import check_update, knob
 from .sampler import sample_hf, sample_vllm
 
@@ -120,7 +120,8 @@ class SampleConfig:
     G: int = 8                      # rollouts per prompt (one group)
     temperature: float = 1.0        # sampling temperature; 0 is greedy decoding
     max_new_tokens: int = 96        # response cap in tokens
-    backend: str = "hf"             # 'hf' (our KV-cache sampler) or 'vllm' (GPU extra)
+    backend: str = "hf"             # 'hf' (a Hugging Face model samples) or 'vllm' (GPU extra)
+    hf_sampler: str = "ours"        # the hf backend's path: 'ours', 'transformers' (its generate) or 'auto' (sampling_path)
     device: str = "cpu"             # where the HF sampler runs (make_sampler puts it there; sample checks it)
     dtype: str = "float32"          # sampler weights dtype (tiny analysis copies may be float64)
     seed: int = 0                   # default seed of `sample` (problem draw and sampling)
@@ -132,6 +133,8 @@ class SampleConfig:
     def __post_init__(self):
         if self.backend not in ("hf", "vllm"):
             raise ValueError(f"SampleConfig.backend={self.backend!r}; allowed: hf, vllm")
+        if self.hf_sampler not in sampling_path.PATHS:
+            raise ValueError(f"SampleConfig.hf_sampler={self.hf_sampler!r}; allowed: {', '.join(sampling_path.PATHS)}")
         for name in ("n_prompts", "G", "max_new_tokens", "chunk_size", "token_chunk"):
             if getattr(self, name) < 1:
                 raise ValueError(f"SampleConfig.{name}={getattr(self, name)}: must be at least 1")
@@ -158,7 +161,7 @@ def config_params(cfg: SampleConfig) -> dict:
     from dataclasses import asdict
     p = asdict(cfg)
     p["source"] = cfg.source.params()
-    return p
+    return stage.without_defaults(p, "sample")   # hf_sampler: in the key only when it is not ours
 
 
 def round_seeds(seed: int, round: int) -> tuple[int, int]:

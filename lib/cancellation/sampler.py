@@ -27,6 +27,10 @@ otherwise (CPU and float64: the tiny profile samples exactly as before; on a CPU
 through `LeanStep`, the body forward's floats without its per-token module calls). Models with sliding-window
 layers, or whose decoder takes no `position_ids`, stay on `generate`'s eager loop.
 
+`generate_transformers` is the other path of the hf backend: transformers' own `generate` with a static
+cache (compiled by transformers on CUDA), the same law; `generate(path=...)` picks it, and a figure's
+`hf_sampler` ('auto': sampling_path.py, gpu-check's measured choice on CUDA, ours on a CPU) says which.
+
 The vLLM seam is here too: `make_sampler`/`load_sampler` build what `rollout.sample` samples from,
 `sample_vllm` (rollouts) and `sample_vllm_continuations` (value.py's Monte Carlo continuations) draw
 with vLLM, and `sync_weights` pushes updated weights into its engine.
@@ -44,7 +48,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from . import measure
+from . import measure, sampling_path
 from .dryrun import dry_run
 from .policy import cast, load_policy
 
@@ -664,10 +668,50 @@ def draw_chunked(model, h: torch.Tensor, token_chunk: int, draw) -> torch.Tensor
                       for s in range(0, len(h), token_chunk)])
 
 
+# --------------------------------------------------------------------------- transformers' own generate (CUDA default)
+HF_LEN_BUCKET = 64   # prompts left-padded to a multiple of this: fewer static-cache shapes, fewer recompiles
+
+
+@torch.no_grad()
+def generate_transformers(model, input_ids, attention_mask, max_new_tokens: int, temperature: float, stop,
+                          pad_id: int, generator: torch.Generator | None = None) -> torch.Tensor:
+    """(B, T) new tokens from transformers' own `generate` with a static KV cache (which transformers
+    torch.compiles on CUDA): the path gpu-check measured faster than ours on the H200 (sampling_path.py).
+
+    The same law as `generate`: ancestral sampling at `temperature` (0: greedy) with every other logits
+    processor off (top-k, top-p, min-p, repetition penalty: set here, so a checkpoint's generation_config.json
+    cannot switch one on), the same stop ids and pad after the first stop. Other draws: transformers samples
+    from torch's global generator, which runs forked and seeded from `generator`, so a seed reproduces on one
+    device. On CUDA prompts are left-padded to a multiple of HF_LEN_BUCKET and rows to `bucket_rows` (copies of
+    row 0, dropped): a handful of cache shapes, so compile runs a handful of times. No stop id (stop < 0 only):
+    every row runs to the cap (min_new_tokens), as gpu-check's benchmark ran it."""
+    from transformers import GenerationConfig   # imported late: transformers is slow to import
+
+    dev, B = input_ids.device, input_ids.shape[0]
+    stops = [int(s) for s in ([stop] if isinstance(stop, int) else list(stop)) if int(s) >= 0]
+    P, rows = input_ids.shape[1], B
+    if dev.type == "cuda":   # only compile needs few shapes; on a CPU the padding would be work for nothing
+        P, rows = -(-P // HF_LEN_BUCKET) * HF_LEN_BUCKET, bucket_rows(B)
+    ids = F.pad(input_ids, (P - input_ids.shape[1], 0), value=pad_id)
+    mask = F.pad(attention_mask, (P - attention_mask.shape[1], 0), value=0)
+    ids, mask = torch.cat([ids, ids[:1].expand(rows - B, -1)]), torch.cat([mask, mask[:1].expand(rows - B, -1)])
+    law = (dict(do_sample=True, temperature=float(temperature), top_k=0, top_p=1.0, min_p=None, typical_p=1.0)
+           if temperature > 0 else dict(do_sample=False))
+    gc = GenerationConfig(**law, repetition_penalty=1.0, no_repeat_ngram_size=0, max_new_tokens=max_new_tokens,
+                          min_new_tokens=0 if stops else max_new_tokens, eos_token_id=stops or None,
+                          pad_token_id=pad_id, cache_implementation="static")
+    seed = int(torch.randint(0, 2**62, (1,), generator=generator, device=generator.device)) if generator is not None \
+        else torch.initial_seed()
+    with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
+        torch.manual_seed(seed)
+        out = model.generate(input_ids=ids, attention_mask=mask, generation_config=gc)
+    return out[:B, P:]
+
+
 @torch.no_grad()
 def generate(model, input_ids, attention_mask, max_new_tokens: int, temperature: float, stop, pad_id: int,
              generator: torch.Generator | None = None, *, token_chunk: int,
-             static: bool | None = None, lean: bool | None = None) -> torch.Tensor:
+             static: bool | None = None, lean: bool | None = None, path: str = "ours") -> torch.Tensor:
     """Batched ancestral sampling with a KV cache; returns (B, T) new tokens, pad after the first stop id.
 
     On CUDA with bfloat16/float16/float32 weights (`static` None) this is `generate_static`: a static
@@ -683,10 +727,16 @@ def generate(model, input_ids, attention_mask, max_new_tokens: int, temperature:
     most `token_chunk` rows at a time (`draw_chunked`); the DynamicCache holds keys/values in the
     model's dtype. The softmax is float64, so draws do not depend on the weights' dtype beyond
     the logits themselves.
+
+    path: 'ours' (all the above), 'transformers' (`generate_transformers`: transformers' own generate, static
+    cache) or 'auto' (`sampling_path.resolve` for the model's device: ours on a CPU, gpu-check's choice on CUDA).
     """
     from transformers import DynamicCache
 
     dev = input_ids.device
+    if sampling_path.resolve(path, str(dev)) == "transformers":
+        return generate_transformers(model, input_ids, attention_mask, max_new_tokens, temperature, stop, pad_id,
+                                     generator=generator)
     if static is None:
         static = (dev.type == "cuda" and next(model.parameters()).dtype != torch.float64
                   and supported(model))
@@ -722,8 +772,8 @@ def generate(model, input_ids, attention_mask, max_new_tokens: int, temperature:
 
 
 def sample_hf(model, ids, mask, cfg, seed: int, stop, pad: int) -> torch.Tensor:
-    """(B, T) new tokens from our KV-cache sampler (`cfg`: a `rollout.SampleConfig`), cfg.chunk_size rows per call, one generator
-    on the model's device across chunks."""
+    """(B, T) new tokens from the HF model (`cfg`: a `rollout.SampleConfig`; its hf_sampler picks ours or
+    transformers' generate), cfg.chunk_size rows per call, one generator on the model's device across chunks."""
     device = _device(model)
     if torch.device(cfg.device).type != device.type:
         raise ValueError(f"SampleConfig.device={cfg.device!r} but the sampler is on {device}; build it with "
@@ -733,7 +783,7 @@ def sample_hf(model, ids, mask, cfg, seed: int, stop, pad: int) -> torch.Tensor:
     for s in range(0, ids.shape[0], cfg.chunk_size):
         chunks.append(generate(model, ids[s:s + cfg.chunk_size].to(device), mask[s:s + cfg.chunk_size].to(device),
                                cfg.max_new_tokens, cfg.temperature, stop, pad, generator=gen,
-                               token_chunk=cfg.token_chunk).cpu())
+                               token_chunk=cfg.token_chunk, path=cfg.hf_sampler).cpu())
     T = max(c.shape[1] for c in chunks)
     return torch.cat([torch.nn.functional.pad(c, (0, T - c.shape[1]), value=pad) for c in chunks])
 

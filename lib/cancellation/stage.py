@@ -35,12 +35,14 @@ from . import cache
 KEYLESS = MappingProxyType({
     # a figure's Params (base.FigureParams.cache_params): the grader's knobs also enter through the source
     "params": MappingProxyType({"answer_mode": "auto", "unrewardable_golds": "refuse", "trim_padding": False,
-                                "fo_tokens": 0}),
+                                "fo_tokens": 0, "hf_sampler": "ours"}),
     # a Compute (Compute.cache_params) and the update config inside a run's (train.run_params)
     "compute": MappingProxyType({"trim_padding": False}),
     "update": MappingProxyType({"trim_padding": False}),
     # a training run's config (train.run_params: RunConfig, TrainConfig)
-    "run": MappingProxyType({"run_rounds": 0, "sample_rows": 256, "dynamic_sampling": False}),
+    "run": MappingProxyType({"run_rounds": 0, "sample_rows": 256, "dynamic_sampling": False, "hf_sampler": "ours"}),
+    # a SampleConfig (rollout.config_params)
+    "sample": MappingProxyType({"hf_sampler": "ours"}),
 })
 
 

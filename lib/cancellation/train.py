@@ -65,6 +65,7 @@ class RunConfig(_SamplesThePolicy):
     eps: float = 1e-6               # boosted/suppressed threshold on Δlog p
     source: tasks.ProblemSource = field(default_factory=tasks.ProblemSource)  # prompts, rendering and verifier
     backend: str = "hf"             # sampler: 'hf' (the policy itself or a cast copy) or 'vllm' (synced each step)
+    hf_sampler: str = "ours"        # the hf backend's path: 'ours', 'transformers' or 'auto' (sampling_path.resolve)
     sample_dtype: str = ""          # dtype of the sampler copy; "" samples from the training model itself
     gpu_memory_utilization: float = rollout.GPU_MEMORY_UTILIZATION  # vLLM's share of GPU memory (beside the model)
     sample_rows: int = 256          # rollouts per HF sampler call: bounds the sampler's KV cache
@@ -266,6 +267,7 @@ class TrainConfig(_SamplesThePolicy):
     seed: int = 0                   # seeds prompts, sampling and plans (evaluation draws are seed-free)
     source: tasks.ProblemSource = field(default_factory=tasks.ProblemSource)  # training prompts, rendering, verifier
     backend: str = "hf"             # sampler: 'hf' or 'vllm' (synced after every iteration)
+    hf_sampler: str = "ours"        # the hf backend's path: 'ours', 'transformers' or 'auto' (sampling_path.resolve)
     sample_dtype: str = ""          # dtype of the sampler copy; "" samples from the training model itself
     gpu_memory_utilization: float = rollout.GPU_MEMORY_UTILIZATION  # vLLM's share of GPU memory
     update: grpo.UpdateConfig = field(default_factory=lambda: grpo.UpdateConfig(n_minibatches=4))

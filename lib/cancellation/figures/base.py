@@ -30,7 +30,7 @@ from typing import ClassVar
 
 import torch
 
-from .. import policy, rollout, sampler, stage, tasks
+from .. import policy, rollout, sampler, sampling_path, stage, tasks
 from ..compute import Compute
 from ..dryrun import dry_run
 from ..guard import knob
@@ -62,6 +62,12 @@ def sample_dtype(default: str = ""):
 def backend():
     return param("hf", "sampler: 'hf' (our KV-cache sampler) or 'vllm' (GPU; weights pushed after every update)",
                  choices=["hf", "vllm"])
+
+
+def hf_sampler():
+    return param("auto", "the hf backend's sampling path: 'ours' (our static-cache sampler), 'transformers' (its "
+                 "generate, static cache + compile on CUDA) or 'auto' (ours on a CPU; on a CUDA card what its "
+                 "committed gpu-check report measured fastest: sampling_path.py)", choices=list(sampling_path.PATHS))
 
 
 def gpu_memory_utilization():
@@ -108,6 +114,11 @@ class FigureParams:
     unrewardable_golds: str = param("refuse", "a problem file with golds the reward can never credit (the gold "
                                     "check): 'refuse' it, 'skip' those problems, or 'allow' them (kept, never "
                                     "rewarded)", choices=list(tasks.GOLD_POLICIES))
+    hf_sampler: str = hf_sampler()
+
+    def hf_path(self) -> str:
+        """The path the hf backend samples with on this device ('auto' resolved: `sampling_path.resolve`)."""
+        return sampling_path.resolve(self.hf_sampler, str(self.device))
 
     def compute(self) -> Compute:
         """The Compute config of these parameters (the knobs the figure declares; defaults for the rest)."""
@@ -115,8 +126,9 @@ class FigureParams:
 
     def cache_params(self) -> dict:
         """Every parameter, for cache keys (a stage adds the content fingerprints of files and models);
-        the fields stage.KEYLESS['params'] lists only when not at their defaults."""
-        return stage.without_defaults(dataclasses.asdict(self), "params")
+        the fields stage.KEYLESS['params'] lists only when not at their defaults. hf_sampler as resolved
+        (`hf_path`): in the key only when the batches were not sampled by ours."""
+        return stage.without_defaults({**dataclasses.asdict(self), "hf_sampler": self.hf_path()}, "params")
 
     @classmethod
     def defaults(cls) -> dict:
@@ -203,7 +215,8 @@ def sample_config(P, source: tasks.ProblemSource, sampler: bool = False, **over)
     the knobs of the sampler `load_sampler` builds (backend, sample_dtype, gpu_memory_utilization).
     Without it, rows are drawn from the float policy itself (the SampleConfig's defaults)."""
     kw = dict(n_prompts=P.n_prompts, G=P.G, temperature=P.temperature, max_new_tokens=P.max_new_tokens,
-              device=P.device, source=source, token_chunk=P.token_chunk, chunk_size=getattr(P, "sample_rows", 256))
+              device=P.device, source=source, token_chunk=P.token_chunk, chunk_size=getattr(P, "sample_rows", 256),
+              hf_sampler=P.hf_path())
     if sampler:
         kw.update(backend=P.backend, dtype=P.sample_dtype, gpu_memory_utilization=P.gpu_memory_utilization)
     kw.update(over)

@@ -59,7 +59,8 @@ def run_config(P, source: tasks.ProblemSource) -> train.RunConfig:
     update = P.compute().update(optimizer="adam", lr=P.lr, n_minibatches=P.n_minibatches)
     return train.RunConfig(steps=P.steps, n_prompts=P.n_prompts, G=P.G, temperature=P.temperature,
                            max_new_tokens=P.max_new_tokens, seed=P.seed, eps=P.eps, source=source, backend=P.backend,
-                           sample_dtype=P.sample_dtype, gpu_memory_utilization=P.gpu_memory_utilization, update=update)
+                           sample_dtype=P.sample_dtype, gpu_memory_utilization=P.gpu_memory_utilization,
+                           hf_sampler=P.hf_path(), update=update)
 
 
 def sgd_run(cfg: train.RunConfig, lr: float) -> train.RunConfig:

@@ -170,7 +170,7 @@ def _sign_consistency(P: Params, source, inputs: dict) -> pd.DataFrame:
     """Fig. 10: a GRPO training run (Adam, adam_lr) comparing an SGD lm_head and full step before each step."""
     run_cfg = train.RunConfig(steps=P.run_steps, n_prompts=P.run_n_prompts, G=P.run_G, temperature=P.temperature,
                               max_new_tokens=P.max_new_tokens, seed=P.seed, source=source, sample_rows=P.sample_rows,
-                              update=P.compute().update(optimizer="adam", lr=P.adam_lr))
+                              hf_sampler=P.hf_path(), update=P.compute().update(optimizer="adam", lr=P.adam_lr))
 
     def sign_run():
         m, t = policy.load_policy(P.model_path, dtype=P.dtype, device=P.device)

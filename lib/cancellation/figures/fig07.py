@@ -266,7 +266,7 @@ def _config(P: Params, source, name, seed, lr, run_rounds=None) -> train.TrainCo
     of the same names passed whole (`train.strategy_config`), this run's seed, the problems, the update at
     `lr` (Adam, P's mini-batches and Compute knobs) and, for the equal-rollout-budget arm, its `run_rounds`."""
     budget = {} if run_rounds is None else {"run_rounds": run_rounds}
-    return train.strategy_config(name, P, seed=seed, source=source, **budget,
+    return train.strategy_config(name, P, seed=seed, source=source, hf_sampler=P.hf_path(), **budget,
                                  update=P.compute().update(optimizer="adam", lr=lr, n_minibatches=P.n_minibatches))
 
 
