@@ -128,8 +128,8 @@ def probe(shape: str, device: str = "cuda", n_prompts: int = 4, G: int = 8, prom
         ids = batch.input_ids[:1, :prompt].repeat(sample_rows, 1).to(device)
         mask = torch.ones_like(ids)
         gen = torch.Generator(device=device).manual_seed(0)
-        run = lambda n: generate(sampler, ids, mask, n, 1.0, [-1], 0, generator=gen,
-                                 token_chunk=cc.token_chunk)  # noqa: E731
+        run = lambda n: generate(sampler, ids, mask, n, 1.0, [-1], 0, generator=gen,  # the path notebooks take
+                                 token_chunk=cc.token_chunk, path="auto")  # noqa: E731
         with torch.no_grad():
             run(8)
             secs, peak, out = _timed(lambda: run(sample_tokens), device)
@@ -284,8 +284,8 @@ def _time_blocks(model, z: dict, device: str, dtype: str, seed: int, only=None, 
         for rows in z["sample_rows"]:
             ids = batches[0].input_ids[:1, :z["prompt"]].repeat(rows, 1).to(device)
             with torch.no_grad():
-                t = _best(lambda: generate(sm, ids, torch.ones_like(ids), new, 1.0, [-1], 0,
-                                                   generator=gen, token_chunk=tc), device)
+                t = _best(lambda: generate(sm, ids, torch.ones_like(ids), new, 1.0, [-1], 0, generator=gen,
+                                           token_chunk=tc, path="auto"), device)   # the notebooks' path here
             pts.append((t, rows * (z["prompt"] + new) * shape.body + rows * new * shape.head, new))
         out["sample"] = pts
         del sm
