@@ -11,6 +11,7 @@ all ways alike); the printout gives the median and the spread (min–max) over t
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import statistics
 import sys
@@ -22,7 +23,8 @@ import torch
 from . import coupling, engine, grpo, measure, policy, rollout, scale, seeds, standins, tasks, value
 from . import categories as C
 from .compute import Compute
-from .figures import fig04
+from .figures import fig01, fig04
+from .pack import padded
 from .sampler import generate
 
 KNOBS = Compute()   # the default memory knobs of every timed call (a bench times the code, not a profile)
@@ -129,6 +131,57 @@ def trim(n_prompts: int = 8, G: int = 8, repeats: int = 3, rows: str = "64,16"):
               f"    SGD step     full {spread(r['step full']['s'], 1e3, '.0f')} ms   trim "
               f"{spread(r['step trim']['s'], 1e3, '.0f')} ms   speed-up "
               f"{spread(ratios(r['step full']['s'], r['step trim']['s']), fmt='.2f')}x   max |Δθ| {d_step:.1e}")
+
+
+@bench
+def pack(repeats: int = 3, threads: int = 1, batches: str = "0,1"):
+    """The padding pack (`pack.hidden`) on notebook 01's batches (its parameters: tiny-m float64, 16 x 8 rollouts of
+    its problems, sampled with the seeds `batches`): token_stats (the analysis forward) and one Adam step over two
+    mini-batches (the update), the body on the real positions only vs padded (the old way), alternating rounds;
+    statistics and parameters compared bit for bit."""
+    P = fig01.Params()
+    model, tok = policy.load_policy(P.model_path, dtype=P.dtype)
+    scfg = fig01.base.sample_config(P, fig01.base.problem_source(P))
+    cfg = P.compute().update(optimizer="adam", lr=P.lr, n_minibatches=P.n_minibatches)
+    before_threads = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    print(f"pack: notebook 01's batches (tiny-m {P.dtype}, {P.n_prompts} x {P.G} rollouts), {threads} thread(s); "
+          f"median (min–max) of {repeats} alternating rounds; outputs bit for bit")
+    try:
+        for seed in (int(x) for x in str(batches).split(",")):
+            batch = rollout.sample(model, tok, scfg, seed=seed)
+            old = measure.token_stats(model, batch, P.compute()).logp
+
+            def way(fn, packed):
+                def go():
+                    with contextlib.nullcontext() if packed else padded():
+                        return fn()
+                return go
+
+            def stats():
+                return measure.token_stats(model, batch, P.compute(), hidden=True)
+
+            def step():
+                m = copy.deepcopy(model)
+                grpo.grpo_step(m, batch, cfg, old_logp=old, seed=seed)
+                return [p.detach() for p in m.parameters()]
+            r = paired({"stats packed": way(stats, True), "stats padded": way(stats, False),
+                        "step packed": way(step, True), "step padded": way(step, False)}, repeats)
+            a, b = r["stats packed"]["out"], r["stats padded"]["out"]
+            rm = batch.response_mask
+            if not (torch.equal(a.logp, b.logp) and torch.equal(a.entropy, b.entropy)
+                    and torch.equal(a.hidden[rm], b.hidden[rm])):
+                raise AssertionError("pack: token_stats differ between the packed and the padded forward")
+            if not all(torch.equal(x, y) for x, y in zip(r["step packed"]["out"], r["step padded"]["out"])):
+                raise AssertionError("pack: the Adam step's parameters differ between packed and padded")
+            B, L = batch.input_ids.shape
+            print(f"  seed {seed}: {B} rollouts x {L} columns, {batch.attention_mask.float().mean():.0%} real positions\n"
+                  + "\n".join(f"    {name:<14} packed {spread(r[name + ' packed']['s'], 1e3, '.0f')} ms   padded "
+                               f"{spread(r[name + ' padded']['s'], 1e3, '.0f')} ms   speed-up "
+                               f"{spread(ratios(r[name + ' padded']['s'], r[name + ' packed']['s']), fmt='.2f')}x"
+                               for name in ("stats", "step")))
+    finally:
+        torch.set_num_threads(before_threads)
 
 
 @bench

@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from . import guard
+from . import guard, pack
 
 STATUSES = ("boosted", "suppressed", "stable")
 CONFIDENT = 0.9  # the paper's confidence split: a token with p ≥ CONFIDENT is confident, p < CONFIDENT uncertain
@@ -52,8 +52,13 @@ def forward_hidden(model, batch, rows=None, cols=None) -> torch.Tensor:
     Runs only the model body (`model.get_decoder()`), so no logits exist; `head_logits` turns
     any subset of positions into logits. Same forward as the full model's (mask, positions).
     `cols`: a slice of columns holding every real token of those rows (`chunks`); L is then its width.
+    Where `pack.on(model)`, norms, projections and MLP run on the real positions only (`pack.hidden`: the
+    same floats there, and the same gradients; zeros at the padding, which no caller reads).
     """
     ids, am, pos = _inputs(model, batch, rows, cols)
+    keep = pack.positions(am, pack.tile(model)) if pack.on(model) else None
+    if keep is not None:
+        return pack.hidden(model, ids, am, pos, keep)
     return model.get_decoder()(input_ids=ids, attention_mask=am, position_ids=pos, use_cache=False).last_hidden_state
 
 
@@ -181,7 +186,7 @@ def stats_of_chunk(model, batch, rows, cols, h: torch.Tensor, token_chunk: int, 
         lp, e = _logp_entropy(model, h[rd[k], cd[k] - 1], ids[k])   # h at t-1 predicts token t
         out.logp[rows[r[k]], cols.start + c[k]] = lp.cpu()
         out.entropy[rows[r[k]], cols.start + c[k]] = e.cpu()
-    if hidden:   # the hidden state that predicts token t sits at t - 1 (zeros at columns a trim cut)
+    if hidden:   # the hidden state that predicts token t sits at t - 1 (zeros at columns a trim cut and, packed, at padding)
         out.hidden[rows, cols.start + 1:cols.stop] = h[:, :-1].cpu()
     return out
 
