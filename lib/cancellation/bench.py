@@ -25,7 +25,7 @@ from . import categories as C
 from .compute import Compute
 from .figures import fig01, fig04
 from .pack import padded
-from .sampler import generate
+from .sampler import generate, generate_lean
 
 KNOBS = Compute()   # the default memory knobs of every timed call (a bench times the code, not a profile)
 
@@ -617,7 +617,8 @@ def sampler_cpu(shapes: str = "auto", repeats: int = 5, threads: int = 1):
     DynamicCache loop before the lean step. Shapes: the tiny policy (tiny-m) in float64 and in float32 (the
     copy 05, 06 and 07 sample from), 64 rows = 8 tiny prompts x 8, 96 new tokens (an RB round at the
     profile's cap), and the stand-in model in float32,
-    16 x 64 new tokens after 64-token prompts. No stop ids: every row runs to the cap. `threads` torch
+    16 x 64 new tokens after 64-token prompts. No stop ids: every row runs to the cap; then each shape with
+    its stop ids (`_sampler_stops`: the live-rows lever on and off, transformers' generate). `threads` torch
     threads for every way (the notebooks sample on 1). Each way warms up once, then the ways alternate
     for `repeats` rounds (load drift on a shared machine hits them alike): median (min-max)."""
     from transformers import GenerationConfig
@@ -656,9 +657,51 @@ def sampler_cpu(shapes: str = "auto", repeats: int = 5, threads: int = 1):
             print(f"    ours / transformers generate {spread(ratio, fmt='.2f')}x   "
                   f"ours / before {spread(vs_before, fmt='.2f')}x", flush=True)
             out[name] = {way: [n / t for t in res["s"]] for way, res in r.items()} | {"ratio": ratio}
+            out[name]["stops"] = _sampler_stops(name, model, tok, ids, mask, new, repeats)
     finally:
         torch.set_num_threads(before)
     return out
+
+
+def _response_tokens(out: torch.Tensor, stop) -> int:
+    """Tokens of (rows, T) new tokens up to and including each row's first stop id (rollout.assemble's rule)."""
+    is_stop = torch.isin(out, torch.as_tensor(stop, dtype=out.dtype))
+    return int(((is_stop.cumsum(1) - is_stop.long()) == 0).sum())
+
+
+def _sampler_stops(name, model, tok, ids, mask, new, repeats) -> dict:
+    """sampler_cpu's shape with the stop ids (rows stop as in a notebook, at most `new` tokens): ours with the
+    live-rows lever (every op on the live rows: `generate_lean`, the CPU default) and without it (the rows
+    that stopped leave the attention only), same tokens asserted, and transformers' `generate` with the same
+    stop ids, seeded (it samples from torch's global generator). Tokens/s count each way's response tokens."""
+    from transformers import GenerationConfig
+    stop = rollout.stop_ids(tok, model)
+    pad = rollout._pad_id(tok, stop)
+    gc = GenerationConfig(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=new, eos_token_id=stop,
+                          pad_token_id=pad)
+
+    def ours(live_rows=True):
+        return generate_lean(model, ids, mask, new, 1.0, stop, pad, generator=torch.Generator().manual_seed(0),
+                             token_chunk=KNOBS.token_chunk, live_rows=live_rows)
+
+    def transformers_generate():
+        with torch.random.fork_rng():
+            torch.manual_seed(0)
+            return model.generate(input_ids=ids, attention_mask=mask, generation_config=gc)[:, ids.shape[1]:]
+    r = paired({"ours (live rows)": ours, "ours, all rows (before)": lambda: ours(False),
+                "transformers generate": transformers_generate}, repeats)
+    if not torch.equal(r["ours (live rows)"]["out"], r["ours, all rows (before)"]["out"]):
+        raise AssertionError(f"sampler bench, {name}: the live-rows lever drew other tokens than the sampler "
+                             "without it")
+    tps = {way: [_response_tokens(res["out"], stop) / t for t in res["s"]] for way, res in r.items()}
+    print(f"    with stop ids {stop} (at most {new} new tokens; response tokens/s):")
+    for way, xs in tps.items():
+        print(f"    {way:<32} {spread(xs, fmt=',.0f')} tokens/s")
+    lever = ratios(r["ours, all rows (before)"]["s"], r["ours (live rows)"]["s"])
+    vs_hf = ratios(tps["ours (live rows)"], tps["transformers generate"])
+    print(f"    live rows / all rows {spread(lever, fmt='.2f')}x   "
+          f"ours / transformers generate {spread(vs_hf, fmt='.2f')}x", flush=True)
+    return tps | {"lever": lever, "ratio": vs_hf}
 
 
 def bench_monitor(model_path="data/policies/tiny-s", steps: int = 4, n_prompts: int = 4, G: int = 4,
