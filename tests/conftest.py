@@ -67,6 +67,24 @@ def batch(model64, tok):
     return b
 
 
+@pytest.fixture(scope="module")
+def tiny_m():
+    """The trained tiny policy in float64, one per test module (test_trials, test_pack)."""
+    return policy.load_policy("data/policies/tiny-m", dtype="float64")
+
+
+@pytest.fixture(scope="module")
+def real_batch(tiny_m):
+    """A batch sampled from the trained tiny policy (3 x 4 rollouts, 40 new tokens), with mixed rewards set by
+    hand in every group, so every update moves something (test_trials, test_pack)."""
+    model, tok = tiny_m
+    b = rollout.sample(model, tok, rollout.SampleConfig(n_prompts=3, G=4, max_new_tokens=40, source=RAW),
+                       problems=tasks.sample_problems(3, seed=2), seed=3)
+    b.reward = torch.tensor([1, 0, 0, 1, 1, 1, 0, 1, 0, 1, 0, 0], dtype=torch.float64)
+    b.advantage = rollout.group_advantages(b.reward, b.group)
+    return b
+
+
 def pytest_collection_modifyitems(config, items):
     """Skip tests marked `gpu` when no CUDA device is present (CI and the tiny profile)."""
     if torch.cuda.is_available():

@@ -9,27 +9,10 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
-from cancellation import grpo, measure, pack, policy, rollout, tasks
+from cancellation import grpo, measure, pack, policy
 from cancellation.compute import Compute
 
-RAW = tasks.ProblemSource(prompt_format="raw")
 CC = Compute()   # the tiny profile's knobs
-
-
-@pytest.fixture(scope="module")
-def tiny_m():
-    return policy.load_policy("data/policies/tiny-m", dtype="float64")
-
-
-@pytest.fixture(scope="module")
-def real_batch(tiny_m):
-    """A batch sampled from the trained tiny policy (test_trials' size), with mixed rewards set by hand."""
-    model, tok = tiny_m
-    b = rollout.sample(model, tok, rollout.SampleConfig(n_prompts=3, G=4, max_new_tokens=40, source=RAW),
-                       problems=tasks.sample_problems(3, seed=2), seed=3)
-    b.reward = torch.tensor([1, 0, 0, 1, 1, 1, 0, 1, 0, 1, 0, 0], dtype=torch.float64)
-    b.advantage = rollout.group_advantages(b.reward, b.group)
-    return b
 
 
 @pytest.fixture(scope="module")

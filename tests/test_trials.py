@@ -7,29 +7,11 @@ import pandas as pd
 import pytest
 import torch
 
-from cancellation import grpo, measure, policy, rollout, seeds, tasks, thesis
+from cancellation import grpo, measure, seeds, thesis
 from cancellation.compute import Compute
 from cancellation.figures import fig04
 
-RAW = tasks.ProblemSource(prompt_format="raw")
 CC = Compute()   # the tiny profile's knobs: one chunk of rows for these batches
-
-
-@pytest.fixture(scope="module")
-def tiny_m():
-    return policy.load_policy("data/policies/tiny-m", dtype="float64")
-
-
-@pytest.fixture(scope="module")
-def real_batch(tiny_m):
-    """A batch sampled from the trained tiny policy, with mixed rewards set by hand in every group (so every
-    update moves something)."""
-    model, tok = tiny_m
-    b = rollout.sample(model, tok, rollout.SampleConfig(n_prompts=3, G=4, max_new_tokens=40, source=RAW),
-                       problems=tasks.sample_problems(3, seed=2), seed=3)
-    b.reward = torch.tensor([1, 0, 0, 1, 1, 1, 0, 1, 0, 1, 0, 0], dtype=torch.float64)
-    b.advantage = rollout.group_advantages(b.reward, b.group)
-    return b
 
 
 def _independent(model, batch, cfg, before_logp, token_weight=None):
