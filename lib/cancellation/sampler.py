@@ -755,6 +755,9 @@ def _lean_loop(model, input_ids, attention_mask, T, temperature, stop, pad_id, g
         return _draw_multinomial(logits, temperature, generator)
 
     live, ops = B, B                 # rows in the cache at the last drop; rows every op runs on
+    # on more than one thread CPU attention splits its work by the row count, so a row can round otherwise in a
+    # smaller batch (measured, torch 2.13, 2 threads): rows leave the batch on one thread only (the notebooks')
+    drop_rows = drop_rows and (dev.type != "cpu" or torch.get_num_threads() == 1)
     narrow = drop_rows and live_rows and B <= token_chunk
     for k in range(T):
         tok = torch.where(done, pad, _draw_rows(model, h, step.rows, B, token_chunk, draw))
