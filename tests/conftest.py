@@ -85,8 +85,19 @@ def real_batch(tiny_m):
     return b
 
 
+# The files that run notebooks or launch processes, longest first (a fresh-clone run on 2 cores, 2026-11-28):
+# `make test`'s workers take whole files in collection order, so these start first and the short files fill
+# in at the end, instead of a 7-minute file starting last while the other worker idles.
+LONG_FIRST = ("test_paper_vocab.py", "test_paper_vocab_late.py", "test_procs.py", "test_notebooks.py",
+              "test_paper_smoke.py", "test_plan.py", "test_golden.py", "test_grader_answers.py",
+              "test_grader_modes.py", "test_plan_tally.py", "test_engine.py", "test_checkpoints.py")
+
+
 def pytest_collection_modifyitems(config, items):
-    """Skip tests marked `gpu` when no CUDA device is present (CI and the tiny profile)."""
+    """The LONG_FIRST files first (the rest in their order); skip tests marked `gpu` when no CUDA device is
+    present (CI and the tiny profile)."""
+    rank = {name: i for i, name in enumerate(LONG_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(LONG_FIRST)))   # stable: order within a file kept
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")
