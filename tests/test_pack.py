@@ -1,7 +1,8 @@
 """pack: the body forward on the real positions only (issue 52, "padding pack") gives bit for bit the model's own
 forward at every real position, and bit for bit its parameters' gradients, so token statistics and GRPO steps
 are the padded way's bits (a real tiny-m batch, a row without padding, a heavily padded one, B·L not a multiple of
-the matmul tile, float32, Qwen3); other models are refused and take the padded forward."""
+the matmul tile, float32 with its weight gradients in the padded layout, Qwen3); other models are refused and take
+the padded forward."""
 import contextlib
 import copy
 
@@ -129,15 +130,35 @@ def test_token_stats_and_grpo_steps_bit_for_bit(tiny_m, real_batch, uneven_batch
     assert not all(torch.equal(a, b) for a, b in zip(pa, model.parameters()))   # the steps moved θ
 
 
-def test_float32_forward_packed_its_gradients_refused(tiny_m, real_batch):
+def test_float32_forward_and_gradients(tiny_m, real_batch):
+    """float32 (notebook 07's training): forward and every gradient bit for bit; where this CPU's float32 matmul
+    sums a weight's gradient over a row subset otherwise (the AVX2 CPU), it is summed in the padded layout."""
     model = policy.cast(tiny_m[0], "float32")
     _need_tile(model)
-    with torch.no_grad():
-        own, got, real = _body(model, real_batch)
-    assert torch.equal(got[real], own[real])
-    assert "float32" in pack.refusal(model)       # grad mode, body parameters that require grad
-    with torch.no_grad():
+    with torch.enable_grad():
         assert pack.refusal(model) is None
+    _assert_same(model, real_batch)
+    cfg = CC.update(optimizer="adam", lr=1e-3, n_minibatches=2)
+    theta = []
+    for packed in (False, True):
+        mm = copy.deepcopy(model)
+        with _way(packed):
+            infos = grpo.grpo_step(mm, real_batch, cfg, seed=3, grad_norm=True)
+        theta.append(([p.detach() for p in mm.parameters()], infos))
+    (pa, ia), (pb, ib) = theta
+    assert ia == ib and all(torch.equal(a, b) for a, b in zip(pa, pb))
+
+
+def test_weight_gradients_in_the_padded_layout(tiny_m, real_batch, monkeypatch):
+    """The padded-layout weight gradient (`_PaddedWeightGrad`) is the padded forward's in float64 too, and its
+    probe rule holds at the probed tile: a zero product adds nothing to the padded sum."""
+    monkeypatch.setattr(pack, "weight_grads_packed", lambda model: False)
+    _assert_same(tiny_m[0], real_batch)
+    with torch.no_grad():
+        for dtype in (torch.float64, torch.float32):
+            T = pack._probe(dtype, torch.get_num_threads(), ((128, 128),), True)
+            if T is not None:
+                assert pack._holds(T, dtype, 128, 128, 1031, True, torch.Generator().manual_seed(5))
 
 
 def test_stock_norms(real_batch):
@@ -217,3 +238,19 @@ def test_positions():
     assert len(keep) % pack.TILE == 3 and keep[-3:].tolist() == [112, 113, 114]           # the padded edge tile
     assert pack.positions(torch.ones(24, 6, dtype=torch.long)) is None                    # nothing to pack
     assert pack.positions(am[:4]) is None                                                  # too few rows
+
+
+def test_small_or_unpadded_batches_skip_the_probe(tiny_m, real_batch, monkeypatch):
+    """A batch that would not be packed (fewer than MIN_ROWS real positions, or no padding) takes the padded
+    forward without probing (the probe costs more than such a forward at a large model's shapes)."""
+    model = tiny_m[0]
+
+    def probe(*a):
+        raise AssertionError("probed")
+    monkeypatch.setattr(pack, "_probe", probe)
+    am = real_batch.attention_mask
+    small = am[:, -(pack.MIN_ROWS // len(am)):]
+    assert small.sum() < pack.MIN_ROWS and pack.packed_rows(model, small) is None
+    assert pack.packed_rows(model, torch.ones_like(am)) is None
+    with pytest.raises(AssertionError, match="probed"):
+        pack.packed_rows(model, am)

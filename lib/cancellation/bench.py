@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import statistics
 import sys
 import time
@@ -138,7 +139,8 @@ def pack(repeats: int = 3, threads: int = 1, batches: str = "0,1"):
     """The padding pack (`pack.hidden`) on notebook 01's batches (its parameters: tiny-m float64, 16 x 8 rollouts of
     its problems, sampled with the seeds `batches`): token_stats (the analysis forward) and one Adam step over two
     mini-batches (the update), the body on the real positions only vs padded (the old way), alternating rounds;
-    statistics and parameters compared bit for bit."""
+    statistics and parameters compared bit for bit. `step f32`: the same step on a float32 copy (notebook 07's
+    training dtype), whose weight gradients the pack sums in the padded layout where this CPU needs it."""
     P = fig01.Params()
     model, tok = policy.load_policy(P.model_path, dtype=P.dtype)
     scfg = fig01.base.sample_config(P, fig01.base.problem_source(P))
@@ -161,25 +163,30 @@ def pack(repeats: int = 3, threads: int = 1, batches: str = "0,1"):
             def stats():
                 return measure.token_stats(model, batch, P.compute(), hidden=True)
 
-            def step():
-                m = copy.deepcopy(model)
+            def step(base=model, old=old):
+                m = copy.deepcopy(base)
                 grpo.grpo_step(m, batch, cfg, old_logp=old, seed=seed)
                 return [p.detach() for p in m.parameters()]
+            m32 = policy.cast(model, "float32")
+            old32 = measure.token_stats(m32, batch, P.compute()).logp
+            step32 = functools.partial(step, m32, old32)
             r = paired({"stats packed": way(stats, True), "stats padded": way(stats, False),
-                        "step packed": way(step, True), "step padded": way(step, False)}, repeats)
+                        "step packed": way(step, True), "step padded": way(step, False),
+                        "step f32 packed": way(step32, True), "step f32 padded": way(step32, False)}, repeats)
             a, b = r["stats packed"]["out"], r["stats padded"]["out"]
             rm = batch.response_mask
             if not (torch.equal(a.logp, b.logp) and torch.equal(a.entropy, b.entropy)
                     and torch.equal(a.hidden[rm], b.hidden[rm])):
                 raise AssertionError("pack: token_stats differ between the packed and the padded forward")
-            if not all(torch.equal(x, y) for x, y in zip(r["step packed"]["out"], r["step padded"]["out"])):
-                raise AssertionError("pack: the Adam step's parameters differ between packed and padded")
+            for name in ("step", "step f32"):
+                if not all(torch.equal(x, y) for x, y in zip(r[name + " packed"]["out"], r[name + " padded"]["out"])):
+                    raise AssertionError(f"pack: the Adam step's parameters differ between packed and padded ({name})")
             B, L = batch.input_ids.shape
             print(f"  seed {seed}: {B} rollouts x {L} columns, {batch.attention_mask.float().mean():.0%} real positions\n"
                   + "\n".join(f"    {name:<14} packed {spread(r[name + ' packed']['s'], 1e3, '.0f')} ms   padded "
                                f"{spread(r[name + ' padded']['s'], 1e3, '.0f')} ms   speed-up "
                                f"{spread(ratios(r[name + ' padded']['s'], r[name + ' packed']['s']), fmt='.2f')}x"
-                               for name in ("stats", "step")))
+                               for name in ("stats", "step", "step f32")))
     finally:
         torch.set_num_threads(before_threads)
 

@@ -56,7 +56,7 @@ def forward_hidden(model, batch, rows=None, cols=None) -> torch.Tensor:
     same floats there, and the same gradients; zeros at the padding, which no caller reads).
     """
     ids, am, pos = _inputs(model, batch, rows, cols)
-    keep = pack.positions(am, pack.tile(model)) if pack.on(model) else None
+    keep = pack.packed_rows(model, am)
     if keep is not None:
         return pack.hidden(model, ids, am, pos, keep)
     return model.get_decoder()(input_ids=ids, attention_mask=am, position_ids=pos, use_cache=False).last_hidden_state

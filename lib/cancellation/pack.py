@@ -20,8 +20,13 @@ Why the floats are the padded forward's, and the parameters' gradients too:
   so a table cannot change bits on a machine the rule was not measured on.
 - Elementwise ops round each element alone; each norm reduces one row; RoPE's tables are the model's own,
   computed over the padded (B, L) positions, and RoPE and Qwen3's per-head q/k norms run in the padded layout.
-- A weight matrix's gradient (a matmul over positions) in float64 is unchanged by the padding's zero products
-  it no longer adds (measured; in float32 it is not: `refusal`). Biases and norm weights are summed by a
+- A weight matrix's gradient is a matmul over positions (the reduction runs over the rows). In float64 on the
+  AVX2 CPU it is unchanged by the padding's zero products it no longer adds (measured); in float32 it is not
+  (up to 7e-7 relative: the kernel blocks the sum by the row count). So the probe also asks whether the packed
+  weight gradient holds (`weight_grads_packed`); where it does not, `_PaddedWeightGrad` computes it in the padded
+  layout, the packed rows scattered into zeros: the padded forward's own matmul, since its padding rows' output
+  gradient is exactly zero (their outputs reach no loss; padding keys are masked) and a zero product adds
+  nothing to a sum. The forward and the input gradient stay packed. Biases and norm weights are summed by a
   reduction whose blocking depends on the row count: `_Spread` gives them the padded forward's reduction, over
   the same (B, L) layout, zeros at the padding.
 Positions left out (padding, except the few above) are not computed: `hidden` gives zeros there. The callers
@@ -50,9 +55,8 @@ _OFF: list = []                   # open `padded()` contexts
 def refusal(model) -> str | None:
     """Why `hidden` would not reproduce this model's body forward here, or None: it needs a Qwen2/Qwen3 decoder on
     a CPU in float64 or float32, full attention only, stock attention functions, RMSNorms as `policy.exact_norms` or transformers install
-    them, no attention dropout in training mode, no gradient checkpointing, no hooks on the body, and, when the
-    body's gradients are recorded, float64 (float32's matmul sums a weight's gradient over positions in blocks
-    that the padding's zero rows shift: up to 7e-7 relative, measured)."""
+    them, no attention dropout in training mode, no gradient checkpointing, no hooks on the body, and a row tile
+    under which this CPU's matmuls keep the padded product's rows (`tile`)."""
     cfg, body = model.config, model.get_decoder()
     p = next(body.parameters())
     checks = (
@@ -67,7 +71,6 @@ def refusal(model) -> str | None:
         (not any(getattr(m, "gradient_checkpointing", False) for m in model.modules()), "gradient checkpointing"),
         (all(_norm_kind(m) for m in body.modules() if type(m).__name__.endswith("RMSNorm")), "a norm of its own"),
         (not any(m._forward_hooks or m._forward_pre_hooks for m in body.modules()), "hooks on the body"),
-        (p.dtype == torch.float64 or not _grads(body), f"gradients in {p.dtype}"),
     )
     why = next((why for ok, why in checks if not ok), None)
     if why is None and tile(model) is None:
@@ -80,13 +83,26 @@ def _grads(body) -> bool:
     return torch.is_grad_enabled() and any(q.requires_grad for q in body.parameters())
 
 
+def _shapes(body) -> tuple:
+    return tuple(sorted({tuple(m.weight.shape) for m in body.modules() if isinstance(m, torch.nn.Linear)}))
+
+
 def tile(model) -> int | None:
     """The rows per tile under which this CPU's matmuls round the model's Linear products of a row subset as they
     round the same rows of the full product (`positions`' rule), forward and, while gradients are recorded, the
-    input and weight gradients; None when no tile of TILES holds. Probed once per dtype, thread count, shapes."""
+    input gradient (and the weight gradient computed in the padded layout); None when no tile of TILES holds.
+    Probed once per dtype, thread count, shapes."""
     body = model.get_decoder()
-    shapes = tuple(sorted({tuple(m.weight.shape) for m in body.modules() if isinstance(m, torch.nn.Linear)}))
-    return _probe(next(body.parameters()).dtype, torch.get_num_threads(), shapes, _grads(body))
+    return _probe(next(body.parameters()).dtype, torch.get_num_threads(), _shapes(body), _grads(body))
+
+
+def weight_grads_packed(model) -> bool:
+    """Whether a weight's gradient summed over the packed rows alone is the padded one's, bit for bit, here (float64
+    on the AVX2 CPU: yes; float32: no, so `hidden` computes it in the padded layout). Probed like `tile`."""
+    body = model.get_decoder()
+    T = tile(model)
+    return T is not None and _probe_weight_grads(next(body.parameters()).dtype, torch.get_num_threads(),
+                                                 _shapes(body), T)
 
 
 @functools.cache
@@ -99,9 +115,18 @@ def _probe(dtype, threads: int, shapes: tuple, grads: bool) -> int | None:
     return None
 
 
-def _holds(T: int, dtype, n: int, k: int, M: int, grads: bool, g) -> bool:
+@functools.cache
+def _probe_weight_grads(dtype, threads: int, shapes: tuple, T: int) -> bool:
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        return all(_holds(T, dtype, n, k, M, True, g, packed_weight_grad=True) for n, k in shapes for M in PROBE_ROWS)
+
+
+def _holds(T: int, dtype, n: int, k: int, M: int, grads: bool, g, packed_weight_grad: bool = False) -> bool:
     """Whether, for a random (M, k) input, (n, k) weight and bias and a random real/padding split of the M rows,
-    the rows `positions` keeps at tile T give bit for bit the full product's rows (and gradients)."""
+    the rows `positions` keeps at tile T give bit for bit the full product's rows and, with `grads`, its input
+    gradient's rows and its weight gradient: summed over the kept rows alone (`packed_weight_grad`) or, as
+    `_PaddedWeightGrad` sums it, over the padded layout with zeros at the rows not kept."""
     x, w, b = (torch.randn(*s, generator=g, dtype=torch.float64).to(dtype) for s in ((M, k), (n, k), (n,)))
     real = torch.rand(M, generator=g) < 0.6
     rows = _keep(real, T)
@@ -111,8 +136,16 @@ def _holds(T: int, dtype, n: int, k: int, M: int, grads: bool, g) -> bool:
         torch.equal(F.linear(x[rows], w), F.linear(x, w)[rows])
     if same and grads:   # autograd's mm's: the padding's output gradient is zero (its outputs reach no loss)
         dy = torch.randn(M, n, generator=g, dtype=torch.float64).to(dtype) * real[:, None]
-        same = torch.equal(dy[rows] @ w, (dy @ w)[rows]) and torch.equal(dy[rows].t() @ x[rows], dy.t() @ x)
+        want = dy.t() @ x
+        got = dy[rows].t() @ x[rows] if packed_weight_grad else \
+            _scatter(dy[rows], rows, M).t() @ _scatter(x[rows], rows, M)
+        same = torch.equal(dy[rows] @ w, (dy @ w)[rows]) and torch.equal(got, want)
     return same
+
+
+def _scatter(t: torch.Tensor, rows: torch.Tensor, n: int) -> torch.Tensor:
+    """Packed rows (len(rows), ...) → (n, ...), zeros at the rows not kept."""
+    return t.new_zeros(n, *t.shape[1:]).index_copy_(0, rows, t)
 
 
 @contextlib.contextmanager
@@ -145,6 +178,17 @@ def _functions(module_name: str):
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
     mod = importlib.import_module(module_name)
     return mod.apply_rotary_pos_emb, mod.eager_attention_forward, ALL_ATTENTION_FUNCTIONS, mod.create_causal_mask
+
+
+def packed_rows(model, am: torch.Tensor) -> torch.Tensor | None:
+    """The flat rows `hidden` computes for attention mask `am` (`positions` at this CPU's `tile`), or None: the
+    padded forward. A batch without padding or with fewer than MIN_ROWS real positions is not packed, and the
+    probe does not run for it (at Qwen3-0.6B's shapes it takes about 30 s on one CPU thread: more than such a
+    batch's forward)."""
+    real = am.reshape(-1).bool()
+    if bool(real.all()) or int(real.sum()) < MIN_ROWS or not on(model):
+        return None
+    return positions(am, tile(model))
 
 
 def positions(am: torch.Tensor, tile: int = TILE) -> torch.Tensor | None:
@@ -192,7 +236,7 @@ class _Spread(torch.autograd.Function):
 
 def hidden(model, ids: torch.Tensor, am: torch.Tensor, pos: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     """Final hidden states (B, L, d) of the body on input ids, attention mask and positions (B, L), computed at
-    the flat positions `rows` (`positions(am)`), zeros elsewhere: there, the floats of `model.get_decoder()`'s
+    the flat positions `rows` (`packed_rows`), zeros elsewhere: there, the floats of `model.get_decoder()`'s
     own forward and, backward, of its parameters' gradients, bit for bit (module doc)."""
     why = refusal(model)
     if why is not None:
@@ -202,9 +246,16 @@ def hidden(model, ids: torch.Tensor, am: torch.Tensor, pos: torch.Tensor, rows: 
     rope, eager, functions, causal_mask = _functions(type(body.layers[0].self_attn).__module__)
     attention = functions.get_interface(model.config._attn_implementation, eager)
     grad = torch.is_grad_enabled()
+    padded_dw = grad and not weight_grads_packed(model)   # float32 here: weight gradients in the padded layout
 
     def spread(w, shape, flat=False):   # flat: the padded layout (B·L, ...) of a Linear's addmm, else (B, L, ...)
         return _Spread.apply(w, rows, shape, (B * L,) if flat else (B, L)) if grad and w.requires_grad else w
+
+    def linear(m, x):
+        b = None if m.bias is None else spread(m.bias, (len(x), m.bias.shape[0]), flat=True)
+        if padded_dw and m.weight.requires_grad:
+            return _PaddedWeightGrad.apply(x, m.weight, b, rows, B * L)
+        return F.linear(x, m.weight) if b is None else F.linear(x, m.weight, b)
 
     x = body.embed_tokens(ids.reshape(-1)[rows])
     probe = x.new_empty(B, L, 0)   # what the mask and the rotary tables read of the padded input: shape, dtype, device
@@ -213,17 +264,16 @@ def hidden(model, ids: torch.Tensor, am: torch.Tensor, pos: torch.Tensor, rows: 
     for layer in body.layers:
         a, mlp = layer.self_attn, layer.mlp
         h = _norm(layer.input_layernorm, x, spread)
-        q, k, v = (_padded(_linear(m, h, spread), rows, B, L, a.head_dim) for m in (a.q_proj, a.k_proj, a.v_proj))
+        q, k, v = (_padded(linear(m, h), rows, B, L, a.head_dim) for m in (a.q_proj, a.k_proj, a.v_proj))
         if hasattr(a, "q_norm"):   # Qwen3's per-head norms, padded: their gradients flow in the module's layouts
             q, k = a.q_norm(q), a.k_norm(k)
         q, k = rope(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
         v = v.transpose(1, 2)
         out, _ = attention(a, q, k, v, mask, dropout=a.attention_dropout if a.training else 0.0, scaling=a.scaling,
                            sliding_window=None)
-        x = x + _linear(a.o_proj, out.reshape(B * L, -1).index_select(0, rows), spread)
+        x = x + linear(a.o_proj, out.reshape(B * L, -1).index_select(0, rows))
         h = _norm(layer.post_attention_layernorm, x, spread)
-        x = x + _linear(mlp.down_proj, mlp.act_fn(_linear(mlp.gate_proj, h, spread)) * _linear(mlp.up_proj, h, spread),
-                        spread)
+        x = x + linear(mlp.down_proj, mlp.act_fn(linear(mlp.gate_proj, h)) * linear(mlp.up_proj, h))
     x = _norm(body.norm, x, spread)
     return x.new_zeros(B * L, x.shape[-1]).index_copy(0, rows, x).view(B, L, -1)
 
@@ -233,11 +283,25 @@ def _padded(t, rows, B, L, head_dim):
     return t.new_zeros(B * L, t.shape[1]).index_copy(0, rows, t).view(B, L, -1, head_dim)
 
 
-def _linear(m, x, spread):
-    """nn.Linear's forward on packed rows (a 2-D input: addmm with the bias, as the module's on (B·L, d))."""
-    if m.bias is None:
-        return F.linear(x, m.weight)
-    return F.linear(x, m.weight, spread(m.bias, (len(x), m.bias.shape[0]), flat=True))
+class _PaddedWeightGrad(torch.autograd.Function):
+    """F.linear(x, w, b) on packed rows x (nn.Linear's forward on (B·L, d): addmm with the bias), with autograd's
+    own backward formulas (`mm_mat1_backward`, `mm_mat2_backward`) except that the weight's gradient is summed over
+    the padded layout of n rows, x and the output gradient scattered into zeros at the rows not computed: the
+    padded forward's matmul over positions, where this CPU's kernels sum a row subset otherwise (float32)."""
+
+    @staticmethod
+    def forward(ctx, x, w, b, rows, n):
+        ctx.save_for_backward(x, w)
+        ctx.rows, ctx.n = rows, n
+        return F.linear(x, w) if b is None else F.linear(x, w, b)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, w = ctx.saved_tensors
+        dx = dy.mm(w) if ctx.needs_input_grad[0] else None
+        dw = _scatter(dy, ctx.rows, ctx.n).t().mm(_scatter(x, ctx.rows, ctx.n)) if ctx.needs_input_grad[1] else None
+        db = dy if ctx.needs_input_grad[2] else None   # addmm's: the output gradient, summed by `_Spread`
+        return dx, dw, db, None, None
 
 
 def _norm(m, x, spread):
