@@ -104,7 +104,7 @@ verify: env
 	$(PY) -m cancellation.verify $(A) $(B)
 
 test: env
-	$(PY) -m pytest -q -x --durations=10 $(XDIST)
+	$(PY) -m pytest -q -x --durations=30 $(XDIST)
 
 test-fast: env
 	$(PY) -m pytest -q -x -m "not slow and not golden" $(XDIST)
