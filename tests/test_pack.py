@@ -82,6 +82,21 @@ def _assert_same(model, batch, rows=None, cols=None):
         assert torch.equal(a, b), (name, float((a - b).abs().max() / a.abs().max()))
 
 
+def _assert_same_step(model, batch):
+    """An Adam step over two mini-batches moves θ to the same parameters (and step statistics) packed and padded."""
+    cfg = CC.update(optimizer="adam", lr=1e-3, n_minibatches=2)
+    theta = []
+    for packed in (False, True):
+        mm = copy.deepcopy(model)
+        with _way(packed):
+            infos = grpo.grpo_step(mm, batch, cfg, seed=3, grad_norm=True)
+        theta.append(([p.detach() for p in mm.parameters()], infos))
+    (pa, ia), (pb, ib) = theta
+    assert ia == ib and ia[0]["grad_norm"] > 0
+    assert all(torch.equal(a, b) for a, b in zip(pa, pb))
+    assert not all(torch.equal(a, b) for a, b in zip(pa, model.parameters()))   # the steps moved θ
+
+
 @pytest.mark.parametrize("threads", [1, 2])
 def test_forward_and_gradients_are_the_models_own(tiny_m, real_batch, threads):
     before = torch.get_num_threads()
@@ -117,17 +132,7 @@ def test_token_stats_and_grpo_steps_bit_for_bit(tiny_m, real_batch, uneven_batch
         new = measure.token_stats(model, b, CC, hidden=True)
         assert torch.equal(new.logp, old.logp) and torch.equal(new.entropy, old.entropy)
         assert torch.equal(new.hidden[b.response_mask], old.hidden[b.response_mask])
-    cfg = CC.update(optimizer="adam", lr=1e-3, n_minibatches=2)
-    theta = []
-    for packed in (False, True):
-        mm = copy.deepcopy(model)
-        with _way(packed):
-            infos = grpo.grpo_step(mm, real_batch, cfg, seed=3, grad_norm=True)
-        theta.append(([p.detach() for p in mm.parameters()], infos))
-    (pa, ia), (pb, ib) = theta
-    assert ia == ib and ia[0]["grad_norm"] > 0
-    assert all(torch.equal(a, b) for a, b in zip(pa, pb))
-    assert not all(torch.equal(a, b) for a, b in zip(pa, model.parameters()))   # the steps moved θ
+    _assert_same_step(model, real_batch)
 
 
 def test_float32_forward_and_gradients(tiny_m, real_batch):
@@ -138,15 +143,7 @@ def test_float32_forward_and_gradients(tiny_m, real_batch):
     with torch.enable_grad():
         assert pack.refusal(model) is None
     _assert_same(model, real_batch)
-    cfg = CC.update(optimizer="adam", lr=1e-3, n_minibatches=2)
-    theta = []
-    for packed in (False, True):
-        mm = copy.deepcopy(model)
-        with _way(packed):
-            infos = grpo.grpo_step(mm, real_batch, cfg, seed=3, grad_norm=True)
-        theta.append(([p.detach() for p in mm.parameters()], infos))
-    (pa, ia), (pb, ib) = theta
-    assert ia == ib and all(torch.equal(a, b) for a, b in zip(pa, pb))
+    _assert_same_step(model, real_batch)
 
 
 def test_weight_gradients_in_the_padded_layout(tiny_m, real_batch, monkeypatch):
