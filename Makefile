@@ -38,9 +38,10 @@ A ?=
 P ?=
 REPLACE ?=
 CORES ?= $(shell nproc 2>/dev/null || echo 1)
-# pytest-xdist workers of make test / test-fast, one test file each at a time (0: one process, no xdist)
+# pytest-xdist workers of make test / test-fast, one test file each at a time, in collection order (tests/conftest.py
+# starts the longest files first; xdist would order files by their number of tests, putting them last) (0: no xdist)
 TEST_WORKERS ?= 2
-XDIST := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
+XDIST := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 PYTHON ?= python3
 TORCH_SPEC ?= torch==2.13.0
 VENV := .venv
