@@ -246,7 +246,7 @@ def hidden(model, ids: torch.Tensor, am: torch.Tensor, pos: torch.Tensor, rows: 
     rope, eager, functions, causal_mask = _functions(type(body.layers[0].self_attn).__module__)
     attention = functions.get_interface(model.config._attn_implementation, eager)
     grad = torch.is_grad_enabled()
-    padded_dw = grad and not weight_grads_packed(model)   # float32 here: weight gradients in the padded layout
+    padded_dw = _grads(body) and not weight_grads_packed(model)   # float32 here: weight gradients in the padded layout
 
     def spread(w, shape, flat=False):   # flat: the padded layout (B·L, ...) of a Linear's addmm, else (B, L, ...)
         return _Spread.apply(w, rows, shape, (B * L,) if flat else (B, L)) if grad and w.requires_grad else w
