@@ -228,8 +228,7 @@ class _Spread(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g):
-        full = g.new_zeros(math.prod(ctx.lead), *g.shape[1:]).index_copy_(0, ctx.rows, g)
-        full = full.view(*ctx.lead, *g.shape[1:])
+        full = _scatter(g, ctx.rows, math.prod(ctx.lead)).view(*ctx.lead, *g.shape[1:])
         summed = full.sum(tuple(range(full.dim() - ctx.w_dim)), keepdim=True)
         return summed.view(g.shape[g.dim() - ctx.w_dim:]), None, None, None
 
@@ -275,12 +274,12 @@ def hidden(model, ids: torch.Tensor, am: torch.Tensor, pos: torch.Tensor, rows: 
         h = _norm(layer.post_attention_layernorm, x, spread)
         x = x + linear(mlp.down_proj, mlp.act_fn(linear(mlp.gate_proj, h)) * linear(mlp.up_proj, h))
     x = _norm(body.norm, x, spread)
-    return x.new_zeros(B * L, x.shape[-1]).index_copy(0, rows, x).view(B, L, -1)
+    return _scatter(x, rows, B * L).view(B, L, -1)
 
 
 def _padded(t, rows, B, L, head_dim):
     """Packed (n, H·D) → (B, L, H, D), zeros at the positions not computed: the module's `proj(h).view(B, L, H, D)`."""
-    return t.new_zeros(B * L, t.shape[1]).index_copy(0, rows, t).view(B, L, -1, head_dim)
+    return _scatter(t, rows, B * L).view(B, L, -1, head_dim)
 
 
 class _PaddedWeightGrad(torch.autograd.Function):
