@@ -90,7 +90,7 @@ def real_batch(tiny_m):
 # in at the end, instead of a 7-minute file starting last while the other worker idles. The second file needs no
 # stand-ins: the first worker builds them (about 90 s, under a lock), and a second paper-vocab file there would
 # have its worker wait that long.
-LONG_FIRST = ("test_paper_vocab.py", "test_procs.py", "test_paper_vocab_late.py", "test_notebooks.py",
+LONG_FIRST = ("test_paper_vocab_late.py", "test_procs.py", "test_paper_vocab.py", "test_notebooks.py",
               "test_paper_smoke.py", "test_plan.py", "test_golden.py", "test_grader_answers.py",
               "test_grader_modes.py", "test_plan_tally.py", "test_engine.py", "test_checkpoints.py")
 

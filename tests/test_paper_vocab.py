@@ -2,9 +2,10 @@
 
 Its own files, beside test_paper_smoke.py's (whose `_run` it uses): `make test` gives each pytest-xdist
 worker whole files, and these notebook runs are the suite's longest (about 14 min in all on one core), so
-in one file they kept one worker busy while the other idled at the end. They are split in two files of
-about 7 min each (measured 2026-11-27: 04 245 s, 07 140 s, 01 95 s, 03 94 s, 08 90 s, 05 71 s, 06 66 s,
-02 46 s): this one runs FIRST_HALF, test_paper_vocab_late.py the rest."""
+in one file they kept one worker busy while the other idled at the end. They are split in two files
+(measured 2026-11-27: 07 140 s, 01 95 s, 03 94 s, 08 90 s, 05 71 s, 06 66 s, 02 46 s; 04 245 s with 5
+batches, 106 s with the 2 it runs since 2026-11-28): this one runs FIRST_HALF, test_paper_vocab_late.py
+the rest, and make test starts the late file first (tests/conftest.py's LONG_FIRST)."""
 import json
 
 import pytest
@@ -24,7 +25,7 @@ def vocab_root(canonical_standins, tmp_path_factory):
     return tmp_path_factory.mktemp("paper-vocab")
 
 
-FIRST_HALF = ("04", "05", "06", "02")   # about 428 s; the other four about 419 s
+FIRST_HALF = ("04", "05", "06", "02")   # about 290 s; the other four about 420 s
 
 
 @pytest.mark.slow
