@@ -48,7 +48,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from . import measure, sampling_path
+from . import measure, pack, sampling_path
 from .dryrun import dry_run
 from .policy import cast, load_policy
 
@@ -660,7 +660,7 @@ def rows_probe(model, B: int, r: int) -> bool:
         if w.shape[1] not in xs:
             xs[w.shape[1]] = randn(B, w.shape[1])
         x = xs[w.shape[1]]
-        if not torch.equal(F.linear(x.index_select(0, idx), w, b), F.linear(x, w, b).index_select(0, idx)):
+        if not pack.linear_keeps_rows(x, idx, w, b):
             return False
     C = PROBE_COLUMNS
     kv = [tuple(randn(B, ly.k[0].shape[0] // ly.head_dim, C + 1, ly.head_dim) for _ in range(2))
