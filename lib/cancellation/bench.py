@@ -26,7 +26,7 @@ from . import categories as C
 from .compute import Compute
 from .figures import fig01, fig04
 from .pack import padded
-from .sampler import generate, generate_lean
+from .sampler import generate, generate_lean, generate_transformers
 
 KNOBS = Compute()   # the default memory knobs of every timed call (a bench times the code, not a profile)
 
@@ -522,7 +522,8 @@ def _standin_model() -> str:
 def sampler(device: str = "auto", shapes: str = "auto", compile: bool = True, eager_gpu: bool = False,
             dynamic: str = "all", repeats: int = 5, threads: int = 1):
     """Sampling tokens/s: ours (static KV cache; decode step captured as a CUDA graph on GPU) vs our eager
-    DynamicCache loop vs transformers `generate` (dynamic cache; static cache + torch.compile on GPU) vs
+    DynamicCache loop vs transformers `generate` (dynamic cache; on GPU also static cache + torch.compile through
+    `sampler.generate_transformers`, the call the notebooks make when gpu-check picks that path) vs
     the weight-read limit (parameter bytes over the device copy bandwidth measured here). GPU: Qwen3-1.7B's
     shape, bfloat16, random weights, 64 x 512 and 256 x 256 new tokens. CPU: `sampler_cpu` (the tiny
     policy in float64 and the stand-in in float32, ours = the lean step). No stop ids: every row runs to the cap.
@@ -555,10 +556,9 @@ def sampler(device: str = "auto", shapes: str = "auto", compile: bool = True, ea
                                        token_chunk=KNOBS.token_chunk)  # noqa: E731
         eager = lambda n=new: generate(model, ids, mask, n, 1.0, [-1], 0, generator=g, static=False,
                                         token_chunk=KNOBS.token_chunk)  # noqa: E731
-        def hf(cache=None, n=new):
+        def hf(n=new):
             gc = GenerationConfig(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=n,
-                                  min_new_tokens=n, eos_token_id=None, pad_token_id=0,
-                                  **(dict(cache_implementation=cache) if cache else {}))
+                                  min_new_tokens=n, eos_token_id=None, pad_token_id=0)
             return model.generate(input_ids=ids, attention_mask=mask, generation_config=gc)
         ways = {"ours (static cache" + (", CUDA graph)" if device == "cuda" else ", eager)"): ours}
         if device != "cuda" or eager_gpu:   # on an H100 the old loop runs at ~730 tok/s: 45 s a call
@@ -567,8 +567,8 @@ def sampler(device: str = "auto", shapes: str = "auto", compile: bool = True, ea
             ways["transformers generate, dynamic cache"] = hf
         if device == "cuda" and compile and (rows, new) == dims[0]:  # first call compiles (about a minute)
 
-            def hf_static(n=new):
-                return hf("static", n)
+            def hf_static(n=new):   # the notebooks' own call (prompts and rows bucketed as there): what auto picks
+                return generate_transformers(model, ids, mask, n, 1.0, [-1], 0, generator=g)
             ways["transformers generate, static cache + torch.compile"] = hf_static
         tok = rows * new
         for name, fn in ways.items():
