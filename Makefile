@@ -29,6 +29,8 @@
 #   CORES=N        cores make figures fills: each notebook pins its torch threads (one; 07: two workers x one),
 #                  and they run in a pool, started in order while they fit (default: this machine's cores; 1: one
 #                  at a time)
+#   PROCS=N        make figNN: the notebook's independent work on N processes (--procs N: 04's batches, 05's and
+#                  06's Monte Carlo continuations, 07's TRL runs on engine trl), the same tables as one process
 #   B=NAME         the benchmark of make bench;  TORCH_SPEC=torch==2.x  the torch of make env;  PYTHON=python3
 #   BUDGET=S       make gpu-check's seconds (default 540: one 10-minute device call)
 PROFILE ?= tiny
@@ -38,6 +40,7 @@ A ?=
 P ?=
 REPLACE ?=
 CORES ?= $(shell nproc 2>/dev/null || echo 1)
+PROCS ?=
 # pytest-xdist workers of make test / test-fast, one test file each at a time, in collection order (tests/conftest.py
 # starts the longest files first; xdist would order files by their number of tests, putting them last) (0: no xdist)
 TEST_WORKERS ?= 2
@@ -99,7 +102,7 @@ report: env  ## the static site of PROFILE's executed notebooks and figures, in 
 	$(PY) -m cancellation.report --profile $(PROFILE) --out site
 
 fig%: env $(POLICIES) $(if $(filter paper-smoke paper-vocab,$(PROFILE)),standins)
-	$(PY) -m cancellation.run $* --profile $(PROFILE) $(OVERRIDES)
+	$(PY) -m cancellation.run $* --profile $(PROFILE) $(if $(PROCS),--procs $(PROCS)) $(OVERRIDES)
 
 verify: env
 	$(PY) -m cancellation.verify $(A) $(B)

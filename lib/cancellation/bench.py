@@ -14,14 +14,16 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
+import os
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-from . import coupling, engine, grpo, measure, policy, rollout, scale, seeds, standins, tasks, value
+from . import cache, coupling, engine, grpo, measure, policy, procs, rollout, scale, seeds, standins, tasks, value
 from . import categories as C
 from .compute import Compute
 from .figures import fig01, fig04
@@ -235,6 +237,60 @@ def trials(batch: int = 0, repeats: int = 3, threads: int = 1):
           f"{spread(r['old']['s'], fmt='.2f')} s   speed-up {spread(ratios(r['old']['s'], r['shared']['s']), fmt='.2f')}x\n"
           f"  whole batch table (+ Eq. 9)      shared {spread(rt['shared']['s'], fmt='.2f')} s   old "
           f"{spread(rt['old']['s'], fmt='.2f')} s   speed-up {spread(ratios(rt['old']['s'], rt['shared']['s']), fmt='.2f')}x")
+
+
+@bench
+def procs04(batches: int = 4, n: int = 2, repeats: int = 1):
+    """Notebook 04's batches of both policies (tiny profile, float64, one thread per process) from an empty
+    cache: one process, batch after batch (as `compute` does without --procs), vs `n` ranks
+    (`fig04.fan_out_batches`, run --procs n: accelerate's launcher, each rank loading the policies itself).
+    Every batch table compared bit for bit. On a machine with fewer than `n` free cores the ranks share them."""
+    P = fig04.Params(n_batches=batches)
+    source = fig04.base.problem_source(P)
+    paths = [P.model_path, P.control_model_path]
+    units = [(path, i) for i in range(batches) for path in paths]
+    saved = cache.DEFAULT_DIR, os.environ.get("CANCELLATION_CACHE"), os.environ.get(procs.PROCS_ENV)
+    threads = torch.get_num_threads()
+    fig04.base.pin_threads(P)
+
+    def cached_only(path):
+        raise AssertionError(f"procs04: the ranks left a batch of {path} uncomputed")
+
+    def tables(load):
+        return [fig04.batch_deltas(P, source, i, path, load) for path, i in units]
+
+    def one():
+        return tables(fig04._loader(P))
+
+    def ranks():
+        os.environ[procs.PROCS_ENV] = str(n)
+        fig04.fan_out_batches(P, source)
+        os.environ[procs.PROCS_ENV] = "1"
+        return tables(cached_only)   # every batch is in the cache now: nothing loads a model
+
+    res = {"one": [], "ranks": []}
+    try:
+        for _ in range(repeats):
+            for name, fn in (("one", one), ("ranks", ranks)):
+                with tempfile.TemporaryDirectory(prefix="bench-procs04-") as d:
+                    cache.DEFAULT_DIR = Path(d)              # this process's cache and the ranks' ($CANCELLATION_CACHE)
+                    os.environ["CANCELLATION_CACHE"] = d
+                    t = time.perf_counter()
+                    out = fn()
+                    res[name].append(time.perf_counter() - t)
+                    if name == "one":
+                        first = out
+                    elif not all(a.equals(b) for a, b in zip(first, out)):
+                        raise AssertionError("procs04: a batch table from the ranks differs from one process's")
+    finally:
+        cache.DEFAULT_DIR = saved[0]
+        torch.set_num_threads(threads)
+        for k, v in (("CANCELLATION_CACHE", saved[1]), (procs.PROCS_ENV, saved[2])):
+            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+    print(f"procs04: notebook 04's {batches} batches of each of its 2 policies (tiny profile, float64, 1 thread per "
+          f"process), empty cache; {os.cpu_count()} cores here; median (min–max) of {repeats} round(s); tables bit for bit\n"
+          f"  one process {spread(res['one'], fmt='.1f')} s   {n} ranks {spread(res['ranks'], fmt='.1f')} s (launcher and "
+          f"model loads included)   speed-up {spread(ratios(res['one'], res['ranks']), fmt='.2f')}x")
 
 
 @bench

@@ -63,16 +63,19 @@ KILL_ENV = "CANCELLATION_PROCS_KILL"   # test hook: this rank kills itself
 
 
 # the notebooks with a stage split over processes, and what is split (the runner names them)
-SPLIT = {"05_value_gap": "Monte Carlo continuations of the valued tokens",
+SPLIT = {"04_category_shift": "the batches of both policies (each cached by its rank)",
+         "05_value_gap": "Monte Carlo continuations of the valued tokens",
          "06_sampling_budget": "Monte Carlo continuations of the valued tokens; settings x seeds with step_mode grpo",
          "07_batching": "the TRL runs (engine trl: strategy x seed and the sweep's), each trained on one process"}
 # the planner's split parts (workload.Work.split) that --procs really divides, per notebook: (what, how)
-BUILT = {("05_value_gap", "valued tokens' Monte Carlo continuations"): "a unit is a sampler batch",
+BUILT = {("04_category_shift", "batches"): "a unit is one batch of one policy",
+         ("05_value_gap", "valued tokens' Monte Carlo continuations"): "a unit is a sampler batch",
          ("06_sampling_budget", "valued tokens' Monte Carlo continuations"): "a unit is a sampler batch",
          ("06_sampling_budget", "settings x seeds"): "a unit is one setting and seed, with step_mode grpo",
          ("07_batching", "TRL runs (strategy x seed)"): "a unit is one whole TRL run, trained on one process"}
-# notebooks whose ranks each train whole runs while the kernel waits holding no model (the planner's memory)
-WHOLE_RUNS = {"07_batching"}
+# notebooks whose ranks each do whole units as one process does (07: TRL runs; 04: batches, each sampled,
+# updated and measured) while the kernel waits holding no model (the planner's memory)
+WHOLE_RUNS = {"04_category_shift", "07_batching"}
 
 
 class RankFailed(RuntimeError):
@@ -119,6 +122,8 @@ def fan_out(fn: str, shared, units: list, n: int | None = None, cuda: bool = Fal
         env["PYTHONPATH"] = os.pathsep.join([pkg] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
         cmd = launch_command(n) + ["-m", "cancellation.procs", str(job)]
         t0 = time.perf_counter()
+        # the ranks' own output goes to the job's log: say here what runs, as the stage may take minutes
+        print(f"[procs] {what}: {len(units)} units on {n} processes, started at {time.strftime('%H:%M:%S')}", flush=True)
         with open(job / "log.txt", "wb") as log:
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
             try:

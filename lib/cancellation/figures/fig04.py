@@ -3,7 +3,8 @@
 `compute(P)` runs Algorithm 2 on `n_batches` independent batches of the policy θ₀: the token
 table of each batch with Δlog p under a positive-only and a GRPO update, each from θ₀ (cached per
 batch under every parameter, the policy's and problems' fingerprints and the batch index: the
-expensive part, two full-parameter steps per batch). The tables are tagged afterwards, never
+expensive part, two full-parameter steps per batch; with `run --procs N` the batches not cached yet
+are computed by N processes first, `fan_out_batches`, the same tables bit for bit). The tables are tagged afterwards, never
 cached tagged, so an edited category table re-tags the cached Δlog p on the next run. Then the
 boosted / suppressed mass per category and batch and its paired shift, the tokens whose Δlog p
 differs most, and the same shift under the comparison table (`compare_map`) and on the
@@ -21,7 +22,7 @@ import pandas as pd
 import torch
 from tqdm import tqdm
 
-from .. import cache, categories, coupling, grpo, measure, policy, rollout, seeds, stage, thesis
+from .. import cache, categories, coupling, grpo, measure, policy, procs, rollout, seeds, stage, thesis
 from .. import workload as W
 from . import base
 from .base import param
@@ -176,17 +177,57 @@ def _first_order(P: Params, cc, model, batch, before, df: pd.DataFrame, bseed: i
         df[k] = col
 
 
+def _loader(P: Params):
+    """load(path) -> (model, tokenizer) in P's dtype and device, one model in memory at a time."""
+    loaded = {}
+
+    def load(path):
+        if path not in loaded:
+            loaded.clear()
+            loaded[path] = policy.load_policy(path, dtype=P.dtype, device=P.device)
+        return loaded[path]
+    return load
+
+
+def fan_out_batches(P: Params, source) -> int:
+    """With `run --procs N` (N > 1): the batches of both policies not cached yet, computed by N ranks
+    (procs.fan_out, `_rank_batches`), each batch cached by its rank; `compute` then reads them from the
+    cache. A batch carries its own seed and a rank runs P's threads, so the tables are the one-process
+    tables bit for bit (tests/test_procs.py). The units alternate between the policies, so every rank's
+    contiguous share holds as many main batches (with the thesis steps: about 4x the work) as control ones.
+    Returns the number of batches the ranks computed (0 on one process)."""
+    if procs.count() <= 1:
+        return 0
+    paths = [P.model_path] + ([P.control_model_path] if P.control_model_path else [])
+    units = [(path, i) for i in range(P.n_batches) for path in paths
+             if not stage.CATEGORY_SHIFT.is_cached(**base.inputs(P, source, path), i=i, main=path == P.model_path)]
+    if len(units) < 2:
+        return 0
+    procs.fan_out("cancellation.figures.fig04:_rank_batches", P, units, cuda=str(P.device).startswith("cuda"),
+                  what=f"04 batches ({len(paths)} policies)")
+    return len(units)
+
+
+def _rank_batches(P: Params, units: list, local_rank) -> list:
+    """One rank's share of `fan_out_batches`: each (policy path, batch index) through `batch_deltas` (which
+    caches it), a policy's batches together (one model load each)."""
+    base.pin_threads(P)
+    torch.manual_seed(P.seed)
+    source, load = base.problem_source(P), _loader(P)
+    for path in dict.fromkeys(p for p, _ in units):
+        for p, i in units:
+            if p == path:
+                batch_deltas(P, source, i, path, load)
+    return [True] * len(units)
+
+
 def compute(P: Params) -> Result:
     base.pin_threads(P)
     torch.manual_seed(P.seed)
     source = base.problem_source(P)
-    loaded, facts = {}, {"policies": []}
-
-    def load(path):
-        if path not in loaded:
-            loaded.clear()  # one model in memory at a time
-            loaded[path] = policy.load_policy(path, dtype=P.dtype, device=P.device)
-        return loaded[path]
+    facts = {"policies": []}
+    fan_out_batches(P, source)   # before this kernel loads a model: on a GPU, rank 0 shares the first with it
+    load = _loader(P)
 
     def batches(path, what):
         """All batches of one policy, tagged; batches without a mixed-reward group are left out."""

@@ -407,19 +407,31 @@ def workload(P: Params, shape, z: W.Sizes) -> W.Work:
     W.sample(w, crows, z, chunk_rows_decode=W.sample_rows(P))
     W.analysis(w, rows, z, cr)
     W.analysis(w, P.comp_groups * P.G_comp, z, cr)
-    # a real grpo_step per setting and seed (step_mode grpo), on the sub-batch of the setting
     settings = [(p * P.n_fixed) for p in P.prompt_sizes] + [P.prompts_fixed * g for g in P.rollout_sizes] + \
         [P.G_comp] * max(P.G_comp - 1, 0)
-    with w.split("settings x seeds", len(settings) * P.n_seeds):
+    if P.step_mode == "grpo":   # a real grpo_step per setting and seed, on the sub-batch of the setting
+        with w.split("settings x seeds", len(settings) * P.n_seeds):
+            for r in settings:
+                W.step(w, "full", r, z, cr, times=P.n_seeds)
+                W.analysis(w, r, z, cr, times=P.n_seeds)
+    else:   # 'scores': one backward per rollout the plans draw from (budget.rollout_scores; at most every row of
+        # both batches), then each setting's step from the scores (a matrix product, not counted) and its forward
+        W.step(w, "full", 1, z, cr, minibatches=0, times=rows + P.comp_groups * P.G_comp)
         for r in settings:
-            W.step(w, "full", r, z, cr, times=P.n_seeds)
             W.analysis(w, r, z, cr, times=P.n_seeds)
+        w.notes.append("step_mode scores: one backward per rollout; the settings' steps from the scores are "
+                       "matrix products, not counted")
     w.full_grads = True
     valued = P.n_seeds * (min(P.prompt_sizes) * P.valued_per_prompt + P.comp_groups * P.G_comp) * P.tokens_per_rollout
+    # each valued token is sampled once (value.token_values caches per prefix) and a rollout's tokens are fixed
+    # across seeds, so at most every rollout the seeds draw from is valued: the base batch and the composition
+    # batch's comp_groups query groups
+    valued = min(valued, (P.n_prompts * P.G + P.comp_groups * P.comp_G) * P.tokens_per_rollout)
     # --procs divides sampler batches of rows_per_chunk // M prefixes (token x branch), not tokens (fig05)
     with w.split("valued tokens' Monte Carlo continuations", W.ceil(2 * valued, max(1, P.rows_per_chunk // P.M))):
         W.sample(w, valued * 2 * P.M, z, chunk_rows_decode=P.rows_per_chunk)
-    w.notes.append("valued tokens: every seed's counted (the cache shares prefixes across seeds: an upper bound)")
+    w.notes.append("valued tokens: every seed's, at most every rollout's (the cache shares prefixes across seeds), "
+                   "continuations at the full response cap: an upper bound")
     if P.sample_dtype and P.backend == "hf":
         w.extra_bytes += shape.params * W.BYTES[P.sample_dtype]
     return w
