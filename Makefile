@@ -29,8 +29,8 @@
 #   CORES=N        cores make figures fills: each notebook pins its torch threads (one; 07: two workers x one),
 #                  and they run in a pool, started in order while they fit (default: this machine's cores; 1: one
 #                  at a time)
-#   PROCS=N        make figNN: the notebook's independent work on N processes (--procs N: 04's batches, 05's and
-#                  06's Monte Carlo continuations, 07's TRL runs on engine trl), the same tables as one process
+#   PROCS=N        make figNN: the notebook's independent work on N processes (--procs N: 01's runs, 04's batches,
+#                  05's and 06's Monte Carlo continuations, 07's TRL runs on engine trl), the same tables as on one
 #   B=NAME         the benchmark of make bench;  TORCH_SPEC=torch==2.x  the torch of make env;  PYTHON=python3
 #   BUDGET=S       make gpu-check's seconds (default 540: one 10-minute device call)
 PROFILE ?= tiny

@@ -1,5 +1,5 @@
 """`run --procs N` (issue 36, item 3; issue 49: on accelerate's launcher): the fan-out (cancellation.procs),
-and notebooks 04, 05 and 06 on two CPU processes writing the same tables as on one, byte for byte; a rank that
+and notebooks 01, 04, 05 and 06 on two CPU processes writing the same tables as on one, byte for byte; a rank that
 dies stops the notebook with one line and promotes nothing."""
 import os
 from pathlib import Path
@@ -104,13 +104,17 @@ def test_fan_out_on_two_ranks(monkeypatch):
 # Every sampler batch holds rows_per_chunk // M = 4 prefixes, so each notebook's Monte Carlo calls hold
 # several batches (6 to 12) to split: the smoke profile's default (1024 rows) makes one batch per call,
 # which --procs leaves on one process. 06 takes a real GRPO step per setting (step_mode grpo), whose
-# seeds are split too. 04 splits its batches: 2 of each policy here, so each rank holds a main and a control one.
-SPLIT = {"04": {"n_batches": 2}, "05": {"rows_per_chunk": 16}, "06": {"rows_per_chunk": 16, "step_mode": "grpo"}}
-SHOWN = {"04": ["[procs] 04 batches (2 policies): 4 units on 2 processes"],
+# seeds are split too. 04 splits its batches: 2 of each policy here, so each rank holds a main and a control one;
+# 01 its six Δlog p runs (main, control, Fig. 9's second model).
+SPLIT = {"01": {"steps": 2}, "04": {"n_batches": 2}, "05": {"rows_per_chunk": 16}, "06": {"rows_per_chunk": 16, "step_mode": "grpo"}}
+SHOWN = {"01": ["[procs] Δlog p runs: 6 units on 2 processes"],
+         "04": ["[procs] 04 batches (2 policies): 4 units on 2 processes"],
          "05": ["MC continuations (M=4): 12 units on 2 processes"],
          "06": ["MC continuations (M=4): 12 units on 2 processes", "settings x seeds (grpo steps): 12 units on 2",
                 "settings x seeds (grpo steps): 6 units on 2"]}
-TABLES = {"04": tuple(name.removesuffix(".parquet") for name in fig04.TABLES.values()),
+TABLES = {"01": ("fig01_noise_floor", "fig01_flip_fractions", "fig01_token_deltas", "fig01_eps_sensitivity",
+                 "fig01_suppressed_categories", "fig09_flip_fractions"),
+          "04": tuple(name.removesuffix(".parquet") for name in fig04.TABLES.values()),
           "05": ("fig05_token_values", "fig05_cell_means", "fig05_entropy_gap", "fig05_strata_gap",
                  "fig11_repeated_gap", "fig05_heldout_values"),
           "06": ("fig06_valued_deltas", "fig06_value_gap", "fig07b_reward_composition", "fig06_trends",
@@ -125,7 +129,7 @@ def _run(ref, root: Path, monkeypatch, n: int):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("ref", ["04", "05", "06"])
+@pytest.mark.parametrize("ref", ["01", "04", "05", "06"])
 def test_two_processes_write_the_same_tables(ref, tmp_path, monkeypatch):
     """Whole notebooks on the smoke profile (fresh caches): 1 process, then 2 ranks; every table and the
     claims registry equal byte for byte, and the executed notebook shows the splits happened."""

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from . import cache, coupling, engine, grpo, measure, policy, procs, rollout, scale, seeds, standins, tasks, value
+from . import cache, coupling, engine, grpo, measure, policy, procs, rollout, scale, seeds, standins, tasks, train, value
 from . import categories as C
 from .compute import Compute
 from .figures import fig01, fig04
@@ -239,18 +239,49 @@ def trials(batch: int = 0, repeats: int = 3, threads: int = 1):
           f"{spread(rt['old']['s'], fmt='.2f')} s   speed-up {spread(ratios(rt['old']['s'], rt['shared']['s']), fmt='.2f')}x")
 
 
-@bench
-def procs04(batches: int = 4, n: int = 2, repeats: int = 1):
-    """Notebook 04's batches of both policies (tiny profile, float64, one thread per process) from an empty
-    cache: one process, batch after batch (as `compute` does without --procs), vs `n` ranks
-    (`fig04.fan_out_batches`, run --procs n: accelerate's launcher, each rank loading the policies itself).
-    Every batch table compared bit for bit. On a machine with fewer than `n` free cores the ranks share them."""
-    P = fig04.Params(n_batches=batches)
-    source = fig04.base.problem_source(P)
-    paths = [P.model_path, P.control_model_path]
-    units = [(path, i) for i in range(batches) for path in paths]
+def _one_vs_ranks(tag: str, one, ranks, n: int, repeats: int) -> dict:
+    """Seconds of one() (every unit on this process) and ranks() (`run --procs n`: $CANCELLATION_PROCS = n while
+    it runs), each from an empty cache of its own (this process's and the ranks', $CANCELLATION_CACHE), in
+    `repeats` alternating rounds; their outputs (lists of tables) compared bit for bit."""
     saved = cache.DEFAULT_DIR, os.environ.get("CANCELLATION_CACHE"), os.environ.get(procs.PROCS_ENV)
     threads = torch.get_num_threads()
+    res = {"one": [], "ranks": []}
+    try:
+        for _ in range(repeats):
+            for name, fn, count in (("one", one, 1), ("ranks", ranks, n)):
+                with tempfile.TemporaryDirectory(prefix=f"bench-{tag}-") as d:
+                    cache.DEFAULT_DIR = Path(d)
+                    os.environ["CANCELLATION_CACHE"] = d
+                    os.environ[procs.PROCS_ENV] = str(count)
+                    t = time.perf_counter()
+                    out = fn()
+                    res[name].append(time.perf_counter() - t)
+                if name == "one":
+                    first = out
+                elif len(out) != len(first) or not all(a.equals(b) for a, b in zip(first, out)):
+                    raise AssertionError(f"{tag}: a table from the ranks differs from one process's")
+    finally:
+        cache.DEFAULT_DIR = saved[0]
+        torch.set_num_threads(threads)
+        for k, v in (("CANCELLATION_CACHE", saved[1]), (procs.PROCS_ENV, saved[2])):
+            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+    return res
+
+
+def _print_ranks(tag: str, what: str, res: dict, n: int, repeats: int):
+    print(f"{tag}: {what}, empty cache; {os.cpu_count()} cores here; median (min–max) of {repeats} round(s); tables "
+          f"bit for bit\n  one process {spread(res['one'], fmt='.1f')} s   {n} ranks {spread(res['ranks'], fmt='.1f')} s "
+          f"(launcher and model loads included)   speed-up {spread(ratios(res['one'], res['ranks']), fmt='.2f')}x")
+
+
+@bench
+def procs04(batches: int = 4, n: int = 2, repeats: int = 1):
+    """Notebook 04's batches of both policies (tiny profile, float64, one thread per process): one process,
+    batch after batch (as `compute` does without --procs), vs `n` ranks (`fig04.fan_out_batches`, run --procs n:
+    accelerate's launcher, each rank loading the policies itself). On fewer than `n` free cores the ranks share."""
+    P = fig04.Params(n_batches=batches)
+    source = fig04.base.problem_source(P)
+    units = [(path, i) for i in range(batches) for path in (P.model_path, P.control_model_path)]
     fig04.base.pin_threads(P)
 
     def cached_only(path):
@@ -259,38 +290,28 @@ def procs04(batches: int = 4, n: int = 2, repeats: int = 1):
     def tables(load):
         return [fig04.batch_deltas(P, source, i, path, load) for path, i in units]
 
-    def one():
-        return tables(fig04._loader(P))
-
     def ranks():
-        os.environ[procs.PROCS_ENV] = str(n)
         fig04.fan_out_batches(P, source)
-        os.environ[procs.PROCS_ENV] = "1"
         return tables(cached_only)   # every batch is in the cache now: nothing loads a model
+    res = _one_vs_ranks("procs04", lambda: tables(fig04._loader(P)), ranks, n, repeats)
+    _print_ranks("procs04", f"notebook 04's {batches} batches of each of its 2 policies (tiny profile, float64, 1 thread "
+                 "per process)", res, n, repeats)
 
-    res = {"one": [], "ranks": []}
-    try:
-        for _ in range(repeats):
-            for name, fn in (("one", one), ("ranks", ranks)):
-                with tempfile.TemporaryDirectory(prefix="bench-procs04-") as d:
-                    cache.DEFAULT_DIR = Path(d)              # this process's cache and the ranks' ($CANCELLATION_CACHE)
-                    os.environ["CANCELLATION_CACHE"] = d
-                    t = time.perf_counter()
-                    out = fn()
-                    res[name].append(time.perf_counter() - t)
-                    if name == "one":
-                        first = out
-                    elif not all(a.equals(b) for a, b in zip(first, out)):
-                        raise AssertionError("procs04: a batch table from the ranks differs from one process's")
-    finally:
-        cache.DEFAULT_DIR = saved[0]
-        torch.set_num_threads(threads)
-        for k, v in (("CANCELLATION_CACHE", saved[1]), (procs.PROCS_ENV, saved[2])):
-            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
-    print(f"procs04: notebook 04's {batches} batches of each of its 2 policies (tiny profile, float64, 1 thread per "
-          f"process), empty cache; {os.cpu_count()} cores here; median (min–max) of {repeats} round(s); tables bit for bit\n"
-          f"  one process {spread(res['one'], fmt='.1f')} s   {n} ranks {spread(res['ranks'], fmt='.1f')} s (launcher and "
-          f"model loads included)   speed-up {spread(ratios(res['one'], res['ranks']), fmt='.2f')}x")
+
+@bench
+def procs01(steps: int = 4, n: int = 2, repeats: int = 1):
+    """Notebook 01's Δlog p runs (tiny profile, float64, one thread per process: the GRPO, positive-only and SGD
+    runs, the control policy's two, Fig. 9's second model), `steps` GRPO steps each (Fig. 9's: half): one process,
+    run after run, vs `n` ranks (`train.cached_delta_runs`, run --procs n)."""
+    P = fig01.Params(steps=steps, fig9_steps=max(1, steps // 2))
+    specs = fig01.delta_runs(P, fig01.run_config(P, fig01.base.problem_source(P)))
+    fig01.base.pin_threads(P)
+
+    def runs():
+        return list(train.cached_delta_runs(specs, P.dtype, P.device).values())
+    res = _one_vs_ranks("procs01", runs, runs, n, repeats)
+    _print_ranks("procs01", f"notebook 01's {len(specs)} Δlog p runs of {steps} steps (tiny profile, float64, 1 thread "
+                 "per process)", res, n, repeats)
 
 
 @bench

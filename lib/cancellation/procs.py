@@ -63,19 +63,22 @@ KILL_ENV = "CANCELLATION_PROCS_KILL"   # test hook: this rank kills itself
 
 
 # the notebooks with a stage split over processes, and what is split (the runner names them)
-SPLIT = {"04_category_shift": "the batches of both policies (each cached by its rank)",
+SPLIT = {"01_token_flipping": "the Δlog p runs (main, control, Fig. 9's models), each trained on one process",
+         "04_category_shift": "the batches of both policies (each cached by its rank)",
          "05_value_gap": "Monte Carlo continuations of the valued tokens",
          "06_sampling_budget": "Monte Carlo continuations of the valued tokens; settings x seeds with step_mode grpo",
          "07_batching": "the TRL runs (engine trl: strategy x seed and the sweep's), each trained on one process"}
 # the planner's split parts (workload.Work.split) that --procs really divides, per notebook: (what, how)
-BUILT = {("04_category_shift", "batches"): "a unit is one batch of one policy",
+BUILT = {("01_token_flipping", "the model grid's GRPO runs"): "a unit is one whole run, trained on one process",
+         ("01_token_flipping", "Fig. 9's runs"): "a unit is one whole run, trained on one process",
+         ("04_category_shift", "batches"): "a unit is one batch of one policy",
          ("05_value_gap", "valued tokens' Monte Carlo continuations"): "a unit is a sampler batch",
          ("06_sampling_budget", "valued tokens' Monte Carlo continuations"): "a unit is a sampler batch",
          ("06_sampling_budget", "settings x seeds"): "a unit is one setting and seed, with step_mode grpo",
          ("07_batching", "TRL runs (strategy x seed)"): "a unit is one whole TRL run, trained on one process"}
-# notebooks whose ranks each do whole units as one process does (07: TRL runs; 04: batches, each sampled,
-# updated and measured) while the kernel waits holding no model (the planner's memory)
-WHOLE_RUNS = {"04_category_shift", "07_batching"}
+# notebooks whose ranks each do whole units as one process does (01: Δlog p runs; 04: batches, each sampled,
+# updated and measured; 07: TRL runs) while the kernel waits holding no model (the planner's memory)
+WHOLE_RUNS = {"01_token_flipping", "04_category_shift", "07_batching"}
 
 
 class RankFailed(RuntimeError):

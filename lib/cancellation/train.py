@@ -13,6 +13,7 @@ the mini-batch plan, `Step.update()`), and what each does around the update.
 """
 from __future__ import annotations
 
+import gc
 import logging
 import time
 from collections.abc import Callable
@@ -24,7 +25,7 @@ import torch
 from tqdm import tqdm
 
 from . import batching, grpo, measure, rollout, tasks
-from . import cache, coupling, policy, seeds, stage, strategies
+from . import cache, coupling, policy, procs, seeds, stage, strategies
 from .compute import Compute
 from .sampler import make_sampler, sync_weights
 
@@ -210,6 +211,33 @@ def cached_delta_run(model_path, cfg: RunConfig, dtype: str = "float64", device:
         model, tok = policy.load_policy(model_path, dtype=dtype, device=device)
         return delta_run(model, tok, cfg, model_path=model_path)
     return stage.DELTA_RUN.cached(compute, model=policy.fingerprint(model_path), dtype=dtype, device=device, run=cfg)
+
+
+def cached_delta_runs(specs: dict, dtype: str = "float64", device: str = "cpu") -> dict:
+    """`cached_delta_run` of every (model_path, RunConfig) in `specs` (name -> pair): name -> its table.
+    With `run --procs N` (N > 1) the runs not cached yet are first trained by N ranks (procs.fan_out,
+    `_rank_delta_runs`: a unit is one whole run, cached by its rank, with this process's torch threads),
+    then all are read from the cache here: the same tables as on one process, bit for bit (a run depends
+    only on its policy, config and seeds; tests/test_procs.py)."""
+    key = lambda p, c: dict(model=policy.fingerprint(p), dtype=dtype, device=device, run=c)  # noqa: E731
+    todo = list({stage.DELTA_RUN.key(**key(p, c)): (p, c) for p, c in specs.values()
+                 if not stage.DELTA_RUN.is_cached(**key(p, c))}.values())   # a run two names share: once
+    if procs.count() > 1 and len(todo) > 1:
+        if str(device).startswith("cuda"):   # rank 0 trains on this process's GPU: hand back what its cache holds
+            gc.collect()
+            torch.cuda.empty_cache()
+        procs.fan_out("cancellation.train:_rank_delta_runs", dict(dtype=dtype, device=device,
+                                                                  threads=torch.get_num_threads()),
+                      todo, cuda=str(device).startswith("cuda"), what="Δlog p runs")
+    return {name: cached_delta_run(p, c, dtype, device) for name, (p, c) in specs.items()}
+
+
+def _rank_delta_runs(shared: dict, units: list, local_rank) -> list:
+    """One rank's share of `cached_delta_runs`: each (model_path, RunConfig) trained and cached."""
+    torch.set_num_threads(shared["threads"])
+    for p, c in units:
+        cached_delta_run(p, c, shared["dtype"], shared["device"])
+    return [True] * len(units)
 
 
 def sign_consistency_run(model, tokenizer, cfg: RunConfig, sgd_lr: float, progress: bool = True,

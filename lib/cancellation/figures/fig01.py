@@ -153,6 +153,23 @@ def eps_sensitivity(signed: pd.DataFrame, eps: float) -> pd.DataFrame:
                          for name, m in (("all", signed.prob >= 0), ("p<0.9", ~conf), ("p>=0.9", conf))])
 
 
+def delta_runs(P: Params, cfg) -> dict:
+    """Every Δlog p run this notebook reads (`train.cached_delta_runs`): name -> (policy path, RunConfig).
+    ('main', r): the GRPO run, the positive-only run and (sgd_lr) the SGD control, its own rows, never in
+    the categories of Fig. 1(d); ('control', r): the fixed-scaffold policy's GRPO and positive-only runs;
+    ('fig9', path): Fig. 9's run of each model (the main GRPO run itself where it is long enough)."""
+    out = {("main", "grpo"): (P.model_path, cfg), ("main", "positive_only"): (P.model_path, positive_only(cfg))}
+    if P.sgd_lr:
+        out[("main", "grpo_sgd")] = (P.model_path, sgd_run(cfg, P.sgd_lr))
+    if P.control_model_path:
+        out[("control", "grpo")] = (P.control_model_path, cfg)
+        out[("control", "positive_only")] = (P.control_model_path, positive_only(cfg))
+    for path in P.models:
+        if not (path == P.model_path and P.fig9_steps <= P.steps):
+            out[("fig9", path)] = (path, replace(cfg, steps=P.fig9_steps))
+    return out
+
+
 def compute(P: Params) -> Result:
     base.pin_threads(P)
     torch.manual_seed(P.seed)
@@ -163,10 +180,8 @@ def compute(P: Params) -> Result:
     if not (floor["repeat"] < P.eps and floor["zero_update"] < P.eps):
         raise RuntimeError(f"noise floor above ε = {P.eps:g}: raise eps or the precision\n{noise.to_string(index=False)}")
 
-    runs = {"grpo": train.cached_delta_run(P.model_path, cfg, P.dtype, P.device),
-            "positive_only": train.cached_delta_run(P.model_path, positive_only(cfg), P.dtype, P.device)}
-    if P.sgd_lr:  # the SGD control: its own rows, never in the categories of Fig. 1(d)
-        runs["grpo_sgd"] = train.cached_delta_run(P.model_path, sgd_run(cfg, P.sgd_lr), P.dtype, P.device)
+    every = train.cached_delta_runs(delta_runs(P, cfg), P.dtype, P.device)   # with --procs N: on N ranks first
+    runs = {r: every[("main", r)] for r in ("grpo", "positive_only", "grpo_sgd") if ("main", r) in every}
     g = runs["grpo"]
     if not {"pos", "neg"} <= set(g.sign.unique()):
         r = g.groupby(["step", "rollout"]).reward.first()
@@ -188,9 +203,7 @@ def compute(P: Params) -> Result:
 
     comp = {(Path(P.model_path).name, r): suppressed_categories(df) for r, df in runs.items() if r != "grpo_sgd"}
     if P.control_model_path:
-        control_runs = {"grpo": train.cached_delta_run(P.control_model_path, cfg, P.dtype, P.device),
-                        "positive_only": train.cached_delta_run(P.control_model_path, positive_only(cfg), P.dtype,
-                                                                P.device)}
+        control_runs = {r: every[("control", r)] for r in ("grpo", "positive_only")}
         comp.update({(Path(P.control_model_path).name + " (control)", r): suppressed_categories(df)
                      for r, df in control_runs.items()})
         control = pd.concat({r: measure.flip_fractions(df[df.sign != "zero"], by=("step", "sign"))
@@ -203,8 +216,7 @@ def compute(P: Params) -> Result:
 
     rows = []
     for path in P.models:
-        df = runs["grpo"] if (path == P.model_path and P.fig9_steps <= P.steps) else train.cached_delta_run(
-            path, replace(cfg, steps=P.fig9_steps), P.dtype, P.device)
+        df = every.get(("fig9", path), runs["grpo"])
         df = df[(df.step < P.fig9_steps) & (df.sign != "zero")]
         f = pd.concat([measure.flip_fractions(df, by=("step", "sign")),
                        measure.flip_fractions(df.assign(sign="all"), by=("step", "sign"))])
