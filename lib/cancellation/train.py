@@ -213,8 +213,9 @@ def cached_delta_run(model_path, cfg: RunConfig, dtype: str = "float64", device:
     return stage.DELTA_RUN.cached(compute, model=policy.fingerprint(model_path), dtype=dtype, device=device, run=cfg)
 
 
-def cached_delta_runs(specs: dict, dtype: str = "float64", device: str = "cpu") -> dict:
-    """`cached_delta_run` of every (model_path, RunConfig) in `specs` (name -> pair): name -> its table.
+def cached_delta_runs(specs: dict, dtype: str = "float64", device: str = "cpu", check=None) -> dict:
+    """`cached_delta_run` of every (model_path, RunConfig) in `specs` (name -> pair), in order: name -> its
+    table; `check(name, table)` after each (it may raise: on one process the later runs are not trained).
     With `run --procs N` (N > 1) the runs not cached yet are first trained by N ranks (procs.fan_out,
     `_rank_delta_runs`: a unit is one whole run, cached by its rank, with this process's torch threads),
     then all are read from the cache here: the same tables as on one process, bit for bit (a run depends
@@ -229,7 +230,12 @@ def cached_delta_runs(specs: dict, dtype: str = "float64", device: str = "cpu") 
         procs.fan_out("cancellation.train:_rank_delta_runs", dict(dtype=dtype, device=device,
                                                                   threads=torch.get_num_threads()),
                       todo, cuda=str(device).startswith("cuda"), what="Δlog p runs")
-    return {name: cached_delta_run(p, c, dtype, device) for name, (p, c) in specs.items()}
+    out = {}
+    for name, (p, c) in specs.items():
+        out[name] = cached_delta_run(p, c, dtype, device)
+        if check is not None:
+            check(name, out[name])
+    return out
 
 
 def _rank_delta_runs(shared: dict, units: list, local_rank) -> list:

@@ -180,12 +180,14 @@ def compute(P: Params) -> Result:
     if not (floor["repeat"] < P.eps and floor["zero_update"] < P.eps):
         raise RuntimeError(f"noise floor above ε = {P.eps:g}: raise eps or the precision\n{noise.to_string(index=False)}")
 
-    every = train.cached_delta_runs(delta_runs(P, cfg), P.dtype, P.device)   # with --procs N: on N ranks first
+    def signal(name, g):
+        """The GRPO run has rollouts of both signs (checked before the other runs train, on one process)."""
+        if name == ("main", "grpo") and not {"pos", "neg"} <= set(g.sign.unique()):
+            r = g.groupby(["step", "rollout"]).reward.first()
+            raise base.no_signal(f"01: the GRPO run's {P.steps} batches", int((r > 0).sum()), len(r), source)
+
+    every = train.cached_delta_runs(delta_runs(P, cfg), P.dtype, P.device, check=signal)  # --procs N: N ranks first
     runs = {r: every[("main", r)] for r in ("grpo", "positive_only", "grpo_sgd") if ("main", r) in every}
-    g = runs["grpo"]
-    if not {"pos", "neg"} <= set(g.sign.unique()):
-        r = g.groupby(["step", "rollout"]).reward.first()
-        raise base.no_signal(f"01: the GRPO run's {P.steps} batches", int((r > 0).sum()), len(r), source)
     tokens = pd.concat([df.assign(run=name) for name, df in runs.items()], ignore_index=True)
     signed = tokens[tokens.sign != "zero"]
     frac = measure.flip_fractions(signed, by=("run", "step", "sign"))
