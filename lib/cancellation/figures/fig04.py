@@ -4,12 +4,12 @@
 table of each batch with Δlog p under a positive-only and a GRPO update, each from θ₀ (cached per
 batch under every parameter, the policy's and problems' fingerprints and the batch index: the
 expensive part, two full-parameter steps per batch; with `run --procs N` the batches not cached yet
-are computed by N processes first, `fan_out_batches`, the same tables bit for bit). The tables are tagged afterwards, never
-cached tagged, so an edited category table re-tags the cached Δlog p on the next run. Then the
-boosted / suppressed mass per category and batch and its paired shift, the tokens whose Δlog p
-differs most, and the same shift under the comparison table (`compare_map`) and on the
-fixed-scaffold control policy (`control_model_path`, same batch seeds). The claim rows and what the
-notebook prints are `fig04_claims`.
+are computed by N processes first, `fan_out_batches`: the same tables bit for bit). The tables are
+tagged afterwards, never cached tagged, so an edited category table re-tags the cached Δlog p on the
+next run. Then the boosted / suppressed mass per category and batch and its paired shift, the
+tokens whose Δlog p differs most, and the same shift under the comparison table (`compare_map`) and
+on the fixed-scaffold control policy (`control_model_path`, same batch seeds). The claim rows and
+what the notebook prints are `fig04_claims`.
 """
 from __future__ import annotations
 
@@ -194,7 +194,7 @@ def fan_out_batches(P: Params, source) -> int:
     (procs.fan_out, `_rank_batches`), each batch cached by its rank; `compute` then reads them from the
     cache. A batch carries its own seed and a rank runs P's threads, so the tables are the one-process
     tables bit for bit (tests/test_procs.py). The units alternate between the policies, so every rank's
-    contiguous share holds as many main batches (with the thesis steps: about 4x the work) as control ones.
+    contiguous share holds as many main batches (with the thesis steps: about 3.5x the work) as control ones.
     Returns the number of batches the ranks computed (0 on one process)."""
     if procs.count() <= 1:
         return 0
@@ -226,7 +226,7 @@ def compute(P: Params) -> Result:
     torch.manual_seed(P.seed)
     source = base.problem_source(P)
     facts = {"policies": []}
-    fan_out_batches(P, source)   # before this kernel loads a model: on a GPU, rank 0 shares the first with it
+    fan_out_batches(P, source)   # before this kernel loads a model: on a GPU, rank 0 has the first card to itself
     load = _loader(P)
 
     def batches(path, what):
