@@ -299,7 +299,7 @@ def procs04(batches: int = 4, n: int = 2, repeats: int = 1):
 
 
 @bench
-def procs01(steps: int = 4, n: int = 2, repeats: int = 1):
+def procs01(steps: int = 2, n: int = 2, repeats: int = 1):
     """Notebook 01's Δlog p runs (tiny profile, float64, one thread per process: the GRPO, positive-only and SGD
     runs, the control policy's two, Fig. 9's second model), `steps` GRPO steps each (Fig. 9's: half): one process,
     run after run, vs `n` ranks (`train.cached_delta_runs`, run --procs n)."""
