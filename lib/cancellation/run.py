@@ -1006,8 +1006,9 @@ def main(argv=None):
                          "and total memory), from any host, e.g. nvidia-h100-80gb-hbm3 from a laptop")
     ap.add_argument("--procs", type=int, default=1, metavar="N",
                     help="N processes (accelerate launch: one rank per GPU with NCCL, gloo on CPU) divide a notebook's "
-                         "independent work: built for 05 and 06 (their Monte Carlo continuations) and 07 on engine trl "
-                         "(whole TRL runs), the same tables as one process; the others run on one; with --plan, each "
+                         "independent work: built for 01 (its Δlog p runs), 04 (its batches), 05 and 06 (their Monte "
+                         "Carlo continuations) and 07 on engine trl (whole TRL runs), the same tables as one process; "
+                         "the others run on one; with --plan, each "
                          "process's planned wall time")
     ap.add_argument("--no-plan-check", action="store_true",
                     help="start even when the plan's peak memory exceeds the device's")
