@@ -258,9 +258,9 @@ def rank_memory(P, shape: Shape, mem: dict, procs: int, whole: bool = False) -> 
     rebuilds the sampler: the weights in the sampling dtype and its KV cache, or with vLLM its own engine's
     share (gpu_memory_utilization of the device, its weights inside). On CUDA a rank has a GPU to itself,
     but rank 0 shares the first with the kernel: the peak there is the kernel's plus rank 0's one copy. On
-    the CPU every rank shares the host's memory: procs copies. `whole` (procs.WHOLE_RUNS: 01's runs, 04's batches, 07's TRL runs): each
-    rank does whole units (runs, batches), each as the one-process plan does, while the kernel holds no model:
-    nothing more on a GPU, procs - 1 more units side by side on the CPU."""
+    the CPU every rank shares the host's memory: procs copies. `whole` (procs.WHOLE_RUNS: 01's runs, 04's
+    batches, 07's TRL runs): each rank does whole units, each as the one-process plan does, while the kernel
+    holds no model: nothing more on a GPU, procs - 1 more units side by side on the CPU."""
     cuda = str(getattr(P, "device", "cpu")).startswith("cuda")
     if whole:
         return 0 if cuda else (procs - 1) * sum(mem.values())
