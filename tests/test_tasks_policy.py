@@ -78,3 +78,19 @@ def test_policy_does_not_import_rollout():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={"PYTHONPATH": "lib", "PATH": ""}).stdout
     assert out.strip() == "False"
+
+
+@pytest.mark.skipif(not Path("data/policies/tiny-s/config.json").exists(), reason="needs make policy")
+def test_float64_norms_survive_train_and_eval():
+    """A float64 policy's RMSNorms stay float64 through model.train()/eval(): transformers >= 5.25 turns hub
+    kernels on by default and re-kernelizes at each mode switch, which put the stock float32 norm back
+    (the monitor test's 5.6e-7). Checked against the norm computed here by hand in float64."""
+    import torch
+    model, _ = policy.load_policy("data/policies/tiny-s", dtype="float64")
+    model.train()
+    model.eval()
+    model.train()
+    norm = model.model.norm
+    x = torch.randn(3, 5, model.config.hidden_size, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    ref = norm.weight * (x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon))
+    assert (norm(x) - ref).abs().max() < 1e-13

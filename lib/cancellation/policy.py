@@ -158,7 +158,12 @@ def load_policy(path: str | Path, dtype: str | torch.dtype = "float32", device: 
                                   f"vocab_size {model.config.vocab_size}")
     else:
         try:
-            model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, **hub_kwargs(path)).to(device)
+            # use_kernels=False: transformers >= 5.25 turns hub kernels on by default when the `kernels` package is
+            # installed (it is a dependency), and then re-kernelizes at every train()/eval() switch, which puts the
+            # stock float32 RMSNorm back over exact_norms' float64 one (a 5.6e-7 blur in Δlog p of a float64 model
+            # once a trainer calls model.train()). The hub's kernels also need the network the tiny profile lacks.
+            model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, use_kernels=False,
+                                                         **hub_kwargs(path)).to(device)
         except Exception as e:
             raise PolicyLoadError(f"{path}: cannot load the model ({type(e).__name__}: {_first_line(e)})") from e
     if exact:
