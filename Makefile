@@ -14,7 +14,12 @@
 #   make gpu-check on a machine with an NVIDIA GPU: pytest -m gpu, the sampler vs transformers, the card's
 #                  unit costs, dry runs at Qwen3-1.7B's shape; one report in data/scale/measured/ (BUDGET=540 s;
 #                  PY=python3 uses an existing Python with torch instead of .venv). Without a GPU: exit 2
-#   make env       create .venv (torch TORCH_SPEC, then pip install -e ".[dev]")
+#   make env       create .venv from the lock: torch TORCH_SPEC, then requirements.lock (every other package pinned
+#                  and hashed, --no-deps), then the library itself (editable); pip check at the end
+#   make env-latest the newest versions inside pyproject's ranges in .venv-latest (torch stays TORCH_SPEC), which
+#                  packages moved against the lock, then the test suite there; a failure says to hold the lock
+#   make lock      requirements.lock (and environment.yml) from LOCK_FROM's freeze (default .venv-latest/bin/python,
+#                  after make env-latest passed); hashes from the package index
 #   make policy    retrain the tiny policies (tiny-m, tiny-s, tiny-m-fixed)
 #   make standins  CPU stand-ins of the paper's model and data in data/standins/ (PROFILE=paper-smoke, paper-vocab)
 #   make clean     remove caches, smoke/paper-smoke/paper-vocab/dry-run outputs and leftovers of killed runs
@@ -47,7 +52,11 @@ TEST_WORKERS ?= 2
 XDIST := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 PYTHON ?= python3
 TORCH_SPEC ?= torch==2.13.0
+PIP_SPEC ?= pip==26.3
+LOCK := requirements.lock
 VENV := .venv
+LATEST := .venv-latest
+LOCK_FROM ?= $(LATEST)/bin/python
 PY := $(VENV)/bin/python
 POLICIES := data/policies/tiny-m/model.safetensors data/policies/tiny-s/model.safetensors \
             data/policies/tiny-m-fixed/model.safetensors
@@ -60,17 +69,34 @@ export PYTHONUNBUFFERED := 1
 export MALLOC_MMAP_THRESHOLD_ ?= 1073741824
 export MALLOC_TRIM_THRESHOLD_ ?= 1073741824
 
-.PHONY: env policy standins figures table2 claims report verify test test-fast lint bench gpu-check clean help
+.PHONY: env env-latest lock policy standins figures table2 claims report verify test test-fast lint bench gpu-check clean help
 help:
 	@sed -n '/^# Targets/,/^[^#]/{/^#/s/^# \{0,1\}//p}' Makefile
 
 env: $(VENV)/.installed
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml $(LOCK)
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(PIP_SPEC)"
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
-	$(PY) -m pip install -q -e ".[dev]"
+	$(PY) -m pip install -q --require-hashes --no-deps -r $(LOCK)
+	$(PY) -m pip install -q --no-deps -e .
+	$(PY) -m pip check
 	touch $@
+
+# Not part of CI: a red suite here means "hold the lock", never a red main.
+env-latest:  ## the newest versions in pyproject's ranges, what moved against the lock, the suite on them
+	rm -rf $(LATEST)
+	$(PYTHON) -m venv $(LATEST)
+	$(LATEST)/bin/python -m pip install -q --upgrade pip
+	$(LATEST)/bin/python -m pip install -q "$(TORCH_SPEC)"
+	$(LATEST)/bin/python -m pip install -q --upgrade --upgrade-strategy eager -e ".[dev]"
+	$(PYTHON) tools/lock.py diff $(LATEST)/bin/python
+	$(LATEST)/bin/python -m pytest -q -x $(XDIST) \
+	  && echo "env-latest: the suite passes on these versions: make lock moves the lock to them" \
+	  || { echo "env-latest: the suite FAILS on the newest versions: keep the lock; the packages that moved are above"; exit 1; }
+
+lock:  ## requirements.lock and environment.yml from LOCK_FROM's freeze (hashes from the index)
+	$(PYTHON) tools/lock.py write $(LOCK_FROM)
 
 # the control policy: tiny-m pretrained on traces with one wording per scaffold slot (Fig. 1(d), Fig. 4)
 data/policies/tiny-m-fixed/model.safetensors: | env

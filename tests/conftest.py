@@ -21,6 +21,18 @@ atexit.register(shutil.rmtree, _KEYDIR, ignore_errors=True)
 if os.environ.get("PYTEST_XDIST_WORKER") and "OMP_NUM_THREADS" not in os.environ:
     os.environ["OMP_NUM_THREADS"] = "1"
 
+# A clone with a borrowed venv (a symlinked .venv whose editable install points at another checkout) would
+# silently test the other checkout's library: stop in one line naming both.
+import importlib.util  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+_HERE = Path(__file__).resolve().parents[1] / "lib" / "cancellation"
+_spec = importlib.util.find_spec("cancellation")
+_THERE = Path(_spec.origin).resolve().parent if _spec and _spec.origin else None
+if _THERE != _HERE:
+    raise SystemExit(f"tests: `cancellation` imports from {_THERE}, not from this checkout's {_HERE} (a venv borrowed "
+                     f"from another checkout?): run `make env` here, or `pip install --no-deps -e .` in this venv")
+
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
@@ -106,3 +118,21 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def pytest_report_header(config):
+    """Which installed packages differ from requirements.lock (`make env` installs the lock; a venv of your own or
+    `make env-latest` may not): tight checks were set on the locked versions."""
+    import re
+    from importlib import metadata
+    lock = Path(__file__).resolve().parents[1] / "requirements.lock"
+    moved = []
+    for m in re.finditer(r"(?m)^([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)", lock.read_text() if lock.exists() else ""):
+        try:
+            have = metadata.version(m.group(1))
+        except metadata.PackageNotFoundError:
+            have = "absent"
+        if have != m.group(2):
+            moved.append(f"{m.group(1)} {have} (locked {m.group(2)})")
+    return (f"not the lock: {', '.join(moved[:8])}{' ...' if len(moved) > 8 else ''}" if moved
+            else "packages: requirements.lock's versions")

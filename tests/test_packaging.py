@@ -149,3 +149,60 @@ def test_installed_wheel_imports_outside_the_repository(wheel, tmp_path):
     assert cache_dir == tmp_path / "xdg" / "cancellation"
     assert not cache_dir.is_relative_to(target) and not cache_dir.is_relative_to(ROOT)
     assert got["monitor"] == "CancellationMonitor" and "TrainerCallback" in got["callback"]
+
+
+# ------------------------------------------------------------------ the lock (requirements.lock, tools/lock.py)
+def _canon(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _lock_entries() -> dict[str, tuple[str, int]]:
+    """{name: (version, number of hashes)} read from requirements.lock line by line."""
+    out, name = {}, None
+    for line in (ROOT / "requirements.lock").read_text().splitlines():
+        if line.startswith("#") or not line.strip():
+            continue
+        if not line.startswith(" "):
+            name, version = line.split(" ")[0].split("==")
+            out[_canon(name)] = (version, 0)
+        elif "--hash=sha256:" in line:
+            v, n = out[_canon(name)]
+            assert re.fullmatch(r"\s*--hash=sha256:[0-9a-f]{64}( \\)?", line), line
+            out[_canon(name)] = (v, n + 1)
+    return out
+
+
+def _torch_spec() -> str:
+    return re.search(r"(?m)^TORCH_SPEC \?= (\S+)$", (ROOT / "Makefile").read_text()).group(1)
+
+
+def test_environment_yml_makefile_and_lock_name_the_same_versions():
+    """environment.yml (conda) pins exactly the lock's packages at the lock's versions, torch at the Makefile's
+    TORCH_SPEC (which the lock's header names too), every lock entry pinned with at least one hash."""
+    import yaml
+    lock = _lock_entries()
+    assert len(lock) > 50 and all(n >= 1 for _, n in lock.values()), "a lock entry without a hash"
+    pip = [d for d in yaml.safe_load((ROOT / "environment.yml").read_text())["dependencies"] if isinstance(d, dict)]
+    pins = [p for p in pip[0]["pip"] if p != "-e ."]
+    assert all("==" in p for p in pins), [p for p in pins if "==" not in p]
+    env = {_canon(p.split("==")[0]): p.split("==")[1] for p in pins}
+    assert env.pop("torch") == _torch_spec().split("==")[1]
+    assert env == {k: v for k, (v, _) in lock.items()}
+    assert f"TORCH_SPEC: {_torch_spec()}" in (ROOT / "requirements.lock").read_text()
+    assert "torch" not in lock   # installed from TORCH_SPEC first (the CPU build), never through the lock
+
+
+def test_locked_versions_lie_inside_pyprojects_ranges():
+    """Every dependency pyproject declares (core and dev) is in the lock, at a version its range admits."""
+    import tomllib
+
+    from packaging.requirements import Requirement
+    proj = tomllib.loads(_pyproject())["project"]
+    lock = {k: v for k, (v, _) in _lock_entries().items()}
+    lock["torch"] = _torch_spec().split("==")[1]
+    for spec in proj["dependencies"] + proj["optional-dependencies"]["dev"]:
+        r = Requirement(spec)
+        assert _canon(r.name) in lock, f"{r.name} is not locked"
+        assert r.specifier.contains(lock[_canon(r.name)], prereleases=True), (spec, lock[_canon(r.name)])
+        for extra in r.extras:   # math-verify[antlr4_13_2]: the extra's own requirement is locked too
+            assert extra != "antlr4_13_2" or lock.get("antlr4-python3-runtime") == "4.13.2"
