@@ -140,7 +140,7 @@ test-fast: env
 	$(PY) -m pytest -q -x -m "not slow and not golden" $(XDIST)
 
 lint: env
-	$(PY) -m ruff check lib tests notebooks examples
+	$(PY) -m ruff check lib tests notebooks examples tools
 
 bench: env $(POLICIES)
 	$(PY) -m cancellation.bench $(B)

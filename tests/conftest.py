@@ -64,6 +64,18 @@ def canonical_standins():
     return standins.build(run.ROOT / "data" / "standins")
 
 
+@pytest.fixture(scope="session")
+def standin_model():
+    """data/standins/model's path, which the sampler's tests and two GPU tests load: found, or built with the
+    canonical stand-ins when missing (a fresh clone, a bare GPU machine where gpu-check's standins step did not
+    run), never assumed."""
+    from cancellation import run, standins
+    path = run.ROOT / "data" / "standins" / "model"
+    if not (path / "config.json").exists():
+        standins.build(run.ROOT / "data" / "standins")
+    return str(path)
+
+
 @pytest.fixture
 def fresh(model64):
     return copy.deepcopy(model64)

@@ -29,8 +29,8 @@ def test_list_names_every_step_in_order():
     p = subprocess.run([sys.executable, "-m", "cancellation.gpucheck", "--list", "--notebooks", "05", "01"],
                        capture_output=True, text=True, check=True)
     names = [line.split()[0] for line in p.stdout.splitlines() if not line.startswith("(")]
-    assert names == ["pytest", "sampler", "vllm", "dry-05", "dry-01", "profile", "units", "trim"]
-    assert gpucheck.plan_steps(["05"], units_first=True)[3][0] == "units"   # a card the planner has no file for
+    assert names == ["standins", "pytest", "sampler", "vllm", "dry-05", "dry-01", "profile", "units", "trim"]
+    assert gpucheck.plan_steps(["05"], units_first=True)[4][0] == "units"   # a card the planner has no file for
     lines = dict(line.split(None, 1) for line in p.stdout.splitlines() if not line.startswith("("))
     assert "paper-quick, backend " in lines["dry-05"] and "M=4" in lines["dry-05"]   # the plan: profile, backend, sizes
     assert "(default CUDA sampling path on nvidia-h200: transformers, ours / transformers static cache + compile: " \
@@ -105,21 +105,58 @@ def test_markdown_from_a_report():
             "estimated 75 s) | | |") in md
 
 
-def _bare_interpreter(tmp_path):
-    """An interpreter with torch (and the rest of this environment's packages) but without this package:
-    a venv whose only path entry is this environment's site-packages as a plain directory, so the
-    editable install's hook there is never run."""
+def _bare_interpreter(tmp_path, modules=None):
+    """An interpreter without this package: a venv whose only path entry is a plain directory. With `modules`
+    (import names), that directory holds links to exactly their distributions and what those require (torch and
+    numpy alone: a bare GPU machine's python); without, it is this environment's site-packages (everything but
+    the editable install's hook)."""
     import site
     import venv
-    env = tmp_path / "py"
+    env = tmp_path / ("py" if modules is None else "py-" + "-".join(sorted(modules)))
     venv.EnvBuilder(with_pip=False).create(env)
     sp = next(env.glob("lib/python*/site-packages"))
-    (sp / "host.pth").write_text("\n".join(p for p in site.getsitepackages() if Path(p).exists()) + "\n")
+    if modules is None:
+        paths = [p for p in site.getsitepackages() if Path(p).exists()]
+    else:
+        paths = [str(_link_farm(env / "farm", modules))]
+    (sp / "host.pth").write_text("\n".join(paths) + "\n")
     return env / "bin" / "python"
 
 
+def _link_farm(farm: Path, modules) -> Path:
+    """A directory of links to the installed files of the distributions that provide `modules` (import names)
+    and, recursively, of every distribution they require (markers evaluated, no extras)."""
+    from importlib import metadata
+
+    from packaging.requirements import Requirement
+    by_module = metadata.packages_distributions()
+    todo = [d for m in modules for d in by_module[m]]
+    seen = set()
+    farm.mkdir(parents=True)
+    while todo:
+        name = todo.pop()
+        key = name.lower().replace("_", "-")
+        if key in seen:
+            continue
+        seen.add(key)
+        dist = metadata.distribution(name)
+        for f in dist.files or []:
+            top = f.parts[0]
+            if top.endswith(".pth") or top.startswith("__editable__") or top == "..":
+                continue
+            src = Path(dist.locate_file(top))
+            if src.exists() and not (farm / top).exists():
+                (farm / top).symlink_to(src)
+        for r in dist.requires or []:
+            req = Requirement(r)
+            if req.marker is None or req.marker.evaluate({"extra": ""}):
+                todo.append(req.name)
+    return farm
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="rehearses the refusal on a machine without a GPU")
-def test_gpu_check_on_a_bare_offline_clone_reaches_the_no_cuda_line_fast(tmp_path):
+@pytest.mark.parametrize("modules", [None, ("torch", "numpy")], ids=["all-but-the-package", "torch-numpy"])
+def test_gpu_check_on_a_bare_offline_clone_reaches_the_no_cuda_line_fast(tmp_path, modules):
     """The CPU rehearsal of a bare GPU machine (issue: the first GPU hour cannot fail): the checkout's files as a
     fresh clone has them (no .venv, no data/standins), an interpreter that has torch but not this package,
     no network. `make gpu-check PY=<it>` installs nothing, builds no stand-in, and reaches the 'no CUDA
@@ -131,7 +168,7 @@ def test_gpu_check_on_a_bare_offline_clone_reaches_the_no_cuda_line_fast(tmp_pat
         if (ROOT / f).is_file() and not f.startswith(("notebooks/executed/", "figures/", "data/results/")):
             (clone / f).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(ROOT / f, clone / f)
-    py = _bare_interpreter(tmp_path)
+    py = _bare_interpreter(tmp_path, modules)
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env.update(PIP_NO_INDEX="1", HF_HUB_OFFLINE="1", PATH=f"{py.parent}{os.pathsep}{env.get('PATH', '')}")
     alone = subprocess.run([str(py), "-c", "import torch, cancellation"], cwd=tmp_path, env=env,
@@ -143,6 +180,12 @@ def test_gpu_check_on_a_bare_offline_clone_reaches_the_no_cuda_line_fast(tmp_pat
     secs = time.time() - t
     assert p.returncode != 0 and "no CUDA device here" in p.stderr, p.stdout + p.stderr
     assert secs < 60, secs
+    if modules is not None:   # torch and numpy only: one line names what is missing and what that skips, first
+        first = p.stderr.splitlines()[0]
+        assert first.startswith("gpu-check: this python") and "lacks " in first and "pandas" in first, p.stderr
+        assert "skips standins, pytest, sampler" in first and "pyyaml" in first
+        assert [x for x in p.stderr.splitlines() if not x.startswith("make")][1:] == \
+            [x for x in p.stderr.splitlines() if "no CUDA device here" in x]   # that line, then the no-CUDA one
     assert not (clone / ".venv").exists() and not (clone / "data" / "standins").exists()
     assert "pip" not in p.stdout and "Traceback" not in p.stderr
 
@@ -281,3 +324,33 @@ def test_make_sampler_under_a_dry_run_gives_vllm_dummy_weights_then_the_models(m
         for k in [k for k in sys.modules if k == "vllm" or k.startswith("vllm.")]:
             del sys.modules[k]
         sys.modules.update(saved)
+
+
+@pytest.mark.slow   # builds interpreters and collects tests in them: make test, not make test-fast
+def test_each_steps_needs_are_enough_to_start_it(tmp_path):
+    """An interpreter holding exactly a step's NEEDS (and torch) starts that step: the pytest step collects the gpu
+    test files without an error, the json steps import what `_json_step` imports, the stand-in step its builder.
+    So a module a step imports but NEEDS does not list fails here, not on the lent GPU."""
+    env = {**{k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV",)}, "PYTHONPATH": str(ROOT / "lib")}
+    json_imports = "from cancellation import bench, gpucheck, scale"
+    for step, cmd in [("pytest", ["-m", "pytest", "--collect-only", "-q", "-m", "gpu", "-p", "no:cacheprovider",
+                                  *gpucheck.gpu_test_files()]),
+                      ("sampler", ["-c", json_imports]),
+                      ("units", ["-c", json_imports + "; import cancellation.scale as s; s.trim_probe"]),
+                      ("standins", ["-c", json_imports + "; from cancellation import standins; "
+                                    "from transformers import Qwen3Config"])]:
+        py = _bare_interpreter(tmp_path / step, ("torch",) + gpucheck.step_needs(step))
+        p = subprocess.run([str(py), *cmd], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+        assert p.returncode == 0 and "error" not in p.stdout.lower(), (step, p.stdout[-2000:], p.stderr[-2000:])
+    assert len(gpucheck.gpu_test_files()) >= 5 and "tests/test_sampler.py" in gpucheck.gpu_test_files()
+
+
+def test_step_caps_and_missing_modules():
+    assert gpucheck.step_cap(100, 1000) == gpucheck.CAP * 100 + 30     # its own cap ...
+    assert gpucheck.step_cap(100, 120) == 120                           # ... never past what is left
+    assert gpucheck.step_cap(100, 5) == 30
+    assert gpucheck.missing_modules(["json", "no_such_module_here", "json"]) == ["no_such_module_here"]
+    miss = {"pytest": ["pandas"], "dry-07": ["trl"]}
+    line = gpucheck.missing_line(miss, ["standins", "pytest", "dry-07", "profile"])
+    assert "lacks pandas, trl: skips pytest, dry-07; runs standins, profile" in line
+    assert gpucheck.step_needs("dry-07")[-3:] == ("trl", "accelerate", "datasets")

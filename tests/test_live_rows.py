@@ -74,10 +74,10 @@ def test_live_rows_draw_the_dynamic_cache_loops_tokens(tiny):
     assert torch.equal(a, b) and torch.equal(ga.get_state(), gb.get_state())
 
 
-def test_live_rows_on_the_stand_in_without_a_mask(monkeypatch):
+def test_live_rows_on_the_stand_in_without_a_mask(monkeypatch, standin_model):
     """Qwen3 (q/k norms, grouped-query attention) in float32, unpadded prompts (no attention mask), a
     frequent token as a second stop so that rows stop early and at different steps."""
-    model, tok = policy.load_policy("data/standins/model")
+    model, tok = policy.load_policy(standin_model)
     ids = torch.randint(0, model.config.vocab_size, (16, 12), generator=torch.Generator().manual_seed(0))
     mask = torch.ones_like(ids)
     free, _ = _lean(model, ids, mask, 40, [-1], 0, 2, live_rows=False)

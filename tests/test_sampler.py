@@ -122,12 +122,12 @@ def test_icdf_law_matches_softmax():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_captured_equals_static_eager_on_cuda(dtype):
+def test_captured_equals_static_eager_on_cuda(dtype, standin_model):
     """One seed: the CUDA-graph decode step draws the same tokens (and log-probs) as the same static
     step run eagerly, also on a second call that reuses the captured graph with another prompt length."""
     from cancellation import scale
     model = scale.build("qwen3-1.7b", dtype=dtype, device="cuda") if dtype == torch.bfloat16 else \
-        policy.load_policy("data/standins/model")[0].to("cuda")
+        policy.load_policy(standin_model)[0].to("cuda")
     V = model.config.vocab_size
     for P in (9, 14):
         ids, mask = _batch(V, rows=12, P=P, device="cuda")
@@ -143,9 +143,9 @@ def test_captured_equals_static_eager_on_cuda(dtype):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_captured_logprobs_are_teacher_forced_on_cuda():
+def test_captured_logprobs_are_teacher_forced_on_cuda(standin_model):
     """float32 on CUDA: the captured sampler's recorded log-probs equal a teacher-forced forward."""
-    model, tok = policy.load_policy("data/standins/model")
+    model, tok = policy.load_policy(standin_model)
     model = model.to("cuda")
     ids, mask = _batch(model.config.vocab_size, rows=10, device="cuda")
     stop = rollout.stop_ids(tok, model)
@@ -199,8 +199,8 @@ def _lean_steps(model, ids, mask, toks, drop_after=None, done=None):
 
 
 @pytest.fixture(scope="module")
-def standin():
-    return policy.load_policy("data/standins/model")
+def standin(standin_model):
+    return policy.load_policy(standin_model)
 
 
 @pytest.mark.parametrize("which", ["tiny-m float64", "stand-in float32"])

@@ -52,13 +52,14 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-import yaml
-
-from . import manifest, sampler, scale, standins
+from . import manifest
 from .sampling_path import choose_sampler, default_cuda_sampler, sampler_rows
-from .compute import Compute
-from .plan import device_kind
+from .shapes import device_kind
+
+# Only the standard library and stdlib-only modules of ours above: on a bare GPU machine (its own python, maybe
+# without pandas, yaml, transformers, ...) gpu-check's first act is to say which modules are missing and which
+# steps that skips (`missing_modules`, NEEDS), then run the rest. torch and every module a step needs are
+# imported inside the functions that use them.
 
 ROOT = Path(__file__).resolve().parents[2]
 SHAPE = "data/shapes/qwen3-1.7b-base"   # Qwen3-1.7B-Base's config.json: the dry runs' architecture
@@ -80,6 +81,10 @@ def profile_section(nb: str, profile: str = DRY_PROFILE) -> dict:
     f = manifest.find(nb)
     path = ROOT / "notebooks" / "params" / f"{profile}.yaml"
     if f is None or not path.exists():
+        return {}
+    try:
+        import yaml
+    except ImportError:   # a bare machine without pyyaml: no profile to read (the dry runs are skipped there)
         return {}
     cfg = yaml.safe_load(path.read_text()) or {}
     return {**(cfg.get("common") or {}), **(cfg.get(f.notebook) or {})}
@@ -119,7 +124,64 @@ def vllm_unavailable(rec: dict | None) -> str:
 
 # Estimated seconds per step on an H100/H200 (from the 2026-11-25/26 sessions; vllm and dry: guesses, vLLM's
 # engine start and paper-quick's dry runs were never timed), used only to skip what will not fit.
-EST = {"pytest": 100, "sampler": 150, "vllm": 120, "profile": 45, "units": 120, "trim": 100, "dry": 90}
+EST = {"standins": 30, "pytest": 100, "sampler": 150, "vllm": 120, "profile": 45, "units": 120, "trim": 100,
+       "dry": 90}
+CAP = 2.5   # a step may take at most CAP x its estimate (+ 30 s): one slow step cannot eat the whole window
+
+# The modules (import names) each step's process imports, checked before anything runs (`missing_modules`): a
+# bare GPU machine's python may lack some, and a missing one then skips only the steps that need it.
+# tests/test_gpucheck.py runs the pytest step's collection and the json steps' imports in an interpreter holding
+# exactly these (and torch), so a module added to a step's imports without being added here fails there.
+_LIB = ("numpy", "pandas", "pyarrow", "tqdm")   # what cancellation's measuring modules import at their top
+NEEDS = {
+    "standins": _LIB + ("scipy", "transformers"),   # a json step: bench and scale imported
+    "pytest": _LIB + ("pytest", "scipy", "yaml", "transformers"),
+    "sampler": _LIB + ("scipy", "transformers"),
+    "vllm": _LIB + ("scipy", "transformers"),   # vllm itself: the package probe's record (vllm_unavailable)
+    "profile": _LIB + ("scipy", "transformers"),
+    "units": _LIB + ("scipy", "transformers"),
+    "trim": _LIB + ("scipy", "transformers"),
+    "dry": _LIB + ("scipy", "yaml", "transformers", "papermill", "jupytext", "nbformat", "ipykernel", "matplotlib",
+                   "seaborn", "nltk", "math_verify"),
+}
+PIP_NAMES = {"yaml": "pyyaml", "math_verify": "math-verify[antlr4_13_2]"}   # where the package's name differs
+NEEDS_DRY = {"07": ("trl", "accelerate", "datasets")}   # a notebook's dry run needs these besides NEEDS["dry"]
+
+
+def step_needs(name: str) -> tuple[str, ...]:
+    """The modules step `name` (pytest, sampler, ..., dry-NN) imports, torch besides."""
+    base, _, nb = name.partition("-")
+    return NEEDS.get(base, ()) + (NEEDS_DRY.get(nb, ()) if base == "dry" else ())
+
+
+def missing_modules(names) -> list[str]:
+    """Those of `names` that this interpreter cannot find (importlib's finder only: nothing is imported)."""
+    import importlib.util
+    out = []
+    for n in dict.fromkeys(names):
+        try:
+            found = importlib.util.find_spec(n) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            out.append(n)
+    return out
+
+
+def missing_by_step(steps) -> dict[str, list[str]]:
+    """{step: its missing modules} for the steps (names) that miss any."""
+    gone = set(missing_modules({m for s in steps for m in step_needs(s)}))
+    return {s: [m for m in step_needs(s) if m in gone] for s in steps if any(m in gone for m in step_needs(s))}
+
+
+def missing_line(miss: dict[str, list[str]], steps) -> str:
+    """One line: which modules are missing, which steps that skips and which still run."""
+    mods = sorted({m for v in miss.values() for m in v})
+    runs = [s for s in steps if s not in miss]
+    return (f"gpu-check: this python ({sys.executable}) lacks {', '.join(mods)}: skips {', '.join(miss)}; runs "
+            f"{', '.join(runs) or 'nothing'}. For every step, install them (`pip install "
+            f"{' '.join(PIP_NAMES.get(m, m) for m in mods)}` where "
+            f"there is an index) or pass PY= a python that has them.")
 
 
 def est_dry(nb: str) -> int:
@@ -154,6 +216,9 @@ def sampler_vllm(model: str = SHAPE, dims=SAMPLER_DIMS, dtype: str = "bfloat16",
     the cap). The engine holds dummy (random) weights of `model`'s config.json and no tokenizer (token ids in).
     Returns {"rows": [(shape, way, tokens/s, first call s)], "engine_start_s"} as bench.sampler's rows (tokens/s
     over the tokens returned, the second call), or {"error": "<why vllm does not import>"}."""
+    import torch
+
+    from . import sampler
     try:
         LLM, SamplingParams, TokensPrompt = sampler._import_vllm()
     except ImportError as e:
@@ -194,7 +259,11 @@ def profile_decode(rows: int = 64, prompt: int = 64, new: int = 32, top: int = 1
     the replayed graph's wall time per step. For the sampler's suspects (repeat_kv under the
     additive mask, attention over the whole 256-rounded cache, the float64 softmax and cumulative
     sum over the vocabulary)."""
+    import torch
     from torch.profiler import ProfilerActivity, profile
+
+    from . import sampler, scale
+    from .compute import Compute
 
     model = scale.build(shape, dtype=torch.bfloat16, device=device)
     g = torch.Generator(device=device).manual_seed(0)
@@ -295,6 +364,7 @@ def _driver() -> str | None:
 
 
 def _device() -> dict:
+    import torch
     p = torch.cuda.get_device_properties(0)
     return dict(kind=device_kind("cuda"), name=p.name, memory_gib=round(p.total_memory / 2**30, 1),
                 multiprocessors=p.multi_processor_count, torch=torch.__version__, cuda=torch.version.cuda,
@@ -312,19 +382,34 @@ def _dry_overrides(nb: str, backend: str | None = None) -> list[str]:
 def plan_steps(notebooks: list[str], units_first: bool = False) -> list[tuple[str, int]]:
     """The steps in order: what the machine can sample with, then the dry runs, then the profile, the unit
     costs and the trim probe. `units_first`: the unit costs before the dry runs (a card with no planner file)."""
-    head = [("pytest", EST["pytest"]), ("sampler", EST["sampler"]), ("vllm", EST["vllm"])]
+    head = [("standins", EST["standins"]), ("pytest", EST["pytest"]), ("sampler", EST["sampler"]),
+            ("vllm", EST["vllm"])]
     units = [("units", EST["units"])]
     return head + (units if units_first else []) + [(f"dry-{nb}", est_dry(nb)) for nb in notebooks] + \
         [("profile", EST["profile"])] + ([] if units_first else units) + [("trim", EST["trim"])]
 
 
-def run_check(budget: float, out: Path, notebooks: list[str], skip: set[str]) -> dict:
+def gpu_test_files() -> list[str]:
+    """The test files that hold `gpu` tests: the pytest step collects only these, so a bare machine needs only
+    their imports (NEEDS["pytest"]), not the whole suite's (matplotlib, papermill, trl, ...)."""
+    return [str(f.relative_to(ROOT)) for f in sorted((ROOT / "tests").glob("test_*.py"))
+            if "pytest.mark.gpu" in f.read_text()]
+
+
+def step_cap(est: float, left: float) -> float:
+    """A step's seconds: at most CAP x its estimate + 30 s, and never more than what is left (at least 30 s)."""
+    return max(min(left, CAP * est + 30), 30)
+
+
+def run_check(budget: float, out: Path, notebooks: list[str], skip: set[str], t0: float | None = None) -> dict:
+    """Every step that fits in `budget` seconds counted from `t0` (default now; main passes its own start, so the
+    package probe and the module check count)."""
     py = sys.executable
+    t0 = time.time() if t0 is None else t0
     dev = _device()
     out.mkdir(parents=True, exist_ok=True)
     kind = dev["kind"]
     stem = out / f"gpucheck-{kind}-{dev['date']}"
-    t0 = time.time()
     steps = []
 
     def left():
@@ -333,8 +418,16 @@ def run_check(budget: float, out: Path, notebooks: list[str], skip: set[str]) ->
     data = None
     vllm_rec = dev["packages"].get("vllm")
     units_first = not (ROOT / "data" / "scale" / f"{kind}.json").exists()
-    for name, est in plan_steps(notebooks, units_first):
+    planned = plan_steps(notebooks, units_first)
+    miss = missing_by_step([n for n, _ in planned])
+    print(f"[gpu-check] window {budget:.0f} s ({time.time() - t0:.0f} s spent on the probe); plan: "
+          + ", ".join(f"{n} ~{e} s" + (" (skipped: missing modules)" if n in miss else "") for n, e in planned),
+          flush=True)
+    for name, est in planned:
         base = name.split("-")[0]
+        if name in miss:
+            steps.append(dict(step=name, skipped=f"missing modules: {', '.join(miss[name])}"))
+            continue
         if base == "dry" and data is None and name not in skip and "dry" not in skip:
             data = standin_data()   # the dry runs' problem files, when this clone has none (no model is built)
             print(f"[gpu-check] stand-in data: {'written' if data['written'] else 'present'} ({data['seconds']} s)",
@@ -350,9 +443,12 @@ def run_check(budget: float, out: Path, notebooks: list[str], skip: set[str]) ->
             steps.append(dict(step=name, skipped=f"budget: {left():.0f} s left, estimated {est} s"))
             print(f"[gpu-check] {name}: skipped ({steps[-1]['skipped']})", flush=True)
             continue
-        limit = max(left(), 30)
-        if name == "pytest":
-            r = _step(name, [py, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", "tests"], limit)
+        limit = step_cap(est, left())
+        if name == "standins":   # the stand-in model two GPU tests load (no paper-vocab model: the slow part)
+            r = _json_step(name, "gpucheck.standin_model()", out / f".{kind}.standins.json", limit)
+        elif name == "pytest":
+            r = _step(name, [py, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", *gpu_test_files()],
+                      limit)
         elif name == "sampler":
             r = _json_step(name, f"bench.sampler({SAMPLER_KW})", out / f".{kind}.sampler.json", limit)
             if "json" in r:
@@ -524,6 +620,7 @@ def _sampler_table(report: dict) -> list[str]:
 
 
 def main(argv=None):
+    t0 = time.time()   # the window starts here: the module check and the package probe count
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--budget-s", type=float, default=540, help="seconds for all steps (default 540)")
     ap.add_argument("--out", default=str(ROOT / "data" / "scale" / "measured"))
@@ -531,6 +628,14 @@ def main(argv=None):
     ap.add_argument("--skip", nargs="*", default=[], help="steps to leave out: pytest sampler units dry dry-NN")
     ap.add_argument("--list", action="store_true", help="print the steps and their estimates, run nothing")
     a = ap.parse_args(argv)
+    names = [n for n, _ in plan_steps(a.notebooks)]
+    if missing_modules(["torch"]):
+        print(f"gpu-check: this python ({sys.executable}) has no torch: nothing can run. Pass PY= a python with "
+              "torch (the GPU image's own).", file=sys.stderr)
+        return 2
+    miss = missing_by_step(names)
+    if miss:   # the first act: one line, then whatever can run does
+        print(missing_line(miss, names), file=sys.stderr, flush=True)
     if a.list:
         vllm_rec = packages(("vllm",))["vllm"]
         for name, est in plan_steps(a.notebooks):
@@ -553,11 +658,12 @@ def main(argv=None):
                 print(f"(default CUDA sampling path on {kind}: {c['path']}, {c['why']}; from {c['report']})")
         return 0
     bare_machine_env()
+    import torch
     if not torch.cuda.is_available():
         print(f"gpu-check: no CUDA device here (torch {torch.__version__}); nothing measured. "
               "Run it on a machine with an NVIDIA GPU.", file=sys.stderr)
         return 2
-    run_check(a.budget_s, Path(a.out).resolve(), a.notebooks, set(a.skip))
+    run_check(a.budget_s, Path(a.out).resolve(), a.notebooks, set(a.skip), t0=t0)
     return 0
 
 
@@ -572,10 +678,22 @@ def bare_machine_env() -> None:
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 
+def standin_model(out: Path = ROOT / "data" / "standins") -> dict:
+    """data/standins/model, which two GPU tests load, built when missing (with the problem files, without the
+    paper-vocab model). Returns {"seconds", "built"}."""
+    from . import standins
+    t = time.time()
+    if (out / "model" / "config.json").exists():
+        return dict(seconds=0.0, built=False)
+    standins.build(out, paper_vocab=False)
+    return dict(seconds=round(time.time() - t, 2), built=True)
+
+
 def standin_data(out: Path = ROOT / "data" / "standins") -> dict:
     """The stand-in problem files the dry runs read (paper-vocab's problems_path and eval_sets), written when
     missing: the data files only (well under a second), not the stand-in models, which the dry runs replace
     with random weights at Qwen3-1.7B's shape. Returns {"seconds", "written"}."""
+    from . import standins
     t = time.time()
     want = [out / "dapo-math-17k.parquet", out / "math500.jsonl"]
     if all(p.exists() for p in want):
