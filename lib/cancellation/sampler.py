@@ -1029,7 +1029,7 @@ def vllm_model(llm):
 
 def sync_weights(llm, model=None) -> int:
     """Push `model`'s current weights (default: `llm.hf_model`) into the vLLM engine after an
-    update, as TRL does for colocated vLLM; returns the number of tensors sent.
+    update and reset its prefix cache, as TRL does for colocated vLLM; returns the number of tensors sent.
 
     Needs the engine in this process (make_sampler sets VLLM_ENABLE_V1_MULTIPROCESSING=0);
     otherwise falls back to `collective_rpc` with CPU copies of the weights.
@@ -1048,6 +1048,14 @@ def sync_weights(llm, model=None) -> int:
         raise RuntimeError("sync_weights: cannot reach the vLLM engine's model (no llm_engine.model_executor."
                            "driver_worker and no collective_rpc); set VLLM_ENABLE_V1_MULTIPROCESSING=0 before "
                            "building the LLM, or rebuild it from saved weights after each update")
+    # The engine's prefix cache (make_sampler turns it on) holds keys and values computed with the old weights:
+    # without a reset, every prompt sharing a cached prefix (the instruction, the chat template) would be sampled
+    # from them. TRL resets it after its own push (VLLMGeneration.sync_weights, unguarded: every vLLM the gpu extra
+    # allows has LLM.reset_prefix_cache). Some versions answer False when blocks are still in use; between
+    # generate calls none are, so False means stale keys and values would be sampled: stop.
+    if llm.reset_prefix_cache() is False:
+        raise RuntimeError("sync_weights: vLLM could not reset its prefix cache after the weight push (blocks still "
+                           "in use); sampling now would reuse keys and values of the old weights")
     return len(state)
 
 

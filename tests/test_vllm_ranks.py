@@ -1,0 +1,156 @@
+"""The vLLM seam after a weight push (issue 63, item 3), against tests/fake_vllm.
+
+Item 3: `sync_weights` resets the engine's prefix cache, so the GRPO loop's next round samples from the weights
+it just pushed; the fake models vLLM's prefix cache (whole blocks' keys and values, stale until reset), and what
+it samples is checked against the HF model's own forward with the new weights.
+"""
+import copy
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from cancellation import sampler, tasks, tiny, train
+
+FAKE_VLLM = Path(__file__).parent / "fake_vllm"
+DOT = tasks.VOCAB.index(".")   # a second stop id, as <|im_end|> beside <|endoftext|>
+# A worked example before every problem: all prompts share their first 16-token block (vLLM's block size), as the
+# paper profile's prompts share the chat template and the instruction.
+INSTRUCTION = "Q: 9 9 + 1 1 = ? A: First ones digit : 9 + 1 = 1 0 , write 0 carry 1 . "
+
+
+class Instructed:
+    """Generated arithmetic rendered behind INSTRUCTION (the ProblemSource methods the loop uses)."""
+
+    def draw(self, n, seed):
+        return tasks.sample_problems(n, seed=seed)
+
+    def render(self, problem, tokenizer):
+        return INSTRUCTION + problem.prompt
+
+    def verifier(self):
+        return tasks.verify
+
+
+@pytest.fixture
+def fake_vllm(monkeypatch):
+    """tests/fake_vllm/vllm as `vllm` (as tests/test_rollout.py)."""
+    monkeypatch.syspath_prepend(str(FAKE_VLLM))
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    saved = {k: sys.modules.pop(k) for k in list(sys.modules) if k == "vllm" or k.startswith("vllm.")}
+    import vllm
+    assert vllm.__version__ == "0.0-fake"
+    yield vllm
+    for k in [k for k in sys.modules if k == "vllm" or k.startswith("vllm.")]:
+        del sys.modules[k]
+    sys.modules.update(saved)
+
+
+@pytest.fixture
+def saved_model(tmp_path, tok, model64):
+    """A peaked random tiny model (float64) with two stop ids, saved where vllm.LLM can load it."""
+    m = copy.deepcopy(model64)
+    m.generation_config.eos_token_id = [tok.eos_token_id, DOT]
+    with torch.no_grad():
+        m.lm_head.weight.mul_(25.0)
+    m.save_pretrained(tmp_path)
+    tiny.save_tokenizer(tok, tmp_path)
+    return m, tmp_path
+
+
+# The fake's model is plain transformers (float32 RMSNorm inside) and the training model has exact float64 norms
+# (policy.exact_norms): they agree to ~1e-6 in log-probs; keys and values of other weights move them by ~0.1.
+TOL = 1e-5
+
+
+def perturb(model, seed: int, scale: float = 0.05):
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(scale * torch.randn(p.shape, generator=g, dtype=p.dtype))
+
+
+@torch.no_grad()
+def hf_logprobs(model, prompt: list, seq: list) -> torch.Tensor:
+    """log p(seq | prompt) token by token from the HF model's own forward (no cache)."""
+    logits = model(input_ids=torch.tensor([prompt + seq])).logits[0, len(prompt) - 1:-1].double()
+    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(seq)[:, None])[:, 0]
+
+
+def worst_gap(model, outs) -> float:
+    """Largest |log p| gap between what the engine sampled from and the HF model's forward, over `outs`."""
+    return max(float((torch.tensor(c.sampled_logprobs, dtype=torch.float64)
+                      - hf_logprobs(model, o.prompt_token_ids, list(c.token_ids))).abs().max())
+               for o in outs for c in o.outputs)
+
+
+# ----------------------------------------------------------------------------- item 3: the prefix cache
+def test_the_fake_prefix_cache_is_stale_until_reset(fake_vllm, saved_model, tok):
+    """The fake is faithful where the test below needs it: a prompt whose first block was cached before a weight
+    push is sampled from the old keys and values (its log-probs are not the new weights'), until
+    reset_prefix_cache(); without prefix caching nothing is reused."""
+    m, path = saved_model
+    prompt = tok(INSTRUCTION + "Q: 1 2 + 3 4 = ? A:", add_special_tokens=False)["input_ids"]
+    whole = (len(prompt) - 1) // 16 * 16     # its whole blocks short of the last token: what a second request reuses
+    assert whole >= 16
+    sp = fake_vllm.SamplingParams(n=2, max_tokens=6, seed=1, stop_token_ids=[tok.eos_token_id, DOT])
+    llm = fake_vllm.LLM(str(path), dtype="float64", enable_prefix_caching=True)
+    first = llm.generate([{"prompt_token_ids": prompt}], sp)
+    assert first[0].num_cached_tokens == 0 and worst_gap(m, first) < TOL
+    new = copy.deepcopy(m)
+    perturb(new, seed=1)
+    llm.llm_engine.model_executor.driver_worker.worker.model_runner.model.load_weights(new.state_dict().items())
+    stale = llm.generate([{"prompt_token_ids": prompt}], sp)
+    assert stale[0].num_cached_tokens == whole and worst_gap(new, stale) > 100 * TOL
+    assert llm.reset_prefix_cache() is True
+    fresh = llm.generate([{"prompt_token_ids": prompt}], sp)
+    assert fresh[0].num_cached_tokens == 0 and worst_gap(new, fresh) < TOL
+    again = llm.generate([{"prompt_token_ids": prompt}], sp)          # cached now, with the new weights
+    assert again[0].num_cached_tokens == whole and worst_gap(new, again) < TOL
+    off = fake_vllm.LLM(str(path), dtype="float64")
+    off.generate([{"prompt_token_ids": prompt}] * 2, sp)
+    assert not off.blocks and off.outputs[-1].num_cached_tokens == 0
+
+
+def test_the_training_loop_samples_the_weights_it_pushed(fake_vllm, saved_model, tok, monkeypatch):
+    """01's and 08's loop (train.grpo_loop with a vLLM PolicySampler): after each update `Step.update` pushes the
+    weights (PolicySampler.sync -> sampler.sync_weights), and the next round's prompts share a cached block with
+    the last round's. What the engine samples after the push must come from the new weights: its log-probs equal
+    the HF model's forward with them. The update is a known large change (the GRPO step on a random model moves
+    little); the rest is the library's loop."""
+    m, path = saved_model
+
+    def update(model, *args, **kw):   # stands in for train.minibatch_update: new weights, nothing else
+        perturb(model, seed=100 + len(pushed))
+        pushed.append(True)
+        return []
+    pushed = []
+    monkeypatch.setattr(train, "minibatch_update", update)
+    cfg = train.RunConfig(steps=3, n_prompts=2, G=3, max_new_tokens=6, backend="vllm", sample_dtype="float64",
+                          source=Instructed(), seed=0)
+    policy_sampler = train.PolicySampler(m, path, cfg.sample_config(m))
+    llm = policy_sampler.engine
+    assert llm.init_kwargs["enable_prefix_caching"] is True
+    for step in train.grpo_loop(m, tok, cfg, None, policy_sampler, dict(iteration=0, round=0), cfg.steps,
+                                progress=False):
+        outs = llm.outputs[-cfg.n_prompts:]           # this round's requests, in the batch's row order
+        rows = [list(c.token_ids) for o in outs for c in o.outputs]
+        b = step.batch
+        assert rows == [b.input_ids[r, b.response_mask[r]].tolist() for r in range(len(b))]
+        gap = worst_gap(m, outs)
+        assert gap < TOL, (f"step {step.it} (after {len(pushed)} pushes): the engine sampled from log-probs "
+                            f"{gap:.3g} away from the current weights' (a stale prefix cache?)")
+        assert any(o.num_cached_tokens for o in outs)  # the shared block came from the prefix cache
+        step.update()
+    assert len(pushed) == cfg.steps and llm.resets == cfg.steps
+
+
+def test_sync_weights_resets_the_prefix_cache(fake_vllm, saved_model):
+    m, path = saved_model
+    llm = sampler.make_sampler(m, path, backend="vllm", dtype="float64")
+    llm.blocks[(1,) * 16] = []
+    assert sampler.sync_weights(llm, m) == len(m.state_dict()) and llm.resets == 1 and not llm.blocks
+    llm.reset_prefix_cache = lambda device=None: False    # a version that could not free its blocks
+    with pytest.raises(RuntimeError, match="could not reset its prefix cache"):
+        sampler.sync_weights(llm, m)
