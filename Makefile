@@ -14,6 +14,8 @@
 #   make gpu-check on a machine with an NVIDIA GPU: pytest -m gpu, the sampler vs transformers, the card's
 #                  unit costs, dry runs at Qwen3-1.7B's shape; one report in data/scale/measured/ (BUDGET=540 s;
 #                  PY=python3 uses an existing Python with torch instead of .venv). Without a GPU: exit 2
+#   make plan      each notebook's planned peak memory and wall time, nothing run (PROFILE=paper-quick
+#                  DEVICE=nvidia-h100-80gb-hbm3: on that kind's measured unit costs; PROCS=8 over 8 processes)
 #   make env       create .venv from the lock: torch TORCH_SPEC, then requirements.lock (every other package pinned
 #                  and hashed, --no-deps), then the library itself (editable); pip check at the end
 #   make env-latest the newest versions inside pyproject's ranges in .venv-latest (torch stays TORCH_SPEC), which
@@ -37,6 +39,7 @@
 #   PROCS=N        make figNN: the notebook's independent work on N processes (--procs N: 01's runs, 04's batches,
 #                  05's and 06's Monte Carlo continuations, 07's TRL runs on engine trl), the same tables as on one
 #   B=NAME         the benchmark of make bench;  TORCH_SPEC=torch==2.x  the torch of make env;  PYTHON=python3
+#   DEVICE=KIND    make plan's device kind (a file in data/scale/; default this host's)
 #   BUDGET=S       make gpu-check's seconds (default 540: one 10-minute device call)
 PROFILE ?= tiny
 B ?=
@@ -46,6 +49,7 @@ P ?=
 REPLACE ?=
 CORES ?= $(shell nproc 2>/dev/null || echo 1)
 PROCS ?=
+DEVICE ?=
 # pytest-xdist workers of make test / test-fast, one test file each at a time, in collection order (tests/conftest.py
 # starts the longest files first; xdist would order files by their number of tests, putting them last) (0: no xdist)
 TEST_WORKERS ?= 2
@@ -69,7 +73,7 @@ export PYTHONUNBUFFERED := 1
 export MALLOC_MMAP_THRESHOLD_ ?= 1073741824
 export MALLOC_TRIM_THRESHOLD_ ?= 1073741824
 
-.PHONY: env env-latest lock policy standins figures table2 claims report verify test test-fast lint bench gpu-check clean help
+.PHONY: env env-latest lock plan policy standins figures table2 claims report verify test test-fast lint bench gpu-check clean help
 help:
 	@sed -n '/^# Targets/,/^[^#]/{/^#/s/^# \{0,1\}//p}' Makefile
 
@@ -129,6 +133,10 @@ report: env  ## the static site of PROFILE's executed notebooks and figures, in 
 
 fig%: env $(POLICIES) $(if $(filter paper-smoke paper-vocab,$(PROFILE)),standins)
 	$(PY) -m cancellation.run $* --profile $(PROFILE) $(if $(PROCS),--procs $(PROCS)) $(OVERRIDES)
+
+plan: env  ## the planner: peak memory and wall time per notebook at PROFILE (DEVICE=kind, PROCS=N), runs nothing
+	$(PY) -m cancellation.plan --profile $(PROFILE) $(if $(DEVICE),--device-kind $(DEVICE)) \
+	  $(if $(PROCS),--procs $(PROCS)) $(OVERRIDES)
 
 verify: env
 	$(PY) -m cancellation.verify $(A) $(B)

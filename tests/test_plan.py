@@ -352,3 +352,17 @@ def test_plan_of_a_good_copy_passes(tmp_path, capsys):
     d = _model_with_config(tmp_path, "good", json.dumps(_tiny_config()))
     assert run.main(["01", "--profile", "tiny", "--plan", "-p", "model_path", str(d)]) is None
     assert "error" not in capsys.readouterr().err
+
+
+def test_plan_module_has_usage_and_runs_the_runners_plan():
+    """`python -m cancellation.plan --help` prints its usage (exit 0); with arguments it is the runner's --plan."""
+    import sys
+    ROOT = run.ROOT
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "lib")}
+    h = subprocess.run([sys.executable, "-m", "cancellation.plan", "--help"], capture_output=True, text=True, env=env,
+                       cwd=ROOT, timeout=120)
+    assert h.returncode == 0 and h.stdout.startswith("usage: python -m cancellation.plan") and "nvidia-h200" in h.stdout
+    p = subprocess.run([sys.executable, "-m", "cancellation.plan", "03", "--profile", "paper-quick", "--device-kind",
+                        "nvidia-h200"], capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+    assert p.returncode == 0 and "[plan] 03_masked_updates: peak memory" in p.stdout and "(nvidia-h200)" in p.stdout, \
+        p.stdout + p.stderr

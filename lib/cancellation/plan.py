@@ -418,3 +418,25 @@ def check(plan: Plan) -> str | None:
     return (f"{plan.stem}: planned peak memory {plan.peak / GiB:.1f} GiB exceeds the device's "
             f"{plan.total_memory / GiB:.1f} GiB ({plan.kind}); the largest term is {worst} "
             f"({plan.mem[worst] / GiB:.1f} GiB): turn {KNOBS[worst]} (or pass --no-plan-check)")
+
+
+USAGE = """\
+usage: python -m cancellation.plan [NOTEBOOK ...] [--profile PROFILE] [--device-kind KIND] [-p NAME VALUE ...] [--procs N]
+
+Each notebook's planned peak accelerator memory and wall time at PROFILE's parameters (default: every notebook,
+profile tiny), on this host's device or on KIND's measured unit costs (data/scale/KIND.json); runs nothing.
+The same as `python -m cancellation.run NOTEBOOK ... --plan` (`make plan PROFILE=paper-quick DEVICE=KIND`).
+Known kinds: {kinds}.
+  e.g. python -m cancellation.plan --profile paper-quick --device-kind nvidia-h100-80gb-hbm3 --procs 8"""
+
+
+if __name__ == "__main__":   # the runner's --plan, with its argument checks and output (a process of its own:
+    import subprocess        # run imports this module, so importing run here would close a circle)
+    import sys
+
+    _argv = sys.argv[1:]
+    if not _argv or _argv[0] in ("-h", "--help") or "--help" in _argv or "-h" in _argv:
+        print(USAGE.format(kinds=", ".join(known_kinds()) or "none measured"))
+        sys.exit(0)
+    _nbs = ["all"] if _argv[0].startswith("-") else []
+    sys.exit(subprocess.call([sys.executable, "-m", "cancellation.run", *_nbs, *_argv, "--plan"]))
