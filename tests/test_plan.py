@@ -70,7 +70,7 @@ def test_plan_paper_runs_nothing_and_names_the_missing_measurement(standin_paths
                                                                     monkeypatch):
     """README's paper command with --plan: every notebook planned at the model's real shape; without a
     measurement for the GPU kind the plan says which command makes one (no invented numbers)."""
-    cmd = _readme_command("python -m cancellation.run all --profile paper")
+    cmd = _readme_command("python3 -m cancellation.run all --profile paper")
     for path, standin in {"/models/Qwen3-1.7B-Base": str(qwen3_06b), "/data/dapo-math-17k.parquet":
                           standin_paths["dapo"], "/data/math500.jsonl": standin_paths["math500"]}.items():
         cmd = cmd.replace(path, standin)
@@ -269,7 +269,7 @@ def test_paper_quick_passes_check(tmp_path, capsys):
 def test_paper_quick_plans_under_6_hours_on_one_h100_from_this_host(capsys):
     """Issue 36: README's paper-quick plan, from a CPU host without the data or the weights: every
     notebook timed on the H100's committed unit costs, <= 6 h in all; 8 processes take less each."""
-    cmd = _readme_command("python -m cancellation.run all --profile paper-quick --plan")
+    cmd = _readme_command("python3 -m cancellation.run all --profile paper-quick --plan")
     assert f"--device-kind {H100}" in cmd
     assert run.main(shlex.split(cmd)[3:]) is None
     cap = capsys.readouterr()

@@ -159,14 +159,14 @@ def standin_paths(tmp_path_factory):
 
 def test_readmes_paper_command_passes_check(standin_paths, capsys):
     import shlex
-    cmd = _readme_command("python -m cancellation.run all --profile paper")
+    cmd = _readme_command("python3 -m cancellation.run all --profile paper")
     subs = {"/models/Qwen3-1.7B-Base": standin_paths["model"], "/data/dapo-math-17k.parquet": standin_paths["dapo"],
             "/data/math500.jsonl": standin_paths["math500"]}
     for path, standin in subs.items():  # only the paths change; the README must still name them
         assert path in cmd, (path, cmd)
         cmd = cmd.replace(path, standin)
     argv = shlex.split(cmd)
-    assert argv[:3] == ["python", "-m", "cancellation.run"]
+    assert argv[:3] == ["python3", "-m", "cancellation.run"]
     run.main(argv[3:] + ["--check"])  # exit 0: no SystemExit
     out, dec, params = capsys.readouterr().out, json.JSONDecoder(), []
     i = 0
