@@ -178,7 +178,8 @@ def main(argv: list[str]) -> int:
         if not moved:
             print(f"{argv[1]}: every package at the locked version")
         else:
-            print(f"{len(moved)} packages differ from {LOCK.name} (locked -> this venv):")
+            print(f"{len(moved)} package{'s' * (len(moved) != 1)} differ{'s' * (len(moved) == 1)} from {LOCK.name} "
+                  "(locked -> this venv):")
             for name, a, b in moved:
                 print(f"  {name:<32} {a or '(not locked)':>16} -> {b or '(absent)'}")
     return 0
