@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import cache, seeds, stage
+from . import answers, cache, seeds, stage
 from .dryrun import dry_run
 
 log = logging.getLogger(__name__)
@@ -261,10 +261,41 @@ def check_answer_mode(mode: str) -> str:
 _SENTENCE_SPLIT_RE = re.compile(r"(?<=[.!?])\s+|\n+")
 
 
+_DISPLAY_TOKEN_RE = re.compile(r"\$\$|\\\[|\\\]")
+
+
+def _display_spans(text: str) -> list[tuple[int, int]]:
+    """(start, end) of each closed display-math block of `text` ($$...$$, \\[...\\]), one linear pass."""
+    out, opened = [], None
+    for m in _DISPLAY_TOKEN_RE.finditer(text):
+        tok = m.group(0)
+        if opened is None:
+            if tok != "\\]":
+                opened = (tok, m.start())
+        elif (opened[0], tok) in (("$$", "$$"), ("\\[", "\\]")):
+            out.append((opened[1], m.end()))
+            opened = None
+    return out
+
+
 def last_sentence(response: str) -> str | None:
     """The response's final sentence: the last piece, split at line breaks and at . ! ? followed by a
-    space, that holds a letter or a digit (a closing "$$" or "}" line is not a sentence); None if none."""
-    parts = [t.strip() for t in _SENTENCE_SPLIT_RE.split(response)]
+    space, that holds a letter or a digit (a closing "$$" or "}" line is not a sentence); None if none.
+    A display-math block ($$...$$, \\[...\\]) is never split: "\\[ S = n(n+1)2^{n-2}. \\]" is one sentence,
+    not "\\[ S = n(n+1)2^{n-2}." and "\\]". Only the response's last 4 * MAX_CANDIDATE characters are read
+    (bounded work; a longer final sentence is read by its last MAX_CANDIDATE characters anyway)."""
+    tail = response[-4 * MAX_CANDIDATE:]
+    spans = _display_spans(tail)
+    parts, pos, k = [], 0, 0
+    for m in _SENTENCE_SPLIT_RE.finditer(tail):
+        while k < len(spans) and spans[k][1] <= m.start():
+            k += 1
+        if k < len(spans) and spans[k][0] < m.start() < spans[k][1]:
+            continue      # inside display math
+        parts.append(tail[pos:m.start()])
+        pos = m.end()
+    parts.append(tail[pos:])
+    parts = [t.strip() for t in parts]
     parts = [t for t in parts if re.search(r"[A-Za-z0-9]", t)]
     return parts[-1] if parts else None
 
@@ -309,6 +340,8 @@ _SUPERLATIVES = {"only", "unique", "smallest", "largest", "least", "greatest", "
                  "maximal", "answer", "desired", "required", "correct", "final", "sought", "biggest", "lowest",
                  "highest", "one"}
 _CHOICE_RE = re.compile(r"^\(([A-Ea-e])\)\s+\S")
+# Words that offer another value beside the one stated ("5, unless n is odd", "either 5 or 7"): no single answer.
+_HEDGE_WORDS = {"or", "unless", "otherwise", "except", "either"}
 
 
 class _Item:
@@ -338,7 +371,8 @@ def _plain_tokens(chunk: str) -> list[str]:
 
 def _add_plain(chunk: str, items: list) -> None:
     for tok in _plain_tokens(chunk):
-        m = re.match(r"^(.*?)([,.;:?]+|(?<![\d)!])!+)?$", tok, re.S)
+        # "!" after a digit, a bracket or a lone letter is a factorial ("5!", "(n-1)!", "n!"), else punctuation
+        m = re.match(r"^(.*?)([,.;:?]+|(?<![\d)!])(?<!\b[A-Za-z])!+)?$", tok, re.S)
         core, punct = m.group(1), m.group(2) or ""
         if not core:
             if items and punct:
@@ -350,7 +384,7 @@ def _add_plain(chunk: str, items: list) -> None:
         low = core.lower()
         if _HYPHENATED_RE.fullmatch(core) or (len(core) > 1 and low in _SHORT_WORDS):
             kind = "w"
-        elif _MATHY_RE.search(core) or low in _PLAIN_MATH_NAMES or not re.search(r"[A-Za-z\u2013\u2014]", core):
+        elif _MATHY_RE.search(core) or re.fullmatch(r"[A-Za-z]!+", core) or low in _PLAIN_MATH_NAMES or not re.search(r"[A-Za-z\u2013\u2014]", core):
             kind = "m"
         elif re.fullmatch(r"[A-Za-z]{1,3}", core):
             kind = "l"     # a letter (or 'xy'): math only beside an operator, else a word
@@ -407,6 +441,30 @@ def _run_text(items: list, a: int, b: int) -> str:
     return " ".join(items[k].text for k in range(a, b + 1))
 
 
+def _listed(items: list, a: int, starts: dict) -> tuple[int, str]:
+    """The run that starts at item `a` with the runs listed after it ("5, 7, 9", "5, 7 and 9", "a = 3 and b = -4",
+    "0, 1, ..., 100"): (its last item, the list as "5, 7, 9"). One answer naming several values is read whole, so
+    it is credited only where the gold is that list (a list read as its first item credited 5 for "5, 7, 9")."""
+    b = starts[a]
+    parts = [_run_text(items, a, b)]
+    while True:
+        punct, nxt = items[b].punct, b + 1
+        if punct[-1:] == ",":
+            if "..." in punct:
+                parts.append("\\ldots")
+            if nxt < len(items) and items[nxt].low == "and" and not items[nxt].punct:
+                nxt += 1
+        elif not punct and nxt < len(items) and items[nxt].low == "and" and not items[nxt].punct:
+            nxt += 1
+        else:
+            break
+        if nxt not in starts:
+            break
+        b = starts[nxt]
+        parts.append(_run_text(items, nxt, b))
+    return b, ", ".join(parts)
+
+
 def _top_level_eq(text: str) -> bool:
     depth = 0
     for c in text:
@@ -438,6 +496,8 @@ def _tail_ok(items: list, b: int, strict: bool) -> bool:
     if not rest:
         return True
     if items[b].punct:
+        if items[b].punct[-1] in ",;" and rest[0].low in _HEDGE_WORDS:
+            return False
         return not (items[b].punct[-1] in ",;" and rest[0].low in ("or", "and") and
                     any(it.kind == "m" for it in rest[1:3]))
     if rest[0].low in ("or", "nor") or (rest[0].low == "and" and len(rest) > 1 and rest[1].kind == "m"):
@@ -497,7 +557,15 @@ def _explicit_answer(items: list) -> tuple[int, str] | None:
             continue
         if any(p.low in ("or", "nor") for p in phrase):
             continue
-        found = (j, " ".join(p.raw for p in phrase))
+        text = " ".join(p.raw for p in phrase)
+        end = j + len(phrase) - 1
+        if items[j].kind == "m":
+            starts = dict(_runs(items))
+            if j in starts and starts[j] >= end:
+                end, text = _listed(items, j, starts)
+        if end + 1 < len(items) and items[end + 1].low in _HEDGE_WORDS:
+            continue      # "The answer is 5, unless n is odd": no single answer
+        found = (j, text)
     return found
 
 
@@ -520,13 +588,19 @@ def sentence_answer(sentence: str) -> str | None:
     value"), one of several values ("is 8 or 9", "x = 5/2 or x = -1"), a bound or a comparison ("is at least 36",
     "is 5 more than"), and a fact stated in passing ("since 5 divides n."). The math is returned as written inside its
     $...$ (math-verify reads "f(3) = 81" as 81 against a number gold)."""
+    rest = answers.after_retraction(sentence)
+    if rest is not None:      # "Actually, 7.", "Wait, it's 7.", "Correction: 7.": what follows is the answer
+        return sentence_answer(rest) if re.search(r"[A-Za-z0-9]", rest) else None
     if "\\boxed" in sentence:
-        b = last_boxed(sentence)
-        if b:
-            return b
+        b = answers.outer_boxed(sentence)
+        if b and b[2]:
+            return b[2]
     items = _items(sentence)
     if not items:
         return None
+    words = {it.low for it in items}
+    if words & {"unless", "otherwise"} or ("either" in words and "or" in words):
+        return None     # "The answer is 5, unless n is odd, then it is 7.": no single answer
     exp = _explicit_answer(items)
     if exp:
         return exp[1]
@@ -537,10 +611,10 @@ def sentence_answer(sentence: str) -> str | None:
         return items[lead].text
     best: tuple[int, str] | None = None
 
-    def offer(a: int, b: int):
+    def offer(a: int, b: int, text: str | None = None):
         nonlocal best
         if best is None or a >= best[0]:
-            best = (a, _run_text(items, a, b))
+            best = (a, text if text is not None else _run_text(items, a, b))
 
     runs = _runs(items)
     starts = {a: b for a, b in runs}
@@ -551,8 +625,9 @@ def sentence_answer(sentence: str) -> str | None:
         # there are X ..., there exist(s) X ...
         if w == "there" and k + 1 < n and items[k + 1].low in ("are", "is", "were", "exist", "exists") and not it.punct:
             j = _after(items, k + 1, _FILLERS | {"a", "total", "of", "in", "altogether", "overall"})
-            if j < n and j in starts and not _clause_negated(items, k) and _tail_ok(items, starts[j], strict=False):
-                offer(j, starts[j])
+            e, listed = _listed(items, j, starts) if j in starts else (None, None)
+            if j < n and j in starts and not _clause_negated(items, k) and _tail_ok(items, e, strict=False):
+                offer(j, e, listed)
             elif (j + 1 < n and items[j].low == "infinitely" and items[j + 1].low == "many"
                   and not _clause_negated(items, k)):
                 best = (j, "infinitely many") if best is None or j >= best[0] else best
@@ -577,13 +652,19 @@ def sentence_answer(sentence: str) -> str | None:
             j = _after(items, k)
             if j < n and items[j].low == "equal" and j + 1 < n and items[j + 1].low == "to":
                 j = _after(items, j + 1)
-            if j in starts and not _clause_negated(items, k) and _tail_ok(items, starts[j], strict=True):
+            e, listed = _listed(items, j, starts) if j in starts else (None, None)
+            if j in starts and not _clause_negated(items, k) and _tail_ok(items, e, strict=True):
                 if not (k and items[k - 1].low in _NEGATIONS):
-                    offer(j, starts[j])
+                    offer(j, e, listed)
     # lhs = X ending the sentence, after a result word
     eq_runs = [(a, b) for a, b in runs if _top_level_eq(_run_text(items, a, b))]
+    listed = None
     if eq_runs:
         a, b = eq_runs[-1]
+        for a0, _ in runs:      # the last equation closes a list of them: read from the list's first one
+            if a0 < a and _listed(items, a0, starts)[0] == b:
+                a, listed = a0, _listed(items, a0, starts)[1]
+                break
         later_math = any(items[q].kind == "m" for q in range(b + 1, n))
         cond_after = b + 1 < n and items[b + 1].low in ("for", "when", "where", "if", "since", "as", "because",
                                                        "with", "whenever", "provided")
@@ -599,7 +680,7 @@ def sentence_answer(sentence: str) -> str | None:
             stated = items[prev].low in _RESULT_WORDS and not purpose
         if stated and (not later_math or cond_after) and not _clause_negated(items, a - 1 if a else 0) \
                 and _tail_ok(items, b, strict=False):
-            offer(a, b)
+            offer(a, b, listed)
     if best is not None:
         return best[1]
     if all(it.kind == "m" for it in items[lead:]) and runs:
@@ -613,8 +694,17 @@ def _math_answer(text: str, depth: int = 0) -> str | None:
     reduced to the answer found in it (`sentence_answer`: "3 is the only possible value" -> 3, "The number of
     solutions is 8" -> 8) or to the expression it opens with before words that neither negate it nor offer another
     ("8 solutions"; not "5 or 7", "5 is not possible"). A multiple-choice letter before its value ("(B) 12") is
-    the letter. None when it states no math ("No, it is impossible", "I am not sure")."""
+    the letter. A number in words is its digits ("exactly one" -> 1), a count of times its count ("n times" -> n),
+    and a gloss in brackets after the answer is dropped ("100 (all values)" -> 100; not "5 (or 7)"). None when it
+    states no math ("No, it is impossible", "I am not sure")."""
     out: str | None
+    said = answers.number_words(text)
+    if said is not None and " " not in said:
+        return said
+    text = _times_unit(text)
+    cut = answers.parenthetical(text, _has_prose)
+    if len(cut) > 1 and cut[0] and not any(answers.hedges(g) for g in cut[1:]):
+        text = cut[0]
     if not _has_prose(text):
         out = text.strip()
         if "$" in out or "\\(" in out or "\\[" in out:
@@ -640,35 +730,68 @@ def _math_answer(text: str, depth: int = 0) -> str | None:
     return f"({c.group(1)})" if c else out
 
 
+_TIMES_RE = re.compile(r"^(.*?\S)\s*(?:\\text\s*\{\s*times\s*\}|\btimes)\s*\.?$")
+
+
+def _times_unit(text: str) -> str:
+    """The word "times" read as math-verify cannot (it reads "n times" as n·t·i·m·e·s): a count of times without
+    its unit ("n times" -> "n"), a product in words as a product ("2 times 3" -> "2 \\times 3")."""
+    m = _TIMES_RE.match(str(text).strip())
+    if m:
+        return m.group(1)
+    return re.sub(r"(?<=[\w)}])\s+times\s+(?=[\w(\\])", r" \\times ", text)
+
+
 def extract_answers(response: str, mode: str = FILE_MODE) -> list[tuple[str, str]]:
     """What a response states as an answer under extraction `mode` (not 'auto'): (extractor, text) pairs,
     at most one per extractor of the mode, in the order they appear in the response (the last is its final
     answer, `final_answer`). answer_line: the last "Answer: ..." line, surrounding $, ** and a final period
     removed (a boxed answer on it is taken from its box); boxed: the last \\boxed{}'s content;
     last_sentence: the answer the final sentence states (`sentence_answer`), and no candidate when it states
-    none, so a closing "Done." or "since 5 divides n." is no answer and coverage counts only answers found."""
+    none, so a closing "Done." or "since 5 divides n." is no answer and coverage counts only answers found.
+    The boxed candidate is the last outermost box, boxes inside it unwrapped (`answers.outer_boxed`). In a mode that
+    reads prose (with last_sentence), a retraction after the last answer line or box ("Actually, 7.", "Wait",
+    "Correction: ...", `answers.RETRACTION_RE`) withdraws it: the value the retraction states is the answer, and
+    with none stated the response has no answer (no candidate)."""
     parts = mode.split("+")
     out = []   # (position in the response, extractor, text)
+    end = -1   # where the last answer line or box ends
     if "answer_line" in parts:
         lines = list(_ANSWER_LINE_RE.finditer(response))
         if lines:
             text = lines[-1].group(1).strip().rstrip(".").strip().strip("*$").strip()
             if "\\boxed{" in text:
                 # an "Answer: \boxed{x}" line: the boxed candidate covers it when the mode has one
-                text = "" if "boxed" in parts else (last_boxed(text) or "")
+                text = "" if "boxed" in parts else ((answers.outer_boxed(text) or (0, 0, ""))[2])
             if text:
                 out.append((lines[-1].start(), "answer_line", text))
+                end = max(end, lines[-1].end())
     if "boxed" in parts:
-        boxed = last_boxed(response)
-        if boxed:
-            out.append((response.rfind("\\boxed{"), "boxed", boxed))
+        boxed = answers.outer_boxed(response)
+        if boxed and boxed[2]:
+            out.append((boxed[0], "boxed", boxed[2]))
+            end = max(end, boxed[1])
     if "last_sentence" in parts:
         sent = last_sentence(response)
         if sent and len(sent) > MAX_CANDIDATE:   # bounded work: a run-on "sentence" is read by its last part
             sent = sent[-MAX_CANDIDATE:].split(None, 1)[-1]
         found = sentence_answer(sent) if sent else None
+        said = _ANSWER_LINE_RE.match(sent.lstrip("*# ")) if sent and not found else None
+        if said and said.group(1).strip():
+            found = said.group(1).strip()     # "Answer: ???": an answer, unreadable, and still the final one
+        at = response.rfind(sent) if sent else -1
         if found:
-            out.append((response.rfind(sent), "last_sentence", found))
+            out.append((at, "last_sentence", found))
+        if end >= 0 and (not found or at < end):
+            back = None
+            for back in answers.RETRACTION_RE.finditer(response, end):
+                pass
+            if back is not None:
+                said_in = _SENTENCE_SPLIT_RE.split(response[back.start():back.start() + MAX_CANDIDATE].strip(), 1)[0]
+                said = sentence_answer(said_in)
+                if not said:
+                    return []       # the answer was taken back and no other given
+                out.append((back.start(), "last_sentence", said))
     return [(k, t) for _, k, t in sorted(out, key=lambda x: x[0])]
 
 
@@ -739,18 +862,21 @@ def _has_prose(text: str) -> bool:
     return any(_is_prose_word(w) for w in re.findall(r"[A-Za-z]+", t))
 
 
-_EQUIV_RE = re.compile(r"\s*,?\s*(?:\bor\s+equivalently\b|\bequivalently\b|\bi\.e\.,?|\bthat\s+is,|\bor\s+simply\b)\s*", re.I)
-
-
 def gold_forms(gold: str) -> list[str]:
     """The math texts a gold is credited by. A gold with no prose: itself. A gold that is (partly) a sentence: its
     short forms -- each alternative it names ("C(10, 5), or equivalently 252" -> C(10, 5) and 252) and the answer
     its sentence states (`sentence_answer`: "The limit exists and is equal to 2/3" -> 2/3, "3 is the only possible
-    value" -> 3); [] when it states none ("2 inequalities": compared as text, `text_answer`)."""
-    if not _has_prose(gold):
-        return [gold]
+    value" -> 3); [] when it states none ("2 inequalities": compared as text, `text_answer`). A gloss keeps the
+    value it glosses, in brackets or not ("100 (i.e., all values)", "100, that is, all of them", "100 (all values)"
+    -> 100; `answers.parenthetical`, `answers.GLOSS_RE`); a number in words is its digits ("Exactly one" -> 1)."""
+    said = answers.number_words(gold)
+    if said is not None and " " not in said:
+        return [said]
+    pieces = [q for p in answers.parenthetical(str(gold), _has_prose) for q in answers.GLOSS_RE.split(p)]
+    if len(pieces) == 1 and not _has_prose(gold):
+        return [_times_unit(gold)]
     forms = []
-    for part in _EQUIV_RE.split(str(gold)):
+    for part in pieces:
         part = part.strip().strip(",;").strip()
         if part.endswith(".") and not part.endswith("\\."):
             part = part[:-1].strip()
@@ -783,6 +909,11 @@ def _says_words(text: str, words: str, anywhere: bool = False) -> bool:
     if re.match(r"^\W*" + body + (r"\b" if several else r"(?=\s*(?:[,.;:!?(\u2014\u2013-]|$))"), t, re.I):
         return True
     return anywhere and several and re.search(r"\b(?:is|are|answer)\W+" + body + r"\b", t, re.I) is not None
+
+
+def _negated(text: str) -> bool:
+    """Whether a text holds a negation word ("not", "never", "isn't", ...)."""
+    return any(w in _NEGATIONS or w.endswith("n't") for w in re.findall(r"[a-z']+", str(text).lower()))
 
 
 def _is_constant(parsed: list) -> bool:
@@ -842,7 +973,12 @@ class MathVerifier:
     # final-1: the final answer only. answers-2: last_sentence reads the answer its sentence states (no candidate
     # when none; negations refused); golds with prose graded by their short forms or as text; misread golds
     # refused; a final answer opening with a yes/no gold's word credited; candidates with words reduced to their math.
-    REVISION = "answers-2"
+    # answers-3 (issue 62): one committed value (a list, an alternative or two differing values joined by "=" is
+    # credited only where the gold names the same; the outermost box; the last candidate final, parsed or not; a
+    # retraction after the last answer withdraws it in prose modes); golds keep the value a gloss glosses; the form
+    # a problem asks for and the prompt's own expressions; negative sentences, lists of assignments, n!, display
+    # math, number words and counts.
+    REVISION = "answers-3"
 
     def __init__(self, timeout_s: int = 5, mode: str = FILE_MODE):
         check_answer_mode(mode)
@@ -861,6 +997,8 @@ class MathVerifier:
                       "too_long": 0, "timeouts": 0}
         self._gold: dict[str, list] = {}
         self._spec: dict[str, tuple] = {}
+        self._gold_texts: dict[str, list[str]] = {}     # gold -> the texts of its forms, beside their parses
+        self._prompts: dict[str, tuple] = {}            # prompt -> (forms it asks for, its expressions)
 
     def _timeout(self) -> int | None:
         # math-verify times out with signal.alarm, which only works in the main thread; elsewhere
@@ -899,28 +1037,73 @@ class MathVerifier:
         with no short form; else ('math', [parse, ...]): the parses of its forms (`gold_forms`) that read it
         (`_misread` ones dropped), [] when none does (an unparseable gold)."""
         if answer not in self._spec:
-            words = word_answer(answer)
+            said = answers.number_words(answer)      # "Exactly one" is the number 1, not words
+            words = word_answer(answer) if said is None or " " in said else None
             forms = [] if words is not None else gold_forms(answer)
             if words is None and not forms:
                 words = text_answer(answer)
             if words is not None:
                 self._spec[answer] = ("text", words)
             else:
-                parses = []
+                parses, texts = [], []
                 for f in forms:
                     p = self._gold_for(f)
                     if p and not _misread(f, p):
                         parses.append(p)
+                        texts.append(f)
                 self._spec[answer] = ("math", parses)
+                self._gold_texts[answer] = texts
         return self._spec[answer]
 
-    def _answer_parse(self, text: str) -> list:
-        """The parse of the math a candidate states ([] when it states none)."""
-        if len(text) > MAX_CANDIDATE:
-            self.stats["too_long"] += 1
-            return []
-        m = _math_answer(text)
-        return self._parsed(f"\\boxed{{{m}}}") if m else []
+    def _prompt(self, prompt: str) -> tuple[set, set]:
+        """(the forms a prompt asks for, the normalised texts of its expressions and their "="-sides), cached."""
+        if prompt not in self._prompts:
+            items = _items(answers.superscripts(prompt[:20_000]))
+            exprs = set()
+            for a, b in _runs(items):
+                run = _run_text(items, a, b)
+                exprs.update(answers.normal_math(x) for x in [run, *answers.eq_sides(run)] if x)
+            self._prompts[prompt] = (answers.asked_forms(prompt), exprs)
+        return self._prompts[prompt]
+
+    def _commits(self, text: str, math: str, golds: list[str]) -> bool:
+        """Whether a final answer commits to one value, or to the several its gold names: no alternative the gold
+        has not ("5 (or 7)", "5 \\lor 7", "\\pm 3", "either ... or"), no list where the gold is one value ("5, 7",
+        "0, 1, ..., 100"), and no two differing numbers joined by "=" ("5 = 7", "x = 5 = 7"; "3^4 = 81" is one value,
+        and in "\\binom{5}{4} + 1 = 31" the computation is no second answer)."""
+        if (answers.hedges(text) | answers.hedges(math)) - set().union(*map(answers.hedges, golds)):
+            return False
+        if len(answers.top_level_items(math)) > 1 and max(map(answers.n_values, golds)) < 2:
+            return False
+        values = [self._parsed(f"\\boxed{{{x}}}") for x in answers.eq_sides(math) if answers.is_plain_value(x)]
+        t = self._timeout()
+        return all(a and b and self._verify(a, b, timeout_seconds=t) for a, b in zip(values, values[1:]))
+
+    def _words(self, problem: Problem, response: str, cands: list, words: str) -> float:
+        """The grade against a gold compared as text (`word_answer`, `text_answer`): the final answer states its
+        words (`_says_words`); or, for a count ("98 values", "two solutions"), its number with the same noun or
+        with none where the question asks for that noun ("How many values ..." -> `Answer: 98`); or, in a mode
+        that reads prose, the final sentence as a whole states them ("So there are 2 inequalities.", "The sequence
+        is not periodic." for that gold) with no negation the gold does not have."""
+        final = cands[-1][1] if cands else None
+        if final is not None and _says_words(final, words):
+            return 1.0
+        count = answers.count(problem.answer) or answers.count(answers.number_words(problem.answer) or "")
+        if count and final is not None:
+            said = answers.count(final) or answers.count(answers.number_words(final) or "")
+            bare = re.fullmatch(r"\$?\s*(-?\d+)\s*\$?\.?", final.strip())
+            if said and said[0] == count[0] and answers.same_noun(said[1], count[1]):
+                return 1.0
+            if bare and bare.group(1) == count[0] and re.search(r"\b" + re.escape(answers.noun_stem(count[1])),
+                                                                problem.prompt, re.I):
+                return 1.0
+        if "last_sentence" in self.mode.split("+"):
+            sent = last_sentence(response) or ""
+            if _says_words(sent, words, anywhere=True) and (_negated(words) or not _negated(sent)):
+                return 1.0
+        if not cands:
+            self.stats["unparsed_response"] += 1
+        return 0.0
 
     def __call__(self, problem: Problem, response: str) -> float:
         self.stats["graded"] += 1
@@ -929,24 +1112,31 @@ class MathVerifier:
             cands = extract_answers(response, self.mode)
             if kind == "text":
                 self.stats["as_words"] += 1
-                if not cands:
-                    self.stats["unparsed_response"] += 1
-                    return 0.0
-                k, t = cands[-1]   # the final answer only
-                if _says_words(t, gold):
-                    return 1.0
-                # the last sentence as a whole, for a gold of several words ("So there are 2 inequalities.")
-                return float(k == "last_sentence" and _says_words(last_sentence(response) or "", gold, anywhere=True))
+                return self._words(problem, response, cands, gold)
             if not gold:
                 self.stats["unparsed_gold"] += 1
                 return 0.0
-            # the final answer: the last candidate that reads as math (an "Answer: I am not sure" line is no answer)
-            final = next((p for p in (self._answer_parse(t) for _, t in reversed(cands)) if p), None)
-            if final is None:
+            # the final answer: the last candidate, parsed or not (an "Answer: ???" after a box is no answer, and
+            # the box before it is not the final one)
+            text = cands[-1][1] if cands else ""
+            if len(text) > MAX_CANDIDATE:
+                self.stats["too_long"] += 1
+            math = _math_answer(text) if text and len(text) <= MAX_CANDIDATE else None
+            final = self._parsed(f"\\boxed{{{math}}}") if math else []
+            if not final:
                 self.stats["unparsed_response"] += 1
                 return 0.0
+            golds = self._gold_texts[problem.answer]
+            if not self._commits(text, math, golds):
+                return 0.0
+            forms, exprs = self._prompt(problem.prompt)
+            if (answers.is_expression(math) and answers.normal_math(math) in exprs
+                    and not any(answers.normal_math(g) in exprs for g in golds)):
+                return 0.0      # the question's own expression restated ("Factor x^4+x^2+1": x^4+x^2+1)
             t = self._timeout()
-            return float(any(self._verify(g, final, timeout_seconds=t) for g in gold))
+            return float(any(self._verify(g, final, timeout_seconds=t)
+                             and (not forms or answers.has_form(forms, math, final[0], gt, g[0]))
+                             for g, gt in zip(gold, golds)))
         except self._failures:  # a reward must never stop a run
             self.stats["errors"] += 1
             return 0.0
