@@ -211,6 +211,29 @@ def test_an_uncached_hub_model_offline_is_one_line_naming_it(monkeypatch, tmp_pa
     assert "\n" not in str(e.value)
 
 
+def test_an_uncached_hub_model_without_network_is_one_line_in_5_s(monkeypatch, tmp_path):
+    """HF_HUB_OFFLINE unset and no network (the hub endpoint refuses connections: a closed local port): one line
+    naming the model and the endpoint within 5 s, not transformers' retries."""
+    import socket
+
+    from cancellation import policy
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()   # nothing listens there now: connections are refused
+    for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy",
+              "ALL_PROXY"):
+        monkeypatch.delenv(v, raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    t = time.time()
+    with pytest.raises(policy.PolicyLoadError) as e:
+        policy.load_policy("Qwen/Qwen3-1.7B-Base")
+    assert time.time() - t < 5 and "Qwen/Qwen3-1.7B-Base" in str(e.value) and f"127.0.0.1:{port}" in str(e.value)
+    assert "\n" not in str(e.value)
+
+
 def test_the_report_says_what_the_machine_has_first():
     got = gpucheck.packages(("transformers", "no_such_package_here"))
     assert got["transformers"]["importable"] and got["transformers"]["version"]

@@ -55,7 +55,29 @@ def hub_kwargs(path: str | Path) -> dict:
     if hub_offline():
         raise PolicyLoadError(f"{path}: not in the local Hugging Face cache, and HF_HUB_OFFLINE is set (no download): "
                               f"run `huggingface-cli download {path}` where there is network, or pass a local directory")
+    endpoint = hub_unreachable()
+    if endpoint:   # no network: one line now, not transformers' retries (65 s) and a traceback
+        raise PolicyLoadError(f"{path}: not in the local Hugging Face cache, and the hub ({endpoint}) cannot be reached "
+                              f"from here: run `huggingface-cli download {path}` where there is network, or pass a "
+                              f"local directory")
     return {}
+
+
+def hub_unreachable(timeout: float = 3.0) -> str | None:
+    """The hub's endpoint ($HF_ENDPOINT, default huggingface.co) when a TCP connection to it fails within
+    `timeout` seconds, else None. Behind a proxy ($HTTPS_PROXY / $HTTP_PROXY set) nothing is probed (None): a
+    direct connection says nothing about the proxied one."""
+    import socket
+    from urllib.parse import urlparse
+    if any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY")):
+        return None
+    url = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
+    u = urlparse(url)
+    try:
+        socket.create_connection((u.hostname, u.port or (443 if u.scheme == "https" else 80)), timeout=timeout).close()
+        return None
+    except OSError:
+        return url
 
 
 def _check_safetensors(f: Path):
