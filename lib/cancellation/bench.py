@@ -348,6 +348,51 @@ def categories_tagging(n_tokens: int = 100_000, repeats: int = 3):
           f"cannot see)")
 
 
+@bench
+def grader(repeats: int = 3, rows: str = "tests/data/graded_responses.jsonl"):
+    """The reward's grader (tasks.MathVerifier) per answer mode on the hand-labelled responses: recall and
+    precision against the labels beside grading speed (responses per second), with math-verify's default parse
+    of the whole response (its own extraction, no mode) measured in the same rounds."""
+    import json
+
+    from math_verify import parse, verify
+
+    path = Path(rows) if Path(rows).is_absolute() else Path(__file__).resolve().parents[2] / rows
+    data = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    probs = [tasks.Problem(r.get("prompt", "q"), r["gold"]) for r in data]
+
+    def ours(mode):
+        def run():
+            v = tasks.MathVerifier(mode=mode)     # fresh caches each round, as a new run starts
+            return [v(p, r["response"]) for p, r in zip(probs, data)]
+        return run
+
+    def default():
+        out = []
+        for r in data:
+            try:
+                gold = parse(f"\\boxed{{{r['gold']}}}") or parse(r["gold"])
+                out.append(float(bool(gold) and verify(gold, parse(r["response"]))))
+            except Exception:  # noqa: BLE001 - a grader error is a zero, as MathVerifier counts it
+                out.append(0.0)
+        return out
+
+    ways = {m: ours(m) for m in tasks.ANSWER_MODES if m != "auto"}
+    ways["math-verify default"] = default
+    res = paired(ways, repeats)
+    pos = sum(r["label"] for r in data)
+    print(f"grader: {len(data)} labelled responses ({pos} correct by hand) from {rows}; MathVerifier.REVISION "
+          f"{tasks.MathVerifier.REVISION}; responses per second: median (min–max) of {repeats} alternating rounds")
+    print(f"  {'mode':34s} {'recall':>7s} {'precision':>9s}  responses/s")
+    for name, r in res.items():
+        got = r["out"]
+        tp = sum(g == 1.0 and d["label"] for g, d in zip(got, data))
+        credited = sum(g == 1.0 for g in got)
+        prec = f"{tp / credited:.3f}" if credited else "-"
+        rate = spread([len(data) / t for t in r["s"]], fmt=".0f")
+        print(f"  {name:34s} {tp / pos:7.3f} {prec:>9s}  {rate}")
+
+
 def _peak_rss(fn):
     """(result, seconds, peak RSS increase in MB) of fn(): a thread polls /proc/self/statm every ms.
 
