@@ -206,6 +206,20 @@ def test_n_times_is_a_count_not_a_product_of_letters():
     assert grade("6", "Answer: 2 times 3") == 1.0
 
 
+# Guards, not issue cases (each was credited before issue 62 too): one value with a comma, an ellipsis or "either"
+# in it, a tuple or set gold listed, and a confirmation after the answer stay credited.
+def test_one_value_with_commas_ellipses_and_confirmations_stays_credited():
+    assert grade("1000", "Answer: 1,000") == 1.0
+    assert grade("(2, 3)", "\\boxed{(2, 3)}") == 1.0
+    assert grade("\\{1, 2, 3\\}", "Answer: 1, 2, 3") == 1.0
+    assert grade("55", "So $1 + 2 + \\cdots + 10 = 55$.", "last_sentence") == 1.0
+    assert grade("3", "Either way, the answer is 3.", "last_sentence") == 1.0
+    assert grade("31", "Thus the maximum is $\\binom{5}{4} + \\binom{5}{2} + 1 = 31$.", "last_sentence") == 1.0
+    for mode in PROSE_MODES:
+        assert grade("5", "Therefore the answer is $\\boxed{5}$.\n\nActually, this matches the estimate above.",
+                     mode) == float("boxed" in mode), mode
+
+
 # ------------------------------------------------------------------------------ bounded work
 def test_a_200kb_response_is_graded_in_under_half_a_second():
     text = ("We try again. " * 2000 + "\\[ x = 1. \\] " * 2000 + "Answer: 5, 7 and more " * 2000)[:200_000]

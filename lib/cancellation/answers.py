@@ -114,15 +114,12 @@ def outer_boxed(text: str) -> tuple[int, int, str] | None:
 _HEDGE_RE = re.compile(r"\\lor\b|\\vee\b|∨|\\pm\b|\\mp\b|±|∓|\bor\b|\beither\b|\bunless\b|\botherwise\b", re.I)
 _HEDGE_NAMES = {"\\lor": "or", "\\vee": "or", "∨": "or", "or": "or", "either": "or", "unless": "unless",
                 "otherwise": "unless", "\\pm": "pm", "±": "pm", "\\mp": "mp", "∓": "mp"}
-_ELLIPSIS_RE = re.compile(r"\\[lc]?dots\b|\\ldots|\\cdots|…|\.\.\.")
 
 
 def hedges(text: str) -> set[str]:
-    """The kinds of alternative a math text offers ('or', 'pm', 'mp', 'unless', 'dots'); empty for one value."""
-    out = {_HEDGE_NAMES[m.group(0).lower()] for m in _HEDGE_RE.finditer(str(text))}
-    if _ELLIPSIS_RE.search(str(text)):
-        out.add("dots")
-    return out
+    """The kinds of alternative a math text offers ('or', 'pm', 'mp', 'unless'); empty for one value. (An
+    ellipsis is no alternative: "1 + 2 + \\cdots + 10" is one value, "0, 1, \\ldots, 100" a list.)"""
+    return {_HEDGE_NAMES[m.group(0).lower()] for m in _HEDGE_RE.finditer(str(text))}
 
 
 def top_level_items(text: str) -> list[str]:
@@ -152,8 +149,9 @@ def n_values(text: str) -> int:
     if len(items) != 1:
         return len(items)
     t = re.sub(r"\\left|\\right", "", items[0]).strip()
-    t = t[2:-2] if t.startswith("\\{") and t.endswith("\\}") else t
-    if t[:1] in "([{" and t[-1:] in ")]}" and top_level_parens("(" + t[1:-1] + ")") == [(0, len(t))]:
+    if t.startswith("\\{") and t.endswith("\\}"):
+        return len(top_level_items(t[2:-2]))
+    if len(t) > 1 and t[0] in "([" and t[-1] in ")]" and top_level_parens("(" + t[1:-1] + ")") == [(0, len(t))]:
         return len(top_level_items(t[1:-1]))
     return 1
 
@@ -193,6 +191,18 @@ _RETRACTION_LEAD_RE = re.compile(
     r"^[\s*]*(?:(?:no|oh|hmm+|um+|ah)\W{0,3}\s*)?(?:actually|wait|correction|oops|scratch\s+that|on\s+second\s+thought)"
     r"\b[\s,:;!.\-\u2014]*(?:(?:it'?s|it\s+is|i\s+mean|i\s+meant|make\s+that|it\s+should\s+be|that\s+should\s+be)"
     r"\b[\s,:]*)?", re.I)
+
+
+_ERROR_RE = re.compile(r"\b(?:wrong|mistake|error|incorrect|not\s+right|miscalculat\w*|mis-?counted|redo|recount)\b",
+                       re.I)
+
+
+def withdraws(sentence: str) -> bool:
+    """Whether a retraction that states no value takes the answer back: it is the bare word ("Wait.", "Hmm,
+    wait...") or says the answer was wrong ("that is wrong", "I made a mistake"); "Actually, this matches the
+    estimate above" confirms it."""
+    rest = after_retraction(sentence)
+    return (rest is not None and not re.search(r"[A-Za-z0-9]", rest)) or _ERROR_RE.search(sentence) is not None
 
 
 def after_retraction(sentence: str) -> str | None:

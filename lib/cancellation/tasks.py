@@ -751,8 +751,9 @@ def extract_answers(response: str, mode: str = FILE_MODE) -> list[tuple[str, str
     none, so a closing "Done." or "since 5 divides n." is no answer and coverage counts only answers found.
     The boxed candidate is the last outermost box, boxes inside it unwrapped (`answers.outer_boxed`). In a mode that
     reads prose (with last_sentence), a retraction after the last answer line or box ("Actually, 7.", "Wait",
-    "Correction: ...", `answers.RETRACTION_RE`) withdraws it: the value the retraction states is the answer, and
-    with none stated the response has no answer (no candidate)."""
+    "Correction: ...", `answers.RETRACTION_RE`) withdraws it: the value the retraction states is the answer; with
+    none stated, a bare one ("Wait.") or one that says the answer was wrong leaves the response no answer (no
+    candidate), and one that confirms it ("Actually, this matches the estimate") leaves it."""
     parts = mode.split("+")
     out = []   # (position in the response, extractor, text)
     end = -1   # where the last answer line or box ends
@@ -789,9 +790,10 @@ def extract_answers(response: str, mode: str = FILE_MODE) -> list[tuple[str, str
             if back is not None:
                 said_in = _SENTENCE_SPLIT_RE.split(response[back.start():back.start() + MAX_CANDIDATE].strip(), 1)[0]
                 said = sentence_answer(said_in)
-                if not said:
-                    return []       # the answer was taken back and no other given
-                out.append((back.start(), "last_sentence", said))
+                if said:
+                    out.append((back.start(), "last_sentence", said))
+                elif answers.withdraws(said_in):
+                    return []       # the answer was taken back ("Wait.", "that is wrong") and no other given
     return [(k, t) for _, k, t in sorted(out, key=lambda x: x[0])]
 
 
