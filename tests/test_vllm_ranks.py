@@ -1,17 +1,20 @@
-"""The vLLM seam after a weight push (issue 63, item 3), against tests/fake_vllm.
+"""The vLLM seam after a weight push and inside `--procs` ranks (issue 63, items 3 and 4), against tests/fake_vllm.
 
 Item 3: `sync_weights` resets the engine's prefix cache, so the GRPO loop's next round samples from the weights
 it just pushed; the fake models vLLM's prefix cache (whole blocks' keys and values, stale until reset), and what
 it samples is checked against the HF model's own forward with the new weights.
+Item 4: an engine built inside a torch.distributed group of several ranks uses vLLM's external launcher (TRL's
+colocate mode); `--procs N` on CUDA is refused before any work when N exceeds the visible GPUs.
 """
 import copy
+import os
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from cancellation import sampler, tasks, tiny, train
+from cancellation import procs, run, sampler, tasks, tiny, train
 
 FAKE_VLLM = Path(__file__).parent / "fake_vllm"
 DOT = tasks.VOCAB.index(".")   # a second stop id, as <|im_end|> beside <|endoftext|>
@@ -154,3 +157,68 @@ def test_sync_weights_resets_the_prefix_cache(fake_vllm, saved_model):
     llm.reset_prefix_cache = lambda device=None: False    # a version that could not free its blocks
     with pytest.raises(RuntimeError, match="could not reset its prefix cache"):
         sampler.sync_weights(llm, m)
+
+
+# ----------------------------------------------------------------------------- item 4: vLLM in --procs ranks
+def in_group(monkeypatch, world: int, rank: int = 0):
+    """This process as rank `rank` of an initialised torch.distributed group of `world` (what procs._worker's
+    PartialState leaves), without starting one."""
+    import torch.distributed as dist
+    monkeypatch.setattr(dist, "is_available", lambda: True)
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: world)
+    monkeypatch.setattr(dist, "get_rank", lambda group=None: rank)
+
+
+def test_an_engine_in_a_rank_uses_the_external_launcher(fake_vllm, saved_model, monkeypatch):
+    """In a group of several ranks the engine joins it (distributed_executor_backend="external_launcher", TRL's
+    colocate mode) with the run's own seed; outside one (or in a group of one) the arguments are as before."""
+    m, path = saved_model
+    plain = dict(model=str(path), dtype="float64", seed=3, enable_prefix_caching=True, gpu_memory_utilization=0.25)
+    llm = sampler.make_sampler(m, path, backend="vllm", dtype="float64", seed=3, gpu_memory_utilization=0.25)
+    assert llm.init_kwargs == plain
+    in_group(monkeypatch, world=1)
+    assert sampler.make_sampler(m, path, backend="vllm", dtype="float64", seed=3,
+                                gpu_memory_utilization=0.25).init_kwargs == plain
+    in_group(monkeypatch, world=4, rank=2)
+    llm = sampler.make_sampler(m, path, backend="vllm", dtype="float64", seed=3, gpu_memory_utilization=0.25)
+    assert llm.init_kwargs == {**plain, "distributed_executor_backend": "external_launcher"}
+
+
+def cuda_host(monkeypatch, gpus: int):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+
+
+def test_procs_against_the_visible_gpus(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    cuda_host(monkeypatch, 1)
+    line = procs.device_problem(8, {"05_value_gap": "cuda", "06_sampling_budget": "cuda:0"})
+    assert "\n" not in line and "--procs 8" in line and "1 visible GPU" in line and "--procs 1" in line
+    assert "05_value_gap" in line and "CUDA_VISIBLE_DEVICES=0" in line
+    assert procs.device_problem(1, {"05_value_gap": "cuda"}) is None
+    assert procs.device_problem(8, {"05_value_gap": "cpu"}) is None       # CPU ranks: processes on this host
+    assert procs.device_problem(8, {}) is None                            # nothing split over processes
+    cuda_host(monkeypatch, 8)
+    assert procs.device_problem(8, {"05_value_gap": "cuda"}) is None
+    cuda_host(monkeypatch, 0)
+    assert "0 visible GPUs" in procs.device_problem(2, {"05_value_gap": "cuda"})
+    with pytest.raises(procs.RankFailed, match="--procs 2"):   # fan_out itself refuses before it launches
+        procs.fan_out("cancellation.procs:_probe", {}, [1, 2, 3], n=2, cuda=True)
+
+
+def test_the_runner_refuses_too_many_procs_before_any_work(monkeypatch, capsys):
+    """`--procs 8` for a CUDA notebook on a 1-GPU host: one line naming both numbers and the fix, and no
+    notebook starts; on the CPU (the same host, a CPU profile) --procs 8 runs as before."""
+    cuda_host(monkeypatch, 1)
+    ran = []
+    monkeypatch.setattr(run, "run_notebook", lambda nb, *a, **kw: ran.append(Path(nb).stem))
+    with pytest.raises(SystemExit) as e:
+        run.main(["05", "--profile", "smoke", "-p", "device", "cuda", "--procs", "8"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and not ran
+    lines = [ln for ln in err.splitlines() if ln.startswith("error:")]
+    assert len(lines) == 1 and "--procs 8" in lines[0] and "1 visible GPU" in lines[0] and "pass --procs 1" in lines[0], err
+    assert procs.PROCS_ENV not in os.environ
+    run.main(["05", "--profile", "smoke", "--procs", "8"])     # device cpu: CPU ranks, as today
+    assert ran == ["05_value_gap"]

@@ -99,6 +99,25 @@ def count() -> int:
     return n
 
 
+def device_problem(n: int, devices: dict) -> str | None:
+    """One line when `--procs n` cannot start: a notebook split over processes (`devices`: its stem -> its device)
+    runs on CUDA, where every rank takes a GPU of its own (fan_out narrows CUDA_VISIBLE_DEVICES to LOCAL_RANK's),
+    and this host shows fewer than n. Without the check a rank past the last GPU is pointed at a card that does
+    not exist and fails only after the notebook's unsplit work. CPU ranks are processes on this host: any n."""
+    cuda = [stem for stem, dev in devices.items() if str(dev).startswith("cuda")]
+    if n <= 1 or not cuda:
+        return None
+    import torch
+
+    have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if n <= have:
+        return None
+    seen = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return (f"--procs {n} starts one rank per GPU, but this host has {have} visible GPU{'s' if have != 1 else ''} "
+            f"(CUDA_VISIBLE_DEVICES={seen if seen is not None else 'unset'}) for {', '.join(cuda)} on CUDA: "
+            f"pass --procs {max(have, 1)}{' or fewer' if have > 1 else ''}, or make more GPUs visible")
+
+
 def _resolve(name: str):
     mod, _, fn = name.partition(":")
     return getattr(importlib.import_module(mod), fn)
@@ -115,6 +134,9 @@ def fan_out(fn: str, shared, units: list, n: int | None = None, cuda: bool = Fal
     n = min(count() if n is None else n, len(units))
     if n <= 1:
         return list(_resolve(fn)(shared, list(units), None))
+    problem = device_problem(n, {what: "cuda" if cuda else "cpu"})
+    if problem:   # the runner refuses this before any work; a caller from Python gets it here, before the launch
+        raise RankFailed(problem)
     job = Path(tempfile.mkdtemp(prefix="cancellation-procs-"))
     try:
         with open(job / "job.pkl", "wb") as f:

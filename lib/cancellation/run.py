@@ -1086,6 +1086,13 @@ def _main(a) -> int:
         except ParameterError as e:
             _print_errors(e)
             return 2
+        # --procs N on CUDA needs N visible GPUs: say so now, not after a notebook's unsplit work (--plan plans for
+        # any host)
+        err = None if a.plan else procs.device_problem(a.procs, {nb.stem: params.get("device", "cpu")
+                                                                 for nb, params in resolved if nb.stem in procs.SPLIT})
+        if err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
         plans = _plans(resolved, a)
         if plans is None:
             return 2

@@ -950,6 +950,26 @@ def vllm_dry_kw() -> dict:
     return dict(load_format="dummy", skip_tokenizer_init=True) if dry_run() is not None else {}
 
 
+def vllm_rank_kw() -> dict:
+    """vllm.LLM's extra arguments in one rank of a torch.distributed group of several (a `run --procs N` rank:
+    procs._worker joins the group through accelerate first); empty elsewhere.
+
+    Such an engine must join the group rather than start its own, which fails with vLLM's "world size does not
+    match": TRL's colocate mode does this (trl/generation/vllm_generation.py, VLLMGeneration._init_vllm, TRL 1.16:
+    `LLM(..., distributed_executor_backend="external_launcher", seed=...)`), reading RANK, LOCAL_RANK and
+    MASTER_ADDR/PORT that accelerate's launcher sets. With tensor_parallel_size 1 each rank is its own engine on
+    the one GPU it sees (procs._worker narrows CUDA_VISIBLE_DEVICES and sets LOCAL_RANK=0). TRL passes
+    seed=rank // tensor_parallel_size so that its ranks' unseeded requests differ; ours all carry their own seed
+    (request_seed) and a unit must sample the same tokens on any N, so every rank keeps the run's seed (vLLM asks
+    only that the ranks of one tensor-parallel group agree). Building such an engine is a collective over the
+    group (vLLM's ExecutorWithExternalLauncher takes the least free memory of all ranks), so every rank must build
+    its engines at the same points, as value._rank_rewards's ranks do (one engine each, first)."""
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        return dict(distributed_executor_backend="external_launcher")
+    return {}
+
+
 def make_sampler(model, model_path, backend: str = "hf", dtype: str = "float32", seed: int = 0,
                  gpu_memory_utilization: float = 0.3, device: str | None = None):
     """What `sample` samples from: a copy of `model` in `dtype` (on `device` if given) for 'hf';
@@ -961,7 +981,7 @@ def make_sampler(model, model_path, backend: str = "hf", dtype: str = "float32",
         # keep the engine in this process (as TRL's colocate mode) so sync_weights can reach its model
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         llm = LLM(str(model_path), dtype=dtype, seed=seed, enable_prefix_caching=True,
-                  gpu_memory_utilization=gpu_memory_utilization, **vllm_dry_kw())
+                  gpu_memory_utilization=gpu_memory_utilization, **vllm_dry_kw(), **vllm_rank_kw())
         llm.hf_model = model
         if dry_run() is not None:   # the engine's dummy weights replaced by the HF model's random ones
             sync_weights(llm, model)
