@@ -3,6 +3,7 @@ specific classes, the copies mask, the raw and matched contrasts, the two-stage 
 and the updates themselves (positive-only == GRPO with A·1[r=1]; the masked update == the loss with
 those tokens dropped), by autograd on a small model."""
 import copy
+import dataclasses
 import itertools
 from collections import defaultdict
 
@@ -325,3 +326,33 @@ def test_first_order_means_count_only_the_tokens_with_terms():
     S = thesis.summary(c, n_boot=200, seed=0)
     got = S[(S.defn == "ids") & (S.pool == "pos") & (S.statistic == "fo_opposite")].value.iloc[0]
     assert got == pytest.approx(want, rel=1e-12)
+
+
+def test_null_deltas_are_the_exact_steps_of_each_shuffle(model64, batch):
+    """The null's shortcut (per-rollout gradients at θ₀, one matrix product and one forward per shuffle) gives the
+    Δlog p of the exact SGD step (grpo.Trials: a backward and a step per update) on the real signs and on within-
+    group shuffles, for GRPO and both single-sign updates, to float64 round-off; θ₀ untouched."""
+    knobs = Compute()
+    lr = 0.1
+    before = {k: v.clone() for k, v in model64.state_dict().items()}
+    orders = torch.cat([torch.arange(len(batch))[None], thesis.shuffles(batch, 2, seed=3)])
+    assert not torch.equal(orders[1], orders[0])   # a shuffle moved something (mixed groups)
+    for o in orders[1:]:   # within groups: the same multiset of advantages per group
+        for g in batch.group.unique():
+            rows = (batch.group == g).nonzero().squeeze(1)
+            assert sorted(batch.advantage[o[rows]].tolist()) == sorted(batch.advantage[rows].tolist())
+    G = thesis.rollout_gradients(model64, batch, knobs)
+    trials = grpo.Trials(model64, batch, knobs)
+    m = batch.response_mask
+    worst = 0.0
+    for u in ("grpo", "positive_only", "negative_only"):
+        got = thesis.null_deltas(model64, batch, knobs, lr, thesis.shuffle_weights(batch, orders, u), G=G)
+        cfg = knobs.update(optimizer="sgd", lr=lr, scope="full", reweight=u)
+        for k, o in enumerate(orders):
+            shuffled = dataclasses.replace(batch, reward=batch.reward[o], advantage=batch.advantage[o])
+            want = trials.delta(cfg, shuffled)
+            assert want[m].abs().max() > 1e-3   # the step moved log-probs
+            worst = max(worst, float((got[k][m] - want[m]).abs().max()))
+    assert worst < 1e-10, worst
+    assert trials.restore_error() == 0.0
+    assert all(torch.equal(v, before[k]) for k, v in model64.state_dict().items())

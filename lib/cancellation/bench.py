@@ -12,6 +12,7 @@ all ways alike); the printout gives the median and the spread (min–max) over t
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import copy
 import functools
 import os
@@ -23,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from . import cache, coupling, engine, grpo, measure, policy, procs, rollout, scale, seeds, standins, tasks, train, value
+from . import cache, coupling, engine, grpo, measure, policy, procs, rollout, scale, seeds, standins, tasks, thesis, train, value
 from . import categories as C
 from .compute import Compute
 from .figures import fig01, fig04
@@ -237,6 +238,57 @@ def trials(batch: int = 0, repeats: int = 3, threads: int = 1):
           f"{spread(r['old']['s'], fmt='.2f')} s   speed-up {spread(ratios(r['old']['s'], r['shared']['s']), fmt='.2f')}x\n"
           f"  whole batch table (+ Eq. 9)      shared {spread(rt['shared']['s'], fmt='.2f')} s   old "
           f"{spread(rt['old']['s'], fmt='.2f')} s   speed-up {spread(ratios(rt['old']['s'], rt['shared']['s']), fmt='.2f')}x")
+
+
+@bench
+def thesis_null(batch: int = 0, K: int = 4, repeats: int = 1, threads: int = 1):
+    """The thesis's sign-shuffle null on one of notebook 04's batches (tiny-m float64, 8 x 8 rollouts): K within-
+    group shuffles x the three updates (positive-only, negative-only, GRPO) as exact steps (`grpo.Trials.delta`:
+    a backward of the shared forward, a step and an "after" forward each) vs the per-rollout-gradient shortcut
+    (`thesis.rollout_gradients` once, then one matrix product and one forward per shuffle and update,
+    `thesis.null_deltas`); the largest |difference| of their Δlog p. Scaled: the seconds of K = 39 shuffles on
+    notebook 04's 40 batches, each way."""
+    P = fig04.Params()
+    cc = P.compute()
+    model, tok = policy.load_policy(P.model_path, dtype=P.dtype)
+    bseed = seeds.derive(P.seed, "category_batch", batch)
+    b = rollout.sample(model, tok, fig04.base.sample_config(P, fig04.base.problem_source(P)), seed=bseed)
+    orders = thesis.shuffles(b, K, seeds.derive(bseed, "thesis_null"))
+    updates = ("positive_only", "negative_only", "grpo")
+    before_threads = torch.get_num_threads()
+    torch.set_num_threads(threads)
+
+    def exact():
+        t = grpo.Trials(model, b, cc, scope=P.scope)
+        out = {u: torch.stack([t.delta(cc.update(optimizer="sgd", lr=P.lr, scope=P.scope, reweight=u),
+                                       dataclasses.replace(b, reward=b.reward[o], advantage=b.advantage[o]))
+                               for o in orders]) for u in updates}
+        t.restore_error()
+        return out
+
+    def shortcut():
+        G = thesis.rollout_gradients(model, b, cc, P.scope)
+        return {u: thesis.null_deltas(model, b, cc, P.lr, thesis.shuffle_weights(b, orders, u), P.scope, G=G)
+                for u in updates}
+    try:
+        r = paired({"exact": exact, "shortcut": shortcut}, repeats)
+        t0 = time.perf_counter()
+        thesis.rollout_gradients(model, b, cc, P.scope)
+        grads = time.perf_counter() - t0
+    finally:
+        torch.set_num_threads(before_threads)
+    m = b.response_mask
+    err = max(float((r["exact"]["out"][u][:, m] - r["shortcut"]["out"][u][:, m]).abs().max()) for u in updates)
+    ex, sc = statistics.median(r["exact"]["s"]), statistics.median(r["shortcut"]["s"])
+    per_ex, per_sc = ex / (3 * K), (sc - grads) / (3 * K)
+    full = lambda per, fixed=0.0: 40 * (fixed + 3 * 39 * per) / 60   # noqa: E731 - minutes for K=39 on 40 batches
+    print(f"thesis_null: notebook 04's batch {batch} (tiny-m float64, {len(b)} rollouts x {b.input_ids.shape[1]} "
+          f"columns, {b.n_tokens} response tokens), {K} shuffles x 3 updates, {threads} thread(s), {repeats} round(s); "
+          f"max |Δ exact - Δ shortcut| {err:.1e}\n"
+          f"  exact steps   {spread(r['exact']['s'], fmt='.2f')} s   ({per_ex:.2f} s per shuffle-update)\n"
+          f"  shortcut      {spread(r['shortcut']['s'], fmt='.2f')} s   (per-rollout gradients {grads:.2f} s once, then "
+          f"{per_sc:.2f} s per shuffle-update)   speed-up {spread(ratios(r['exact']['s'], r['shortcut']['s']), fmt='.2f')}x\n"
+          f"  K = 39 on 40 batches: exact {full(per_ex):.0f} min, shortcut {full(per_sc, grads):.0f} min (one core)")
 
 
 def _one_vs_ranks(tag: str, one, ranks, n: int, repeats: int) -> dict:

@@ -35,13 +35,14 @@ computed, all of them unless `fo_tokens` caps it); every statistic and interval 
 """
 from __future__ import annotations
 
+import copy
 from dataclasses import replace
 
 import numpy as np
 import pandas as pd
 import torch
 
-from . import coupling
+from . import coupling, grpo
 from . import stats as S
 
 UPDATES = ("positive_only", "negative_only", "grpo", "grpo_masked", "grpo_random")
@@ -105,6 +106,79 @@ def permuted(batch, seed: int):
         order[rows] = rows[torch.randperm(len(rows), generator=gen)]
     o = order.to(batch.reward.device)
     return replace(batch, reward=batch.reward[o], advantage=batch.advantage[o])
+
+
+# ----------------------------------------------------------------------------- the sign-shuffle null
+def shuffles(batch, K: int, seed: int) -> torch.Tensor:
+    """(K, B) row orders, each shuffling the rollouts within every group (`permuted`'s law: the same
+    multiset of rewards and advantages per group), seeded: order k of the null is `row[order[k]]`."""
+    gen = torch.Generator().manual_seed(seed)
+    out = torch.arange(len(batch)).repeat(K, 1)
+    groups = [(batch.group == g).nonzero().squeeze(1).cpu() for g in batch.group.unique()]
+    for k in range(K):
+        for rows in groups:
+            out[k, rows] = rows[torch.randperm(len(rows), generator=gen)]
+    return out
+
+
+def shuffle_weights(batch, orders: torch.Tensor, update: str) -> torch.Tensor:
+    """(K, B) per-rollout weights of `update` (grpo.REWEIGHTS: A, A·1[r=1], A·1[r=0]) under each order."""
+    A, r = batch.advantage.to(torch.float64).cpu(), batch.reward.to(torch.float64).cpu()
+    return torch.stack([grpo.REWEIGHTS[update](A[o], r[o]) for o in orders])
+
+
+def rollout_gradients(model, batch, knobs, scope: str = "full") -> tuple[list, torch.Tensor]:
+    """Per-rollout gradients at θ₀: (the update's parameters, (B, P) rows G_r) where G_r is the gradient of
+    rollout r's share of the GRPO loss with advantage 1, under the batch's token mean. The loss is linear in
+    the advantages at ρ = 1 (no clip binds there; no KL, no gradient clipping), so one SGD step's gradient
+    under any per-rollout weights w is exactly Σ_r w_r G_r (up to the order of float additions): every
+    within-group sign shuffle's step direction is one matrix product, and only its "after" forward is
+    left to run (`null_deltas`). Memory: B × P numbers (tiny-m float64: 64 × 1.06M, 0.5 GB)."""
+    params = grpo.scope_params(model, scope)
+    cfg = knobs.update(optimizer="sgd", lr=1.0, scope=scope, reweight="grpo")
+    before = grpo.token_stats(model, batch, cfg).logp
+    n_batch = batch.response_mask.sum().clamp(min=1).double()
+    G = torch.zeros(len(batch), sum(p.numel() for p in params), dtype=torch.float64)
+    for r in range(len(batch)):
+        n_r = batch.response_mask[r].sum()
+        if n_r == 0:
+            continue
+        w = torch.zeros(len(batch), dtype=torch.float64)
+        w[r] = 1.0
+        for p in params:
+            p.grad = None
+        with grpo.only_grad_for(model, params):
+            grpo.accumulate_grad(model, batch, torch.tensor([r]), before, w, cfg)
+        # accumulate_grad takes the token mean over its rows (rollout r alone): rescale to the batch's
+        G[r] = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).double().cpu()
+                          for p in params]) * (n_r.double() / n_batch)
+    for p in params:
+        p.grad = None
+    return params, G
+
+
+def null_deltas(model, batch, knobs, lr: float, weights: torch.Tensor, scope: str = "full", G=None) -> torch.Tensor:
+    """(M, B, L) Δlog p of the whole batch after one SGD step of rate `lr` from θ₀ whose gradient is
+    Σ_r weights[m, r] G_r (`rollout_gradients`), for each of the M rows of `weights`; θ₀ back after each
+    (on a copy of the model). Equals `grpo.Trials.delta` of the same step to float round-off
+    (tests/test_thesis.py): a shuffle costs one forward, not a backward and a forward."""
+    params, G = G if G is not None else rollout_gradients(model, batch, knobs, scope)
+    cfg = knobs.update(optimizer="sgd", lr=lr, scope=scope, reweight="grpo")
+    before = grpo.token_stats(model, batch, cfg).logp
+    work = copy.deepcopy(model)
+    wparams = grpo.scope_params(work, scope)
+    theta0 = [p.detach().clone() for p in params]
+    out = torch.empty((len(weights),) + tuple(batch.input_ids.shape), dtype=before.dtype)
+    for m, w in enumerate(weights):
+        g = w.to(G.dtype) @ G
+        with torch.no_grad():
+            i = 0
+            for q, p0 in zip(wparams, theta0):
+                n = p0.numel()
+                q.copy_(p0 - lr * g[i:i + n].view_as(p0).to(p0.dtype))
+                i += n
+        out[m] = (grpo.token_stats(work, batch, cfg).logp - before).cpu()
+    return out
 
 
 def first_order_terms(f: coupling.Features, group: torch.Tensor, lr: float, chunk: int = 1024,
