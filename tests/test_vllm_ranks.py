@@ -222,3 +222,50 @@ def test_the_runner_refuses_too_many_procs_before_any_work(monkeypatch, capsys):
     assert procs.PROCS_ENV not in os.environ
     run.main(["05", "--profile", "smoke", "--procs", "8"])     # device cpu: CPU ranks, as today
     assert ran == ["05_value_gap"]
+
+
+def test_01s_vllm_runs_in_a_rank_build_their_engines_outside_the_group(fake_vllm, saved_model, tmp_path,
+                                                                        monkeypatch):
+    """01's Δlog p runs under `--procs N` (train._rank_delta_runs): building an engine inside the group is a
+    collective (the external launcher), and a rank builds one per run of its share, so 3 runs on 2 ranks would
+    leave rank 0 waiting forever in its second engine. Each vLLM run of a rank therefore trains in a child
+    outside the group (procs.isolated): no engine is built in the rank's own process, the child's engine has no
+    external launcher, and the cached table is the one-process run's, bit for bit. An HF run (no engine) still
+    trains in the rank. On the old code rank 0 built both engines in the group (external_launcher)."""
+    from cancellation import cache, policy, stage
+    m, path = saved_model
+    monkeypatch.setattr(cache, "DEFAULT_DIR", tmp_path / "cache")      # this process's cache and the child's
+    monkeypatch.setenv("CANCELLATION_CACHE", str(tmp_path / "cache"))
+    lib = Path(__file__).parents[1] / "lib"
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(FAKE_VLLM), str(lib)] + [
+        p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))   # the child imports the fake too
+    built = []                                                         # engines built in this process
+    init = fake_vllm.LLM.__init__
+
+    def record(self, *a, **kw):
+        built.append(kw)
+        init(self, *a, **kw)
+    monkeypatch.setattr(fake_vllm.LLM, "__init__", record)
+    calls = []
+    isolated = procs.isolated
+    monkeypatch.setattr(procs, "isolated", lambda fn, *a: calls.append(fn) or isolated(fn, *a))
+
+    small = dict(steps=2, n_prompts=2, G=3, max_new_tokens=6)
+    runs = [(path, train.RunConfig(**small, backend="vllm", seed=0)),
+            (path, train.RunConfig(**small, backend="vllm", seed=1)),
+            (path, train.RunConfig(**small, backend="hf", seed=2))]
+    model, tok = policy.load_policy(path, dtype="float64")           # run 0 on one process: the reference
+    ref = train.delta_run(model, tok, runs[0][1], progress=False, model_path=path)
+    assert len(built) == 1 and "distributed_executor_backend" not in built[0]
+    built.clear()
+    shared = dict(dtype="float64", device="cpu", threads=torch.get_num_threads())   # as cached_delta_runs
+    in_group(monkeypatch, world=2, rank=0)                            # rank 0's share of 3 runs on 2 ranks
+    assert train._rank_delta_runs(shared, runs[:2], None) == [True, True]
+    in_group(monkeypatch, world=2, rank=1)
+    assert train._rank_delta_runs(shared, runs[2:], None) == [True]
+    assert built == [], f"engines built inside the group: {built}"
+    assert calls == ["cancellation.train:_isolated_delta_run"] * 2    # the HF run stayed in the rank
+    key = lambda c: dict(model=policy.fingerprint(path), dtype="float64", device="cpu", run=c)  # noqa: E731
+    assert all(stage.DELTA_RUN.is_cached(**key(c)) for _, c in runs)
+    pd_ref = train.cached_delta_run(path, runs[0][1], "float64", "cpu")   # read back: nothing trained here
+    assert built == [] and pd_ref.equals(ref)

@@ -27,7 +27,7 @@ from tqdm import tqdm
 from . import batching, grpo, measure, rollout, tasks
 from . import cache, coupling, policy, procs, seeds, stage, strategies
 from .compute import Compute
-from .sampler import make_sampler, sync_weights
+from .sampler import make_sampler, sync_weights, vllm_rank_kw
 
 log = logging.getLogger(__name__)
 
@@ -217,8 +217,8 @@ def cached_delta_runs(specs: dict, dtype: str = "float64", device: str = "cpu", 
     """`cached_delta_run` of every (model_path, RunConfig) in `specs` (name -> pair), in order: name -> its
     table; `check(name, table)` after each (it may raise: on one process the later runs are not trained).
     With `run --procs N` (N > 1) the runs not cached yet are first trained by N ranks (procs.fan_out,
-    `_rank_delta_runs`: a unit is one whole run, cached by its rank, with this process's torch threads),
-    then all are read from the cache here: the same tables as on one process, bit for bit (a run depends
+    `_rank_delta_runs`: a unit is one whole run, cached by its rank, with this process's torch threads; a vLLM
+    run in a child outside the ranks' group), then all are read from the cache here: the same tables as on one process, bit for bit (a run depends
     only on its policy, config and seeds; tests/test_procs.py)."""
     key = lambda p, c: dict(model=policy.fingerprint(p), dtype=dtype, device=device, run=c)  # noqa: E731
     todo = list({stage.DELTA_RUN.key(**key(p, c)): (p, c) for p, c in specs.values()
@@ -239,11 +239,29 @@ def cached_delta_runs(specs: dict, dtype: str = "float64", device: str = "cpu", 
 
 
 def _rank_delta_runs(shared: dict, units: list, local_rank) -> list:
-    """One rank's share of `cached_delta_runs`: each (model_path, RunConfig) trained and cached."""
+    """One rank's share of `cached_delta_runs`: each (model_path, RunConfig) trained and cached.
+
+    A run that samples with vLLM, in a rank of a group of several, trains in a child process outside the group
+    (`procs.isolated`, as 07's TRL runs): built here, its engine would join the group (sampler.vllm_rank_kw, the
+    external launcher), and building such an engine is a collective that every rank must enter together. Ranks
+    build one engine per run of their share, and the runs do not split evenly (3 runs on 2 ranks): the rank
+    with the extra run would wait forever for the others. In the child the engine is one process's, as on
+    `--procs 1`, so the run is the one-process run. HF runs (no engine) train here, as before."""
     torch.set_num_threads(shared["threads"])
     for p, c in units:
-        cached_delta_run(p, c, shared["dtype"], shared["device"])
+        if c.backend == "vllm" and vllm_rank_kw():
+            procs.isolated("cancellation.train:_isolated_delta_run", p, c, shared["dtype"], shared["device"],
+                           shared["threads"])
+        else:
+            cached_delta_run(p, c, shared["dtype"], shared["device"])
     return [True] * len(units)
+
+
+def _isolated_delta_run(model_path, cfg: RunConfig, dtype: str, device: str, threads: int) -> bool:
+    """`cached_delta_run` in `procs.isolated`'s child (a fresh process: the rank's torch threads set first)."""
+    torch.set_num_threads(threads)
+    cached_delta_run(model_path, cfg, dtype, device)
+    return True
 
 
 def sign_consistency_run(model, tokenizer, cfg: RunConfig, sgd_lr: float, progress: bool = True,
