@@ -5,7 +5,8 @@ the sampler must reproduce them token for token. `python -m tests.golden.sampler
 re-pins tests/golden/sampler_stream.json from the current code: only in a commit that says why the
 stream moved (and regenerates every committed table with it). One CPU thread, as the notebooks run.
 
-Machine classes. The pins were drawn on a 2-core AMD EPYC whose ATen and MKL took their AVX-512 paths.
+Machine classes. The pins were drawn on a 2-core AMD EPYC whose ATen and MKL took their AVX-512 paths
+(class `x86_64 AVX512 AuthenticAMD`).
 Another code path rounds float32 matmuls differently, and a draw that sits near a tie can flip: on an
 AVX2-only EPYC (2026-11-27) the two padded stand-in float32 cases drew other tokens (a first draw between
 two tokens at p = 0.45 and 0.42), every other case the same, and the lean step still drew the loop's
@@ -109,10 +110,25 @@ def cases() -> dict:
     return out
 
 
+def cpu_vendor() -> str:
+    """The CPU's vendor id (GenuineIntel, AuthenticAMD, ...; '' where /proc/cpuinfo has none)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("vendor_id"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
 def machine_class() -> str:
-    """What decides the kernels' code paths here: the architecture and ATen's CPU capability (MKL follows
-    the same instruction set)."""
-    return f"{platform.machine()} {torch.backends.cpu.get_cpu_capability()}"
+    """What decides the kernels' code paths here: the architecture, ATen's CPU capability and the CPU's
+    vendor. The vendor counts: MKL picks its code paths by vendor as well as by instruction set, and an Intel
+    Xeon with AVX-512 (2026-12-06) drew other tokens than the AMD EPYC with AVX-512 that drew the main pins,
+    in the three padded or unmasked stand-in float32 cases, from the same code (the stream of the code before
+    that day, rerun there, was the same)."""
+    vendor = cpu_vendor()
+    return f"{platform.machine()} {torch.backends.cpu.get_cpu_capability()}" + (f" {vendor}" if vendor else "")
 
 
 def pins() -> dict:
