@@ -82,7 +82,10 @@ def test_the_plan_counts_rank_0_beside_the_kernel():
         else:                             # tiny: float32 weights (4 bytes a parameter) and the same KV cache
             copy = one.shape.params * 4 + one.mem["kv_cache"]
         copies = 1 if params["device"].startswith("cuda") else 8
-        assert eight.peak - one.peak == copies * copy, (stem, profile, (eight.peak - one.peak) / gib, copy / gib)
+        # on CUDA GPU 0 also holds rank 0's CUDA context and its float policy beside the sampler (issue 63, item 5;
+        # tests/test_plan_gpu0.py)
+        gpu0 = sum(eight.card.values()) - sum(one.card.values())
+        assert eight.peak - one.peak == copies * copy + gpu0, (stem, profile, (eight.peak - one.peak) / gib, copy / gib)
     p03 = run.resolve_params(run.find_notebook("03"), "paper-quick")
     assert plan.make("03_masked_updates", p03, kind=kind, procs=8).peak == plan.make("03_masked_updates", p03, kind=kind).peak
 

@@ -16,19 +16,28 @@ A plan is (what the notebook runs) x (what each building block costs on this dev
   by dtype, activations (one layer's working set under gradient checkpointing, every layer's
   without), the (token_chunk, V) logits chunk, the sampler's KV cache, vLLM's share.
 
+On CUDA the peak is what the first GPU holds (`card_terms`): beside those terms, a CUDA context per process on
+it (the kernel's; with --procs N rank 0's, and its isolated child's), and rank 0's float policy beside its
+sampler. With --procs N each process's time adds every fan-out's launch, model load and vLLM engine start
+(`fan_out_seconds`). A notebook whose newest committed dry run on this device kind (data/scale/measured/)
+measured above its plan carries that factor (`measured_factor`) until a newer dry run replaces it.
+
 `check(plans, device)` turns a plan over the device's memory into one error line naming the
 knob to turn; the runner refuses to start on it (exit 2) unless --no-plan-check.
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
+import re
+import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import manifest, tasks
 from .policy import TOKENIZER_FILES, load_tokenizer
-from .procs import BUILT, WHOLE_RUNS
+from .procs import BUILT, FAN_OUTS, ISOLATED, POLICY_RANKS, WHOLE_RUNS
 from .shapes import Shape, device_kind, device_memory, known_shape
 from .standins import build_tokenizer
 from .workload import BYTES, Sizes, Work, ceil
@@ -143,7 +152,10 @@ def prompt_lengths(P, root: Path = ROOT) -> tuple[int, int, str]:
 KNOBS = {"weights": "dtype (a smaller model_path)", "grads": "dtype", "adam": "dtype (or an lm_head-scope notebook)",
          "activations": "chunk_rows, gradient_checkpointing", "logits": "token_chunk",
          "kv_cache": "n_prompts / G, max_new_tokens (rows_per_chunk for continuations)",
-         "extra": "grad_chunk / n_full_tokens / n_prompts / G", "vllm": "gpu_memory_utilization"}
+         "extra": "grad_chunk / n_full_tokens / n_prompts / G", "vllm": "gpu_memory_utilization",
+         "ranks": "gpu_memory_utilization / sample_dtype (rank 0's sampler shares GPU 0 with the kernel), or --procs 1",
+         "cuda_contexts": "--procs 1 (each process on GPU 0 holds a CUDA context)",
+         "rank0_policy": "dtype (rank 0's float policy beside its sampler on GPU 0), or --procs 1"}
 
 
 # ----------------------------------------------------------------------------- memory
@@ -269,7 +281,183 @@ def rank_memory(P, shape: Shape, mem: dict, procs: int, whole: bool = False) -> 
     return copy * (1 if cuda else procs)
 
 
+# A CUDA context: what a process holds on a GPU before its first tensor (the driver's state, the kernels it loads,
+# cuBLAS handles), outside torch's allocator, so outside every term of `memory` and of a dry run's measured peak
+# (torch.cuda.max_memory_allocated). About 300-400 MB with CUDA >= 11.7's lazy module loading, PyTorch's default
+# (PyTorch's maintainers in pytorch/pytorch#107667 and #109888), more on cards with more SMs; 0.5 GiB here, for the
+# cuBLAS workspace and NCCL's buffers a rank adds: a stated estimate until a device kind's scale file records a
+# measured `cuda_context_bytes` (torch.cuda.mem_get_info before and after the first CUDA call), which replaces it.
+CUDA_CONTEXT = GiB // 2
+
+
+def context_bytes(units: dict | None) -> tuple[int, str]:
+    """(bytes of one CUDA context, where the number comes from): the kind's measured `cuda_context_bytes`, else
+    CUDA_CONTEXT."""
+    if units and units.get("cuda_context_bytes"):
+        return int(units["cuda_context_bytes"]), "measured"
+    return CUDA_CONTEXT, "estimate"
+
+
+def _fanned(stem: str, w: Work, procs: int) -> list[dict]:
+    """The parts of `w` that --procs really divides (procs.BUILT), when procs > 1."""
+    return [p for p in w.parts if (stem, p["what"]) in BUILT] if procs > 1 else []
+
+
+def _isolated(stem: str, P) -> bool:
+    field_, value = ISOLATED.get(stem, (None, None))
+    return field_ is not None and getattr(P, field_, None) == value
+
+
+def card_terms(P, shape: Shape, w: Work, mem: dict, procs: int, stem: str, context: int = CUDA_CONTEXT) -> dict:
+    """What the first GPU holds beyond `memory`'s terms and `rank_memory`'s copy, on CUDA (nothing on a CPU):
+
+    - cuda_contexts: one CUDA context per process on it: the kernel's; with a built split over procs > 1 rank 0's,
+      and the child rank 0 runs an isolated unit in (procs.ISOLATED: 07's TRL runs, 01's vLLM runs);
+    - rank0_policy: rank 0's float policy (P.dtype) beside the sampler `rank_memory` counts, where the ranks rebuild
+      the sampler (sampler.load_sampler: the policy first): with vLLM the engine keeps it as its hf_model; with the
+      HF sampler it is there until cast to sample_dtype, before the KV cache (max(float - KV, 0) more); where the
+      ranks take GRPO steps (procs.POLICY_RANKS: 06's settings x seeds), rank 0 holds the policy, its gradients,
+      activations and logits instead of the sampler: what that adds to the copy. The largest over the fanned parts
+      (they run one after another). Whole-run notebooks (procs.WHOLE_RUNS): rank 0 is the one-process plan."""
+    if not str(getattr(P, "device", "cpu")).startswith("cuda"):
+        return {}
+    parts = _fanned(stem, w, procs)
+    out = {"cuda_contexts": context * (1 + (1 if parts else 0) + (1 if parts and _isolated(stem, P) else 0))}
+    if parts and stem not in WHOLE_RUNS:
+        b = BYTES[P.dtype]
+        policy = shape.params * b
+        extra = 0
+        for part in parts:
+            if (stem, part["what"]) in POLICY_RANKS:   # an SGD step of every parameter from the rebuilt policy
+                need = policy + shape.params * b + mem.get("activations", 0) + mem.get("logits", 0) - mem.get("ranks", 0)
+            elif getattr(P, "backend", "hf") == "vllm":
+                need = policy
+            else:
+                need = max(policy - mem.get("kv_cache", 0), 0)
+            extra = max(extra, need)
+        if extra > 0:
+            out["rank0_policy"] = int(extra)
+    return out
+
+
+# ----------------------------------------------------------------------------- a fan-out's start (per process)
+# Per fan_out call (procs.FAN_OUTS), every rank pays, before its first unit: the launcher and its interpreter with
+# the imports (`launch`), the policy's load onto its device (`load`) and with vLLM the engine's start (`engine`).
+# From the device kind's units where they measure them (`launch` {seconds}, `load` {s_per_byte}, `vllm_engine`
+# {seconds}); `launch` without its own entry is the kind's measured notebook `start` (a fresh interpreter importing
+# torch, transformers and ours, as a rank does); else these stated estimates:
+LOAD_BYTES_PER_S = 1e9   # the policy's weights (P.dtype) read and placed at 1 GB/s (from the page cache: the kernel read them)
+VLLM_ENGINE_S = 60.0     # vllm.LLM at ~2B parameters: weights, the profile run, torch.compile and CUDA-graph capture
+
+
+def fan_out_costs(P, shape: Shape, units: dict) -> dict:
+    """Each cost a rank pays per fan-out: name -> (seconds, where it comes from); `engine` only with vLLM (and
+    paid only by fan-outs whose ranks build a sampler or whole runs: not procs.POLICY_RANKS')."""
+    u = units["units"]
+    out = {}
+    if "launch" in u:
+        out["launch"] = (u["launch"]["seconds"], "measured")
+    else:
+        out["launch"] = (u["start"]["seconds"], "measured notebook start")
+    nbytes = shape.params * BYTES[P.dtype]
+    out["load"] = (u["load"]["s_per_byte"] * nbytes, "measured") if "load" in u else \
+        (nbytes / LOAD_BYTES_PER_S, f"estimate: {nbytes / 1e9:.1f} GB at {LOAD_BYTES_PER_S / 1e9:.0f} GB/s")
+    if getattr(P, "backend", "hf") == "vllm":
+        out["engine"] = (u["vllm_engine"]["seconds"], "measured") if "vllm_engine" in u else (VLLM_ENGINE_S, "estimate")
+    return out
+
+
+def fan_outs(stem: str, P, w: Work, procs: int) -> tuple[int, int]:
+    """(fan_out calls of the run's built parts, those whose ranks start a vLLM engine) when procs > 1: one call a
+    part unless procs.FAN_OUTS says otherwise; an engine with backend vllm, except where the ranks rebuild only
+    the policy (procs.POLICY_RANKS)."""
+    calls = engines = 0
+    for p in _fanned(stem, w, procs):
+        n = FAN_OUTS.get((stem, p["what"]), lambda P: 1)(P)
+        calls += n
+        engines += n if getattr(P, "backend", "hf") == "vllm" and (stem, p["what"]) not in POLICY_RANKS else 0
+    return calls, engines
+
+
+def fan_out_seconds(stem: str, P, w: Work, shape: Shape, units: dict, procs: int) -> float:
+    """Seconds each process spends starting fan-outs: every call's launch and load, and each engine's start."""
+    calls, engines = fan_outs(stem, P, w, procs)
+    if not calls:
+        return 0.0
+    c = fan_out_costs(P, shape, units)
+    return calls * (c["launch"][0] + c["load"][0]) + engines * c.get("engine", (0.0, ""))[0]
+
+
+# ----------------------------------------------------------------------------- measured above plan
+MEASURED = "measured"   # under the scale directory: gpu-check's reports, gpucheck-<kind>-YYYY-MM-DD.json
+REPORT = re.compile(r"gpucheck-(.+)-(\d{4}-\d{2}-\d{2})\.json")
+
+
+def _tracked(where: Path) -> set | None:
+    """The files git tracks under `where` (None: git cannot tell, e.g. not a checkout)."""
+    try:
+        p = subprocess.run(["git", "ls-files", "--", "."], cwd=where, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return {(where / x).resolve() for x in p.stdout.split()} if p.returncode == 0 else None
+
+
+def _records(doc) -> list[dict]:
+    """The dry-run rows of a gpu-check report: its dry-run steps' `measured` (the runner's --dry-run record)."""
+    steps = doc.get("steps") if isinstance(doc, dict) else None
+    rows = [s.get("measured") for s in steps if isinstance(s, dict)] if isinstance(steps, list) else []
+    return [r for r in rows if isinstance(r, dict) and isinstance(r.get("planned"), dict) and r.get("notebook")]
+
+
+@functools.lru_cache(maxsize=8)
+def dry_runs(where: Path) -> dict:
+    """(device kind, notebook) -> the newest committed gpu-check dry run of it under `where` (the dry-run steps of
+    data/scale/measured/gpucheck-<kind>-<date>.json, by the date in the name): its date, report, sizes and measured /
+    planned time and (on a GPU) peak memory, both against the plan's closed forms the report recorded. A report
+    git does not track there is left out (when git can tell), as sampling_path.newest_report does."""
+    where = Path(where)
+    if not where.is_dir():
+        return {}
+    tracked = _tracked(where)
+    out = {}
+    for f in sorted(where.glob("gpucheck-*.json")):
+        name = REPORT.fullmatch(f.name)
+        if name is None or (tracked is not None and f.resolve() not in tracked):
+            continue
+        try:
+            rows = _records(json.loads(f.read_text()))
+        except (OSError, ValueError):
+            continue
+        date = name.group(2)
+        for r in rows:
+            pl = r["planned"]
+            kind = pl.get("device_kind")
+            t, pt = r.get("measured_seconds"), pl.get("predicted_seconds")
+            g, pg = r.get("peak_cuda_gib"), pl.get("peak_gib")
+            rec = dict(date=date, report=str(f.relative_to(ROOT)) if f.resolve().is_relative_to(ROOT) else str(f),
+                       sizes=r.get("overrides") or {},
+                       seconds=t / pt if t and pt else None, memory=g / pg if g and pg else None)
+            key = (kind, r["notebook"])
+            if key not in out or (date, rec["report"]) >= (out[key]["date"], out[key]["report"]):
+                out[key] = rec
+    return out
+
+
+def measured_factor(stem: str, kind: str, where: Path | None = None) -> dict | None:
+    """The factors a plan of `stem` on `kind` carries: its newest committed dry run's measured / planned time and
+    memory where above 1 (1.0 where at or below: the plan held), with the report and its date; None when no dry
+    run of it on this kind was committed, or none measured above plan."""
+    rec = dry_runs(Path(where) if where is not None else SCALE_DIR / MEASURED).get((kind, stem))
+    if rec is None:
+        return None
+    f = dict(rec, memory=max(rec["memory"] or 1.0, 1.0), seconds=max(rec["seconds"] or 1.0, 1.0))
+    return f if f["memory"] > 1 or f["seconds"] > 1 else None
+
+
 # ----------------------------------------------------------------------------- a plan
+UNSCALED = ("vllm", "ranks")   # memory terms a measured factor leaves as they are (Plan.terms)
+
+
 @dataclass
 class Plan:
     stem: str
@@ -286,9 +474,28 @@ class Plan:
     procs: int = 1
     proc_seconds: float | None = None   # each process's wall time when --procs divides the splittable work
     missing: dict = field(default_factory=dict)   # blocks this kind's units lack -> the stand-in timing them, or None
+    card: dict = field(default_factory=dict)      # what GPU 0 holds beyond `mem` (card_terms): CUDA contexts, rank 0's policy
+    context: tuple = (0, "")                      # (bytes of one CUDA context, 'estimate' / 'measured')
+    dtype: str = ""                               # the policy's dtype (P.dtype)
+    factor: dict | None = None                    # measured above plan (measured_factor): memory, seconds, report, date
+    fan_out: dict = field(default_factory=dict)   # with --procs: fan_outs, costs {name: (seconds, source)}, seconds
+
+    @property
+    def terms(self) -> dict:
+        """The peak's terms, bytes: `mem`'s closed forms of one process times the measured memory factor (a dry run
+        measures one process's torch allocations), vLLM's share (a reservation the engine keeps to), rank 0's copy
+        (`ranks`) and `card` as they are."""
+        f = self.factor["memory"] if self.factor else 1.0
+        return {**{k: (v * f if k not in UNSCALED else v) for k, v in self.mem.items()}, **self.card}
 
     @property
     def peak(self) -> int:
+        """The memory `check` holds against the device's: on CUDA the first GPU's."""
+        return int(round(sum(self.terms.values())))
+
+    @property
+    def closed_peak(self) -> int:
+        """`mem`'s closed forms alone (no context, no measured factor): what a dry run's measured peak compares with."""
         return sum(self.mem.values())
 
     def lines(self) -> list[str]:
@@ -300,7 +507,7 @@ class Plan:
         t = f"time {_fmt_s(self.seconds)}" if self.seconds is not None else f"time: {self.why_no_time}"
         if self.seconds is not None and self.procs > 1:
             t += f" ({_fmt_s(self.proc_seconds)} per process on {self.procs})"
-        top = sorted(((k, v) for k, v in self.mem.items() if v), key=lambda kv: -kv[1])[:4]
+        top = sorted(((k, v) for k, v in self.terms.items() if v), key=lambda kv: -kv[1])[:4]
         out = [f"[plan] {self.stem}: {mem}; {t}",
                f"         params {self.shape.params / 1e9:.3g} B; memory " + ", ".join(
                    f"{k} {v / GiB:.2f}" for k, v in top) + " GiB",
@@ -314,6 +521,31 @@ class Plan:
                        f"{w.blocks.get('trl_logp', {}).get('positions', 0):,}, generated "
                        f"{w.blocks['trl_generate']['head']:,} tokens, {w.blocks['trl_run']['calls']} runs")
         out += [f"         note: {n}" for n in w.notes]
+        if self.card:
+            each, src = self.context
+            n = self.card["cuda_contexts"] // each
+            who = ["the kernel", "rank 0", "its isolated child"][:n]
+            ctx = (f"{n} CUDA context{'s' if n != 1 else ''} ({', '.join(who)}) "
+                   f"{self.card['cuda_contexts'] / GiB:.2f} GiB, {each / GiB:.2f} GiB each ("
+                   + ("measured on " + self.kind if src == "measured" else
+                      f"a stated estimate, plan.CUDA_CONTEXT: no measurement on {self.kind}") + ")")
+            pol = (f"; rank 0's {self.dtype} policy beside its sampler {self.card['rank0_policy'] / GiB:.2f} GiB"
+                   if "rank0_policy" in self.card else "")
+            out.append(f"         GPU 0 also holds: {ctx}{pol}")
+        if self.factor:
+            f = self.factor
+            sizes = ", ".join(f"{k} {v}" for k, v in f["sizes"].items() if k not in ("model_path", "device", "models"))
+            said = " and ".join(f"{k} x{f[v]:.2f}" for k, v in (("memory", "memory"), ("time", "seconds")) if f[v] > 1)
+            out.append(f"         measured above plan: {said}, carried here (the dry run "
+                       f"of {f['date']} on {self.kind}{', at ' + sizes if sizes else ''}: {f['report']}) until a newer "
+                       "gpu-check dry run replaces it")
+        if self.fan_out.get("fan_outs"):
+            fo, c = self.fan_out, self.fan_out["costs"]
+            eng = (f"; vLLM engine start {_fmt_s(c['engine'][0])} ({c['engine'][1]}) in {fo['engines']}"
+                   if fo["engines"] else "")
+            out.append(f"         each process starts {fo['fan_outs']} fan-out{'s' if fo['fan_outs'] != 1 else ''}: "
+                       f"launch {_fmt_s(c['launch'][0])} ({c['launch'][1]}), model load {_fmt_s(c['load'][0])} "
+                       f"({c['load'][1]}) each{eng}: {_fmt_s(fo['seconds'])} in the time per process")
         if self.missing:
             timed = [f"{k} as {v}" for k, v in self.missing.items() if v]
             left = [k for k, v in self.missing.items() if not v]
@@ -329,10 +561,15 @@ class Plan:
         return out
 
     def as_dict(self) -> dict:
-        return dict(notebook=self.stem, device_kind=self.kind, peak_gib=self.peak / GiB if self.shape else None,
-                    predicted_seconds=self.seconds, memory_gib={k: v / GiB for k, v in self.mem.items()},
+        f = self.factor or {}
+        # peak_gib and predicted_seconds stay the closed forms (a dry run's measured / planned is taken against them)
+        return dict(notebook=self.stem, device_kind=self.kind, peak_gib=self.closed_peak / GiB if self.shape else None,
+                    predicted_seconds=self.seconds / f.get("seconds", 1.0) if self.seconds is not None else None,
+                    memory_gib={k: v / GiB for k, v in self.mem.items()},
                     seconds_by_block=self.by_block, procs=self.procs, seconds_per_process=self.proc_seconds,
-                    unmeasured_blocks=self.missing)
+                    unmeasured_blocks=self.missing, checked_peak_gib=self.peak / GiB if self.shape else None,
+                    card_gib={k: v / GiB for k, v in self.card.items()}, planned_seconds=self.seconds,
+                    measured_factor=self.factor, fan_out_seconds=self.fan_out.get("seconds"))
 
 
 def _scale_only(blocks) -> list[str]:
@@ -345,10 +582,12 @@ def _fmt_s(s: float) -> str:
 
 
 def make(stem: str, params: dict, root: Path = ROOT, scale_dir: Path | None = None, total_memory: int | None = None,
-         units: dict | None = None, kind: str | None = None, procs: int = 1) -> Plan:
+         units: dict | None = None, kind: str | None = None, procs: int = 1, measured_dir: Path | None = None) -> Plan:
     """The plan of one notebook at its resolved parameters (what `run.resolve_params` returns), on this
     host's device, or with `kind` on a device of that kind (data/scale/<kind>.json: its unit costs and
-    total memory) wherever the plan is made; `procs` processes divide the splittable work."""
+    total memory) wherever the plan is made; `procs` processes divide the splittable work. The newest committed
+    dry run of the notebook on that kind (`measured_dir`, default <scale dir>/measured) that measured above
+    plan multiplies it (`measured_factor`)."""
     # each figure declares its own workload beside its compute() (the manifest names the module): a new
     # Params field reaches the plan there
     mod = manifest.get(stem).load()
@@ -364,7 +603,7 @@ def make(stem: str, params: dict, root: Path = ROOT, scale_dir: Path | None = No
                              f"{', '.join(known_kinds(scale_dir))}")
         total = total_memory if total_memory is not None else kind_memory(kind, units)
     shape = shape_of(P.model_path, root)
-    plan = Plan(stem, device, kind, shape, None, total_memory=total, procs=max(int(procs), 1))
+    plan = Plan(stem, device, kind, shape, None, total_memory=total, procs=max(int(procs), 1), dtype=P.dtype)
     if shape is None:
         plan.why_no_time = str(P.model_path)
         return plan
@@ -373,16 +612,28 @@ def make(stem: str, params: dict, root: Path = ROOT, scale_dir: Path | None = No
     z = Sizes(pm, px, P.max_new_tokens)
     plan.work = mod.workload(P, shape, z)
     plan.mem = memory(P, shape, plan.work, plan.total_memory)
-    if plan.procs > 1 and any((stem, part["what"]) in BUILT for part in plan.work.parts):
+    if _fanned(stem, plan.work, plan.procs):
         plan.mem["ranks"] = rank_memory(P, shape, plan.mem, plan.procs, whole=stem in WHOLE_RUNS)
     units = units if units is not None else load_units(kind, scale_dir)
+    plan.context = context_bytes(units)
+    plan.card = card_terms(P, shape, plan.work, plan.mem, plan.procs, stem, plan.context[0])
+    plan.factor = measured_factor(stem, kind, measured_dir if measured_dir is not None
+                                  else Path(scale_dir or SCALE_DIR) / MEASURED)
+    ft = plan.factor["seconds"] if plan.factor else 1.0
     if units is None:
         plan.why_no_time = (f"no measurement for this device kind ({kind}); run `python -m cancellation.scale "
                             f"--device {device.split(':')[0]} --out data/scale/<kind>.json` on it")
     else:
         plan.seconds, plan.by_block = seconds(plan.work, shape, units)
+        plan.seconds *= ft
         plan.missing = unmeasured(plan.work.blocks, units["units"])
-        plan.proc_seconds = seconds_per_process(plan.work, shape, units, plan.procs, plan.stem)
+        calls, engines = fan_outs(stem, P, plan.work, plan.procs)
+        start = fan_out_seconds(stem, P, plan.work, shape, units, plan.procs)
+        if calls:
+            plan.fan_out = dict(fan_outs=calls, engines=engines, costs=fan_out_costs(P, shape, units), seconds=start)
+        # the measured factor multiplies the closed forms (the dry run measured one process); the fan-outs' starts
+        # are their own measurements or estimates
+        plan.proc_seconds = seconds_per_process(plan.work, shape, units, plan.procs, plan.stem) * ft + start
     return plan
 
 
@@ -414,10 +665,16 @@ def check(plan: Plan) -> str | None:
     """One error line when the plan's peak exceeds the device's memory, naming the knob to turn."""
     if plan.shape is None or not plan.total_memory or plan.peak <= plan.total_memory:
         return None
-    worst = max(plan.mem, key=plan.mem.get)
-    return (f"{plan.stem}: planned peak memory {plan.peak / GiB:.1f} GiB exceeds the device's "
-            f"{plan.total_memory / GiB:.1f} GiB ({plan.kind}); the largest term is {worst} "
-            f"({plan.mem[worst] / GiB:.1f} GiB): turn {KNOBS[worst]} (or pass --no-plan-check)")
+    terms = plan.terms
+    worst = max(terms, key=terms.get)
+    where = []
+    if plan.card:
+        where.append(f"GPU 0's, {plan.card['cuda_contexts'] // plan.context[0]} CUDA contexts included")
+    if plan.factor and plan.factor["memory"] > 1:
+        where.append(f"x{plan.factor['memory']:.2f} as measured on {plan.factor['date']}")
+    return (f"{plan.stem}: planned peak memory {plan.peak / GiB:.1f} GiB{' (' + '; '.join(where) + ')' if where else ''} "
+            f"exceeds the device's {plan.total_memory / GiB:.1f} GiB ({plan.kind}); the largest term is {worst} "
+            f"({terms[worst] / GiB:.1f} GiB): turn {KNOBS[worst]} (or pass --no-plan-check)")
 
 
 USAGE = """\

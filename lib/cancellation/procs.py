@@ -79,6 +79,22 @@ BUILT = {("01_token_flipping", "the model grid's GRPO runs"): "a unit is one who
 # notebooks whose ranks each do whole units as one process does (01: Δlog p runs; 04: batches, each sampled,
 # updated and measured; 07: TRL runs) while the kernel waits holding no model (the planner's memory)
 WHOLE_RUNS = {"01_token_flipping", "04_category_shift", "07_batching"}
+# the built parts whose ranks rebuild only the float policy and take GRPO steps (budget._rank_sweep); the other
+# built parts of notebooks outside WHOLE_RUNS rebuild the sampler (value._rank_rewards: the float policy, then
+# its sampler: a copy in sample_dtype, or a vLLM engine that keeps the float policy as its hf_model)
+POLICY_RANKS = {("06_sampling_budget", "settings x seeds")}
+# notebooks whose units run in a child process of their rank (`isolated`) when a Params field has this value:
+# one more process, so one more CUDA context, on the rank's GPU (07's TRL runs; 01's vLLM runs, train._rank_delta_runs)
+ISOLATED = {"07_batching": ("engine", "trl"), "01_token_flipping": ("backend", "vllm")}
+# fan_out calls a run makes for a built part (each pays the launcher, its ranks' start and model load; the
+# planner's per-process time): one, unless named here as a function of the notebook's Params (read off the
+# callers: 01 trains the grid's and Fig. 9's runs in one call; 05 values tokens once per estimator, then the
+# pool of 11 and the held-out tokens; 06 once per batch with valued tokens, the base and the composition batch)
+FAN_OUTS = {("01_token_flipping", "Fig. 9's runs"): lambda P: 0,
+            ("05_value_gap", "valued tokens' Monte Carlo continuations"):
+                lambda P: len(P.estimators) + 1 + (1 if getattr(P, "heldout_per_cell", 0) else 0),
+            ("06_sampling_budget", "valued tokens' Monte Carlo continuations"):
+                lambda P: 1 + (1 if getattr(P, "comp_groups", 0) else 0)}
 
 
 class RankFailed(RuntimeError):
