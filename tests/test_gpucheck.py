@@ -377,3 +377,55 @@ def test_step_caps_and_missing_modules():
     line = gpucheck.missing_line(miss, ["standins", "pytest", "dry-07", "profile"])
     assert "lacks pandas, trl: skips pytest, dry-07; runs standins, profile" in line
     assert gpucheck.step_needs("dry-07")[-3:] == ("trl", "accelerate", "datasets")
+
+
+def test_the_sampler_step_measures_at_the_notebooks_shapes():
+    """Issue 63, item 7: gpu-check times ours and transformers' static cache + compile at the shapes paper-quick's
+    notebooks sample at (their planner workloads at their sections: 02 samples 64 rows in 2 calls of 32 x 1,024,
+    03 and 04 in 10), the hf-backend notebooks' shapes first, after prompts of at least MEASURE_PROMPT tokens;
+    Monte Carlo continuations (05's rows_per_chunk calls) are not counted: they stay on ours."""
+    shapes = gpucheck.notebook_shapes()
+    got = {nb: [(c["rows"], c["new"], c["calls"]) for c in v["calls"]] for nb, v in shapes.items()}
+    assert got["02"] == [(32, 1024, 2)] and got["03"] == [(32, 1024, 10)] and got["04"] == [(32, 1024, 10)]
+    assert {shapes[nb]["backend"] for nb in ("02", "03", "04")} == {"hf"}
+    assert got["05"] == [(32, 1024, 4)]          # its two batches of 64 rows; the continuations left out
+    prompt = shapes["02"]["calls"][0]["prompt"]
+    dims = gpucheck.measure_dims(shapes)
+    assert dims[0] == (32, 1024, max(gpucheck.MEASURE_PROMPT, -(-prompt // 64) * 64))
+    assert (128, 1024) in {d[:2] for d in dims[1:]}   # the vLLM notebooks' batch shapes after (an hf fallback's)
+    assert gpucheck.SAMPLER_KW["compile"] is False    # bench's 64 x 512 compile gives way to the notebooks' shapes
+
+
+def test_the_report_says_what_auto_picks_per_notebook(tmp_path, monkeypatch):
+    """The sampler step's rows (old 'rows x new' labels beside new ', prompt P' ones) and its notebooks' calls:
+    the report holds, and its markdown prints, the end-to-end choice per notebook -- ours for 02's 2 calls,
+    transformers' for 03's 10 -- beside the steady-state summary."""
+    ours, st = "ours (static cache, CUDA graph)", sampling_path.STATIC
+    raw = [("64 x 512", ours, 2977.3, 12.4), ("64 x 512", st, 6435.3, 43.8),
+           ("32 x 1024, prompt 512", ours, 1500.0, 25.0), ("32 x 1024, prompt 512", st, 3000.0, 60.0)]
+    call = dict(rows=32, new=1024, prompt=300)
+    nbs = {"02": dict(backend="hf", calls=[{**call, "calls": 2}]), "03": dict(backend="hf", calls=[{**call, "calls": 10}])}
+    dev = dict(date="2026-12-01", name="NVIDIA H200", kind="fake-card", memory_gib=139.8, torch="2.11.0")
+    rep = gpucheck._write(tmp_path / "gpucheck-fake-card-2026-12-01", dev, 540, 100,
+                          [dict(step="sampler", rc=0, seconds=200.0, rows=gpucheck._rows(raw), notebooks=nbs)])
+    assert rep["sampler_choice"]["path"] == "transformers"          # the steady state
+    assert rep["sampler_auto"]["02"]["path"] == "ours" and rep["sampler_auto"]["03"]["path"] == "transformers"
+    md = (tmp_path / "gpucheck-fake-card-2026-12-01.md").read_text()
+    assert "| 02 | hf | ours | end to end, 2 x 32 x 1024, prompt 300: ours 47 s" in md
+    assert "| 03 | hf | transformers | end to end, 10 x 32 x 1024, prompt 300: transformers' static cache" in md
+    assert "| 32 x 1024, prompt 512 | transformers generate, static cache + torch.compile | 3,000 | 60.0 |" in md
+
+
+def test_sampler_at_gives_rows_choose_reads(monkeypatch):
+    """sampler_at's rows (here on a CPU with the tiny policy for Qwen3-1.7B's shape) name their prompt and carry
+    both ways' first call and steady tokens/s, so `choose` reads them; no new shape starts past its budget."""
+    from cancellation import policy, scale
+    model, _ = policy.load_policy(ROOT / "data" / "policies" / "tiny-m", dtype="float32")
+    monkeypatch.setattr(scale, "build", lambda *a, **k: model)
+    raw = gpucheck.sampler_at([(8, 8, 64), (16, 8, 64)], device="cpu", budget_s=0.0)
+    assert [(r[0], r[1]) for r in raw] == [("8 x 8, prompt 64", "ours (static cache, CUDA graph)"),
+                                           ("8 x 8, prompt 64", sampling_path.STATIC)]
+    assert all(r[2] > 0 and r[3] > 0 for r in raw)
+    c = sampling_path.choose(dict(steps=[dict(step="sampler", rows=gpucheck._rows(raw))]),
+                             [dict(rows=8, new=8, prompt=40, calls=3)])
+    assert c["path"] in ("ours", "transformers") and set(c["seconds"]) == {"ours", "transformers"}

@@ -10,9 +10,11 @@ so, when its estimate no longer fits in what is left of the budget):
 
 1. `pytest -m gpu`: the CUDA-vs-CPU agreement tests (token stats, GRPO steps, coupling kernel, the
    sampler's captured-vs-eager paths, Monte Carlo continuations).
-2. `bench sampler`: our sampler's tokens/s at Qwen3-1.7B's shape in bfloat16 (64 x 512 and 256 x 256
-   new tokens) beside transformers' `generate` (dynamic cache; static cache + torch.compile at the
-   first shape) and the weight-read limit measured on the card.
+2. `sampler` (`sampler_step`): our sampler's tokens/s at Qwen3-1.7B's shape in bfloat16 (`bench sampler`, 64 x
+   512 and 256 x 256 new tokens) beside transformers' dynamic-cache `generate` and the weight-read limit measured
+   on the card; then ours beside transformers' static cache + torch.compile at the notebooks' own sampling
+   shapes (`notebook_calls` of paper-quick's sections, `measure_dims`, `sampler_at`: first call and steady
+   tokens/s each), the hf-backend notebooks' first, while SAMPLER_NOTEBOOKS_S lasts.
 3. `vllm`: vLLM's tokens/s at the same shape, dtype, prompts and sizes (`sampler_vllm`: dummy weights, token
    ids in), in the sampler table beside the others; where `import vllm` fails, the table says why.
 4. Dry runs (`run NN --dry-run`): paper-quick's sections and backends (vLLM where the section samples with
@@ -28,10 +30,11 @@ so, when its estimate no longer fits in what is left of the budget):
 7. `trim_padding` at Qwen3-1.7B's shape (`scale.trim_probe`): an analysis forward and a full-scope
    SGD step over every column vs each chunk's real columns only, responses of spread lengths.
 
-The report ends with the default CUDA sampling path this run's numbers choose (`choose_sampler`: ours only
+The report ends with the steady-state sampling summary of this run's numbers (`choose_sampler`: ours only
 where it measured at least 1.0x transformers' static cache + torch.compile in the same run; vLLM where it
-imports and was fastest at every shape; else transformers'); `default_cuda_sampler(kind)` makes the same
-choice from the newest committed report of a device kind.
+imports and was fastest at every shape; else transformers'; `default_cuda_sampler(kind)`: the same from the
+newest other report of a kind), and what `hf_sampler: auto` resolves to per notebook on this kind
+(`sampling_path.choose`: end to end at the notebook's shapes and call counts, first calls included).
 
 Writes one JSON and one markdown report, `<out>/gpucheck-<kind>-<date>.{json,md}` (default out:
 data/scale/measured/). Without a CUDA device it prints one line and exits 2.
@@ -53,7 +56,7 @@ import time
 from pathlib import Path
 
 from . import manifest
-from .sampling_path import choose_sampler, default_cuda_sampler, sampler_rows
+from .sampling_path import OURS, STATIC, choose, choose_sampler, default_cuda_sampler, sampler_rows, shape_label
 from .shapes import device_kind
 
 # Only the standard library and stdlib-only modules of ours above: on a bare GPU machine (its own python, maybe
@@ -124,7 +127,7 @@ def vllm_unavailable(rec: dict | None) -> str:
 
 # Estimated seconds per step on an H100/H200 (from the 2026-11-25/26 sessions; vllm and dry: guesses, vLLM's
 # engine start and paper-quick's dry runs were never timed), used only to skip what will not fit.
-EST = {"standins": 30, "pytest": 100, "sampler": 150, "vllm": 120, "profile": 45, "units": 120, "trim": 100,
+EST = {"standins": 30, "pytest": 100, "sampler": 200, "vllm": 120, "profile": 45, "units": 120, "trim": 100,
        "dry": 90}
 CAP = 2.5   # a step may take at most CAP x its estimate (+ 30 s): one slow step cannot eat the whole window
 
@@ -191,9 +194,145 @@ def est_dry(nb: str) -> int:
     return f.dry_seconds if f is not None and f.dry_seconds else EST["dry"]
 
 
-# transformers' dynamic-cache generate only at 256 x 256 (at 64 x 512 it takes 76 s of an H100's time)
-SAMPLER_KW = "dynamic='256x256'"
+# bench.sampler's part of the sampler step: transformers' dynamic-cache generate only at 256 x 256 (at 64 x 512 it
+# takes 76 s of an H100's time); static cache + compile not at its 64 x 512 (it was timed there on the H200,
+# 2026-11-26): `sampler_at` times it, and ours, at the notebooks' own shapes instead
+SAMPLER_KW = dict(dynamic="256x256", compile=False)
 SAMPLER_DIMS = ((64, 512), (256, 256))   # bench.sampler's shapes on a GPU: rows x new tokens after 64-token prompts
+# The sampler step's seconds for the notebooks' shapes (`sampler_at`): it starts no new shape past them
+# (the first is always timed); one shape of 32 x 1,024 is about 100 s on an H200 (both ways, compile included)
+SAMPLER_NOTEBOOKS_S = 120
+MEASURE_PROMPT = 512   # notebook shapes are timed after prompts of at least this many tokens (`measure_dims`)
+
+
+def notebook_calls(P, prompt: int | None = None) -> list[dict]:
+    """A notebook's HF sampler calls at its Params `P` (a figure's Params), from its figure's planner workload
+    (`workload(P, shape, sizes)`: every `workload.sample` it counts, Monte Carlo continuations left out -- those
+    whose rows per call are P.rows_per_chunk: they stay on ours). Each counted sample of R rows, `rows per call`
+    c (its chunk_rows_decode, else R) and `times` makes times x R // c calls of c rows and one of R % c; calls
+    are grouped by the sampler's row bucket (`sampler.bucket_rows`: both paths pad rows to it) and new tokens.
+    `prompt`: the longest prompt in tokens (default: `plan.prompt_lengths`, the notebook's problems rendered and
+    tokenized). Returns [{"rows", "new", "prompt", "calls"}], largest first. One compile (ours: one capture) per
+    shape is counted: batches whose longest prompts fall in other buckets compile again, so transformers' count
+    is a lower bound."""
+    from . import plan, workload as W
+    from .sampler import bucket_rows
+    mod = sys.modules[type(P).__module__]   # the figure module of these Params: its planner workload
+    shape = plan.shape_of(P.model_path) or plan.shape_of(str(ROOT / SHAPE))
+    if prompt is None:
+        prompt = plan.prompt_lengths(P)[1]
+    z = W.Sizes(prompt, prompt, P.max_new_tokens)
+    cont, seen, real = getattr(P, "rows_per_chunk", None), [], W.sample
+
+    def record(w, rows, z, chunk_rows_decode=None, times=1):
+        seen.append((int(rows), chunk_rows_decode, int(times), z))
+        return real(w, rows, z, chunk_rows_decode=chunk_rows_decode, times=times)
+    W.sample = record
+    try:
+        mod.workload(P, shape, z)
+    finally:
+        W.sample = real
+    out: dict = {}
+    for rows, chunk, times, zz in seen:
+        if rows <= 0 or (cont is not None and chunk == cont and chunk != W.sample_rows(P)):
+            continue
+        per = min(rows, int(chunk or rows))
+        full, rest = divmod(rows, per)
+        for r, n in ((per, full * times), (rest, times if rest else 0)):
+            if n:
+                key = (bucket_rows(r), int(zz.new))
+                out[key] = out.get(key, 0) + n
+    return [dict(rows=r, new=new, prompt=int(prompt), calls=n) for (r, new), n in
+            sorted(out.items(), key=lambda kv: -kv[0][0] * kv[0][1])]
+
+
+def notebook_shapes(profile: str = DRY_PROFILE) -> dict:
+    """{notebook key: {"backend", "calls": its HF sampler calls (`notebook_calls`) at `profile`'s section, on
+    CUDA}}, for every notebook whose section the profile holds ({} when it cannot be read: no pyyaml here)."""
+    import dataclasses
+
+    out = {}
+    for f in manifest.FIGURES:
+        sec = profile_section(f.key, profile)
+        if not sec:
+            continue
+        mod = f.load()
+        names = {x.name for x in dataclasses.fields(mod.Params)}
+        P = mod.Params(**{k: v for k, v in {**sec, "device": "cuda"}.items() if k in names})
+        out[f.key] = dict(backend=sec.get("backend", "hf"), calls=notebook_calls(P))
+    return out
+
+
+def measure_dims(shapes: dict) -> list[tuple[int, int, int]]:
+    """The (rows, new tokens, prompt tokens) to time for `notebook_shapes`: each distinct rows x new once, after
+    the longest prompt any notebook samples it with, rounded up to sampler.HF_LEN_BUCKET and at least
+    MEASURE_PROMPT (the planner's prompt is a default where the problems or tokenizer are not here; a longer
+    measured prompt serves every shorter one: `sampling_path.shape_cost`). The shapes of notebooks whose
+    section samples with the hf backend first (where the choice is made), then the rest; most calls first."""
+    dims: dict = {}
+    for nb in sorted(shapes, key=lambda k: shapes[k]["backend"] != "hf"):
+        for c in shapes[nb]["calls"]:
+            key = (c["rows"], c["new"])
+            prompt = max(-(-c["prompt"] // 64) * 64, MEASURE_PROMPT)
+            hf, n, p = dims.get(key, (False, 0, 0))
+            dims[key] = (hf or shapes[nb]["backend"] == "hf", n + c["calls"], max(p, prompt))
+    order = sorted(dims, key=lambda k: (not dims[k][0], -dims[k][1]))
+    return [(r, new, dims[(r, new)][2]) for r, new in order]
+
+
+def sampler_at(dims, device: str = "cuda", budget_s: float = SAMPLER_NOTEBOOKS_S) -> list:
+    """Ours and transformers' static cache + torch.compile (`sampler.generate_transformers`, the notebooks' own
+    call) at each (rows, new tokens, prompt tokens) of `dims`: Qwen3-1.7B's shape, bfloat16, random weights and
+    prompts, no stop ids (every row to the cap). Each way's first call (capture or compile, and the call) and
+    its second (steady tokens/s). Starts no new shape after `budget_s` (the first always runs). Returns
+    bench.sampler's rows: [(shape 'rows x new, prompt P', way, tokens/s, first call s)]."""
+    import torch
+
+    from . import scale, sampler
+    from .compute import Compute
+    t0, out = time.time(), []
+    model = scale.build("qwen3-1.7b", dtype=torch.bfloat16, device=device).eval()
+    V, chunk = model.config.vocab_size, Compute().token_chunk
+    last = None   # (seconds, tokens) of the shape timed last: the next one's time, scaled by its tokens
+    for i, (rows, new, prompt) in enumerate(dims):
+        guess = 0.0 if last is None else last[0] * rows * new / last[1]
+        if i and time.time() - t0 + guess > budget_s:
+            print(f"  sampler at the notebooks' shapes: {len(dims) - i} shape(s) not timed (past {budget_s:.0f} s "
+                  f"with the next): " + ", ".join(shape_label(*d) for d in dims[i:]), flush=True)
+            break
+        t1 = time.time()
+        g = torch.Generator(device=device).manual_seed(0)
+        ids = torch.randint(0, V, (rows, prompt), generator=g, device=device)
+        mask = torch.ones_like(ids)
+        ways = {OURS + ", CUDA graph)": lambda: sampler.generate(model, ids, mask, new, 1.0, [-1], 0, generator=g,
+                                                                 static=True, token_chunk=chunk),
+                STATIC: lambda: sampler.generate_transformers(model, ids, mask, new, 1.0, [-1], 0, generator=g)}
+        for way, fn in ways.items():
+            first = scale._timed(fn, device)[0]
+            steady = scale._timed(fn, device)[0]
+            out.append((shape_label(rows, new, prompt), way, rows * new / steady, first))
+            print(f"  {shape_label(rows, new, prompt)}  {way}: {rows * new / steady:,.0f} tokens/s (first call "
+                  f"{first:.1f} s)", flush=True)
+        last = (time.time() - t1, rows * new)
+    return out
+
+
+def sampler_step() -> dict:
+    """The sampler step: bench.sampler's table (SAMPLER_KW) and ours beside transformers' static cache + compile
+    at the notebooks' own shapes (`notebook_shapes` of DRY_PROFILE, `measure_dims`, `sampler_at`). Returns
+    {"rows": bench.sampler's rows and sampler_at's, "notebooks": notebook_shapes()} ("notebooks_error": why
+    there are none)."""
+    from . import bench
+    rows = [tuple(r) for r in bench.sampler(**SAMPLER_KW)]
+    try:
+        shapes, err = notebook_shapes(), None
+    except Exception as e:   # noqa: BLE001 - the table above still counts
+        shapes, err = {}, f"{type(e).__name__}: {e}"
+    if not shapes:
+        err = err or f"notebooks/params/{DRY_PROFILE}.yaml not readable here (pyyaml?)"
+        print(f"  sampler at the notebooks' shapes: none ({err})", flush=True)
+    rows += sampler_at(measure_dims(shapes)) if shapes else []
+    return dict(rows=rows, notebooks=shapes, **({"notebooks_error": err} if err else {}))
 
 
 def _sampling_params(SamplingParams, **kw):
@@ -450,9 +589,13 @@ def run_check(budget: float, out: Path, notebooks: list[str], skip: set[str], t0
             r = _step(name, [py, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", *gpu_test_files()],
                       limit)
         elif name == "sampler":
-            r = _json_step(name, f"bench.sampler({SAMPLER_KW})", out / f".{kind}.sampler.json", limit)
-            if "json" in r:
-                r["rows"] = _rows(r.pop("json"))
+            r = _json_step(name, "gpucheck.sampler_step()", out / f".{kind}.sampler.json", limit)
+            got = r.pop("json", None)
+            if isinstance(got, dict):   # bench.sampler's rows and the notebooks' shapes (sampler_step)
+                r["rows"] = _rows(got.get("rows") or [])
+                r.update({k: got[k] for k in ("notebooks", "notebooks_error") if k in got})
+            elif got is not None:
+                r["rows"] = _rows(got)
         elif name == "vllm":
             r = _json_step(name, "gpucheck.sampler_vllm()", out / f".{kind}.vllm.json", limit)
             got = r.pop("json", None) or {}
@@ -507,6 +650,9 @@ def _write(stem: Path, dev: dict, budget: float, spent: float, steps: list[dict]
                   dry_per_notebook=dry_per_notebook(), steps=steps)
     if sampler_rows(report):
         report["sampler_choice"] = choose_sampler(report)
+    nbs = next((s.get("notebooks") for s in steps if s.get("step") == "sampler" and s.get("notebooks")), None)
+    if nbs:   # what `hf_sampler: auto` resolves to per notebook on this kind from this report (sampling_path.choose)
+        report["sampler_auto"] = {nb: {**choose(report, v["calls"]), "backend": v["backend"]} for nb, v in nbs.items()}
     report["sampler_choice_committed"] = default_cuda_sampler(dev["kind"], exclude=stem.with_suffix(".json"))
     tmp = stem.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(report, indent=1, default=str) + "\n")
@@ -590,9 +736,15 @@ def markdown(report: dict) -> str:
     for key, where in (("sampler_choice", "this run's numbers"), ("sampler_choice_committed", None)):
         c = report.get(key)
         if c:
-            src = where or (f"the newest committed report of this kind (`{c['report']}`)" if c.get("report") else
-                            "no committed report of this kind")
+            src = where or (f"the newest other report of this kind (`{c['report']}`)" if c.get("report") else
+                            "no other report of this kind")
             lines += ["", f"**Default CUDA sampling path from {src}:** {c['path']} ({c['why']})."]
+    if report.get("sampler_auto"):   # the choice `hf_sampler: auto` makes: end to end, per notebook
+        lines += ["", f"**`hf_sampler: auto` per notebook, end to end at its {report.get('dry_profile', DRY_PROFILE)} "
+                  "shapes and call counts** (first calls included; `sampling_path.choose`; the steady-state line "
+                  "above is tokens/s only):", "", "| notebook | backend | hf path | why |", "|---|---|---|---|"]
+        for nb, c in report["sampler_auto"].items():
+            lines.append(f"| {nb} | {c.get('backend', '')} | {c['path']} | {c['why']} |")
     return "\n".join(lines) + "\n"
 
 

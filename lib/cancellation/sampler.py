@@ -874,7 +874,8 @@ def generate(model, input_ids, attention_mask, max_new_tokens: int, temperature:
     the logits themselves.
 
     path: 'ours' (all the above), 'transformers' (`generate_transformers`: transformers' own generate, static
-    cache) or 'auto' (`sampling_path.resolve` for the model's device: ours on a CPU, gpu-check's choice on CUDA).
+    cache) or 'auto' (`sampling_path.resolve` for the model's device: ours, since one call carries no notebook's
+    sampling calls to decide at; a figure passes the path its Params resolved, end to end per notebook).
     """
     from transformers import DynamicCache
 
