@@ -88,12 +88,12 @@ $(VENV)/.installed: pyproject.toml $(LOCK)
 	touch $@
 
 # Not part of CI: a red suite here means "hold the lock", never a red main.
-env-latest:  ## the newest versions in pyproject's ranges, what moved against the lock, the suite on them
+env-latest:  ## the newest versions in pyproject's ranges (torch held at TORCH_SPEC: eager upgrades would pull a CUDA build), what moved against the lock, the suite on them
 	rm -rf $(LATEST)
 	$(PYTHON) -m venv $(LATEST)
 	$(LATEST)/bin/python -m pip install -q --upgrade pip
 	$(LATEST)/bin/python -m pip install -q "$(TORCH_SPEC)"
-	$(LATEST)/bin/python -m pip install -q --upgrade --upgrade-strategy eager -e ".[dev]"
+	$(LATEST)/bin/python -m pip install -q --upgrade --upgrade-strategy eager -e ".[dev]" "$(TORCH_SPEC)"
 	$(PYTHON) tools/lock.py diff $(LATEST)/bin/python
 	$(LATEST)/bin/python -m pytest -q -x $(XDIST) \
 	  && echo "env-latest: the suite passes on these versions: make lock moves the lock to them" \
