@@ -414,7 +414,8 @@ def dry_runs(where: Path) -> dict:
     """(device kind, notebook) -> the newest committed gpu-check dry run of it under `where` (the dry-run steps of
     data/scale/measured/gpucheck-<kind>-<date>.json, by the date in the name): its date, report, sizes and measured /
     planned time and (on a GPU) peak memory, both against the plan's closed forms the report recorded. A report
-    git does not track there is left out (when git can tell), as sampling_path.newest_report does."""
+    git does not track there is left out (when git can tell): a factor lasts until a committed measurement replaces
+    it (sampling_path.newest_report, which picks the sampler, reads an uncommitted report too, and says so)."""
     where = Path(where)
     if not where.is_dir():
         return {}
