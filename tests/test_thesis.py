@@ -356,3 +356,24 @@ def test_null_deltas_are_the_exact_steps_of_each_shuffle(model64, batch):
     assert worst < 1e-10, worst
     assert trials.restore_error() == 0.0
     assert all(torch.equal(v, before[k]) for k, v in model64.state_dict().items())
+
+
+def test_same_state_classes_match_a_loop():
+    """Same state: shared when an opposite-sign rollout of the group has the same response up to and including
+    the token (the whole prefix: the group shares the prompt); a subset of the ids definition's shared class."""
+    t = _tokens(seed=7, vocab=2, L=5)   # two ids: long common prefixes occur
+    got = thesis.classify(t, thesis.state_keys(t))
+    ids = thesis.classify(t)
+    seqs = {(b, r): list(g.sort_values("position").token_id) for (b, r), g in t.groupby(["batch", "rollout"])}
+    prefix = lambda r: tuple(seqs[(r.batch, r.rollout)][:r.position + 1])  # noqa: E731
+    n_shared = 0
+    for i, r in t.iterrows():
+        if r.advantage == 0:
+            assert got[i] == ""
+            continue
+        other = t[(t.batch == r.batch) & (t.group == r.group) & (np.sign(t.advantage) == -np.sign(r.advantage))]
+        want = "shared" if prefix(r) in {prefix(o) for _, o in other.iterrows()} else "specific"
+        assert got[i] == want, i
+        n_shared += want == "shared"
+        assert want == "specific" or ids[i] == "shared"
+    assert 0 < n_shared < (t.advantage != 0).sum()

@@ -223,6 +223,29 @@ def context_keys(tokens: pd.DataFrame, k: int) -> list[str]:
     return cols
 
 
+def state_keys(tokens: pd.DataFrame) -> list[str]:
+    """Add column `state` to `tokens` (in place): per (batch, group), one id per distinct response prefix that
+    ends in the token (the node of the group's prefix trie), so two tokens share a state exactly when their
+    rollouts' responses agree up to and including them (the group's rollouts share the prompt). `classify` on
+    it gives the *same-state* definition: a shared token is then the same state as an opposite-sign rollout's,
+    where GRPO's two signals add at one input and no coupling between different states is needed (issue 61).
+    Returns the key columns (["state"])."""
+    t = tokens.sort_values(["batch", "group", "rollout", "position"])
+    node, trie, out = 0, {}, np.empty(len(t), dtype=np.int64)
+    prev_roll, cur = None, -1
+    for i, (b, g, r, tok) in enumerate(zip(t.batch.to_numpy(), t.group.to_numpy(), t.rollout.to_numpy(),
+                                           t.token_id.to_numpy())):
+        if (b, r) != prev_roll:   # a rollout's first response token: its parent is the group's prompt (root)
+            prev_roll, cur = (b, r), -1 - int(g)   # roots are negative, distinct per group (batch in the key below)
+        key = (b, g, cur, int(tok))
+        if key not in trie:
+            trie[key] = node
+            node += 1
+        cur = out[i] = trie[key]
+    tokens["state"] = pd.Series(out, index=t.index).reindex(tokens.index).to_numpy()
+    return ["state"]
+
+
 def classify(tokens: pd.DataFrame, keys=("token_id",), sign: str = "advantage") -> pd.Series:
     """Per token: 'shared' when its key (the id; with context, the id and its preceding ids) occurs in a
     rollout of the opposite sign (of column `sign`) in its group, else 'specific'; '' for zero sign."""
