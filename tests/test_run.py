@@ -181,6 +181,36 @@ def test_readmes_paper_command_passes_check(standin_paths, capsys):
     assert all(p["models"] == [standin_paths["model"]] for p in params if "models" in p)
 
 
+def test_readmes_paper_quick_block_runs_as_pasted_without_the_install(standin_paths, tmp_path):
+    """README's paper-quick lines, pasted into bash from the checkout's root, with a `python3` that has the
+    dependencies but not this package (PYTHONPATH=lib is the whole set-up), the data paths pointing at the
+    stand-ins and `--check` appended (validate, run nothing): both lines exit 0, every notebook resolved."""
+    import os
+    import subprocess
+    import sys
+    sys.path.insert(0, str(run.ROOT / "tests"))
+    from test_gpucheck import _bare_interpreter
+    py = _bare_interpreter(tmp_path)   # this environment's packages, not the editable install of cancellation
+    assert (py.parent / "python3").exists()
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env.update(PATH=f"{py.parent}{os.pathsep}{env['PATH']}", HF_HUB_OFFLINE="1")
+    lone = subprocess.run(["python3", "-c", "import cancellation"], env=env, cwd=tmp_path, capture_output=True, text=True)
+    assert "No module named 'cancellation'" in lone.stderr   # the rehearsal's python: not installed
+    plan = _readme_command("PYTHONPATH=lib python3 -m cancellation.run all --profile paper-quick --plan")
+    import re
+    m = re.search(r"PYTHONPATH=lib python3 -m cancellation\.run all --profile paper-quick \\\n(?:[^\n]*\\\n)*[^\n]*",
+                  README.read_text())   # the run line: the one continued over several lines
+    assert m, "README.md no longer shows the paper-quick run line"
+    go = re.sub(r"\\\n\s*", " ", m.group(0))
+    go = go.replace("/data/dapo-math-17k.parquet", standin_paths["dapo"]).replace("/data/math500.jsonl",
+                                                                                 standin_paths["math500"])
+    assert "/data/" not in go and "PYTHONPATH=lib" in go
+    for cmd in (plan, go + " --check"):
+        p = subprocess.run(["bash", "-c", cmd], env=env, cwd=run.ROOT, capture_output=True, text=True, timeout=600)
+        assert p.returncode == 0, (cmd, p.stdout[-2000:], p.stderr[-2000:])
+    assert p.stdout.count('"profile": "paper-quick"') == len(run.all_notebooks())
+
+
 # ------------------------------------------------------------------ make P='...' / --set, make help
 @pytest.mark.parametrize("text, pairs", [
     ("eval_sets=[easy, medium]; problems_path=a=b.jsonl", [("eval_sets", "[easy, medium]"), ("problems_path", "a=b.jsonl")]),
