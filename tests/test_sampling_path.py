@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
-from cancellation import policy, rollout, sampler, sampling_path, tasks
-from cancellation.figures import fig02
+from cancellation import gpucheck, manifest, plan, policy, rollout, sampler, sampling_path, tasks, workload
+from cancellation.figures import fig02, fig03
 
 TOKEN_CHUNK = 2048
 
@@ -134,9 +134,8 @@ def _report(ways: dict) -> dict:
 
 def _calls(n_prompts: int, prompt: int = 250) -> list[dict]:
     """Notebook 02's sampling calls at paper-quick's sizes (sample_rows 32, 1,024 new tokens), n_prompts x 8 rows."""
-    from cancellation import gpucheck
     P = fig02.Params(n_prompts=n_prompts, G=8, sample_rows=32, max_new_tokens=1024, device="cuda")
-    return gpucheck.notebook_calls(P, prompt=prompt)
+    return plan.sampling_calls(P, prompt=prompt)
 
 
 @pytest.fixture
@@ -216,3 +215,92 @@ def test_an_uncommitted_newer_report_is_used_and_named(card, capsys):
     assert sampling_path.resolve("auto", "cuda:0", calls=_calls(40), notebook="02") == "transformers"
     assert f"[{new}, uncommitted]" in capsys.readouterr().out
     assert sampling_path.default_cuda_sampler("fake-card")["report"] == f"{new}, uncommitted"
+
+
+# ------------------------------------------------- issue 63, item 7: the notebooks' own Params give their calls
+def _paper_quick(mod, **over):
+    """A figure's Params at its section of paper-quick (notebooks/params/paper-quick.yaml), on CUDA."""
+    names = {f.name for f in dataclasses.fields(mod.Params)}
+    nb = next(f.key for f in manifest.FIGURES if f.module == mod.__name__.rsplit(".", 1)[-1])
+    sec = {**gpucheck.profile_section(nb, "paper-quick"), "device": "cuda:0", **over}
+    return mod.Params(**{k: v for k, v in sec.items() if k in names})
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    """plan.sampling_calls, counted per notebook; prompts of 250 tokens (the hub tokenizer and DAPO's file need
+    not be here: the planner's own lengths are what the notebook would count on the card)."""
+    monkeypatch.setattr(plan, "prompt_lengths", lambda P, root=None: (200, 250, "test"))
+    n, real = {}, plan.sampling_calls
+
+    def spy(P, prompt=None):
+        n[P.notebook()] = n.get(P.notebook(), 0) + 1
+        return real(P, prompt)
+    monkeypatch.setattr(plan, "sampling_calls", spy)
+    return n
+
+
+def test_hf_path_resolves_auto_from_the_notebooks_own_calls_once(card, counted, capsys):
+    """On a CUDA card, a figure's Params resolve 'auto' from their own notebook's sampling calls (plan.sampling_calls
+    of its planner workload), not 'ours for want of calls': paper-quick's 02 samples 2 x 32 x 1,024 (ours: the
+    compile does not pay), its 03 10 x 32 x 1,024 (transformers'). Each notebook's line is printed once and its calls
+    counted once, however often hf_path and cache_params ask and from however many Params instances; the resolved
+    path is in 03's cache key."""
+    f = _write(card, "2026-12-01", H200_LIKE)
+    P2, P3 = _paper_quick(fig02), _paper_quick(fig03)
+    assert P2.notebook() == "02_coupling_heatmaps" and P3.notebook() == "03_masked_updates"
+    assert [P2.hf_path() for _ in range(3)] == ["ours"] * 3
+    assert [P3.hf_path() for _ in range(3)] == ["transformers"] * 3
+    assert P3.cache_params()["hf_sampler"] == "transformers" and "hf_sampler" not in P2.cache_params()
+    assert _paper_quick(fig03).hf_path() == "transformers" and _paper_quick(fig02).cache_params() == P2.cache_params()
+    assert counted == {"02_coupling_heatmaps": 1, "03_masked_updates": 1}
+    out = capsys.readouterr().out
+    assert out.count("hf_sampler auto, 02_coupling_heatmaps on fake-card: ours; end to end, 2 x 32 x 1024, "
+                     f"prompt 250: ours 47 s (25.0 s first + 1 x 21.8 s) against transformers' static cache + compile "
+                     f"71 s (60.0 s first + 1 x 10.9 s) [{f}") == 1, out
+    assert out.count("hf_sampler auto, 03_masked_updates on fake-card: transformers; end to end, 10 x 32 x 1024, "
+                     "prompt 250: transformers' static cache + compile 158 s") == 1, out
+    assert out.count("hf_sampler auto") == 2, out
+    assert _paper_quick(fig02, hf_sampler="ours").hf_path() == "ours" and counted["02_coupling_heatmaps"] == 1
+
+
+def test_hf_path_on_a_cpu_is_ours_and_counts_nothing(monkeypatch, capsys):
+    """On a CPU (and for a CUDA device not visible here: planning) 'auto' resolves without the notebook's calls:
+    a counter that raises is never called, nothing is printed, and no cache key moves (tests/golden/keys.json)."""
+    def boom(P, prompt=None):
+        raise AssertionError("sampling calls counted")
+    monkeypatch.setattr(plan, "sampling_calls", boom)
+    monkeypatch.setattr(sampling_path, "_chosen", {})
+    for f in manifest.FIGURES:
+        P = f.load().Params()
+        assert P.device == "cpu" and P.notebook() == f.notebook
+        assert P.hf_path() == "ours" and "hf_sampler" not in P.cache_params()
+    P = _paper_quick(fig03, device="cpu")
+    assert P.hf_path() == "ours" and "hf_sampler" not in P.cache_params()
+    monkeypatch.setattr(sampling_path, "device_kind", lambda d: "cuda")     # no CUDA device visible: the card unknown
+    assert _paper_quick(fig03).hf_path() == "auto"
+    assert capsys.readouterr().out == "" and sampling_path._chosen == {}
+
+
+def test_recorded_samples_leaves_workload_sample_as_it_was():
+    """The counter sees workload.sample's calls by wrapping it for its `with` block only: the real function is back
+    after a workload that raises, the planner's counts are unchanged inside, and another thread's calls are passed
+    through, never recorded."""
+    import threading
+    real, z = workload.sample, workload.Sizes(10, 12, 5)
+    with pytest.raises(RuntimeError), plan.recorded_samples() as seen:
+        w = workload.Work()
+        workload.sample(w, 7, z, chunk_rows_decode=4, times=2)
+        other = workload.Work()
+        t = threading.Thread(target=workload.sample, args=(other, 3, z))
+        t.start()
+        t.join()
+        raise RuntimeError("a workload that cannot be counted")
+    assert workload.sample is real
+    assert [(r, c, n) for r, c, n, _ in seen] == [(7, 4, 2)]
+    ref, ref_other = workload.Work(), workload.Work()
+    workload.sample(ref, 7, z, chunk_rows_decode=4, times=2)
+    workload.sample(ref_other, 3, z)
+    assert (w.blocks, w.kv_rows, other.blocks) == (ref.blocks, ref.kv_rows, ref_other.blocks)
+    assert plan.sampling_calls(_paper_quick(fig02), prompt=250) == [dict(rows=32, new=1024, prompt=250, calls=2)]
+    assert workload.sample is real

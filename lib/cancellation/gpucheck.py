@@ -13,7 +13,7 @@ so, when its estimate no longer fits in what is left of the budget):
 2. `sampler` (`sampler_step`): our sampler's tokens/s at Qwen3-1.7B's shape in bfloat16 (`bench sampler`, 64 x
    512 and 256 x 256 new tokens) beside transformers' dynamic-cache `generate` and the weight-read limit measured
    on the card; then ours beside transformers' static cache + torch.compile at the notebooks' own sampling
-   shapes (`notebook_calls` of paper-quick's sections, `measure_dims`, `sampler_at`: first call and steady
+   shapes (`plan.sampling_calls` of paper-quick's sections, `measure_dims`, `sampler_at`: first call and steady
    tokens/s each), the hf-backend notebooks' first, while SAMPLER_NOTEBOOKS_S lasts.
 3. `vllm`: vLLM's tokens/s at the same shape, dtype, prompts and sizes (`sampler_vllm`: dummy weights, token
    ids in), in the sampler table beside the others; where `import vllm` fails, the table says why.
@@ -205,51 +205,13 @@ SAMPLER_NOTEBOOKS_S = 120
 MEASURE_PROMPT = 512   # notebook shapes are timed after prompts of at least this many tokens (`measure_dims`)
 
 
-def notebook_calls(P, prompt: int | None = None) -> list[dict]:
-    """A notebook's HF sampler calls at its Params `P` (a figure's Params), from its figure's planner workload
-    (`workload(P, shape, sizes)`: every `workload.sample` it counts, Monte Carlo continuations left out -- those
-    whose rows per call are P.rows_per_chunk: they stay on ours). Each counted sample of R rows, `rows per call`
-    c (its chunk_rows_decode, else R) and `times` makes times x R // c calls of c rows and one of R % c; calls
-    are grouped by the sampler's row bucket (`sampler.bucket_rows`: both paths pad rows to it) and new tokens.
-    `prompt`: the longest prompt in tokens (default: `plan.prompt_lengths`, the notebook's problems rendered and
-    tokenized). Returns [{"rows", "new", "prompt", "calls"}], largest first. One compile (ours: one capture) per
-    shape is counted: batches whose longest prompts fall in other buckets compile again, so transformers' count
-    is a lower bound."""
-    from . import plan, workload as W
-    from .sampler import bucket_rows
-    mod = sys.modules[type(P).__module__]   # the figure module of these Params: its planner workload
-    shape = plan.shape_of(P.model_path) or plan.shape_of(str(ROOT / SHAPE))
-    if prompt is None:
-        prompt = plan.prompt_lengths(P)[1]
-    z = W.Sizes(prompt, prompt, P.max_new_tokens)
-    cont, seen, real = getattr(P, "rows_per_chunk", None), [], W.sample
-
-    def record(w, rows, z, chunk_rows_decode=None, times=1):
-        seen.append((int(rows), chunk_rows_decode, int(times), z))
-        return real(w, rows, z, chunk_rows_decode=chunk_rows_decode, times=times)
-    W.sample = record
-    try:
-        mod.workload(P, shape, z)
-    finally:
-        W.sample = real
-    out: dict = {}
-    for rows, chunk, times, zz in seen:
-        if rows <= 0 or (cont is not None and chunk == cont and chunk != W.sample_rows(P)):
-            continue
-        per = min(rows, int(chunk or rows))
-        full, rest = divmod(rows, per)
-        for r, n in ((per, full * times), (rest, times if rest else 0)):
-            if n:
-                key = (bucket_rows(r), int(zz.new))
-                out[key] = out.get(key, 0) + n
-    return [dict(rows=r, new=new, prompt=int(prompt), calls=n) for (r, new), n in
-            sorted(out.items(), key=lambda kv: -kv[0][0] * kv[0][1])]
-
-
 def notebook_shapes(profile: str = DRY_PROFILE) -> dict:
-    """{notebook key: {"backend", "calls": its HF sampler calls (`notebook_calls`) at `profile`'s section, on
-    CUDA}}, for every notebook whose section the profile holds ({} when it cannot be read: no pyyaml here)."""
+    """{notebook key: {"backend", "calls": its HF sampler calls (`plan.sampling_calls`, as `hf_sampler: auto`
+    counts them) at `profile`'s section, on CUDA}}, for every notebook whose section the profile holds ({} when it
+    cannot be read: no pyyaml here)."""
     import dataclasses
+
+    from . import plan   # torch and the library: not at this module's top (see the note on its imports)
 
     out = {}
     for f in manifest.FIGURES:
@@ -259,7 +221,7 @@ def notebook_shapes(profile: str = DRY_PROFILE) -> dict:
         mod = f.load()
         names = {x.name for x in dataclasses.fields(mod.Params)}
         P = mod.Params(**{k: v for k, v in {**sec, "device": "cuda"}.items() if k in names})
-        out[f.key] = dict(backend=sec.get("backend", "hf"), calls=notebook_calls(P))
+        out[f.key] = dict(backend=sec.get("backend", "hf"), calls=plan.sampling_calls(P))
     return out
 
 

@@ -32,12 +32,17 @@ import json
 import os
 import re
 import subprocess
+import sys
+import threading
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import manifest, tasks
+from . import workload as W
 from .policy import TOKENIZER_FILES, load_tokenizer
 from .procs import BUILT, FAN_OUTS, ISOLATED, POLICY_RANKS, WHOLE_RUNS
+from .sampler import bucket_rows
 from .shapes import Shape, device_kind, device_memory, known_shape
 from .standins import build_tokenizer
 from .workload import BYTES, Sizes, Work, ceil
@@ -145,6 +150,69 @@ def prompt_lengths(P, root: Path = ROOT) -> tuple[int, int, str]:
     except Exception:  # noqa: BLE001 - a hub tokenizer not cached, a missing file: a stated default
         d = DEFAULT_PROMPT["file" if path else "generated"]
         return d, d, "default (tokenizer or problems not readable here)"
+
+
+# ----------------------------------------------------------------------------- the HF sampler's calls
+CALLS_SHAPE = "data/shapes/qwen3-1.7b-base"   # the architecture a workload is counted at when P.model_path has none here
+_recording = threading.RLock()
+
+
+@contextmanager
+def recorded_samples():
+    """Every `workload.sample` call this thread makes inside, as a list of (rows, chunk_rows_decode, times, Sizes).
+
+    The figures' workloads call `W.sample(...)` through the module (and `workload.delta_run` its own `sample`), and
+    a Work keeps only the sums of its blocks, so the calls are seen where they are made: `workload.sample` is
+    replaced, for the `with` block only, by a wrapper that records the calls of this thread and passes every call
+    (any thread's) to the real function unchanged -- what the planner counts stays as it was, and another thread
+    planning meanwhile is neither recorded nor changed. A lock makes recorders take turns (a nested one, in the
+    same thread, wraps the outer), and the real function is put back on any exit. (Cleaner, and left for
+    workload.py's owner: `workload.sample` appending its arguments to the Work it is given.)"""
+    with _recording:
+        real, me, seen = W.sample, threading.get_ident(), []
+
+        def record(w, rows, z, chunk_rows_decode=None, times=1):
+            if threading.get_ident() == me:
+                seen.append((int(rows), chunk_rows_decode, int(times), z))
+            return real(w, rows, z, chunk_rows_decode=chunk_rows_decode, times=times)
+        W.sample = record
+        try:
+            yield seen
+        finally:
+            W.sample = real
+
+
+def sampling_calls(P, prompt: int | None = None) -> list[dict]:
+    """A notebook's HF sampler calls at its Params `P` (a figure's Params), from its figure's planner workload
+    (`workload(P, shape, sizes)`: every `workload.sample` it counts, `recorded_samples`; Monte Carlo continuations
+    left out -- those whose rows per call are P.rows_per_chunk: they stay on ours). Each counted sample of R rows,
+    rows per call c (its chunk_rows_decode, else R) and `times` makes times x R // c calls of c rows and one of
+    R % c; calls are grouped by the sampler's row bucket (`sampler.bucket_rows`: both paths pad rows to it) and new
+    tokens. `prompt`: the longest prompt in tokens (default: `prompt_lengths`, the notebook's problems rendered and
+    tokenized). Returns [{"rows", "new", "prompt", "calls"}], largest first: what `sampling_path.choose` costs
+    (`FigureParams.hf_path` on a CUDA card; gpu-check's sampler step measures at these shapes). One compile (ours:
+    one capture) per shape is counted: batches whose longest prompts fall in other buckets compile again, so
+    transformers' count is a lower bound."""
+    mod = sys.modules[type(P).__module__]   # the figure module of these Params: its planner workload
+    shape = shape_of(P.model_path) or shape_of(str(ROOT / CALLS_SHAPE))
+    if prompt is None:
+        prompt = prompt_lengths(P)[1]
+    z = Sizes(prompt, prompt, P.max_new_tokens)
+    cont = getattr(P, "rows_per_chunk", None)
+    with recorded_samples() as seen:
+        mod.workload(P, shape, z)
+    out: dict = {}
+    for rows, chunk, times, zz in seen:
+        if rows <= 0 or (cont is not None and chunk == cont and chunk != W.sample_rows(P)):
+            continue
+        per = min(rows, int(chunk or rows))
+        full, rest = divmod(rows, per)
+        for r, n in ((per, full * times), (rest, times if rest else 0)):
+            if n:
+                key = (bucket_rows(r), int(zz.new))
+                out[key] = out.get(key, 0) + n
+    return [dict(rows=r, new=new, prompt=int(prompt), calls=n) for (r, new), n in
+            sorted(out.items(), key=lambda kv: -kv[0][0] * kv[0][1])]
 
 
 

@@ -5,7 +5,7 @@ The choice is measured, not assumed, and made per notebook, end to end (`choose`
 and transformers' static cache + compile side by side on the card at the notebooks' own sampling shapes (rows x
 new tokens after a prompt of a stated length: its sampler step, `gpucheck.sampler_at`), each way's first call
 (capture or compile, and the call) and its steady tokens/s, and writes a report under data/scale/measured/. A
-notebook's sampling calls (`gpucheck.notebook_calls`: the `workload.sample` calls its figure's planner workload
+notebook's sampling calls (`plan.sampling_calls`: the `workload.sample` calls its figure's planner workload
 counts at its Params, Monte Carlo continuations left out) cost on each path
 
     sum over its distinct (row bucket, new tokens) shapes of  first call s + (calls - 1) x rows x new / tokens/s
@@ -22,7 +22,9 @@ it imports and was fastest): gpu-check's report prints it beside the per-noteboo
 A figure's `hf_sampler` parameter ('auto', 'ours', 'transformers') says which path its HF-backend batches
 take; `resolve` turns 'auto' into a path for a device: ours on a CPU (the tiny tables' tokens, bit for bit); on
 a CUDA card the end-to-end choice for the notebook whose sampling calls it is given, printed once per notebook
-in one line with its numbers (`notebook_choice`); ours when it is given none. The resolved path is in the
+in one line with its numbers (`notebook_choice`); ours when it is given none. A figure's Params give theirs
+(`FigureParams.hf_path`: the notebook's manifest stem, and its `plan.sampling_calls` as a function, counted only
+on a CUDA card and once per notebook and device kind in a process). The resolved path is in the
 figure's cache key whenever it is not ours. Monte Carlo continuations (value.py: one prefill shared by M
 continuations, per-row budgets, first-token bans) stay on ours whatever the path: transformers' generate has no
 such call.
@@ -163,7 +165,7 @@ def shape_cost(rows: list[dict], path: str, call: dict) -> dict | None:
 
 def choose(report: dict | None, calls: list[dict]) -> dict:
     """The hf backend's path for one notebook on one card, end to end (issue 63, item 7): for each path the sum
-    over the notebook's sampling shapes (`notebook_calls`) of `shape_cost`; the cheaper path, ours on a tie; ours
+    over the notebook's sampling shapes (`plan.sampling_calls`) of `shape_cost`; the cheaper path, ours on a tie; ours
     whenever some shape was not measured for both paths in `report` ("no measurement at <shape>"), or there is
     no report, or no call. Returns {"path", "why", "seconds": {path: s}}."""
     if not calls:
@@ -218,7 +220,7 @@ def resolve(path: str, device: str, calls=None, notebook: str | None = None) -> 
     """The path ('ours' or 'transformers') that `path` ('auto', 'ours', 'transformers') means on `device`:
     'auto' is ours on a CPU; on a CUDA card the end-to-end choice (`choose`) for `notebook` (its name) at its
     sampling `calls` (a list of {"rows", "new", "prompt", "calls"}, or a function returning it:
-    `gpucheck.notebook_calls` of the notebook's Params), from the newest gpu-check report of the card's kind,
+    `plan.sampling_calls` of the notebook's Params), from the newest gpu-check report of the card's kind,
     printed once per notebook (`notebook_choice`); ours when no calls are given (no shapes to decide at).
     'auto' stays 'auto' for a CUDA device not visible here (planning on a CPU): the card is unknown until the run."""
     if path not in PATHS:

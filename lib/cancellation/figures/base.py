@@ -30,7 +30,7 @@ from typing import ClassVar
 
 import torch
 
-from .. import policy, rollout, sampler, sampling_path, stage, tasks
+from .. import manifest, plan, policy, rollout, sampler, sampling_path, stage, tasks
 from ..compute import Compute
 from ..dryrun import dry_run
 from ..guard import knob
@@ -66,8 +66,9 @@ def backend():
 
 def hf_sampler():
     return param("auto", "the hf backend's sampling path: 'ours' (our static-cache sampler), 'transformers' (its "
-                 "generate, static cache + compile on CUDA) or 'auto' (ours on a CPU; on a CUDA card what its "
-                 "committed gpu-check report measured fastest: sampling_path.py)", choices=list(sampling_path.PATHS))
+                 "generate, static cache + compile on CUDA) or 'auto' (ours on a CPU; on a CUDA card the cheaper end "
+                 "to end at this notebook's own sampling calls, first calls included, from the card's gpu-check "
+                 "report, ours where it measured neither: sampling_path.py)", choices=list(sampling_path.PATHS))
 
 
 def gpu_memory_utilization():
@@ -117,8 +118,21 @@ class FigureParams:
     hf_sampler: str = hf_sampler()
 
     def hf_path(self) -> str:
-        """The path the hf backend samples with on this device ('auto' resolved: `sampling_path.resolve`)."""
-        return sampling_path.resolve(self.hf_sampler, str(self.device))
+        """The path the hf backend samples with on this device ('auto' resolved: `sampling_path.resolve`): on a
+        CPU ours, nothing counted; on a CUDA card the end-to-end choice at this notebook's own sampling calls
+        (`plan.sampling_calls` of these Params, counted only there, through a function), printed in one line.
+        Memoised per notebook and device kind (`sampling_path.notebook_choice`): the calls are counted and the
+        line printed once in a process; every later hf_path of the notebook there -- each cache key, each batch --
+        gets the same path, whatever Params instance asks."""
+        return sampling_path.resolve(self.hf_sampler, str(self.device), calls=lambda: plan.sampling_calls(self),
+                                     notebook=self.notebook())
+
+    @classmethod
+    def notebook(cls) -> str:
+        """The name of the notebook these Params belong to: its stem in the manifest (`02_coupling_heatmaps`),
+        else the Params' module's last name (a figure outside the manifest)."""
+        mod = cls.__module__
+        return next((f.notebook for f in manifest.FIGURES if f"{f.package}.{f.module}" == mod), mod.rsplit(".", 1)[-1])
 
     def compute(self) -> Compute:
         """The Compute config of these parameters (the knobs the figure declares; defaults for the rest)."""
