@@ -77,6 +77,34 @@ def standin_model():
 
 
 @pytest.fixture
+def fake_vllm(monkeypatch):
+    """tests/fake_vllm/vllm as `vllm` (records every call, samples with the real HF model, models vLLM's prefix
+    cache); the real one, if any, is put back after."""
+    import sys
+    monkeypatch.syspath_prepend(str(Path(__file__).parent / "fake_vllm"))
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    saved = {k: sys.modules.pop(k) for k in list(sys.modules) if k == "vllm" or k.startswith("vllm.")}
+    import vllm
+    assert vllm.__version__ == "0.0-fake"
+    yield vllm
+    for k in [k for k in sys.modules if k == "vllm" or k.startswith("vllm.")]:
+        del sys.modules[k]
+    sys.modules.update(saved)
+
+
+@pytest.fixture
+def saved_model(tmp_path, tok, model64):
+    """A peaked random tiny model (float64) with two stop ids (<eos> and '.'), saved where vllm.LLM can load it."""
+    m = copy.deepcopy(model64)
+    m.generation_config.eos_token_id = [tok.eos_token_id, tasks.VOCAB.index(".")]
+    with torch.no_grad():
+        m.lm_head.weight.mul_(25.0)
+    m.save_pretrained(tmp_path)
+    tiny.save_tokenizer(tok, tmp_path)
+    return m, tmp_path
+
+
+@pytest.fixture
 def fresh(model64):
     return copy.deepcopy(model64)
 

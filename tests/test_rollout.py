@@ -69,8 +69,6 @@ def test_missing_model_path_is_a_clear_error(tmp_path):
 
 # --------------------------------------------------------------------------- SampleConfig / sample / stop ids
 import copy
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -80,7 +78,6 @@ from cancellation.compute import Compute
 KNOBS = Compute()   # the default memory knobs, passed whole to every model call
 
 DOT = tasks.VOCAB.index(".")        # a second stop id, as <|im_end|> beside <|endoftext|>
-FAKE_VLLM = Path(__file__).parent / "fake_vllm"
 
 
 class Source:
@@ -252,31 +249,6 @@ def test_cpu_batch_equals_the_old_sampler_on_the_tiny_policy():
 
 
 # --------------------------------------------------------------------------- the vLLM seam, against a fake vllm
-@pytest.fixture
-def fake_vllm(monkeypatch):
-    """tests/fake_vllm/vllm as `vllm` (records every call; samples with the real HF model)."""
-    monkeypatch.syspath_prepend(str(FAKE_VLLM))
-    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    saved = {k: sys.modules.pop(k) for k in list(sys.modules) if k == "vllm" or k.startswith("vllm.")}
-    import vllm
-    assert vllm.__version__ == "0.0-fake"
-    yield vllm
-    for k in [k for k in sys.modules if k == "vllm" or k.startswith("vllm.")]:
-        del sys.modules[k]
-    sys.modules.update(saved)
-
-
-@pytest.fixture
-def saved_model(tmp_path, tok, model64):
-    """A peaked random tiny model with two stop ids, saved where vllm.LLM can load it."""
-    m = with_stops(model64, tok.eos_token_id, DOT)
-    with torch.no_grad():
-        m.lm_head.weight.mul_(25.0)
-    m.save_pretrained(tmp_path)
-    tiny.save_tokenizer(tok, tmp_path)
-    return m, tmp_path
-
-
 def test_vllm_sample_calls_and_rows(fake_vllm, saved_model, tok):
     m, path = saved_model
     llm = sampler.make_sampler(m, path, backend="vllm", dtype="float64", seed=3, gpu_memory_utilization=0.25)

@@ -8,13 +8,12 @@ colocate mode); `--procs N` on CUDA is refused before any work when N exceeds th
 """
 import copy
 import os
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from cancellation import procs, run, sampler, tasks, tiny, train
+from cancellation import procs, run, sampler, tasks, train
 
 FAKE_VLLM = Path(__file__).parent / "fake_vllm"
 DOT = tasks.VOCAB.index(".")   # a second stop id, as <|im_end|> beside <|endoftext|>
@@ -34,32 +33,6 @@ class Instructed:
 
     def verifier(self):
         return tasks.verify
-
-
-@pytest.fixture
-def fake_vllm(monkeypatch):
-    """tests/fake_vllm/vllm as `vllm` (as tests/test_rollout.py)."""
-    monkeypatch.syspath_prepend(str(FAKE_VLLM))
-    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    saved = {k: sys.modules.pop(k) for k in list(sys.modules) if k == "vllm" or k.startswith("vllm.")}
-    import vllm
-    assert vllm.__version__ == "0.0-fake"
-    yield vllm
-    for k in [k for k in sys.modules if k == "vllm" or k.startswith("vllm.")]:
-        del sys.modules[k]
-    sys.modules.update(saved)
-
-
-@pytest.fixture
-def saved_model(tmp_path, tok, model64):
-    """A peaked random tiny model (float64) with two stop ids, saved where vllm.LLM can load it."""
-    m = copy.deepcopy(model64)
-    m.generation_config.eos_token_id = [tok.eos_token_id, DOT]
-    with torch.no_grad():
-        m.lm_head.weight.mul_(25.0)
-    m.save_pretrained(tmp_path)
-    tiny.save_tokenizer(tok, tmp_path)
-    return m, tmp_path
 
 
 # The fake's model is plain transformers (float32 RMSNorm inside) and the training model has exact float64 norms

@@ -686,10 +686,10 @@ def _copy_bandwidth(device) -> float:
 def _standin_model() -> str:
     """data/standins/model, built first on a fresh clone (cancellation.standins, without the slow
     paper-vocab model: about a minute on one core)."""
-    root = Path(__file__).resolve().parents[2] / "data" / "standins"
+    root = standins.DEFAULT_DIR
     if not (root / "model" / "config.json").exists():
         print(f"sampler: building the stand-in model first ({root}; python -m cancellation.standins)", flush=True)
-    return standins.build(root, paper_vocab=False)["model"]
+    return standins.ensure_model(root)
 
 
 @bench

@@ -341,6 +341,15 @@ def build(out_dir: str | Path, seed: int = 0, steps: int = 100, force: bool = Fa
         return _build(out, seed, steps, force, paper_vocab)
 
 
+DEFAULT_DIR = Path(__file__).resolve().parents[2] / "data" / "standins"   # what the paper-smoke profiles name
+
+
+def ensure_model(out_dir: str | Path = DEFAULT_DIR) -> str:
+    """The stand-in model's path (`out_dir/model`), built first when missing or stale, without the slow
+    paper-vocab model (a build that has it is kept): what the sampler bench and the GPU tests load."""
+    return build(out_dir, paper_vocab=False)["model"]
+
+
 def _build(out: Path, seed: int, steps: int, force: bool, paper_vocab: bool) -> dict:
     paths = {"model": out / "model", "model_vocab": out / "model-vocab", "dapo": out / "dapo-math-17k.parquet",
              "math500": out / "math500.jsonl", "plain": out / "plain.jsonl"}

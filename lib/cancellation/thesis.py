@@ -127,8 +127,8 @@ def shuffle_weights(batch, orders: torch.Tensor, update: str) -> torch.Tensor:
     return torch.stack([grpo.REWEIGHTS[update](A[o], r[o]) for o in orders])
 
 
-def rollout_gradients(model, batch, knobs, scope: str = "full") -> tuple[list, torch.Tensor]:
-    """Per-rollout gradients at θ₀: (the update's parameters, (B, P) rows G_r) where G_r is the gradient of
+def rollout_gradients(model, batch, knobs, scope: str = "full") -> tuple[list, torch.Tensor, torch.Tensor]:
+    """Per-rollout gradients at θ₀: (the update's parameters, (B, P) rows G_r, the log-probs at θ₀) where G_r is the gradient of
     rollout r's share of the GRPO loss with advantage 1, under the batch's token mean. The loss is linear in
     the advantages at ρ = 1 (no clip binds there; no KL, no gradient clipping), so one SGD step's gradient
     under any per-rollout weights w is exactly Σ_r w_r G_r (up to the order of float additions): every
@@ -154,17 +154,16 @@ def rollout_gradients(model, batch, knobs, scope: str = "full") -> tuple[list, t
                           for p in params]) * (n_r.double() / n_batch)
     for p in params:
         p.grad = None
-    return params, G
+    return params, G, before
 
 
 def null_deltas(model, batch, knobs, lr: float, weights: torch.Tensor, scope: str = "full", G=None) -> torch.Tensor:
     """(M, B, L) Δlog p of the whole batch after one SGD step of rate `lr` from θ₀ whose gradient is
-    Σ_r weights[m, r] G_r (`rollout_gradients`), for each of the M rows of `weights`; θ₀ back after each
+    Σ_r weights[m, r] G_r (`G`: what `rollout_gradients` returns, computed here when None), for each of the M rows of `weights`; θ₀ back after each
     (on a copy of the model). Equals `grpo.Trials.delta` of the same step to float round-off
     (tests/test_thesis.py): a shuffle costs one forward, not a backward and a forward."""
-    params, G = G if G is not None else rollout_gradients(model, batch, knobs, scope)
+    params, G, before = G if G is not None else rollout_gradients(model, batch, knobs, scope)
     cfg = knobs.update(optimizer="sgd", lr=lr, scope=scope, reweight="grpo")
-    before = grpo.token_stats(model, batch, cfg).logp
     work = copy.deepcopy(model)
     wparams = grpo.scope_params(work, scope)
     theta0 = [p.detach().clone() for p in params]
