@@ -15,6 +15,7 @@ OLD = {  # purpose -> the expression each call site held before seeds.py
     "heldout_pool": lambda s, i: s + 7,                   # fig05
     "heldout_gaps": lambda s, i: s + 9,                   # fig05
     "pool11": lambda s, i: s + 11,                        # fig05
+    "value_null": lambda s, i: s * 1000 + 59,             # fig05 (the value gap's sign-shuffle null)
     "budget_batch": lambda s, i: s + 606,                 # fig06
     "composition_batch": lambda s, i: s + 607,            # fig06
     "budget_plan": lambda s, i: s * 1000 + i,             # fig06

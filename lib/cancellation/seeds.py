@@ -28,6 +28,7 @@ PURPOSES: dict = {
     "heldout_pool": (lambda s, i: s + 7, "Fig. 5: the held-out tokens' balanced draw"),
     "heldout_gaps": (lambda s, i: s + 9, "Fig. 5: the held-out sign gaps' bootstrap"),
     "pool11": (lambda s, i: s + 11, "Fig. 11: the token pool drawn before any step"),
+    "value_null": (lambda s, i: s * 1000 + 59, "Fig. 5: the K within-group sign shuffles of the value gap's null"),
     "budget_batch": (lambda s, i: s + 606, "Fig. 6: the sampling-budget base batch"),
     "composition_batch": (lambda s, i: s + 607, "Fig. 7(b): the composition batch"),
     "budget_plan": (lambda s, i: s * 1000 + i, "Fig. 6: the nested sub-batch plan of seed i"),

@@ -167,6 +167,9 @@ MASKED_TOPK_FULL = Stage("masked_topk_full", FIGURE + ("compute", "pool", "sizes
 SIGN_CONSISTENCY_RUN = Stage("sign_consistency_run", FIGURE + ("run",), doc="03: Fig. 10's training run")
 REPEATED_DELTAS = Stage("repeated_deltas", ("model", "dtype", "sample", "optimizer", "lr", "K"),
                         doc="05: K steps' cumulative Δlog p on the value batch")
+VALUE_NULL = Stage("value_null", ("model", "dtype", "sample", "lr", "K", "seed"),
+                   doc="05: one plain-SGD GRPO step's Δlog p on the value batch under the real advantages (row 0) and "
+                       "K within-group sign shuffles of them (the value gap's null)")
 BUDGET_SWEEP_NESTED = Stage("budget_sweep_nested", (
     "model", "dtype", "sample", "comp", "lr", "p_max", "prompt_sizes", "n_fixed", "valued_per_prompt", "rollout_sizes",
     "prompts_fixed", "tokens_per_rollout", "G_comp", "comp_groups", "n_seeds", "step_mode", "score_dtype", "seed"),

@@ -15,6 +15,7 @@ notebook's claim rows.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import time
@@ -24,13 +25,16 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .. import cache, categories, measure, policy, rollout, seeds, stage, value
+import torch
+
+from .. import cache, categories, grpo, measure, policy, rollout, seeds, stage, thesis, value
 from .. import workload as W
 from .. import stats as S
 from . import base
 from .base import param
 
-TABLES = ("fig05_token_values", "fig05_cell_means", "fig05_entropy_gap", "fig05_strata_gap", "fig11_repeated_gap")
+TABLES = ("fig05_token_values", "fig05_cell_means", "fig05_entropy_gap", "fig05_strata_gap", "fig11_repeated_gap",
+          "fig05_value_null", "fig05_value_null_tokens")
 VALUE_COLUMNS = ["rollout", "group", "position", "token_id", "token", "category", "reward", "advantage", "sign", "prob",
                  "entropy", "delta", "status", "avg0", "avg1", "delta_hat", "delta_se", "M", "estimator"]
 CONFIDENT = measure.CONFIDENT
@@ -56,6 +60,9 @@ class Params(base.FigureParams):
                            "[] skips Adam)", gt=0, distinct=True)
     nonlinear_share: float = param(0.2, "Fig. 11 reads, per optimizer, the smallest lr at which this share of pool "
                                    "statuses changed from step 1 to step K", gt=0, max=1)
+    null_shuffles: int = param(39, "K: within-group sign shuffles of the advantages for the value gap's null (one "
+                               "SGD step each on the same batch, valued on Fig. 11's pool; 39 resolves a 2.5% tail, "
+                               "permutation p-value resolution 1/(K + 1))", min=1)
     n_pool11: int = param(150, "Fig. 11: tokens per rollout sign valued for the repeated steps, drawn before any step, "
                           "whatever their status", min=1)
     heldout_per_cell: int = param(60, "held-out states: tokens valued per (sign, boosted/suppressed) cell of a second "
@@ -104,6 +111,9 @@ class Result:
     chosen: dict              # Fig. 11: optimizer -> the lr its claim reads (None: no lr changed enough statuses)
     seconds: float            # wall time of the computation (of the first run, when cached)
     heldout: pd.DataFrame | None = None  # held-out states: a second batch's pool, split by the step on the first
+    value_null: pd.DataFrame | None = None  # the value gap's null: one row per step (0: real, 1..K: sign shuffles)
+    null_tokens: pd.DataFrame | None = None  # its per-token table: Fig. 11's pool split by every step of it
+    null_test: dict | None = None  # real gap − mean shuffled gap (pooled, sign-balanced), intervals, p-values, cost
 
     @property
     def last(self) -> pd.DataFrame:
@@ -113,8 +123,9 @@ class Result:
     def write(self, results_dir) -> None:
         d = Path(results_dir)
         for name, df in zip(TABLES, (self.values[VALUE_COLUMNS], self.cells, self.entropy_gap, self.strata,
-                                     self.repeated)):
-            cache.write_table(df, d / f"{name}.parquet")
+                                     self.repeated, self.value_null, self.null_tokens)):
+            if df is not None:
+                cache.write_table(df, d / f"{name}.parquet")
         if self.heldout is not None:
             cache.write_table(self.heldout[[c for c in VALUE_COLUMNS if c in self.heldout]],
                               d / "fig05_heldout_values.parquet")
@@ -224,6 +235,20 @@ def _compute(P: Params, source) -> Result:
     last11 = fig11[fig11.step == P.repeat_steps].set_index(["optimizer", "lr"])
     chosen = {o: value.nonlinear_choice(last11.loc[o].changed_status.to_dict(), P.nonlinear_share)
               for o in dict.fromkeys(o for o, _ in grid)}
+    # the value gap's null: the same SGD step under K within-group sign shuffles of the advantages, valued on
+    # Fig. 11's pool (drawn before any step, whatever its status: Fig. 5's pool is selected by the real step)
+    t0 = time.perf_counter()
+    null_seed = seeds.derive(P.seed, "value_null")
+    null = stage.VALUE_NULL.cached(lambda: null_steps(model, batch, cc, P.lr, P.null_shuffles, null_seed),
+                                   model=fp, dtype=P.dtype, sample=scfg, lr=P.lr, K=P.null_shuffles, seed=null_seed)
+    real_error = float(np.abs(null["deltas"][0] - tokens["delta"].to_numpy()).max())
+    if not real_error <= 1e-9 * float(np.abs(tokens["delta"]).max()) + 1e-12:
+        raise RuntimeError(f"05: the null's real-order step differs from the real step by {real_error:.2e}")
+    null_tokens = null_token_table(v11, null["deltas"], P.eps)
+    value_null = null_gaps(null_tokens)
+    null_res = dict(null_test(null_tokens, P.n_boot, P.seed), path=null["path"], params=null["params"],
+                    matrix_bytes=null["matrix_bytes"], steps_seconds=null["seconds"], real_error=real_error,
+                    seconds=time.perf_counter() - t0, lr=P.lr)
     heldout = None
     if P.heldout_per_cell:  # a second batch, new prompts: its tokens split by the step on the first batch
         t0 = time.perf_counter()
@@ -240,7 +265,124 @@ def _compute(P: Params, source) -> Result:
         facts["heldout"] = dict(rollouts=len(other), tokens=len(pool2), seconds=time.perf_counter() - t0)
     return Result(facts=facts, counts=counts, mc=mc, se=se, values=vt, cells=fig5a, gap1=gap1,
                   entropy_gap=fig5b, peak=peak, strata=strata, conf_gaps=conf_gaps, pool11=v11, repeated=fig11,
-                  chosen=chosen, seconds=time.perf_counter() - t_start, heldout=heldout)
+                  chosen=chosen, seconds=time.perf_counter() - t_start, heldout=heldout, value_null=value_null,
+                  null_tokens=null_tokens, null_test=null_res)
+
+
+# ----------------------------------------------------------------------------- the value gap's sign-shuffle null
+NULL_MATRIX_BYTES = 2 * 2**30  # rollouts x parameters float64 up to this: the matrix path; above it, exact steps
+NULL_STATS = ("pooled", "balanced")  # the gap over both rollout signs as drawn; the mean of the per-sign gaps
+
+
+def null_steps(model, batch, knobs, lr: float, K: int, seed: int) -> dict:
+    """Δlog p of the batch's response tokens (row-major over its response_mask, the token table's order) after
+    one plain-SGD GRPO step of rate `lr` from θ₀ (full scope, one mini-batch) under the real advantages (row 0)
+    and under K within-group shuffles of the rollouts' advantages (`thesis.shuffles`: every group keeps its
+    multiset of advantages; rows 1..K). Two paths, the same numbers to float round-off: `matrix`
+    (`thesis.rollout_gradients` once, then one product and one forward per order, `thesis.null_deltas`) when
+    the rollouts x parameters float64 matrix fits in NULL_MATRIX_BYTES, else `exact` (`grpo.Trials.delta` of
+    the batch with each order's advantages: a backward and a step per order). θ₀ is left as it was.
+    Returns deltas (K + 1, n), orders (K + 1, B), path, params, matrix_bytes, seconds."""
+    t0 = time.perf_counter()
+    orders = torch.cat([torch.arange(len(batch))[None], thesis.shuffles(batch, K, seed)])
+    n_params = sum(p.numel() for p in grpo.scope_params(model, "full"))
+    nbytes = len(batch) * n_params * 8
+    path = "matrix" if nbytes <= NULL_MATRIX_BYTES else "exact"
+    m = batch.response_mask.bool()
+    if path == "matrix":
+        G = thesis.rollout_gradients(model, batch, knobs, "full")
+        D = thesis.null_deltas(model, batch, knobs, lr, thesis.shuffle_weights(batch, orders, "grpo"), "full", G=G)
+        out = D[:, m.cpu()]
+        del G
+    else:
+        trials = grpo.Trials(model, batch, knobs)
+        cfg = knobs.update(optimizer="sgd", lr=lr, scope="full", reweight="grpo", n_minibatches=1)
+        rows = []
+        for o in orders:
+            o = o.to(batch.reward.device)
+            rows.append(trials.delta(cfg, dataclasses.replace(batch, reward=batch.reward[o],
+                                                              advantage=batch.advantage[o]))[m].cpu())
+        out = torch.stack(rows)
+    return dict(deltas=out.double().numpy(), orders=orders.numpy(), path=path, params=n_params, matrix_bytes=nbytes,
+                seconds=time.perf_counter() - t0)
+
+
+def null_token_table(pool: pd.DataFrame, deltas: np.ndarray, eps: float) -> pd.DataFrame:
+    """Fig. 11's valued pool split by every step of the null: one row per (step, pool token), step 0 the real
+    order (`shuffle`), with the token's query group, rollout sign (as drawn), Δ̂, Δlog p and status."""
+    idx = pool.tok_idx.to_numpy()
+    d = np.asarray(deltas)[:, idx]
+    k1, n = d.shape
+    return pd.DataFrame(dict(shuffle=np.repeat(np.arange(k1), n), tok_idx=np.tile(idx, k1),
+                             group=np.tile(pool.group.to_numpy(), k1), sign=np.tile(pool.sign.to_numpy(), k1),
+                             delta_hat=np.tile(pool.delta_hat.to_numpy(dtype=float), k1), delta=d.ravel(),
+                             status=measure.classify(d.ravel(), eps)))
+
+
+def _null_arrays(nt: pd.DataFrame):
+    """(values (n,), sign (n,), boosted (K+1, n), suppressed (K+1, n), group (n,)) of a null token table."""
+    k1 = int(nt.shuffle.max()) + 1
+    first = nt[nt.shuffle == 0]
+    st = nt.status.to_numpy().reshape(k1, len(first))
+    return (first.delta_hat.to_numpy(float), first.sign.to_numpy(), (st == "boosted").astype(float),
+            (st == "suppressed").astype(float), first.group.to_numpy())
+
+
+def _null_gap_matrix(W: np.ndarray, v, sign, Bm, Sm) -> dict:
+    """Per weight row of W (observation weights: ones for the point, a replicate's cluster counts) and per
+    step: the pooled gap (weighted mean Δ̂ of boosted − of suppressed over both signs), each sign's gap and
+    their mean (balanced). (rows of W, K + 1) arrays; NaN where a cell is empty."""
+    def gap(b, s):
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return (W @ (b * v).T) / (W @ b.T) - (W @ (s * v).T) / (W @ s.T)
+    out = {"pooled": gap(Bm, Sm)}
+    for sg in ("pos", "neg"):
+        on = (sign == sg).astype(float)
+        out[sg] = gap(Bm * on, Sm * on)
+    out["balanced"] = (out["pos"] + out["neg"]) / 2
+    return out
+
+
+def null_gaps(nt: pd.DataFrame) -> pd.DataFrame:
+    """One row per step of the null (0: the real order, 1..K: the shuffles): the value gap pooled over both
+    rollout signs, per sign, sign-balanced, and the counts of boosted / suppressed tokens of the pool."""
+    v, sign, Bm, Sm, _ = _null_arrays(nt)
+    g = _null_gap_matrix(np.ones((1, len(v))), v, sign, Bm, Sm)
+    pos = sign == "pos"
+    return pd.DataFrame(dict(shuffle=np.arange(len(Bm)), real=np.arange(len(Bm)) == 0, gap=g["pooled"][0],
+                             gap_pos=g["pos"][0], gap_neg=g["neg"][0], gap_balanced=g["balanced"][0],
+                             n_boosted=Bm.sum(1).astype(int), n_suppressed=Sm.sum(1).astype(int),
+                             n_boosted_pos=Bm[:, pos].sum(1).astype(int),
+                             n_suppressed_pos=Sm[:, pos].sum(1).astype(int),
+                             same_status_as_real=((Bm == Bm[0]) & (Sm == Sm[0])).mean(1)))
+
+
+def permutation_p(real: float, null) -> float:
+    """(1 + #{null ≥ real}) / (K + 1): the one-sided permutation p-value of `real` against K null draws."""
+    null = np.asarray(null, float)
+    return float((1 + (null >= real).sum()) / (len(null) + 1))
+
+
+def null_test(nt: pd.DataFrame, n_boot: int, seed: int, alpha: float = 0.05) -> dict:
+    """Per statistic (NULL_STATS): the real gap, the shuffles' mean, median and (alpha/2, 1 − alpha/2) band,
+    the permutation p-value, and real − mean shuffled gap with a paired percentile cluster bootstrap over the
+    pool's query groups: a replicate draws the groups with replacement (`stats.cluster_resamples`, the engine
+    of every interval of this notebook) and recomputes the real gap and all K shuffles' gaps on the same draw
+    (one matrix product for all replicates); replicates with an empty cell are dropped, NaN when over half are."""
+    v, sign, Bm, Sm, group = _null_arrays(nt)
+    K = len(Bm) - 1
+    pt = _null_gap_matrix(np.ones((1, len(v))), v, sign, Bm, Sm)
+    W = np.stack(list(S.cluster_resamples([group], n_boot, seed)))
+    reps = _null_gap_matrix(W, v, sign, Bm, Sm)
+    out = dict(K=K, n_tokens=len(v), n_groups=int(len(np.unique(group))), n_boot=n_boot)
+    for name in NULL_STATS:
+        g, r = pt[name][0], reps[name]
+        lo, hi = S.percentile_interval(r[:, 0] - r[:, 1:].mean(1), q=(alpha / 2, 1 - alpha / 2), min_defined=0.5)
+        qlo, med, qhi = np.quantile(g[1:], [alpha / 2, 0.5, 1 - alpha / 2])
+        out[name] = dict(real=float(g[0]), null_mean=float(g[1:].mean()), null_median=float(med),
+                         null_lo=float(qlo), null_hi=float(qhi), diff=float(g[0] - g[1:].mean()), lo=lo, hi=hi,
+                         p=permutation_p(g[0], g[1:]), resolution=1 / (K + 1))
+    return out
 
 
 def summary(R: Result) -> str:
