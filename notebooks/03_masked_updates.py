@@ -89,36 +89,73 @@ R.topk[["pool", "k", "scope", "boost_rate", "mean_boost", "n"]]
 # ## Fig. 3
 
 # %%
-fig, axes = plots.figure(ncols=3, width=plots.WIDTH_2COL, height=2.1)
+fig, axes = plots.figure(ncols=2, nrows=2, width=plots.WIDTH_2COL, height=4.9)
+axes = axes.ravel()
 lit = "nonzero" if "nonzero" in P.pools else P.pools[0]   # the paper's test taken literally (masks of both signs)
 e = R.effects[(R.effects.scope == "lm_head") & (R.effects.pool == lit)]
-lim = np.quantile(np.abs(e.delta), 0.98)
-for kind, color in (("random", plots.PALETTE[0]), ("both", plots.PALETTE[1])):
-    axes[0].hist(e[e.kind == kind].delta, bins=50, range=(-lim, lim), histtype="step", lw=1.2, density=True,
-                 color=color, label={"random": "random", "both": "same + low conf."}[kind])
-axes[0].set(title=f"(a) δ, {lit} pool (literal test)", xlabel="masking effect δ (lm_head)", ylabel="density")
-axes[0].xaxis.set_major_locator(plt.MaxNLocator(3))
+# (a) every δ, tails included: symlog x (linear within ±1e-9), counts on a log axis down to a single candidate
+top = float(np.abs(e.delta).max())
+lin = 1e-9
+pos_edges = np.logspace(np.log10(lin), np.log10(top * 1.01), 22)
+edges = np.concatenate([-pos_edges[::-1], [0.0], pos_edges])
+t1 = R.table1.set_index(["pool", "kind", "scope"])
+for kind, color, name in (("random", plots.PALETTE[0], "random"), ("both", plots.PALETTE[1], "same + low conf.")):
+    r = t1.loc[(lit, kind, "lm_head")]
+    axes[0].hist(e[e.kind == kind].delta, bins=edges, histtype="step", lw=1.2, color=color,
+                 label=f"{name}: {r.mean_boost:+.1e} [{r.mean_boost_lo:+.1e}, {r.mean_boost_hi:+.1e}]")
+axes[0].set_xscale("symlog", linthresh=lin, linscale=0.5)
+axes[0].xaxis.set_major_locator(plt.FixedLocator([-1e-2, -1e-5, 0, 1e-5, 1e-2]))
 axes[0].set_yscale("log")
-axes[0].set_ylim(top=axes[0].get_ylim()[1] * 30)  # room for the legend above the bars
-axes[0].legend(frameon=False, fontsize=6, loc="upper left")
+axes[0].set_ylim(0.5, axes[0].get_ylim()[1] * 60)   # a bin of one candidate shows; room above for the key
+rows = fig03_claims.claims(R, P)   # the claim rows (recorded at the end): 3(a)'s right-shift test, with its interval
+shift = next((c for c in rows if c.claim == f"fig03a_{lit}_right_shift"), None)
+if shift is not None:
+    axes[0].text(0.01, 0.99, f"right-shift test, {shift.unit}:\n{shift.measured:+.1e} [{shift.lo:+.1e}, {shift.hi:+.1e}]"
+                 f" ({shift.verdict})", transform=axes[0].transAxes, ha="left", va="top", fontsize=5.5)
+axes[0].set(title=f"(a) δ, {lit} pool (literal test), n = {len(e[e.kind == 'both'])} per mask",
+            xlabel="masking effect δ (lm_head; symlog, linear within ±1e-9)", ylabel="candidates per bin")
+axes[0].legend(frameon=False, fontsize=5.5, loc="upper left", bbox_to_anchor=(0, 0.86), title="Mean Boost [95% CI]",
+               title_fontsize=5.5, alignment="left")
 for scope, ls in (("lm_head", "-"), ("full", "--")):
     s = R.boost_vs_cos[R.boost_vs_cos.scope == scope]
     axes[1].plot(s.proxy_cos, 100 * s.boost_rate, marker="o", ms=3, ls=ls, label=scope)
 axes[1].axhline(50, color="k", lw=0.5, ls=":")
-axes[1].set(title=f"(b) vs coupling, {P.pools[0]} pool", xlabel="proxy cos(g_c, Σ_M A_k g_k)",
-            ylabel="Boost Rate (%)")
-axes[1].legend(frameon=False)
-for p in [lit] + [q for q in P.pools if q != lit]:   # the literal pool in colour; the others grey (positive masks:
-    for scope, ls, mk, color in (("lm_head", "-", "o", plots.PALETTE[0]), ("full", "none", "s", plots.PALETTE[1])):
-        t = R.topk[(R.topk.scope == scope) & (R.topk.pool == p)]   # lm_head's rate is 100% by construction)
-        axes[2].errorbar(t.k, 100 * t.boost_rate, yerr=plots.interval_err(100 * t.boost_rate, 100 * t.boost_rate_lo, 100 * t.boost_rate_hi),
-                         marker=mk, ms=3 if p == lit else 2, ls=ls, color=color if p == lit else "0.7", capsize=1.5,
-                         lw=1 if p == lit else 0.7, label=f"{p}, {scope}" + ("" if p == lit else " (by construction)" * (scope == "lm_head")))
+axes[1].set(title=f"(b) vs coupling, {P.pools[0]} pool", xlabel="proxy cos(g_c, Σ_M A_k g_k), bin median",
+            ylabel="Boost Rate (%)", ylim=(-5, 105))
+axes[1].legend(frameon=False, loc="center right")
+axes[1].text(0.97, 0.06, "point estimates per cosine bin\n(no interval drawn)", transform=axes[1].transAxes,
+             ha="right", va="bottom", fontsize=6, color="0.3")
+# (c) both of 3(c)'s measures over k, each series nudged sideways so the intervals at one k stay apart
+series = [(p, scope) for p in [lit] + [q for q in P.pools if q != lit] for scope in ("lm_head", "full")]
+style = {(lit, "lm_head"): ("-", "o", plots.PALETTE[0]), (lit, "full"): ("none", "s", plots.PALETTE[1])}
+for n, (p, scope) in enumerate(series):
+    t = R.topk[(R.topk.scope == scope) & (R.topk.pool == p)]
+    if t.empty:
+        continue
+    ls, mk, color = style.get((p, scope), ("-" if scope == "lm_head" else "none", "o" if scope == "lm_head" else "s",
+                                           "0.45" if scope == "lm_head" else "0.7"))
+    xs = t.k * 2 ** (0.12 * (n - (len(series) - 1) / 2))
+    label = f"{p} pool, {scope}" + (" (Boost Rate 100% by construction)" if p != lit and scope == "lm_head" else "")
+    for ax, y, lo, hi, f in ((axes[2], "boost_rate", "boost_rate_lo", "boost_rate_hi", 100),
+                             (axes[3], "mean_boost", "mean_boost_lo", "mean_boost_hi", 1)):
+        ax.errorbar(xs, f * t[y], yerr=plots.interval_err(f * t[y], f * t[lo], f * t[hi]), marker=mk,
+                    ms=3 if p == lit else 2.5, ls=ls, color=color, capsize=1.5, lw=1 if p == lit else 0.8,
+                    label=label)
+ks = sorted(R.topk.k.unique())
+for ax in axes[2:]:
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(ks, [str(k) for k in ks])
+    ax.minorticks_off()
+    ax.set_xlabel("top-coupled tokens masked (k)")
 axes[2].axhline(50, color="k", lw=0.5, ls=":")
-axes[2].set(title="(c) top-coupled tokens masked", xlabel="tokens masked (k)", ylabel="Boost Rate (%)", xscale="log",
-            ylim=(-5, 195), yticks=[0, 25, 50, 75, 100])   # room above 100% for the legend
-axes[2].legend(frameon=False, fontsize=5, loc="upper right", handlelength=1.5)
-fig.tight_layout()
+axes[2].set(title="(c) top-coupled tokens masked: Boost Rate", ylabel="Boost Rate (%, 95% CI)", ylim=(-5, 105),
+            yticks=[0, 25, 50, 75, 100])
+axes[3].axhline(0, color="k", lw=0.5)
+axes[3].set_yscale("symlog", linthresh=1e-4)
+axes[3].set(title="(c) top-coupled tokens masked: Mean Boost", ylabel="Mean Boost (95% CI, symlog)")
+fig.legend(*axes[2].get_legend_handles_labels(), loc="lower center", ncol=2, frameon=False, fontsize=6,
+           bbox_to_anchor=(0.5, -0.01))
+fig.tight_layout(rect=(0, 0.07, 1, 1))
 plots.save(fig, "fig03_masked_updates", fig_dir)
 plt.show()
 

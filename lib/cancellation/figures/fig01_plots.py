@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+from matplotlib.lines import Line2D
 
 from .. import measure, plots
 
 SIGN_SHORT = {"pos": "A > 0", "neg": "A < 0", "all": "all"}
+SIGN_LS = {"pos": "-", "neg": "--"}       # Fig. 1(d): the rollout's sign by line style and marker,
+SIGN_MARKER = {"pos": "o", "neg": "s"}    # the token's category by colour
 
 
 def token_flipping(frac: pd.DataFrame, grpo_tokens: pd.DataFrame, eps: float):
@@ -36,12 +39,18 @@ def token_flipping(frac: pd.DataFrame, grpo_tokens: pd.DataFrame, eps: float):
     axes[2].legend(frameon=False, loc="upper right", fontsize=6)
     d = frac[(frac.run == "positive_only") & (frac.status != "stable")]
     for (sign, status), s in d.groupby(["sign", "status"]):
-        axes[3].plot(s.step, s.fraction, marker="o" if sign == "pos" else "s", ms=2.5, lw=1.2,
-                     color=plots.STATUS_COLORS[status], ls="-" if sign == "pos" else "--",
-                     label=SIGN_SHORT[sign] if status == "boosted" else None)
+        axes[3].plot(s.step, s.fraction, marker=SIGN_MARKER[sign], ms=2.5, lw=1.2,
+                     color=plots.STATUS_COLORS[status], ls=SIGN_LS[sign])
     axes[3].set(title="(d) positive-only run", xlabel="training step", ylim=(0, 1))
-    axes[3].legend(frameon=False, loc="upper right", fontsize=6, handlelength=2.2)
-    fig.tight_layout(rect=(0, 0.07, 1, 1))
+    # two encodings, one key below the panel: line style and marker = the rollout's sign, colour = the token's status
+    signs = [s for s in ("pos", "neg") if s in set(d.sign)]
+    statuses = [s for s in measure.STATUSES if s in set(d.status)]
+    handles = ([Line2D([], [], color="0.3", marker=SIGN_MARKER[s], ms=2.5, lw=1.2, ls=SIGN_LS[s]) for s in signs]
+               + [Line2D([], [], color=plots.STATUS_COLORS[s], lw=2.5) for s in statuses])
+    fig.legend(handles, [f"{SIGN_SHORT[s]} rollouts" for s in signs] + [f"{s} tokens" for s in statuses],
+               loc="lower center", ncol=2, frameon=False, bbox_to_anchor=(0.87, -0.03), fontsize=6, handlelength=2.2,
+               columnspacing=1.0, title="(d): line style = sign, colour = token", title_fontsize=6)
+    fig.tight_layout(rect=(0, 0.13, 1, 1))
     return fig
 
 
