@@ -87,21 +87,24 @@ lo_h, hi_h = np.quantile(R.pairs.hdot, [0.001, 0.999])
 for name in ("same", "different"):
     d = R.pairs[R.pairs.pair == name]
     axes[0].hist(d.hdot.clip(lo_h, hi_h), bins=60, range=(lo_h, hi_h), density=True, histtype="step", lw=1.2,
-                 color=colors[name], label=f"{name} token (mean cosine {d.hcos.mean():+.2f})")
+                 color=colors[name], label=f"{name} token: mean {d.hdot.mean():+.0f} (mean cosine {d.hcos.mean():+.2f})")
     axes[1].hist(np.log10(d.phi.abs().clip(lower=1e-12)), bins=60, range=(-12, 0.5), density=True, histtype="step",
                  lw=1.2, color=colors[name], label=f"{name} token")
 axes[0].set(title="(a) ⟨h_j, h_k⟩", xlabel="⟨h_j, h_k⟩ (0.1–99.9% of pairs shown)", ylabel="density")
 axes[0].axvline(0, color="k", lw=0.5)
-axes[0].legend(frameon=False, loc="upper left", fontsize=6.5)
-axes[1].set(title="(b) |φ_jk|", xlabel="log10 |φ_jk|  (|φ| ≤ 1e-12, zeros included, piled at −12)")
-plots.heatmap(axes[2], R.absolute, square=True,
+axes[0].set_ylim(0, axes[0].get_ylim()[1] * 1.35)   # room above the histograms for the key
+axes[0].legend(frameon=False, loc="upper left", fontsize=6.5, title="⟨h_j, h_k⟩ as plotted; cosine beside it",
+               title_fontsize=6, alignment="left")
+axes[1].set(title="(b) |φ_jk|", xlabel="log10 |φ_jk|  (|φ| ≤ 1e-12, zeros included, piled at −12)", ylabel="density")
+axes[1].legend(frameon=False, loc="upper center", fontsize=6.5)
+plots.heatmap(axes[2], R.absolute, square=True, cbar_label="mean |A_k⟨h_j,h_k⟩φ_jk| (log scale)",
               norm=LogNorm(vmin=max(float(R.absolute.min()), 1e-12), vmax=float(R.absolute.max())))
 axes[2].set(title="(c) mean |A_k⟨h,h⟩φ|", xlabel="entropy bin of k (low → high)", ylabel="entropy bin of j")
 d, pred = R.scatter.measured.to_numpy(), R.scatter.predicted.to_numpy()
 lim = np.abs(np.concatenate([d, pred])).max()
 axes[3].scatter(pred, d, s=2, alpha=0.4, color=plots.PALETTE[2], rasterized=True)
 axes[3].plot([-lim, lim], [-lim, lim], color="k", lw=0.6, ls="--")
-axes[3].set(title=f"(d) δ_j vs Δlog p, η={P.lr}", xlabel="predicted δ_j (lm_head)", ylabel="measured Δlog p_j")
+axes[3].set(title=f"(d) extra, not in the paper: δ_j vs Δlog p, η={P.lr}", xlabel="predicted δ_j (lm_head)", ylabel="measured Δlog p_j")
 for set_scale, axis, ticks in ((axes[3].set_xscale, axes[3].xaxis, [-1e-2, 0, 1e-2]),
                                 (axes[3].set_yscale, axes[3].yaxis, [-1e-2, -1e-4, 0, 1e-4, 1e-2])):
     set_scale("symlog", linthresh=1e-6)
