@@ -85,28 +85,38 @@ print(fig07.equal_rollouts(R))
 # ## Stability sweep
 # The paper's baseline collapses (Qwen2.5-Math-7B) while QB+RB keeps training. The same strategies at
 # `probe_lrs` (seeds `probe_seeds`) beside `lr`: final average, runs collapsed (below half the start), steps.
+# The figure (`table2_lr_sweep`, named after the table it plots) shows every run of the sweep.
 
 # %%
 if (sweep := fig07.sweep_shown(R)) is not None:
     print(f"start: average {R.start:.1f}%; seeds {P.probe_seeds}; final average ± 95% t half-width over seeds")
     display(sweep)
+# the light run says so on its figures (tiny is a smoke test; tiny-table2, `make table2`, is the test)
+light = (f"light run ({len(P.seeds)} seeds x {P.iterations} iterations): a smoke test; the full test is make table2 "
+         "(figures/tiny-table2/)") if profile == "tiny" else None
+if (fig := fig07_plots.lr_sweep(R, note=light)) is not None:   # where collapse happens: every run of the sweep
+    plots.save(fig, "table2_lr_sweep", fig_dir)
+    plt.show()
 
 # %% [markdown]
 # ## Fig. 8 — training curves
-# Held-out accuracy per difficulty and on average vs iteration (mean over seeds, band = 95% t interval over seeds),
-# batch reward and token entropy. The x-axis counts iterations: the legend gives rollouts sampled vs the baseline's.
+# Small multiples: one column per strategy, drawn beside the baseline (random, black); rows are the held-out
+# accuracy per difficulty and on average (evaluated every `eval_every` iterations: the dots), the batch reward and
+# the token entropy; mean over seeds, band = 95% t interval over seeds. The x-axis counts iterations: a column's
+# title gives the rollouts it sampled vs the baseline's.
 
 # %%
-fig = fig07_plots.training_curves(R, P.strategies)   # lib/cancellation/figures/fig07_plots.py
+fig = fig07_plots.training_curves(R, P.strategies, note=light)   # lib/cancellation/figures/fig07_plots.py
 plots.save(fig, "fig08_training_curves", fig_dir)
 plt.show()
 
 # %% [markdown]
 # ## Fig. 7(a) — what sign partitioning does
-# Left: final held-out accuracy, baseline vs sign-partitioned (and QB+RB for reference), per difficulty
-# (mean ± 95% interval over seeds). Middle: the gradient norm of each mini-batch step — a sign-pure mini-batch has
+# (i) final held-out accuracy, baseline vs sign-partitioned (and QB+RB for reference), per difficulty
+# (mean ± 95% interval over seeds). (ii) the gradient norm ‖g_B‖ of each mini-batch step — a sign-pure mini-batch has
 # nothing to cancel against, so the cancellation reading expects a larger gradient than a mixed one's (the line
-# below says whether it is). Right: the drift within an iteration, mean |ρ − 1| (95% t) at the k-th step.
+# below says whether it is); this is the norm itself, not Eq. 14's scatter Σ_B (T_B/T)‖g_B − g‖² (that is the
+# local-imbalance table below). (iii) the drift within an iteration, mean |ρ − 1| (95% t) at the k-th step.
 
 # %%
 fig = fig07_plots.sign_partition(R, P.strategies)
