@@ -124,61 +124,82 @@ plt.show()
 # ## The thesis as a test that could come out against the paper (`cancellation.thesis`)
 # Same batches, same θ₀, more single steps from θ₀: **negative-only** (A·1[r = 0]); **GRPO with the
 # opposite-sign copies masked** (loss weight 0 on each token of an A < 0 rollout whose id occurs in an A > 0
-# rollout of its group) and, as its null, **GRPO with random masks of the same size** (as many A < 0 tokens per
-# group and confidence bin, drawn at random; `n_random_masks` draws averaged); and positive-only, negative-only
-# and GRPO with the **advantages shuffled within groups** (the permuted control). A token of an A > 0 rollout
-# is *shared* when it occurs in an A < 0 rollout of its group, else *success-specific*; mirrored for A < 0.
-# "Occurs" has two definitions: the same **id** anywhere in the rollout, and the same id **in context** (after
-# the same k response tokens, k the smallest whose specific share reaches 20% in both pools — fixed from the
-# class shares below, before any Δ is read).
+# rollout of its group) and, as its null, **GRPO with random masks disjoint from the copies** (in every group and
+# confidence bin, as many of the *other* A < 0 tokens as there are copies, or all of them when they are fewer;
+# `n_random_masks` draws averaged). A token of an A > 0 rollout is *shared* when it occurs in an A < 0 rollout of its
+# group, else *success-specific*; mirrored for A < 0. "Occurs" has three definitions: the same **id** anywhere in
+# the rollout (the paper's literal one); the same id **in context** (after the same k response tokens, k = 1…4;
+# the one whose rows decide is the smallest k whose specific share reaches 20% in both pools, fixed from the
+# class shares below before any Δ is read); and the same **state** (the whole response up to and including the
+# token equals an opposite-sign rollout's). A shared token at a copy's own state gets both signs' gradients at
+# one input, which needs no coupling between different states; §2's story is about the others, so the rows
+# below also take shared tokens **at another state than any copy's** apart.
 #
-# What the paper says, as rows: shared A > 0 tokens **lose reinforcement** under GRPO (their cancellation
-# Δ_GRPO − Δ_positive-only < 0, and they keep less than all of their positive-only gain), and they lose more than
-# success-specific ones (the contrast, matched within token id × confidence bin). The thesis verdict is the
-# conjunction of the first and the last. The **alternative reading** is that GRPO amplifies success-specific
-# tokens while shared ones keep their gain; it has its own row. Then the refutation (copies mask vs random
-# masks: the copies must restore more), the permuted control, the frequency split the related work predicts,
-# and the **mechanism**: each token's first-order Δ under an LM-head GRPO step (Eq. 9) split into the same id
-# in opposite-sign rollouts, other ids in opposite-sign rollouts, and the rest. Intervals: 95% bootstrap over
-# batches, then groups within a batch. Each row's rule names the refuting outcome.
+# **The null.** Every batch's rollouts get their rewards and advantages shuffled within each group,
+# `null_shuffles` = K times (the same multiset per group), and the three single steps (positive-only,
+# negative-only, GRPO) are taken from θ₀ under each shuffle: one backward per rollout at θ₀, then one matrix
+# product and one forward per shuffle and update, the exact step to float round-off (`thesis.null_batch`; the
+# real signs through the same path are checked against the exact step below). Shuffle s of the null is each
+# statistic pooled over every batch under its s-th shuffle, exactly as the real statistic pools them. A
+# statistic that is no different under shuffled signs says nothing about *success*.
+#
+# **The rule, fixed before the run (issue 61).** *Cancellation* is reproduced when, on different-state shared
+# A > 0 tokens, the cancellation's 95% interval lies below 0 and the retained share's below 1 (not reproduced when
+# both lie on the other side). *Success-specific credit* is reproduced when the contrast and the specific
+# amplification, in each pool, lie beyond the central 95% of their null on the paper's side (one-sided permutation
+# p ≤ 0.025, resolution 1/(K+1)); not reproduced when none does. The thesis verdict needs both; a class split
+# with under 20% specific tokens reads "not decidable". Intervals: 95% bootstrap over batches, then groups.
 
 # %% [markdown]
 # **What each definition can test on this task.** The tiny task writes every rollout from a vocabulary of a few
 # dozen ids, so by the id definition almost every token also occurs in some failed rollout of its group and the
-# "specific" class is a handful of rare ids. The in-context definition separates the classes (a shared token is
-# the same id in the same local context); the cell below prints both shares and what each can test.
+# "specific" class is a handful of rare ids. The in-context definition separates the classes; the cell below
+# prints the shares and what each can test.
 
 # %%
 print(f"context definition: k = {R.batches['context_k']} preceding tokens (rule: the smallest k whose specific "
       "share is ≥ 20% in both pools)")
 print("\n".join(fig04_claims.class_share_lines(R.thesis_shares, R.batches["context_k"])))
+print("\n".join(fig04_claims.pool_lines(R)))
 R.thesis_shares.pivot(index=["defn", "k"], columns="pool", values="specific_share").round(3)
 
+# %% [markdown]
+# The thesis statistics with their 95% intervals, per definition, view of the shared class (all of it; at
+# another state than any copy's; at a copy's own state) and pool:
+
 # %%
-T, TC = R.thesis, fig04_claims.thesis_claims(R.thesis, R.thesis_fidelity, R.batches["context_k"])
+T = R.thesis
+TC = fig04_claims.thesis_claims(T, R.thesis_fidelity, R.batches["context_k"], R.thesis_shares, R.thesis_null,
+                                R.thesis_cells)
 print("no group holds both classes: nothing to compare on this profile" if T.empty else "")
 fig04_claims.thesis_view(T)
 
 # %% [markdown]
-# How well the first-order terms (LM-head kernel) track the measured full-parameter step:
+# Every statistic against its sign-shuffle null, on every definition (the real value, the null's median and
+# central 95%, and the one-sided permutation p toward the paper's side):
+
+# %%
+fig04_claims.null_view(R.thesis_null)
+
+# %%
+fig = fig04_plots.thesis(R, TC)
+plots.save(fig, "fig04_thesis", fig_dir)
+plt.show()
+
+# %% [markdown]
+# How well the first-order terms (LM-head kernel) track the measured full-parameter step (they do not stand in
+# for the steps anywhere; the null takes exact steps):
 
 # %%
 R.thesis_fidelity.round(3)
 
 # %%
-fig = fig04_plots.thesis(T, TC)
-plots.save(fig, "fig04_thesis", fig_dir)
-plt.show()
-
-# %%
 print("\n".join(fig04_claims.thesis_report(R.thesis, TC)))
 
 # %% [markdown]
-# ## Which reading the thesis rows support
-# Read off the rows above (never typed by hand): per definition of "shared", whether the data support the
-# paper's reading (shared tokens lose reinforcement, and more than specific ones), the alternative (specific
-# tokens amplified, shared ones keeping their gain within 1 ± 0.25), or neither; then the refutation, the
-# permuted control and the mechanism.
+# ## Which part of the thesis the rows support
+# Read off the rows above (never typed by hand): per definition of "shared", the verdict by the rule above, its
+# two parts with their numbers, and the null control; then the refutation and the mechanism.
 
 # %%
 print("\n".join(fig04_claims.thesis_reading(TC)))

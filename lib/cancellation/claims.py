@@ -59,7 +59,15 @@ from .stats import clopper_pearson
 
 REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE = "reproduced", "not reproduced", "inconclusive"
 BY_CONSTRUCTION = "holds by construction"
-VERDICTS = (REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE, BY_CONSTRUCTION)
+NOT_DECIDABLE = "not decidable"   # the test cannot be made here (degenerate classes, a null mask that falls short)
+ABOUT_HALF = "about half"         # a "most" claim whose interval sits at a half
+NULL_PASSES, NULL_DIFFERS = "null passes", "null differs"   # a null control's own words: not one of the paper's claims
+VERDICTS = (REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE, BY_CONSTRUCTION, NOT_DECIDABLE, ABOUT_HALF)
+CONTROL_VERDICTS = (NULL_PASSES, NULL_DIFFERS)   # rows with these are null controls: listed, never counted as claims
+# params that make any rule read "not decidable" before it reads the numbers (the rule fixed before the run:
+# issue 61): a class split whose specific class is under MIN_SPECIFIC of its pool's tokens, a null mask that
+# reaches under MIN_SIZE of the size it must match
+MIN_SPECIFIC, MIN_SIZE = 0.2, 0.9
 UNITS = ("token", "token id", "pair", "candidate", "rollout", "group", "prompt", "batch", "step", "seed", "run",
          "none")
 BEGIN, END = "<!-- claims:begin -->", "<!-- claims:end -->"  # the full table (docs/claims.md)
@@ -67,9 +75,10 @@ SUMMARY_BEGIN, SUMMARY_END = "<!-- claims-summary:begin -->", "<!-- claims-summa
 FINDINGS_BEGIN, FINDINGS_END = "<!-- findings:begin -->", "<!-- findings:end -->"  # README's first screen
 CLAIMS_DOC = "docs/claims.md"
 THESIS_PREFIX = "fig04_thesis_"  # the thesis rows; README lists those of THESIS_README one by one (docs/claims.md all)
-THESIS_README = ("verdict", "alternative", "pos_shared_cancellation", "pos_shared_retained", "pos_specific_amplification",
-                 "pos_contrast", "copies_vs_random", "minus_permuted", "mech_same_id_share", "verdict_ctx",
-                 "alternative_ctx")
+THESIS_README = ("verdict", "pos_diffstate_cancellation", "pos_diffstate_retained", "pos_contrast_vs_null",
+                 "pos_amplification_vs_null", "null_cancellation", "verdict_ctx", "pos_diffstate_cancellation_ctx",
+                 "pos_diffstate_retained_ctx", "pos_contrast_vs_null_ctx", "pos_amplification_vs_null_ctx",
+                 "null_cancellation_ctx", "copies_vs_random", "mech_same_id_share")
 COLUMNS = ["notebook", "claim", "figure", "statement", "paper", "measured", "lo", "hi", "n", "unit", "rule",
            "params", "rule_text", "detail", "verdict", "estimator", "resampling"]
 LATER_COLUMNS = ("estimator", "resampling")  # added to the registry later; empty in an older registry's rows
@@ -150,7 +159,9 @@ def all_of(m, lo, hi, parts: list, what: str = "") -> str:
     """A conjunction: `parts` is a list of [name, rule, m, lo, hi, params] (other rows' numbers, stored in
     this row so its verdict can be recomputed from the row alone). reproduced when every part is; not
     reproduced when any part is not reproduced; else inconclusive. m, lo, hi are shown only."""
-    got = [RULES[rule](pm, plo, phi, **pp) for _, rule, pm, plo, phi, pp in parts]
+    got = _parts(parts)
+    if NOT_DECIDABLE in got:
+        return NOT_DECIDABLE
     if got and all(g == REPRODUCED for g in got):
         return REPRODUCED
     if any(g == NOT_REPRODUCED for g in got):
@@ -158,12 +169,139 @@ def all_of(m, lo, hi, parts: list, what: str = "") -> str:
     return INCONCLUSIVE
 
 
-RULES = {"direction": direction, "similar": similar, "construction": construction, "exact": exact, "all_of": all_of}
+def majority(m, lo, hi, threshold: float = 0.55) -> str:
+    """A "most"/"majority" claim on a share: reproduced when the interval lies above `threshold` (0.55: a share
+    just over a half is not "most"); not reproduced when it lies below 0.5; "about half" when it lies within
+    [1 − threshold, threshold]; else inconclusive."""
+    if _nan(m) or _nan(lo) or _nan(hi):
+        return INCONCLUSIVE
+    if lo > threshold:
+        return REPRODUCED
+    if hi < 0.5:
+        return NOT_REPRODUCED
+    if lo >= 1 - threshold and hi <= threshold:
+        return ABOUT_HALF
+    return INCONCLUSIVE
+
+
+def null_test(m, lo, hi, sign: int, p_paper: float, p_other: float, K: int, median: float = math.nan,
+              band_lo: float = math.nan, band_hi: float = math.nan, alpha: float = 0.025) -> str:
+    """The real statistic m against a permutation null (K within-group sign shuffles; `p_paper`, `p_other`: the
+    one-sided permutation p-values toward the paper's side sign and away from it, in steps of 1/(K+1)):
+    reproduced when m lies beyond the null's central 95% on the paper's side (p_paper ≤ alpha = 0.025); not
+    reproduced otherwise: inside the band ("no different from sign-agnostic redistribution") or beyond it on the
+    other side. median, band_lo, band_hi (the null's median and 2.5/97.5% quantiles) are shown only."""
+    if _nan(m) or not K:
+        return INCONCLUSIVE
+    return REPRODUCED if p_paper <= alpha else NOT_REPRODUCED
+
+
+def null_control(m, lo, hi, sign: int, ref: float = 0.0) -> str:
+    """A null control: m is the null's median, [lo, hi] its central 95% band. "null passes" when the whole band
+    lies on the paper's side of ref (signs shuffled within groups would pass the test the real signs take), else
+    "null differs". Never "reproduced", and not counted among the paper's claims."""
+    if _nan(lo) or _nan(hi):
+        return NULL_DIFFERS
+    s = 1 if sign >= 0 else -1
+    return NULL_PASSES if min(s * (lo - ref), s * (hi - ref)) > 0 else NULL_DIFFERS
+
+
+def _parts(parts: list) -> list:
+    return [judge(rule, pm, plo, phi, pp) for _, rule, pm, plo, phi, pp in parts]
+
+
+def part_verdict(parts: list, need_all: bool = True) -> str:
+    """One part of the thesis verdict from its rows: "not decidable" when any row is; reproduced when every row is;
+    not reproduced when every row is not; else inconclusive."""
+    got = _parts(parts)
+    if not got or NOT_DECIDABLE in got:
+        return NOT_DECIDABLE
+    if all(g == REPRODUCED for g in got):
+        return REPRODUCED
+    if all(g == NOT_REPRODUCED for g in got):
+        return NOT_REPRODUCED
+    return INCONCLUSIVE
+
+
+def thesis_verdict(m, lo, hi, cancellation: list, credit: list) -> str:
+    """The thesis (issue 61's rule, fixed before the run): two parts, each a list of rows [name, rule, m, lo, hi,
+    params] (`part_verdict`): *cancellation* (different-state shared A > 0 tokens: cancellation below 0 and
+    retained share below 1) and *success-specific credit* (contrast and specific amplification, each pool, beyond
+    their sign-shuffle null on the paper's side). "not decidable" when a part is; reproduced when both are; not
+    reproduced when either is not; else inconclusive. m, lo, hi: none (NaN); the parts carry the numbers."""
+    c, s = part_verdict(cancellation), part_verdict(credit)
+    if NOT_DECIDABLE in (c, s):
+        return NOT_DECIDABLE
+    if c == s == REPRODUCED:
+        return REPRODUCED
+    if NOT_REPRODUCED in (c, s):
+        return NOT_REPRODUCED
+    return INCONCLUSIVE
+
+
+def deciding_part(params: dict) -> str:
+    """Which part of a thesis_verdict row decides it, in words."""
+    c, s = part_verdict(params["cancellation"]), part_verdict(params["credit"])
+    v = thesis_verdict(math.nan, math.nan, math.nan, **params)
+    names = {"cancellation": c, "success-specific credit": s}
+    if v == NOT_DECIDABLE:
+        who = [n for n, x in names.items() if x == NOT_DECIDABLE]
+    elif v == REPRODUCED:
+        who = list(names)
+    elif v == NOT_REPRODUCED:
+        who = [n for n, x in names.items() if x == NOT_REPRODUCED]
+    else:
+        who = [n for n, x in names.items() if x == INCONCLUSIVE]
+    return " and ".join(who)
+
+
+RULES = {"direction": direction, "similar": similar, "construction": construction, "exact": exact, "all_of": all_of,
+         "majority": majority, "null_test": null_test, "null_control": null_control, "thesis_verdict": thesis_verdict}
+
+
+def judge(rule: str, m, lo, hi, params: dict) -> str:
+    """The verdict of a row: "not decidable" when its params say the test cannot be made here (`specific_share`
+    under MIN_SPECIFIC: degenerate classes; `size_share` under MIN_SIZE: a null mask that falls short of the size
+    it must match), else RULES[rule] on the numbers and the other params."""
+    p = dict(params)
+    share, size = p.pop("specific_share", None), p.pop("size_share", None)
+    if (share is not None and share < MIN_SPECIFIC) or (size is not None and size < MIN_SIZE):
+        return NOT_DECIDABLE
+    return RULES[rule](m, lo, hi, **p)
 
 
 def rule_text(rule: str, params: dict) -> str:
     """The rule in words, with its parameters (shown in the README and the notebooks)."""
     p = dict(params)
+    pre = []
+    if "specific_share" in p:
+        pre.append(f"not decidable if the specific class is under {MIN_SPECIFIC:.0%} of the pool "
+                   f"(here {p.pop('specific_share'):.1%})")
+    if "size_share" in p:
+        pre.append(f"not decidable if the null mask reaches under {MIN_SIZE:.0%} of the copies' size "
+                   f"(here {p.pop('size_share'):.1%})")
+    if pre:
+        return "; ".join(pre) + "; else " + rule_text(rule, p)
+    if rule == "majority":
+        t = p.get("threshold", 0.55)
+        return (f"95% CI > {t:g} (a majority); not reproduced if CI < 0.5; 'about half' if CI within "
+                f"[{1 - t:g}, {t:g}]")
+    if rule == "null_test":
+        side = "above" if p.get("sign", 1) >= 0 else "below"
+        return (f"beyond the central 95% of its null ({p['K']} within-group sign shuffles of every batch) {side} it: "
+                f"one-sided permutation p ≤ {p.get('alpha', 0.025):g} (resolution 1/{p['K'] + 1}); not reproduced "
+                "inside the band (no different from sign-agnostic redistribution) or beyond it on the other side")
+    if rule == "null_control":
+        side = ">" if p.get("sign", 1) >= 0 else "<"
+        return (f"a null control: 'null passes' if the null's central 95% band is {side} {p.get('ref', 0.0):g} "
+                "(shuffled signs pass the test the real signs take), else 'null differs'; not a claim of the paper")
+    if rule == "thesis_verdict":
+        return ("not decidable if a part is; reproduced if both parts are; not reproduced if either is not. "
+                "Cancellation part: " + "; ".join(f"{name} ({rule_text(r, pp)})" for name, r, _, _, _, pp in
+                                                  p["cancellation"])
+                + " (reproduced if both are, not reproduced if both are not). Success-specific credit part: "
+                + "; ".join(name for name, *_ in p["credit"]) + ", each beyond its sign-shuffle null on the paper's "
+                "side (reproduced if all are, not reproduced if none is)")
     pt = " (no interval: decided on the point)" if p.get("point_ok") else ""
     if rule == "direction":
         ref = p.get("ref", 0.0)
@@ -219,7 +357,7 @@ class Claim:
                              f"(got {self.estimator!r}, {self.resampling!r})")
         if not resampling_ok(self.resampling):
             raise ValueError(f"Claim {self.claim}: resampling unit {self.resampling!r}; known: {', '.join(UNITS)}")
-        self.verdict = RULES[self.rule](self.measured, self.lo, self.hi, **self.params)
+        self.verdict = judge(self.rule, self.measured, self.lo, self.hi, self.params)
 
     def row(self, notebook: str) -> dict:
         d = asdict(self)
@@ -266,8 +404,17 @@ def can_pass(rule: str, params: dict, n: int, estimator: str) -> tuple[bool, str
     pass (the interval can sit anywhere)."""
     p = dict(params)
     est = str(estimator)
-    if rule == "construction":
+    if rule in ("construction", "null_control"):   # never "reproduced" by design
         return True, ""
+    if rule == "null_test":
+        ok = 1 / (p["K"] + 1) <= p.get("alpha", 0.025)
+        return (True, "") if ok else (False, f"a permutation null of K = {p['K']} shuffles cannot reach p ≤ "
+                                             f"{p.get('alpha', 0.025):g} (needs K ≥ {math.ceil(1 / p.get('alpha', 0.025)) - 1})")
+    if rule == "thesis_verdict":
+        bad = [(name, why) for name, r, _, _, _, pp in p["cancellation"] + p["credit"]
+               for ok, why in [can_pass(r, {k: v for k, v in pp.items() if k not in ("specific_share", "size_share")},
+                                        n, estimator if r != "null_test" else "permutation")] if not ok]
+        return (False, "; ".join(f"{name}: {why}" for name, why in bad)) if bad else (True, "")
     if rule == "all_of":
         bad = [(name, why) for name, r, _, _, _, pp in p["parts"] for ok, why in [can_pass(r, pp, n, estimator)] if not ok]
         return (False, "; ".join(f"{name}: {why}" for name, why in bad)) if bad else (True, "")
@@ -305,7 +452,7 @@ def resampling_ok(resampling: str) -> bool:
 
 def verdict_of(row) -> str:
     """The verdict recomputed from a stored row's numbers and rule."""
-    return RULES[row["rule"]](row["measured"], row["lo"], row["hi"], **json.loads(row["params"]))
+    return judge(row["rule"], row["measured"], row["lo"], row["hi"], json.loads(row["params"]))
 
 
 class ClaimsError(ValueError):
@@ -378,8 +525,11 @@ def table_markdown(df: pd.DataFrame) -> str:
         cells = [c.replace("\\|", "|").replace("|", "\\|").replace("\n", " ") for c in cells]
         lines.append("| " + " | ".join(cells) + " |")
     counts = df.verdict.value_counts()
+    controls = int(df.verdict.isin(CONTROL_VERDICTS).sum())
     lines.append("")
-    lines.append(f"{len(df)} claims: " + ", ".join(f"{counts.get(v, 0)} {v}" for v in VERDICTS) + ".")
+    lines.append(f"{len(df) - controls} claims: " + ", ".join(f"{counts.get(v, 0)} {v}" for v in VERDICTS) + "."
+                 + (f" Besides, {controls} null controls (" + ", ".join(f"{counts.get(v, 0)} {v}" for v in CONTROL_VERDICTS)
+                    + "), not counted among the paper's claims." if controls else ""))
     return "\n".join(lines)
 
 
@@ -408,10 +558,10 @@ def summary_markdown(root=".", registries=README_REGISTRIES) -> str:
         if not (Path(root) / path).exists():
             continue
         reg = read_registry(Path(root) / path)
-        for nb, g in reg.groupby("notebook", sort=True):
+        for nb, g in claims_only(reg).groupby("notebook", sort=True):
             counts = g.verdict.value_counts().reindex(list(VERDICTS), fill_value=0)
             lines.append(f"| {nb}{tag} | {len(g)} | " + " | ".join(str(counts[v]) for v in VERDICTS) + " |")
-    once = findings_registry(root, registries).verdict.value_counts().reindex(list(VERDICTS), fill_value=0)
+    once = claims_only(findings_registry(root, registries)).verdict.value_counts().reindex(list(VERDICTS), fill_value=0)
     label = "all (07 counted once: its full run)" if len(registries) > 1 and (Path(root) / registries[1][0]).exists() \
         else "all"
     lines.append(f"| {label} | {int(once.sum())} | " + " | ".join(f"**{once[v]}**" for v in VERDICTS) + " |")
@@ -430,39 +580,65 @@ def summary_markdown(root=".", registries=README_REGISTRIES) -> str:
 
 
 def thesis_reading(rows: dict) -> list[str]:
-    """The thesis in words, built from the rows (id without the prefix -> a row with verdict, measured, lo,
-    hi): per definition of 'shared', which reading the rows support; then the refutation, the permuted
-    control and the mechanism. README's sentences under the thesis table (never hand-typed)."""
+    """The thesis in words, built from the rows (id without the prefix -> a row with verdict, measured, lo, hi,
+    params, detail): per definition of 'shared', the verdict by the rule fixed before the run, its two parts with
+    their numbers, and the null control; then the refutation and the mechanism. README's sentences under the
+    thesis table (never hand-typed)."""
     def cite(k, fmt="+.3g"):
         r = rows[k]
         ci = "" if _nan(r.lo) else f" [{r.lo:{fmt}}, {r.hi:{fmt}}]"
         return f"{r.measured:{fmt}}{ci}"
+
+    def params(r):
+        return r.params if isinstance(r.params, dict) else json.loads(r.params)
+
+    def vs_null(k):
+        r = rows[k]
+        p = params(r)
+        return (f"{r.measured:+.3g} against the null's {p['median']:+.3g} [{p['band_lo']:+.3g}, {p['band_hi']:+.3g}], "
+                f"p = {p['p_paper']:.3f} ({r.verdict})")
     out = []
     for sfx, name in (("", "the same token id"), ("_ctx", "the same id after the same preceding tokens")):
-        v, alt = rows.get(f"verdict{sfx}"), rows.get(f"alternative{sfx}")
-        if v is None or alt is None:
+        v = rows.get(f"verdict{sfx}")
+        if v is None:
             continue
-        which = ("the paper's reading: shared tokens lose reinforcement, and more than specific ones"
-                 if v.verdict == REPRODUCED else
-                 "the alternative reading: GRPO amplifies specific tokens while shared ones keep their gain"
-                 if alt.verdict == REPRODUCED else "neither reading")
-        part = [f"- **'Shared' = {name}: the rows support {which}.**"]
-        found = []
-        for k, what, fmt in ((f"pos_shared_cancellation{sfx}", "shared A>0 tokens' cancellation", "+.3g"),
-                             (f"pos_shared_retained{sfx}", "share of their positive-only gain they keep", ".2f"),
-                             (f"pos_specific_amplification{sfx}", "specific tokens' amplification", ".2f")):
-            if k in rows:
-                found.append(f"{what} {cite(k, fmt)} ({rows[k].verdict})")
-        out.append(" ".join(part) + (" " + "; ".join(found)[0].upper() + "; ".join(found)[1:] + "." if found else ""))
-    for k, what in (("copies_vs_random", "Masking the opposite-sign copies against random masks of the same size "
-                     "(the refutation test)"),
-                    ("minus_permuted", "The A>0 contrast, real minus advantages shuffled within groups"),
+        p = params(v)
+        c, s = part_verdict(p["cancellation"]), part_verdict(p["credit"])
+        line = [f"- **'Shared' = {name}: the thesis is {v.verdict}** (decided by {deciding_part(p)})."]
+        k1, k2 = f"pos_diffstate_cancellation{sfx}", f"pos_diffstate_retained{sfx}"
+        if k1 in rows and k2 in rows:
+            line.append(f"Cancellation on shared A>0 tokens at another state than any opposite-sign copy's: "
+                        f"{cite(k1)} per token, retained share {cite(k2, '.2f')}: **{c}**.")
+        share = params(rows[f"pos_contrast{sfx}"]).get("specific_share") if f"pos_contrast{sfx}" in rows else None
+        if s == NOT_DECIDABLE and share is not None:
+            line.append(f"Success-specific credit: **not decidable** (the specific class is {share:.1%} of a pool: "
+                        "nearly every token is shared under this definition).")
+        elif f"pos_contrast_vs_null{sfx}" in rows:
+            line.append(f"Success-specific credit against sign shuffles within groups: contrast "
+                        f"{vs_null(f'pos_contrast_vs_null{sfx}')}; amplification "
+                        f"{vs_null(f'pos_amplification_vs_null{sfx}')}: **{s}**.")
+        n = rows.get(f"null_cancellation{sfx}")
+        if n is not None:
+            line.append(f"Null control: under shuffled signs the same cancellation is {cite(f'null_cancellation{sfx}')} "
+                        f"({n.verdict}).")
+        out.append(" ".join(line))
+    for k, what in (("copies_vs_random", "Masking the opposite-sign copies against random masks of the same size drawn "
+                     "among the other A<0 tokens (the refutation test)"),
                     ("mech_same_id_share", "The same-id share of the opposite-sign first-order coupling (Eq. 9)"),
                     ("mech_fo_cancellation", "What those opposite-sign first-order terms net to per shared A>0 token "
                      "(same-id terms lower it, other ids raise it)")):
         if k in rows:
-            out.append(f"- {what}: {cite(k)} ({rows[k].verdict}).")
+            r = rows[k]
+            extra = ""
+            if r.verdict == NOT_DECIDABLE and "size_share" in params(r):
+                extra = f"; the disjoint mask reaches {params(r)['size_share']:.1%} of the copies' size"
+            out.append(f"- {what}: {cite(k)} ({r.verdict}{extra}).")
     return out
+
+
+def claims_only(reg: pd.DataFrame) -> pd.DataFrame:
+    """The rows that are claims (of the paper, or of what it implies): a null control's row is not one."""
+    return reg[~reg.verdict.isin(CONTROL_VERDICTS)]
 
 
 def findings_registry(root=".", registries=README_REGISTRIES) -> pd.DataFrame:
@@ -480,17 +656,20 @@ def findings_registry(root=".", registries=README_REGISTRIES) -> pd.DataFrame:
 def findings_markdown(root=".", registries=README_REGISTRIES) -> str:
     """README's first screen, generated from the registries: where the results come from, the counts (each
     claim once), the thesis in words (`thesis_reading`) and every claim that did not reproduce."""
-    reg = findings_registry(root, registries)
+    every = findings_registry(root, registries)
+    reg = claims_only(every)
     n = reg.verdict.value_counts().reindex(list(VERDICTS), fill_value=0)
-    rows = {r.claim[len(THESIS_PREFIX):]: r for _, r in reg.iterrows() if r.claim.startswith(THESIS_PREFIX)}
+    rows = {r.claim[len(THESIS_PREFIX):]: r for _, r in every.iterrows() if r.claim.startswith(THESIS_PREFIX)}
     out = ["**What was found, and on what.** Every result below is on the `tiny` profile: policies of 1.06M and 0.2M "
            "parameters that this repository trains on column arithmetic, on a CPU. **No result on the paper's models "
            "(Qwen3-1.7B/4B-Base, Qwen2.5-Math-7B) exists yet**: the paper profiles are built, tested on stand-ins and "
            "planned ([the paper profile](#the-paper-profile)), not run.", "",
            f"Of {len(reg)} claim rows (notebook 07 counted once, from its full `make table2` run): "
            f"**{n[REPRODUCED]} reproduced, {n[NOT_REPRODUCED]} not reproduced, {n[INCONCLUSIVE]} inconclusive** "
-           f"(the interval straddles the paper's side at this profile's n), and {n[BY_CONSTRUCTION]} hold by "
-           "construction (checks of the method, not findings). Every row, its rule and its interval: "
+           f"(the interval straddles the paper's side at this profile's n), {n[NOT_DECIDABLE]} not decidable here "
+           f"(the test cannot be made on this task), {n[ABOUT_HALF]} about half (a 'most' that sits at a half), and "
+           f"{n[BY_CONSTRUCTION]} hold by construction (checks of the method, not findings); "
+           f"{len(every) - len(reg)} null controls are listed apart. Every row, its rule and its interval: "
            "[docs/claims.md](docs/claims.md).", ""]
     if rows:
         out += ["**The thesis** (notebook 04; shared tokens are those that also occur in a rollout of the opposite "

@@ -35,7 +35,8 @@ ROOT = manifest.ROOT
 # a figure whose claims carry another paper number: Fig. 8's curves are Table 2's runs; Fig. 7(a) shows
 # sign partitioning's accuracy and drift (§4's rows and its Table 2 row)
 RELATED = {"fig08": ("table2",), "fig07a": ("sec4", "table2_sign_partitioned")}
-VERDICT_CLASS = {C.REPRODUCED: "ok", C.NOT_REPRODUCED: "bad", C.INCONCLUSIVE: "unsure", C.BY_CONSTRUCTION: "built"}
+VERDICT_CLASS = {C.REPRODUCED: "ok", C.NOT_REPRODUCED: "bad", C.INCONCLUSIVE: "unsure", C.BY_CONSTRUCTION: "built",
+                 C.NOT_DECIDABLE: "unsure", C.ABOUT_HALF: "unsure", C.NULL_PASSES: "built", C.NULL_DIFFERS: "built"}
 STYLE = """
 body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222;line-height:1.4}
 h2{border-bottom:1px solid #ccc;padding-bottom:.2em;margin-top:2em} .panels{color:#555}
@@ -108,7 +109,8 @@ def _claim_rows(reg: pd.DataFrame, ids: list[str], link: str = "claims.html") ->
 def claims_page(reg: pd.DataFrame, profile: str) -> str:
     counts = reg.verdict.value_counts()
     body = [f"<p><a href=\"index.html\">← the report</a></p><h1>Every claim of the {_e(profile)} profile</h1>",
-            f"<p>{len(reg)} claims: " + ", ".join(f"{counts.get(v, 0)} {_verdict(v)}" for v in C.VERDICTS) + ". "
+            f"<p>{len(C.claims_only(reg))} claims: " + ", ".join(f"{counts.get(v, 0)} {_verdict(v)}" for v in C.VERDICTS)
+            + f"; {len(reg) - len(C.claims_only(reg))} null controls apart. "
             "Each row: the paper's claim, the rule that decides it, the estimator and the unit it resamples.</p>",
             "<table><tr><th>claim id</th><th>claim (paper)</th><th>paper</th><th>measured [95% CI]; detail</th>"
             "<th>estimator (unit)</th><th>rule</th><th>verdict</th></tr>"]
@@ -127,7 +129,7 @@ def index_page(reg: pd.DataFrame, profile: str, pngs: list[str], notebooks: dict
     counts = reg.verdict.value_counts()
     body = [f"<h1>The cancellation hypothesis in critic-free RL: the {_e(profile)} profile's results</h1>",
             f"<p>Every figure of <code>figures/{_e(profile)}/</code> beside the paper's claims it tests and their "
-            f"verdicts (<a href=\"claims.html\">all {len(reg)} claims</a>: "
+            f"verdicts (<a href=\"claims.html\">all {len(C.claims_only(reg))} claims</a>: "
             + ", ".join(f"{counts.get(v, 0)} {_verdict(v)}" for v in C.VERDICTS)
             + "). Each notebook links to its executed copy. Built by <code>make report</code>.</p>"]
     shown: set[str] = set()

@@ -46,17 +46,19 @@ from . import coupling, grpo
 from . import stats as S
 
 UPDATES = ("positive_only", "negative_only", "grpo", "grpo_masked", "grpo_random")
-PERMUTED = ("positive_only", "negative_only", "grpo")          # the updates rerun under shuffled advantages
+PERMUTED = ("positive_only", "negative_only", "grpo")          # the updates rerun under each sign shuffle (the null)
 FIRST_ORDER = ("fo_same_id_group", "fo_same_id_other", "fo_other_id", "fo_same_sign")
-DEFNS = ("ids", "context", "permuted")
+DEFNS = ("ids", "context", "state")
+STATES = ("all", "other", "same")   # the shared class whole, its tokens at another state than any copy's, at the same
 POOLS = ("pos", "neg")
 CLASSES = ("shared", "specific")
-KEYS = ["defn", "batch", "group", "pool", "cls", "category", "token_id", "bin"]
+KEYS = ["defn", "batch", "group", "pool", "cls", "state", "category", "token_id", "bin"]
 SUMS = [f"sum_{u}" for u in UPDATES + FIRST_ORDER]
+MASK_SIZES = ["n_copy", "n_random", "n_overlap"]
 MIN_BATCHES = 5      # fewer batches: no interval (a percentile bootstrap over 2-4 batches says little)
 MIN_SPECIFIC = 0.2   # the context definition's k: the smallest whose specific share reaches this in both pools
 MAX_K = 4
-SUMMARY_COLUMNS = ["defn", "pool", "category", "statistic", "value", "lo", "hi", "n_shared", "n_specific",
+SUMMARY_COLUMNS = ["defn", "states", "pool", "category", "statistic", "value", "lo", "hi", "n_shared", "n_specific",
                    "clusters", "batches"]
 
 
@@ -78,9 +80,12 @@ def copies_mask(batch) -> torch.Tensor:
 
 
 def random_mask(batch, copies: torch.Tensor, prob: torch.Tensor, bins, seed: int) -> torch.Tensor:
-    """(B, L) loss weights of the null for `copies_mask`: in every group and confidence bin (edges
-    `bins` on p = `prob`), as many A < 0 response tokens as the copies mask zeroes there, drawn
-    uniformly at random among that group's A < 0 tokens of that bin, get weight 0."""
+    """(B, L) loss weights of the null for `copies_mask`, disjoint from the copies: in every group and confidence
+    bin (edges `bins` on p = `prob`), as many A < 0 response tokens as the copies mask zeroes there, or all the
+    non-copies there when they are fewer, drawn uniformly at random among that cell's A < 0 tokens that are not
+    copies, get weight 0. No token is in both masks (a mask that overlaps the copies mostly re-masks them and
+    tests the non-copies it leaves out, not the copies); the achieved size against the copies' is what
+    `masked_sizes` reports, and a row reads "not decidable" where it falls short (fig04_claims)."""
     w = torch.ones_like(copies)
     m = batch.response_mask.bool() & (batch.advantage < 0)[:, None]
     b = torch.bucketize(prob.double().cpu(), torch.as_tensor(bins, dtype=torch.float64), right=True)
@@ -89,9 +94,10 @@ def random_mask(batch, copies: torch.Tensor, prob: torch.Tensor, bins, seed: int
     m, zero = m.cpu(), (copies == 0).cpu()
     for g in batch.group.unique().tolist():
         for k in b[m & (g_of == g)].unique().tolist():
-            cell = (m & (g_of == g) & (b == k)).nonzero()
-            n = int(zero[cell[:, 0], cell[:, 1]].sum())
-            pick = cell[torch.randperm(len(cell), generator=gen)[:n]]
+            cell = m & (g_of == g) & (b == k)
+            n = int((cell & zero).sum())
+            free = (cell & ~zero).nonzero()
+            pick = free[torch.randperm(len(free), generator=gen)[:n]]
             w[pick[:, 0], pick[:, 1]] = 0.0
     return w
 
@@ -127,17 +133,19 @@ def shuffle_weights(batch, orders: torch.Tensor, update: str) -> torch.Tensor:
     return torch.stack([grpo.REWEIGHTS[update](A[o], r[o]) for o in orders])
 
 
-def rollout_gradients(model, batch, knobs, scope: str = "full") -> tuple[list, torch.Tensor, torch.Tensor]:
+def rollout_gradients(model, batch, knobs, scope: str = "full", n_tokens=None) -> tuple[list, torch.Tensor, torch.Tensor]:
     """Per-rollout gradients at θ₀: (the update's parameters, (B, P) rows G_r, the log-probs at θ₀) where G_r is the gradient of
     rollout r's share of the GRPO loss with advantage 1, under the batch's token mean. The loss is linear in
     the advantages at ρ = 1 (no clip binds there; no KL, no gradient clipping), so one SGD step's gradient
     under any per-rollout weights w is exactly Σ_r w_r G_r (up to the order of float additions): every
     within-group sign shuffle's step direction is one matrix product, and only its "after" forward is
-    left to run (`null_deltas`). Memory: B × P numbers (tiny-m float64: 64 × 1.06M, 0.5 GB)."""
+    left to run (`null_deltas`). `n_tokens`: the token mean's denominator when `batch` is a sub-batch (the
+    rollouts of mixed groups: the others have A = 0 under every shuffle) of a batch of that many response
+    tokens; default `batch`'s own. Memory: B × P numbers (tiny-m float64: 64 × 1.06M, 0.5 GB)."""
     params = grpo.scope_params(model, scope)
     cfg = knobs.update(optimizer="sgd", lr=1.0, scope=scope, reweight="grpo")
     before = grpo.token_stats(model, batch, cfg).logp
-    n_batch = batch.response_mask.sum().clamp(min=1).double()
+    n_batch = (batch.response_mask.sum() if n_tokens is None else torch.as_tensor(n_tokens)).clamp(min=1).double()
     G = torch.zeros(len(batch), sum(p.numel() for p in params), dtype=torch.float64)
     for r in range(len(batch)):
         n_r = batch.response_mask[r].sum()
@@ -177,6 +185,74 @@ def null_deltas(model, batch, knobs, lr: float, weights: torch.Tensor, scope: st
                 q.copy_(p0 - lr * g[i:i + n].view_as(p0).to(p0.dtype))
                 i += n
         out[m] = (grpo.token_stats(work, batch, cfg).logp - before).cpu()
+    return out
+
+
+def mixed_rows(batch) -> torch.Tensor:
+    """The rows of groups with both rewards (the only ones with A ≠ 0, under the real signs and every shuffle)."""
+    keep = torch.zeros(len(batch), dtype=torch.bool)
+    for g in batch.group.unique():
+        rows = (batch.group == g).cpu()
+        r = batch.reward.cpu()[rows]
+        keep |= rows & bool(r.min() != r.max())
+    return keep.nonzero().squeeze(1)
+
+
+G_LIMIT = 2 ** 31   # bytes of the per-rollout gradient matrix the null's shortcut may hold (else exact steps)
+
+
+def null_batch(model, batch, knobs, lr: float, K: int, seed: int, scope: str = "full", G_limit: float = G_LIMIT) -> dict:
+    """The sign-shuffle null of one batch: K within-group shuffles (`shuffles`, seeded), and Δlog p of every response
+    token after the SGD step (rate `lr`, from θ₀) of each update of PERMUTED under each shuffle. Only the rollouts of
+    mixed groups are forwarded (the others carry A = 0 whatever the order; their tokens belong to no class): NaN
+    there. Returns {"adv": (K, N) each token's shuffled advantage, u: (K, N) per update, "real_grpo": (N,) the real
+    signs' GRPO Δ through the same path (to check against the exact step), "path": 'gradients' or 'steps'}, N the
+    batch's response tokens in row-major order (the token table's).
+
+    Path: `rollout_gradients` once (a backward per mixed rollout), then one matrix product and one forward per
+    shuffle and update (`null_deltas`; the exact step to float round-off) when its (rollouts × parameters) float64
+    matrix fits in `G_limit` bytes; else the exact steps (`grpo.Trials`, a backward and a forward each: the paper's
+    models)."""
+    m = batch.response_mask
+    tok_row = m.nonzero(as_tuple=True)[0].cpu()
+    orders = shuffles(batch, K, seed)
+    adv = batch.advantage.to(torch.float64).cpu()
+    rows = mixed_rows(batch)
+    on = torch.isin(tok_row, rows)
+    out = {"adv": adv[orders][:, tok_row].numpy()}
+    ident = torch.arange(len(batch))[None]
+    n_params = sum(p.numel() for p in grpo.scope_params(model, scope))
+    if len(rows) == 0:
+        for u in PERMUTED:
+            out[u] = np.full((K, len(tok_row)), np.nan)
+        out.update(real_grpo=np.full(len(tok_row), np.nan), path="none")
+        return out
+    if len(rows) * n_params * 8 <= G_limit:
+        sub = batch.select(rows)
+        G = rollout_gradients(model, sub, knobs, scope, n_tokens=m.sum())
+        for u in PERMUTED:
+            o = torch.cat([ident, orders]) if u == "grpo" else orders
+            W = shuffle_weights(batch, o, u)[:, rows]
+            D = null_deltas(model, sub, knobs, lr, W, scope, G=G)[:, sub.response_mask.cpu()].double().numpy()
+            arr = np.full((len(o), len(tok_row)), np.nan)
+            arr[:, on.numpy()] = D
+            if u == "grpo":
+                out["real_grpo"], arr = arr[0], arr[1:]
+            out[u] = arr
+        out["path"] = "gradients"
+        return out
+    trials = grpo.Trials(model, batch, knobs, scope=scope)
+    for u in PERMUTED:
+        cfg = knobs.update(optimizer="sgd", lr=lr, scope=scope, reweight=u)
+        o = torch.cat([ident, orders]) if u == "grpo" else orders
+        arr = np.stack([trials.delta(cfg, replace(batch, reward=batch.reward[x.to(batch.reward.device)],
+                                                    advantage=batch.advantage[x.to(batch.reward.device)]))[m]
+                        .double().cpu().numpy() for x in o])
+        arr[:, ~on.numpy()] = np.nan
+        if u == "grpo":
+            out["real_grpo"], arr = arr[0], arr[1:]
+        out[u] = arr
+    out["path"] = "steps"
     return out
 
 
@@ -280,30 +356,143 @@ def choose_k(shares: pd.DataFrame, min_specific: float = MIN_SPECIFIC) -> int:
 
 
 def cells(tokens: pd.DataFrame, bins, k: int) -> pd.DataFrame:
-    """The sufficient statistics: per (defn, batch, group, pool, cls, category, token_id, bin) the token
+    """The sufficient statistics: per (defn, batch, group, pool, cls, state, category, token_id, bin) the token
     count `n` and the sums of Δ under every update and of every first-order term (`sum_<name>`).
-    `tokens` needs delta_<u> for UPDATES, delta_perm_<u> for PERMUTED, perm_advantage, fo_<term>,
-    advantage, prob, category, rollout, position; `bins`: the confidence-bin edges on p; `k`: the
-    context definition's k. The permuted definition's sums are its permuted updates' (the masked
-    updates and first-order terms are not rerun there: NaN)."""
+    `tokens` needs delta_<u> for UPDATES, fo_<term>, copy_masked, random_masked, advantage, prob, category, rollout,
+    position; `bins`: the
+    confidence-bin edges on p; `k`: the context definition's k. `state`: 'same' where the token's whole prefix
+    (and the token) occurs in an opposite-sign rollout of its group (`state_keys`), else 'other'; on the state
+    definition the shared class is exactly the 'same' tokens."""
     t = tokens.copy()
     ctx = context_keys(t, k)
+    st = state_keys(t)
     t["bin"] = np.digitize(t.prob, bins)
+    t["state"] = np.where(classify(t, st) == "shared", "same", "other")
+    keys = {"ids": ["token_id"], "context": ctx, "state": st}
     out = []
     for defn in DEFNS:
-        sign = "perm_advantage" if defn == "permuted" else "advantage"
-        d = t.assign(cls=classify(t, ctx if defn == "context" else ["token_id"], sign), defn=defn)
+        d = t.assign(cls=classify(t, keys[defn]), defn=defn)
         d = d[d.cls != ""]
-        d = d.assign(pool=np.where(d[sign] > 0, "pos", "neg"))
-        if defn == "permuted":
-            sums = {f"sum_{u}": d[f"delta_perm_{u}"] for u in PERMUTED}
-        else:
-            sums = {f"sum_{u}": d[f"delta_{u}"] for u in UPDATES} | {f"sum_{f}": d[f] for f in FIRST_ORDER}
-            sums["n_fo"] = d[FIRST_ORDER[0]].notna().astype(int)   # tokens whose first-order terms were computed
+        d = d.assign(pool=np.where(d.advantage > 0, "pos", "neg"))
+        sums = {f"sum_{u}": d[f"delta_{u}"] for u in UPDATES} | {f"sum_{f}": d[f] for f in FIRST_ORDER}
+        sums["n_fo"] = d[FIRST_ORDER[0]].notna().astype(int)   # tokens whose first-order terms were computed
+        # the masks' sizes (A < 0 tokens): copies masked, random-masked (mean over draws), both at once
+        sums |= {"n_copy": d.copy_masked.astype(float), "n_random": d.random_masked.astype(float),
+                 "n_overlap": (d.copy_masked & (d.random_masked > 0)).astype(float)}
         d = d.assign(**sums)
         agg = {s: (s, "sum") for s in sums}
         out.append(d.groupby(KEYS, observed=True).agg(n=("token_id", "size"), **agg).reset_index())
-    return pd.concat(out, ignore_index=True).reindex(columns=KEYS + ["n", "n_fo"] + SUMS)
+    return pd.concat(out, ignore_index=True).reindex(columns=KEYS + ["n", "n_fo"] + SUMS + MASK_SIZES)
+
+
+# ----------------------------------------------------------------------------- the null's cells and bands
+NULL_DEFNS = (("ids", 0),) + tuple(("context", k) for k in range(1, MAX_K + 1)) + (("state", 0),)
+NULL_KEYS = ["defn", "k", "shuffle", "pool", "cls", "state", "token_id", "bin"]
+NULL_STATS = ("shared_cancellation", "specific_cancellation", "shared_retained", "specific_amplification", "contrast")
+
+
+def null_columns(K: int) -> list[str]:
+    """The token table's columns of the null: each shuffle's advantage and its three updates' Δ."""
+    return [f"null_adv_{s}" for s in range(1, K + 1)] + [f"null_{u}_{s}" for s in range(1, K + 1) for u in PERMUTED]
+
+
+def null_cells(tokens: pd.DataFrame, K: int, bins) -> pd.DataFrame:
+    """The null's sufficient statistics, pooled over batches and groups (the point of a pooled statistic needs no
+    cluster): per (defn, k, shuffle, pool, cls, state, token_id, bin) the count `n` and the sums of the
+    single-sign Δ (`sum_single`: positive-only in the A > 0 pool, negative-only in A < 0) and of the GRPO Δ
+    (`sum_grpo`), for every definition of NULL_DEFNS (ids; context k = 1..MAX_K; state). Shuffle 0 is the real
+    signs (delta_<u>, advantage); shuffle s ≥ 1 reads null_adv_<s> and null_<u>_<s> (`null_columns`): its pools
+    and classes are the shuffled signs', so shuffle s is the same statistic under the s-th shuffle of every batch."""
+    t = tokens.copy()
+    ctx = context_keys(t, MAX_K)
+    st = state_keys(t)
+    t["bin"] = np.digitize(t.prob, bins)
+    out = []
+    for s in range(K + 1):
+        sign = "advantage" if s == 0 else f"null_adv_{s}"
+        col = (lambda u: f"delta_{u}") if s == 0 else (lambda u, s=s: f"null_{u}_{s}")
+        state = np.where(classify(t, st, sign) == "shared", "same", "other")
+        pos = t[sign].to_numpy() > 0
+        base = pd.DataFrame({"pool": np.where(pos, "pos", "neg"), "state": state, "token_id": t.token_id.to_numpy(),
+                             "bin": t["bin"].to_numpy(), "n": 1,
+                             "sum_single": np.where(pos, t[col("positive_only")], t[col("negative_only")]),
+                             "sum_grpo": t[col("grpo")].to_numpy()})
+        for defn, k in NULL_DEFNS:
+            keys = st if defn == "state" else ctx[:k + 1]
+            cls = classify(t, keys, sign).to_numpy()
+            d = base.assign(cls=cls)[cls != ""]
+            g = d.groupby(["pool", "cls", "state", "token_id", "bin"], observed=True)[["n", "sum_single", "sum_grpo"]]
+            out.append(g.sum().reset_index().assign(defn=defn, k=k, shuffle=s))
+    return pd.concat(out, ignore_index=True)[NULL_KEYS + ["n", "sum_single", "sum_grpo"]]
+
+
+def state_view(c: pd.DataFrame, states: str) -> pd.DataFrame:
+    """The cells of one view of the shared class (STATES): 'all' of it; 'other', its tokens at another state than
+    any opposite-sign copy's (the specific class unchanged: where coupling between different states must act);
+    'same', its tokens at a copy's own state (where the two signs' gradients add at one input)."""
+    if states == "all":
+        return c
+    return c[(c.cls != "shared") | (c.state == states)]
+
+
+def _pooled(d: pd.DataFrame) -> dict:
+    """{"N", "single", "grpo", "cancellation"} as (1, strata, classes) arrays of one pool's pooled cells."""
+    st, _ = pd.factorize(pd.MultiIndex.from_frame(d[["token_id", "bin"]]))
+    k = (d.cls.to_numpy() == "specific").astype(int)
+    shape = (1, int(st.max()) + 1 if len(st) else 0, 2)
+    arr = {}
+    for name, v in (("N", d.n), ("single", d.sum_single), ("grpo", d.sum_grpo)):
+        arr[name] = np.zeros(shape)
+        np.add.at(arr[name], (0, st, k), v.to_numpy(dtype=float))
+    arr["cancellation"] = arr["grpo"] - arr["single"]
+    return arr
+
+
+def null_values(nc: pd.DataFrame) -> pd.DataFrame:
+    """Per (defn, k, states, pool, statistic, shuffle): the pooled statistic (CLASS_STATS of NULL_STATS) of the null
+    cells `nc` (`null_cells`); shuffle 0 is the real signs. 'other' and 'same' views (`state_view`) on every
+    definition but state (where shared is 'same' by definition)."""
+    rows = []
+    for (defn, k, s, pool), d in nc.groupby(["defn", "k", "shuffle", "pool"], sort=True):
+        for states in (("all",) if defn == "state" else STATES):
+            v = state_view(d, states)
+            if v.cls.nunique() < 2:
+                continue
+            a = _pooled(v)
+            for stat in NULL_STATS:
+                rows.append(dict(defn=defn, k=k, states=states, pool=pool, statistic=stat, shuffle=s,
+                                 value=float(CLASS_STATS[stat](a)[0])))
+    return pd.DataFrame(rows)
+
+
+# the side of the null a statistic must leave on to support the paper (contrast: shared lose more than specific,
+# so more negative in A > 0 and more positive in A < 0; amplification: the specific class's gain grows)
+PAPER_SIDE = {("contrast", "pos"): -1, ("contrast", "neg"): 1, ("specific_amplification", "pos"): 1,
+              ("specific_amplification", "neg"): 1, ("shared_cancellation", "pos"): -1,
+              ("shared_cancellation", "neg"): 1, ("specific_cancellation", "pos"): 1,
+              ("specific_cancellation", "neg"): -1, ("shared_retained", "pos"): -1, ("shared_retained", "neg"): -1}
+
+
+def null_bands(values: pd.DataFrame) -> pd.DataFrame:
+    """Per (defn, k, states, pool, statistic): the real value (shuffle 0), the null's median and central 95% band
+    (2.5% and 97.5% quantiles of shuffles 1..K), K, and the one-sided permutation p-values toward the paper's side
+    (`p_paper`: (1 + #{null at or beyond the real value on that side}) / (K + 1)) and away from it (`p_other`);
+    their resolution is 1 / (K + 1). NaN statistics (an empty class under a shuffle) are left out of the null."""
+    rows = []
+    for key, d in values.groupby(["defn", "k", "states", "pool", "statistic"], sort=True):
+        real = d[d.shuffle == 0].value
+        null = d[d.shuffle > 0].value.dropna().to_numpy()
+        if real.empty or not len(null):
+            continue
+        r = float(real.iloc[0])
+        side = PAPER_SIDE[(key[4], key[3])]
+        beyond = (side * (null - r) >= 0).sum()        # as or more extreme than r toward the paper's side
+        against = (side * (null - r) <= 0).sum()       # ... away from it
+        lo, med, hi = np.quantile(null, [0.025, 0.5, 0.975])
+        rows.append(dict(zip(["defn", "k", "states", "pool", "statistic"], key), real=r, null_median=float(med),
+                         null_lo=float(lo), null_hi=float(hi), K=len(null), side=side,
+                         p_paper=(1 + beyond) / (len(null) + 1), p_other=(1 + against) / (len(null) + 1)))
+    return pd.DataFrame(rows)
 
 
 def with_frequency(c: pd.DataFrame) -> pd.DataFrame:
@@ -435,12 +624,15 @@ def _arrs(N, V):
     return {"N": N, **V}
 
 
+STATE_STATS = ("shared_cancellation", "shared_single", "shared_retained", "contrast")   # per view of the shared class
+
+
 def summary(c: pd.DataFrame, categories=(), n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
-    """The tidy table of every statistic: per definition, pool, category ('all' or one of
-    `categories`) and statistic, the value with its two-stage cluster-bootstrap interval (one set of
-    draws per pool: every statistic of a pool is paired), token counts, clusters and batches. Also
-    'frequency' (shared class, high − low frequency ids, matched on confidence bin) per definition,
-    'minus_permuted' (the ids contrast minus the permuted one, paired), and the ids-only statistics."""
+    """The tidy table of every statistic: per definition, view of the shared class (`states`: STATES, `state_view`),
+    pool, category ('all' or one of `categories`) and statistic, the value with its two-stage cluster-bootstrap
+    interval (one set of draws per pool: every statistic of a pool is paired), token counts, clusters and batches.
+    Also 'frequency' (shared class, high − low frequency ids, matched on confidence bin) per definition and the
+    ids-only statistics (the masks and the first-order mechanism)."""
     rows = []
     c = with_frequency(c)
     for pool in POOLS:
@@ -452,14 +644,13 @@ def summary(c: pd.DataFrame, categories=(), n_boot: int = 1000, seed: int = 0) -
         W = cluster_weights(batch_of, n_boot, seed)
         nb = len(np.unique(batch_of))
 
-        def put(defn, cat, stat, fn, arrs, n_sh, n_sp):
+        def put(defn, cat, stat, fn, arrs, n_sh, n_sp, states="all"):
             v, lo, hi = cluster_bootstrap(arrs, fn, W)
             if nb < MIN_BATCHES:
                 lo = hi = np.nan
-            rows.append(dict(defn=defn, pool=pool, category=cat, statistic=stat, value=v, lo=lo, hi=hi,
+            rows.append(dict(defn=defn, states=states, pool=pool, category=cat, statistic=stat, value=v, lo=lo, hi=hi,
                              n_shared=int(n_sh), n_specific=int(n_sp), clusters=len(clusters), batches=nb))
 
-        both = {}
         for defn in DEFNS:
             for cat in ("all",) + (tuple(categories) if defn == "ids" else ()):
                 d = cp[(cp.defn == defn) & ((cp.category == cat) if cat != "all" else True)]
@@ -472,18 +663,20 @@ def summary(c: pd.DataFrame, categories=(), n_boot: int = 1000, seed: int = 0) -
                     stats_ = stats_ | ONLY_IDS
                 for stat, fn in stats_.items():
                     put(defn, cat, stat, fn, _arrs(N, V), n_sh, n_sp)
-                if cat == "all":
-                    both[defn] = (N, V)
-                    sh = d[d.cls == "shared"]
-                    if sh.freq.nunique() == 2:   # the shared class, high vs low frequency ids, matched on bin
-                        Nf, Vf = arrays(sh, pool, clusters, "freq", ("high", "low"), ("bin",))
-                        put(defn, cat, "frequency", lambda a: contrast(a["N"], a["cancellation"]), _arrs(Nf, Vf),
-                            Nf[..., 0].sum(), Nf[..., 1].sum())
-        if "ids" in both and "permuted" in both:
-            (N1, V1), (N2, V2) = both["ids"], both["permuted"]
-            arrs = {"N1": N1, "c1": V1["cancellation"], "N2": N2, "c2": V2["cancellation"]}
-            put("ids", "all", "minus_permuted", lambda a: contrast(a["N1"], a["c1"]) - contrast(a["N2"], a["c2"]),
-                arrs, N1[..., 0].sum(), N1[..., 1].sum())
+                if cat != "all":
+                    continue
+                for states in ([] if defn == "state" else STATES[1:]):   # the shared class at other / the same state
+                    v = state_view(d, states)
+                    if v.cls.nunique() < 2:
+                        continue
+                    Ns, Vs = arrays(v, pool, clusters)
+                    for stat in STATE_STATS:
+                        put(defn, cat, stat, CLASS_STATS[stat], _arrs(Ns, Vs), Ns[..., 0].sum(), Ns[..., 1].sum(), states)
+                sh = d[d.cls == "shared"]
+                if sh.freq.nunique() == 2:   # the shared class, high vs low frequency ids, matched on bin
+                    Nf, Vf = arrays(sh, pool, clusters, "freq", ("high", "low"), ("bin",))
+                    put(defn, cat, "frequency", lambda a: contrast(a["N"], a["cancellation"]), _arrs(Nf, Vf),
+                        Nf[..., 0].sum(), Nf[..., 1].sum())
     return pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
 
 

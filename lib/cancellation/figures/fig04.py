@@ -32,7 +32,9 @@ LABELS = {"positive_only": "positive-only", "grpo": "GRPO"}
 TABLES = {"mass": "fig04_category_mass_per_batch.parquet", "table": "fig04_category_shift.parquet",
           "top": "fig04_top_tokens.parquet", "compare": "fig04_settings.parquet",
           "thesis_cells": "fig04_thesis_cells.parquet", "thesis": "fig04_thesis.parquet",
-          "thesis_shares": "fig04_thesis_shares.parquet", "thesis_fidelity": "fig04_thesis_fidelity.parquet"}
+          "thesis_shares": "fig04_thesis_shares.parquet", "thesis_fidelity": "fig04_thesis_fidelity.parquet",
+          "thesis_null_cells": "fig04_thesis_null_cells.parquet", "thesis_null_draws": "fig04_thesis_null_draws.parquet",
+          "thesis_null": "fig04_thesis_null.parquet"}
 
 
 @dataclass
@@ -65,8 +67,12 @@ class Params(base.FigureParams):
     conf_bins: list = param([0.5, 0.9, 0.99], "edges on p of the confidence bins the thesis contrasts match on",
                             gt=0, lt=1, distinct=True)
     n_boot: int = param(1000, "bootstrap replicates of the thesis contrasts (batches, then groups)", min=100)
-    n_random_masks: int = param(2, "random masks drawn per batch as the copies mask's null (same count per group "
-                                "and confidence bin); Δ averaged over the draws", min=1)
+    n_random_masks: int = param(2, "random masks drawn per batch as the copies mask's null (disjoint from the copies; "
+                                "the same count per group and confidence bin where the non-copies allow); Δ averaged "
+                                "over the draws", min=1)
+    null_shuffles: int = param(39, "K: within-group sign shuffles of every batch, the thesis rows' null (each costs "
+                               "the three single updates' steps; 39 resolves a 2.5% tail: p-values in steps of "
+                               "1/(K+1)); 0: no null", min=0)
     fo_tokens: int = param(0, "tokens per batch whose first-order terms (Eq. 9) are computed, a seeded random draw; "
                            "0: every token (each costs all tokens × the vocabulary)", min=0)
     context_k: int = param(0, "preceding tokens the in-context 'shared' definition matches on; 0: the smallest k "
@@ -98,6 +104,9 @@ class Result:
     thesis: pd.DataFrame         # every thesis statistic with its cluster-bootstrap interval (thesis.summary)
     thesis_shares: pd.DataFrame  # per definition (ids; context with k = 1..4) and pool: the specific share
     thesis_fidelity: pd.DataFrame  # first-order LM-head terms vs the measured Δ: correlation, sign agreement
+    thesis_null_cells: pd.DataFrame  # the null's pooled cells: per (defn, k, shuffle, pool, class, state, id, bin)
+    thesis_null_draws: pd.DataFrame  # per (defn, k, states, pool, statistic, shuffle): the pooled statistic (0: real)
+    thesis_null: pd.DataFrame        # per (defn, k, states, pool, statistic): real, the null's median and band, p
 
     def write(self, results_dir) -> None:
         for field, name in TABLES.items():
@@ -142,9 +151,9 @@ def batch_table(P: Params, model, tok, batch, i: int, bseed: int, main: bool, sh
 
 def _thesis_updates(P: Params, cc, batch, trials, df: pd.DataFrame, bseed: int) -> None:
     """The thesis rows' steps from θ₀ on one batch (`trials`: grpo.Trials), as columns of its token table
-    `df`: negative-only; GRPO with the opposite-sign copies masked and with `n_random_masks` random masks of
-    the same size per group and confidence bin (their mean); positive-only, negative-only and GRPO with the
-    advantages shuffled within groups."""
+    `df`: negative-only; GRPO with the opposite-sign copies masked and with `n_random_masks` random masks disjoint
+    from them, of the same size per group and confidence bin where the non-copies allow (their mean); and the null:
+    positive-only, negative-only and GRPO under each of `null_shuffles` within-group sign shuffles (`thesis.null_batch`)."""
     m = batch.response_mask
     before = trials.before
     delta = lambda b, rw, **kw: trials.delta(  # noqa: E731
@@ -157,10 +166,16 @@ def _thesis_updates(P: Params, cc, batch, trials, df: pd.DataFrame, bseed: int) 
              for d in range(P.n_random_masks)]
     df["delta_grpo_random"] = np.mean([delta(batch, "grpo", token_weight=r) for r in draws], axis=0)
     df["random_masked"] = np.mean([(r[m] == 0).cpu().numpy() for r in draws], axis=0)
-    shuffled = thesis.permuted(batch, seeds.derive(bseed, "thesis_permuted"))
-    df["perm_advantage"] = shuffled.advantage[m.nonzero(as_tuple=True)[0]].double().cpu().numpy()
-    for u in thesis.PERMUTED:
-        df[f"delta_perm_{u}"] = delta(shuffled, u)
+    if P.null_shuffles:   # the sign-shuffle null: K shuffles x the three single updates, each from θ₀
+        null = thesis.null_batch(trials.model, batch, cc, P.lr, P.null_shuffles, seeds.derive(bseed, "thesis_null"),
+                                 P.scope)
+        cols = {f"null_adv_{s}": null["adv"][s - 1] for s in range(1, P.null_shuffles + 1)}
+        cols |= {f"null_{u}_{s}": null[u][s - 1] for s in range(1, P.null_shuffles + 1) for u in thesis.PERMUTED}
+        # the real signs through the null's path against the exact step: float round-off (thesis.null_batch)
+        on = ~np.isnan(null["real_grpo"])
+        cols["null_check"] = float(np.abs(null["real_grpo"][on] - df["delta_grpo"].to_numpy()[on]).max()) if on.any() \
+            else 0.0
+        df[list(cols)] = pd.DataFrame(cols, index=df.index)
 
 
 def _first_order(P: Params, cc, model, batch, before, df: pd.DataFrame, bseed: int) -> None:
@@ -290,13 +305,22 @@ def compute(P: Params) -> Result:
     tcells = thesis.cells(tokens, P.conf_bins, k)
     t_cats = [c for c in cats if c in set(tcells.category)]
     facts["context_k"] = k
+    # the sign-shuffle null: every definition's statistics under each of the K shuffles of every batch, pooled
+    null_cells, draws, bands = (pd.DataFrame() for _ in range(3))
+    if P.null_shuffles:
+        t0 = time.time()
+        null_cells = thesis.null_cells(tokens, P.null_shuffles, P.conf_bins)
+        draws = thesis.null_values(null_cells)
+        bands = thesis.null_bands(draws).assign(chosen=lambda d: (d.defn != "context") | (d.k == k))
+        facts.update(null_check=float(tokens.null_check.max()), null_seconds=time.time() - t0)
     return Result(batches=facts, tokens=tokens, audit=audit, mass=mass, summary_table=summary, per=per,
                   shift=shift, table=table, top=top, top_labels=top_labels, occurrences=occurrences, cats=cats,
                   totals=totals, template_confidence=conf, settings=list(settings),
                   setting_shifts={k: v[1] for k, v in settings.items()}, compare=_compare(settings, P),
                   thesis_cells=tcells, thesis=thesis.summary(tcells, t_cats, n_boot=P.n_boot, seed=P.seed),
                   thesis_shares=shares.assign(chosen=lambda d: (d.defn == "ids") | (d.k == k)),
-                  thesis_fidelity=thesis.fidelity(tokens))
+                  thesis_fidelity=thesis.fidelity(tokens), thesis_null_cells=null_cells, thesis_null_draws=draws,
+                  thesis_null=bands)
 
 
 def summary(R: Result) -> str:
@@ -357,13 +381,20 @@ def workload(P: Params, shape, z: W.Sizes) -> W.Work:
     with w.split("batches", n):
         W.sample(w, rows, z, chunk_rows_decode=W.sample_rows(P), times=n)
         # before, after each of the two updates, the restore check; the main policy's batches also take the
-        # thesis rows' negative-only, copies-masked, random-masked and three permuted updates, each measured
-        # after, and one forward for the first-order features
-        thesis_steps = 2 + P.n_random_masks + len(thesis.PERMUTED)
-        W.analysis(w, rows, z, P.chunk_rows, times=n * 4 + P.n_batches * (thesis_steps + 1))
-        W.step(w, kind, rows, z, P.chunk_rows, times=n * 2 + P.n_batches * thesis_steps)
+        # thesis rows' negative-only, copies-masked and random-masked updates, each measured after, and one forward
+        # for the first-order features; the null (thesis.null_batch): K shuffles x the three updates and the real GRPO once more; where the per-rollout
+        # gradients fit (rollouts x parameters float64 <= thesis.G_LIMIT: tiny) a backward per rollout (about one step's in all)
+        # then one forward each, else an exact step each (the paper's models)
+        thesis_steps = 2 + P.n_random_masks
+        null_n = (len(thesis.PERMUTED) * P.null_shuffles + 1) if P.null_shuffles else 0
+        shortcut = rows * shape.params * 8 <= thesis.G_LIMIT
+        null_fwd, null_steps = (null_n, 1 if null_n else 0) if shortcut else (null_n, null_n)
+        W.analysis(w, rows, z, P.chunk_rows, times=n * 4 + P.n_batches * (thesis_steps + 1 + null_fwd))
+        W.step(w, kind, rows, z, P.chunk_rows, times=n * 2 + P.n_batches * (thesis_steps + null_steps))
         N = rows * z.new                                    # response tokens (upper bound: every row at the cap)
         W.kernel(w, (min(P.fo_tokens, N) if P.fo_tokens else N) * N * P.n_batches, shape, 1024, N)   # Eq. 9 terms
     w.full_grads = kind == "full"
     w.extra_bytes += shape.params * W.BYTES[P.dtype] * (policies - 1)
+    if P.null_shuffles and shortcut:   # the per-rollout gradients (float64) and the copy the shuffles' steps run on
+        w.extra_bytes += rows * shape.params * 8 + shape.params * W.BYTES[P.dtype]
     return w

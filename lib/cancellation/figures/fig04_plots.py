@@ -7,8 +7,8 @@ notebook saves it (`plots.save`) and shows it.
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
+from matplotlib.lines import Line2D
 import numpy as np
-import pandas as pd
 
 from .. import categories, plots
 from .. import claims as C
@@ -82,92 +82,81 @@ def settings_shift(R: Result):
     return fig
 
 
-# the thesis rows in words (panel b: Δlog p rows; panel c: ratios and shares, each with its reference)
-THESIS_WORDS = {
-    "pos_shared_cancellation": "A>0 shared: Δ_GRPO − Δ_pos-only",
-    "pos_contrast": "A>0: shared − specific (matched)",
-    "neg_shared_cancellation": "A<0 shared: Δ_GRPO − Δ_neg-only",
-    "neg_contrast": "A<0: shared − specific (matched)",
-    "pos_frequency": "A>0 shared: high − low frequency ids",
-    "copies_vs_random": "copies mask − random mask (A>0 shared)",
-    "permuted_contrast": "A>0 contrast, advantages shuffled",
-    "minus_permuted": "A>0 contrast, real − shuffled",
-    "mech_fo_cancellation": "first-order opposite-sign terms (A>0 shared)",
-}
-THESIS_RATIOS = {
-    "pos_shared_retained": ("A>0 shared: share of gain kept", 1.0),
-    "pos_specific_amplification": ("A>0 specific: amplification", 1.0),
-    "neg_shared_retained": ("A<0 shared: share of suppression kept", 1.0),
-    "neg_specific_amplification": ("A<0 specific: amplification", 1.0),
-    "mech_same_id_share": ("same-id share of opposite-sign coupling", 0.5),
-}
+REAL, NULL = plots.PALETTE[0], "0.6"   # one colour meaning in the thesis figure: the real signs, the shuffled null
+DEFN_LABELS = {("ids", 0): "same\nid", ("state", 0): "same\nstate"} | {("context", k): f"ctx\nk={k}"
+                                                                          for k in range(1, 5)}
 
 
-def _verdict_legend(fig) -> None:
-    from matplotlib.lines import Line2D
-    handles = [Line2D([], [], marker="o", ls="", color=VERDICT_COLORS.get(v, plots.PALETTE[5]), label=v)
-               for v in ("reproduced", "not reproduced", "inconclusive")]
-    handles += [Line2D([], [], marker="o", ls="", color="0.4", label="'shared' = same id"),
-                Line2D([], [], marker="s", ls="", mfc="white", color="0.4", label="'shared' = same id in context")]
-    fig.legend(handles=handles, frameon=False, fontsize=6.5, loc="lower center", ncol=5, bbox_to_anchor=(0.5, 0.0))
-
-
-def _rows(ax, TC, names: dict, scale: float = 1.0, refs=None) -> None:
-    """One line per row id of `names` (ids definition: filled circle; in context: open square below it),
-    the value and its 95% interval in the table's own sign, coloured by verdict."""
-    by = {c.claim.replace(C.THESIS_PREFIX, ""): c for c in TC}
-    ids = [k for k in names if k in by]
-    for y, k in enumerate(ids[::-1]):
-        for dy, sfx, mk in ((0.12, "", "o"), (-0.18, "_ctx", "s")):
-            c = by.get(k + sfx)
-            if c is None:
+def _null_panel(ax, B, T, stat: str, states: str, pools, chosen_k: int, degenerate: dict, log: bool = False,
+                ref: float = 0.0) -> None:
+    """Per definition (x) and pool (offset, marker): the real statistic (REAL; its 95% bootstrap interval where the
+    thesis table has one: ids, the chosen context k, state) against its sign-shuffle null (NULL: the central 95% band
+    and the median). Degenerate definitions (specific class under 20%) are marked when the statistic needs it."""
+    defs = [d for d in DEFN_LABELS if len(B[(B.defn == d[0]) & (B.k == d[1])])]
+    off = {"pos": -0.14, "neg": 0.14} if len(pools) == 2 else {pools[0]: 0.0}
+    for x, (defn, k) in enumerate(defs):
+        view = "all" if defn == "state" else states
+        for pool in pools:
+            b = B[(B.defn == defn) & (B.k == k) & (B.pool == pool) & (B.statistic == stat) & (B.states == view)]
+            if b.empty:
                 continue
-            col = VERDICT_COLORS.get(c.verdict, plots.PALETTE[5])
-            x = c.measured / scale
-            if np.isfinite(c.lo):
-                ax.plot([c.lo / scale, c.hi / scale], [y + dy] * 2, color=col, lw=1.1)
-            ax.plot([x], [y + dy], marker=mk, ms=3.5, color=col, mfc=col if mk == "o" else "white")
-        if refs:
-            ax.plot([refs[k]] * 2, [y - 0.4, y + 0.4], color="k", lw=0.6, ls=":")
-    if not refs:
-        ax.axvline(0, color="k", lw=0.6)
-    labels = [names[k][0] if refs else names[k] for k in ids[::-1]]
-    ax.set_yticks(range(len(ids)), labels, fontsize=6.5)
-    ax.set_ylim(-0.6, len(ids) - 0.4)
+            b = b.iloc[0]
+            xx = x + off[pool]
+            ax.plot([xx, xx], [b.null_lo, b.null_hi], color=NULL, lw=5, solid_capstyle="butt", alpha=0.8)
+            ax.plot([xx - 0.07, xx + 0.07], [b.null_median] * 2, color="0.3", lw=1)
+            tdef = {"ids": "ids", "state": "state"}.get(defn, "context" if k == chosen_k else None)
+            r = None if tdef is None else _get_t(T, tdef, pool, stat, view)
+            if r is not None and np.isfinite(r.lo):
+                ax.plot([xx, xx], [r.lo, r.hi], color=REAL, lw=1)
+            mk = "o" if pool == "pos" else "^"
+            ax.plot([xx], [b.real], marker=mk, ms=4, color=REAL, mfc=REAL if not degenerate.get((defn, k)) else "white")
+    ax.axhline(ref, color="k", lw=0.6, ls=":")
+    labels = [DEFN_LABELS[d] + ("\n(chosen)" if d == ("context", chosen_k) else "") for d in defs]
+    ax.set_xticks(range(len(defs)), labels, fontsize=6.5)
+    if log:
+        ax.set_yscale("log")
 
 
-def thesis(T: pd.DataFrame, TC: list[C.Claim]):
-    """The thesis figure: (a) each class's mean Δlog p under the single-sign step and under GRPO, per
-    pool (ids definition); (b) the rows measured in Δlog p, in the table's sign, with 95% intervals
-    (batches × groups), coloured by verdict; (c) the ratio rows against their reference (dotted)."""
+def _get_t(T, defn, pool, stat, states):
+    d = T[(T.defn == defn) & (T.pool == pool) & (T.statistic == stat) & (T.category == "all") & (T.states == states)]
+    return d.iloc[0] if len(d) else None
+
+
+def thesis(R: Result, TC: list[C.Claim]):
+    """The thesis figure: every real statistic (blue: its value, and its 95% bootstrap interval over batches × groups
+    where the table has one) against its sign-shuffle null (grey: the central 95% of K within-group shuffles of every
+    batch, and the median), per definition of 'shared' (x; the chosen context k marked). (a) cancellation of shared A>0
+    tokens at another state than any copy's (the state definition: at a copy's own state); (b) their retained share;
+    (c) the matched contrast shared − specific, A>0 (circle) and A<0 (triangle); (d) the specific class's
+    amplification, log axis. Open markers: a definition whose specific class is under 20% of a pool (degenerate)."""
     plots.setup()
-    fig = plt.figure(figsize=(plots.WIDTH_2COL, 5.6))
-    gs = fig.add_gridspec(2, 2, width_ratios=[1, 1], height_ratios=[1, 1.35], wspace=0.35, hspace=0.6,
-                          left=0.27, right=0.78, bottom=0.13, top=0.93)
-    axes = [fig.add_subplot(gs[0, 0]), fig.add_subplot(gs[1, :]), fig.add_subplot(gs[0, 1])]
-    ax, k = axes[0], 0
-    for pool in ("pos", "neg"):
-        d = T[(T.defn == "ids") & (T.pool == pool) & (T.category == "all")].set_index("statistic")
-        for j, cls in enumerate(("shared", "specific")):
-            if len(d):
-                single = d.loc[f"{cls}_single", "value"]
-                ax.bar([k, k + 0.4], [single, single + d.loc[f"{cls}_cancellation", "value"]], 0.38,
-                       color=plots.PALETTE[j], hatch=["", "//"], label=cls if pool == "pos" else None)
-            k += 1
-    ax.axhline(0, color="k", lw=0.6)
-    ax.set_xticks([0.2, 1.2, 2.2, 3.2], ["A>0\nshared", "A>0\nspecific", "A<0\nshared", "A<0\nspecific"], fontsize=6)
-    ax.set(ylabel="mean Δlog p per token")
-    ax.set_title("(a) single-sign step (plain)\nvs GRPO (hatched)", fontsize=8)
-    if len(T):
-        ax.legend(frameon=False, fontsize=6.5)
-    vals = [abs(c.measured) for c in TC if c.claim.replace(C.THESIS_PREFIX, "").replace("_ctx", "") in THESIS_WORDS]
-    sc = 10.0 ** np.floor(np.log10(np.nanmax(vals + [1e-300])))
-    _rows(axes[1], TC, THESIS_WORDS, sc)
-    axes[1].set_xlabel(f"Δlog p (×{sc:.0e}), 95% CI (batches × groups)", fontsize=7)
-    axes[1].set_title("(b) thesis rows in Δlog p (the table's sign)")
-    _verdict_legend(fig)
-    _rows(axes[2], TC, THESIS_RATIOS, refs={k: v[1] for k, v in THESIS_RATIOS.items()})
-    axes[2].set_xlabel("ratio (dotted: 1, or 0.5 for the share)", fontsize=7)
-    axes[2].set_title("(c) ratio rows, 95% CI")
-    axes[2].yaxis.tick_right()
+    B, T, k = R.thesis_null, R.thesis, R.batches.get("context_k")
+    fig, axes = plt.subplots(2, 2, figsize=(plots.WIDTH_2COL, 5.2))
+    if B is None or B.empty:
+        for ax in axes.flat:
+            ax.text(0.5, 0.5, "no null on this profile (null_shuffles = 0)", ha="center", va="center", fontsize=7,
+                    transform=ax.transAxes)
+        return fig
+    sh = R.thesis_shares
+    degenerate = {(r.defn, r.k): True for r in sh.groupby(["defn", "k"]).specific_share.min().reset_index().itertuples()
+                  if r.specific_share < C.MIN_SPECIFIC}
+    _null_panel(axes[0, 0], B, T, "shared_cancellation", "other", ["pos"], k, {})
+    axes[0, 0].set(ylabel="mean Δ_GRPO − Δ_positive-only")
+    axes[0, 0].set_title("(a) cancellation, shared A>0 tokens\nat another state than any copy's", fontsize=8)
+    _null_panel(axes[0, 1], B, T, "shared_retained", "other", ["pos"], k, {}, ref=1.0)
+    axes[0, 1].set(ylabel="Σ Δ_GRPO / Σ Δ_positive-only")
+    axes[0, 1].set_title("(b) share of the positive-only gain kept\n(the same tokens; dotted: 1)", fontsize=8)
+    _null_panel(axes[1, 0], B, T, "contrast", "all", ["pos", "neg"], k, degenerate)
+    axes[1, 0].set(ylabel="shared − specific (matched)")
+    axes[1, 0].set_title("(c) contrast: A>0 (○, paper: below the null)\nA<0 (△, paper: above)", fontsize=8)
+    _null_panel(axes[1, 1], B, T, "specific_amplification", "all", ["pos", "neg"], k, degenerate, log=True, ref=1.0)
+    axes[1, 1].set(ylabel="Σ Δ_GRPO / Σ Δ_single (log)")
+    axes[1, 1].set_title("(d) amplification of specific tokens\n(paper: above the null)", fontsize=8)
+    K = int(B.K.max())
+    handles = [Line2D([], [], marker="o", ls="-", color=REAL, lw=1, ms=4, label="real signs (95% CI)"),
+               Line2D([], [], color=NULL, lw=5, label=f"null: central 95% of {K} sign shuffles"),
+               Line2D([], [], color="0.3", lw=1, label="null median"),
+               Line2D([], [], marker="o", ls="", color=REAL, mfc="white", label="degenerate classes (< 20% specific)")]
+    fig.legend(handles=handles, frameon=False, fontsize=6.5, loc="lower center", ncol=4, bbox_to_anchor=(0.5, 0.0))
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
     return fig
