@@ -92,10 +92,13 @@ ax = axes[0]
 cols = {"all tokens": plots.PALETTE[0], "frequency-matched": plots.PALETTE[1], "within-id": plots.PALETTE[2]}
 for name, s in R.per_step.items():
     ax.plot(s.index, s.values, marker="o", ms=2.5, lw=1.1, color=cols[name], label=name)
-ax.axhspan(-10, 10, color="0.9", zorder=0)
+ax.axhspan(-10, 10, facecolor="0.9", edgecolor="0.55", ls="--", lw=0.6, zorder=0,
+           label="±10 percentage points:\nthe reading's 'similar' band")
+lo, hi = ax.get_ylim()
+ax.set_ylim(min(lo, -30), max(hi, 13))   # the band's edges in view, room below it for the key
 ax.axhline(0, color="k", lw=0.5)
-ax.set(title="(a) boosted share, pos − neg", xlabel="training step", ylabel="points")
-ax.legend(frameon=False, fontsize=6)
+ax.set(title="(a) boosted share, pos − neg", xlabel="training step", ylabel="percentage points (pos − neg)")
+ax.legend(frameon=False, fontsize=5.5, loc="lower left")
 short = {"p<0.9": "<0.9", "p>=0.9": "≥0.9"}
 labels = [f"j {short[bj]}\nk {short[bk]}" for bj in controls.CONF_BINS for bk in controls.CONF_BINS]
 x = np.arange(len(labels))
@@ -141,9 +144,9 @@ print(f"(c) same-token full-parameter inner product: mean {fs.mean():.3g}, > 0 f
 
 # %% [markdown]
 # Reading: (a) asks whether the pos ≈ neg similarity of Fig. 1 is a token-frequency artefact: if
-# the matched and within-id gaps stay within ±10 points, it is not. The within-id gap among
+# the matched and within-id gaps stay within ±10 percentage points (the grey band of (a)), it is not. The within-id gap among
 # uncertain tokens (p < 0.9, printed below from its claim row) is the one to watch: where it falls
-# outside ±10 points, the overall similarity rests on confident tokens, which barely move (notebook
+# outside ±10 percentage points, the overall similarity rests on confident tokens, which barely move (notebook
 # 01's plain-SGD run shows the uncertain-token gap too, so Adam's sign-like steps do not explain it).
 # (b) asks whether the coupling the hypothesis needs exists: K_jk > 0 for the same token across a
 # positive and a negative rollout, strongest where both are uncertain (p < 0.9: the residual
