@@ -144,10 +144,11 @@ print(f"(c) same-token full-parameter inner product: mean {fs.mean():.3g}, > 0 f
 
 # %% [markdown]
 # Reading: (a) asks whether the pos ≈ neg similarity of Fig. 1 is a token-frequency artefact: if
-# the matched and within-id gaps stay within ±10 percentage points (the grey band of (a)), it is not. The within-id gap among
-# uncertain tokens (p < 0.9, printed below from its claim row) is the one to watch: where it falls
-# outside ±10 percentage points, the overall similarity rests on confident tokens, which barely move (notebook
-# 01's plain-SGD run shows the uncertain-token gap too, so Adam's sign-like steps do not explain it).
+# the matched and within-id gaps stay within ±10 percentage points (the grey band of (a)), it is
+# not. The within-id gap among uncertain tokens (p < 0.9, printed below from its claim row) is the
+# one to watch: where it falls outside ±10 percentage points, the overall similarity rests on
+# confident tokens, which barely move (notebook 01's plain-SGD run shows the uncertain-token gap
+# too, so Adam's sign-like steps do not explain it).
 # (b) asks whether the coupling the hypothesis needs exists: K_jk > 0 for the same token across a
 # positive and a negative rollout, strongest where both are uncertain (p < 0.9: the residual
 # e_o − π is small for confident tokens); a same-token K cannot be negative where ⟨h_j, h_k⟩ > 0
