@@ -19,19 +19,23 @@ from cancellation.compute import Compute
 KNOBS = Compute()   # the default memory knobs, passed whole to every model call
 
 
-def _tokens(seed=0, n_batches=3, groups=3, G=4, L=6, vocab=5):
+def _tokens(seed=0, n_batches=3, groups=3, G=4, L=6, vocab=5, K=2):
+    """A token table as fig04 builds it: Δ of every update, the masks, first-order terms, and K null shuffles
+    (each a within-group permutation of the group's advantages, with its own Δ)."""
     rng = np.random.default_rng(seed)
     rows = []
+    perms = {(b, g, s): rng.permutation(G) for b in range(n_batches) for g in range(groups) for s in range(1, K + 1)}
     for b, g, i in itertools.product(range(n_batches), range(groups), range(G)):
-        adv = [1.0, -1.0, 0.5, -0.5][i] if g < groups - 1 else 0.0   # the last group: all equal rewards
-        perm = [-0.5, 1.0, -1.0, 0.5][i] if g < groups - 1 else 0.0  # the same multiset, shuffled
+        advs = [1.0, -1.0, 0.5, -0.5] if g < groups - 1 else [0.0] * 4   # the last group: all equal rewards
         for t in range(L):
             rows.append(dict(batch=b, group=g, rollout=g * G + i, position=t, token_id=int(rng.integers(vocab)),
-                             advantage=adv, perm_advantage=perm, prob=float(rng.uniform()),
-                             category=["Math", "Template"][t % 2],
+                             advantage=advs[i], prob=float(rng.uniform()),
+                             category=["Math", "Template"][t % 2], copy_masked=bool(rng.integers(2)),
+                             random_masked=float(rng.integers(3)) / 2,
                              **{f"delta_{u}": float(rng.normal()) for u in thesis.UPDATES},
-                             **{f"delta_perm_{u}": float(rng.normal()) for u in thesis.PERMUTED},
-                             **{f: float(rng.normal()) for f in thesis.FIRST_ORDER}))
+                             **{f: float(rng.normal()) for f in thesis.FIRST_ORDER},
+                             **{f"null_adv_{s}": advs[perms[(b, g, s)][i]] for s in range(1, K + 1)},
+                             **{f"null_{u}_{s}": float(rng.normal()) for s in range(1, K + 1) for u in thesis.PERMUTED}))
     return pd.DataFrame(rows)
 
 
@@ -93,21 +97,29 @@ def test_choose_k_is_the_smallest_k_reaching_the_share_in_both_pools():
     assert thesis.choose_k(sh) == 3 and thesis.choose_k(sh, 0.1) == 1 and thesis.choose_k(sh, 0.9) == 3
 
 
-def test_random_mask_matches_the_copies_count_per_group_and_bin(batch):
+def test_random_mask_is_disjoint_from_the_copies_and_matches_their_count_where_it_can(batch):
+    """Per group and confidence bin, by a loop over positions: the random mask zeroes only A < 0 response tokens that
+    are not copies, as many as the copies there, or every non-copy there when they are fewer."""
     copies = thesis.copies_mask(batch)
     prob = torch.rand(batch.input_ids.shape, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     bins = [0.3, 0.7]
     draws = [thesis.random_mask(batch, copies, prob, bins, seed=s) for s in (0, 1)]
     m = batch.response_mask
     b = np.digitize(prob.numpy(), bins)
+    short = 0
     for w in draws:
         assert ((w == 0) <= (m & (batch.advantage < 0)[:, None])).all()   # only A < 0 response tokens are masked
+        assert not ((w == 0) & (copies == 0)).any()                        # never a copy
         for g in batch.group.unique().tolist():
-            for k in range(len(bins) + 1):   # brute force: the count per (group, bin), by a loop over positions
+            for k in range(len(bins) + 1):
                 cell = [(i, j) for i in range(len(batch)) for j in range(m.shape[1])
                         if m[i, j] and batch.group[i] == g and batch.advantage[i] < 0 and b[i, j] == k]
-                assert sum(float(w[i, j]) == 0 for i, j in cell) == sum(float(copies[i, j]) == 0 for i, j in cell)
-    assert (draws[0] == 0).sum() == (copies == 0).sum() and not torch.equal(draws[0], draws[1])
+                n_copy = sum(float(copies[i, j]) == 0 for i, j in cell)
+                n_free = len(cell) - n_copy
+                assert sum(float(w[i, j]) == 0 for i, j in cell) == min(n_copy, n_free)
+                short += n_free < n_copy
+    assert (draws[0] == 0).any() and not torch.equal(draws[0], draws[1])
+    assert short   # this batch has cells where the non-copies are fewer than the copies (the tiny task's case)
 
 
 def test_permuted_shuffles_rewards_with_their_advantages_within_groups(batch):
@@ -157,11 +169,14 @@ def _records(c) -> list:
     return _RECORDS[1]
 
 
-def _loop_stat(c, pool, defn, stat, cat="all"):
-    """One statistic of thesis.summary by loops over the cells (the formulas of thesis.py's docstring)."""
+def _loop_stat(c, pool, defn, stat, cat="all", states="all"):
+    """One statistic of thesis.summary by loops over the cells (the formulas of thesis.py's docstring); `states`:
+    the shared class whole ('all'), or only its tokens at another state than any copy's ('other') / at a copy's
+    own state ('same'), the specific class unchanged."""
     single = "sum_positive_only" if pool == "pos" else "sum_negative_only"
     rows = [r for r in _records(c) if r["pool"] == pool and r["defn"] == defn
-            and (cat == "all" or r["category"] == cat)]
+            and (cat == "all" or r["category"] == cat)
+            and (states == "all" or r["cls"] != "shared" or r["state"] == states)]
     val = {"cancellation": lambda r: r["sum_grpo"] - r[single], "single": lambda r: r[single],
            "grpo": lambda r: r["sum_grpo"], "copies_vs_random": lambda r: r["sum_grpo_masked"] - r["sum_grpo_random"],
            "fo_same_id": lambda r: r["sum_fo_same_id_group"] + r["sum_fo_same_id_other"],
@@ -182,7 +197,7 @@ def _loop_stat(c, pool, defn, stat, cat="all"):
             if na and nb:
                 w = na * nb / (na + nb)
                 num, den = num + w * (va / na - vb / nb), den + w
-        return num / den
+        return num / den if den else float("nan")   # no stratum holds both classes: undefined
     if stat in ("shared_cancellation", "specific_cancellation"):
         v, n = tot(stat.split("_")[0], "cancellation")
         return v / n
@@ -210,28 +225,26 @@ def _loop_stat(c, pool, defn, stat, cat="all"):
         sh = [dict(r, freq="high" if cnt[(r["batch"], r["token_id"])] >= med[r["batch"]] else "low")
               for r in rows if r["cls"] == "shared"]
         return matched(sh, "cancellation", "freq", "high", "low", ("bin",))
-    if stat == "minus_permuted":
-        return _loop_stat(c, pool, "ids", "contrast") - _loop_stat(c, pool, "permuted", "contrast")
     raise KeyError(stat)
 
 
 LOOPED = ("shared_cancellation", "specific_cancellation", "shared_retained", "specific_amplification", "contrast",
-          "copies_vs_random", "fo_same_id_share", "frequency", "minus_permuted")
+          "copies_vs_random", "fo_same_id_share", "frequency")
 
 
 def test_summary_points_match_loops_over_cells():
-    t = _tokens(seed=3)
+    t = _tokens(seed=3, vocab=4, L=5)   # few ids: shared prefixes (the state definition) occur
     c = thesis.cells(t, [0.5, 0.9], k=1)
     assert c.groupby("defn").n.sum().eq((t.advantage != 0).sum()).all()
     S = thesis.summary(c, ["Math", "Template"], n_boot=200, seed=0)
     seen = set()
     for r in S[S.statistic.isin(LOOPED)].itertuples():
-        want = _loop_stat(c, r.pool, r.defn, r.statistic, r.category)
-        assert r.value == pytest.approx(want, rel=1e-12, abs=1e-12), r
+        want = _loop_stat(c, r.pool, r.defn, r.statistic, r.category, r.states)
+        assert r.value == pytest.approx(want, rel=1e-12, abs=1e-12, nan_ok=True), r
         seen.add(r.statistic)
         assert np.isnan(r.lo) or r.lo <= r.hi
     assert seen == set(LOOPED)
-    assert set(S.defn) == set(thesis.DEFNS)
+    assert set(S.defn) == set(thesis.DEFNS) and set(S.states) == set(thesis.STATES)
 
 
 def test_two_stage_bootstrap_draws_whole_batches_then_groups():
@@ -377,3 +390,104 @@ def test_same_state_classes_match_a_loop():
         n_shared += want == "shared"
         assert want == "specific" or ids[i] == "shared"
     assert 0 < n_shared < (t.advantage != 0).sum()
+
+
+# ----------------------------------------------------------------------------- the sign-shuffle null
+def test_null_batch_is_the_exact_step_of_each_shuffle_on_the_mixed_rows(model64, batch):
+    """thesis.null_batch against grpo.Trials (a backward and a step per update) on the whole batch: each shuffle's
+    positive-only, negative-only and GRPO Δ on the rows of mixed groups (NaN on the others), to float64 round-off;
+    the real signs' GRPO through the same path; the exact-steps path (G_limit 0) gives the same numbers."""
+    knobs, lr, K, seed = Compute(), 0.1, 3, 11
+    rows = thesis.mixed_rows(batch)
+    assert 0 < len(rows) < len(batch)   # the fixture has a group without both rewards: the sub-batch is a real subset
+    got = thesis.null_batch(model64, batch, knobs, lr, K, seed)
+    steps = thesis.null_batch(model64, batch, knobs, lr, K, seed, G_limit=0)
+    assert got["path"] == "gradients" and steps["path"] == "steps"
+    orders = thesis.shuffles(batch, K, seed)
+    trials = grpo.Trials(model64, batch, knobs)
+    m = batch.response_mask
+    tok_row = m.nonzero(as_tuple=True)[0]
+    on = torch.isin(tok_row, rows).numpy()
+    for u in thesis.PERMUTED:
+        cfg = knobs.update(optimizer="sgd", lr=lr, scope="full", reweight=u)
+        for s, o in enumerate(orders):
+            shuffled = dataclasses.replace(batch, reward=batch.reward[o], advantage=batch.advantage[o])
+            want = trials.delta(cfg, shuffled)[m].numpy()
+            assert np.abs(got[u][s][on] - want[on]).max() < 1e-10, (u, s)
+            assert np.isnan(got[u][s][~on]).all()
+            assert np.abs(steps[u][s][on] - want[on]).max() < 1e-10, (u, s)
+            assert np.array_equal(got["adv"][s], batch.advantage[o][tok_row].numpy())
+    real = trials.delta(knobs.update(optimizer="sgd", lr=lr, scope="full", reweight="grpo"))[m].numpy()
+    assert np.abs(got["real_grpo"][on] - real[on]).max() < 1e-10
+
+
+def _as_real(t, s):
+    """The token table with shuffle s's signs and Δ in the real columns (what the real path reads)."""
+    u = t.copy()
+    u["advantage"] = t[f"null_adv_{s}"]
+    for name in thesis.PERMUTED:
+        u[f"delta_{name}"] = t[f"null_{name}_{s}"]
+    return u
+
+
+def test_null_values_are_the_real_statistics_of_each_shuffle_by_loops():
+    """Shuffle s of the null equals the real path's statistic (thesis.cells, then _loop_stat's loops over the cells)
+    on the table whose signs and Δ are shuffle s's, for every definition (ids, context k = 1..4, state), view of the
+    shared class and pool; shuffle 0 is the real signs."""
+    t = _tokens(seed=4, vocab=3, L=5, K=2)
+    nc = thesis.null_cells(t, 2, [0.5])
+    V = thesis.null_values(nc)
+    checked = 0
+    for s in (0, 1, 2):
+        u = t if s == 0 else _as_real(t, s)
+        for defn, k in thesis.NULL_DEFNS:
+            c = thesis.cells(u, [0.5], max(k, 1))
+            cdefn = defn if defn != "context" else "context"
+            for r in V[(V.shuffle == s) & (V.defn == defn) & (V.k == k)].itertuples():
+                want = _loop_stat(c, r.pool, cdefn, r.statistic, "all", r.states)
+                assert r.value == pytest.approx(want, rel=1e-10, abs=1e-12, nan_ok=True), (s, defn, k, r)
+                checked += 1
+    assert checked > 100 and set(V.states) == set(thesis.STATES)
+
+
+def test_null_bands_p_values_by_a_loop():
+    rng = np.random.default_rng(0)
+    rows = []
+    for s in range(40):
+        for pool in ("pos", "neg"):
+            rows.append(dict(defn="ids", k=0, states="all", pool=pool, statistic="contrast", shuffle=s,
+                             value=float(rng.normal()) if s else (-3.0 if pool == "pos" else -0.2)))
+    B = thesis.null_bands(pd.DataFrame(rows)).set_index("pool")
+    for pool, side in (("pos", -1), ("neg", 1)):
+        real = B.loc[pool, "real"]
+        null = [r["value"] for r in rows if r["pool"] == pool and r["shuffle"] > 0]
+        assert B.loc[pool, "p_paper"] == (1 + sum(side * (x - real) >= 0 for x in null)) / 40
+        assert B.loc[pool, "p_other"] == (1 + sum(side * (x - real) <= 0 for x in null)) / 40
+        assert B.loc[pool, "null_lo"] == pytest.approx(np.quantile(null, 0.025)) and B.loc[pool, "K"] == 39
+    assert B.loc["pos", "p_paper"] == 1 / 40   # beyond every shuffle on the paper's side: the smallest p
+
+
+def test_the_decision_rule_reads_its_parts_as_fixed_before_the_run():
+    below = ["c", "direction", -1.0, -2.0, -0.5, dict(sign=-1, ref=0.0)]
+    above = ["c", "direction", 1.0, 0.5, 2.0, dict(sign=-1, ref=0.0)]
+    kept = ["r", "direction", 0.5, 0.2, 0.8, dict(sign=-1, ref=1.0)]
+    more = ["r", "direction", 1.5, 1.2, 1.8, dict(sign=-1, ref=1.0)]
+    yes = ["n", "null_test", -1.0, np.nan, np.nan, dict(sign=-1, p_paper=1 / 40, p_other=1.0, K=39)]
+    no = ["n", "null_test", -1.0, np.nan, np.nan, dict(sign=-1, p_paper=0.3, p_other=0.7, K=39)]
+    degenerate = ["n", "null_test", -1.0, np.nan, np.nan, dict(sign=-1, p_paper=1 / 40, p_other=1.0, K=39,
+                                                               specific_share=0.06)]
+    v = lambda c, s: C.thesis_verdict(np.nan, np.nan, np.nan, cancellation=c, credit=s)  # noqa: E731
+    assert v([below, kept], [yes] * 4) == C.REPRODUCED
+    assert v([below, kept], [yes, yes, yes, no]) == C.INCONCLUSIVE
+    assert v([below, kept], [no] * 4) == C.NOT_REPRODUCED
+    assert v([above, more], [yes] * 4) == C.NOT_REPRODUCED
+    assert v([below, more], [yes] * 4) == C.INCONCLUSIVE
+    assert v([below, kept], [yes, yes, yes, degenerate]) == C.NOT_DECIDABLE
+    assert C.deciding_part(dict(cancellation=[above, more], credit=[yes] * 4)) == "cancellation"
+    assert C.null_test(-1.0, np.nan, np.nan, sign=-1, p_paper=2 / 40, p_other=0.9, K=39) == C.NOT_REPRODUCED
+    assert C.can_pass("null_test", dict(sign=-1, p_paper=0.5, p_other=0.5, K=19), 40, "permutation")[0] is False
+    assert C.majority(0.509, 0.505, 0.513) == C.ABOUT_HALF and C.majority(0.7, 0.6, 0.8) == C.REPRODUCED
+    assert C.majority(0.4, 0.3, 0.45) == C.NOT_REPRODUCED and C.majority(0.6, 0.4, 0.8) == C.INCONCLUSIVE
+    assert C.null_control(-1.0, -2.0, -0.5, sign=-1) == C.NULL_PASSES
+    assert C.null_control(-1.0, -2.0, 0.5, sign=-1) == C.NULL_DIFFERS
+    assert C.judge("direction", -1.0, -2.0, -0.5, dict(sign=-1, size_share=0.12)) == C.NOT_DECIDABLE

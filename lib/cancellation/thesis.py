@@ -365,10 +365,11 @@ def cells(tokens: pd.DataFrame, bins, k: int) -> pd.DataFrame:
     definition the shared class is exactly the 'same' tokens."""
     t = tokens.copy()
     ctx = context_keys(t, k)
-    st = state_keys(t)
+    state_keys(t)
+    t["state_id"] = t.pop("state")   # the prefix-trie node; "state" becomes the view of the shared class
     t["bin"] = np.digitize(t.prob, bins)
-    t["state"] = np.where(classify(t, st) == "shared", "same", "other")
-    keys = {"ids": ["token_id"], "context": ctx, "state": st}
+    t["state"] = np.where(classify(t, ["state_id"]) == "shared", "same", "other")
+    keys = {"ids": ["token_id"], "context": ctx, "state": ["state_id"]}
     out = []
     for defn in DEFNS:
         d = t.assign(cls=classify(t, keys[defn]), defn=defn)
