@@ -22,6 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from . import cache, coupling, engine, grpo, measure, policy, procs, rollout, scale, seeds, standins, tasks, thesis, train, value
@@ -197,11 +198,12 @@ def pack(repeats: int = 3, threads: int = 1, batches: str = "0,1"):
 @bench
 def trials(batch: int = 0, repeats: int = 3, threads: int = 1):
     """Notebook 04's updates on one of its batches (the tiny profile's batch `batch` of tiny-m: 8 x 8 rollouts,
-    float64): the "before" statistics, the nine single SGD steps from θ₀ (positive-only, GRPO, negative-only,
-    copies-masked, two random masks, three permuted) with their "after" forwards, and the restore check, with
-    the forward from θ₀ shared (`grpo.Trials`) vs one per update (the old way); then the batch's whole token
-    table (with Eq. 9's first-order terms, which both ways compute alike). Tables compared bit for bit."""
-    P = fig04.Params()
+    float64): the "before" statistics, the six single SGD steps from θ₀ (positive-only, GRPO, negative-only,
+    copies-masked, two random masks) with their "after" forwards, and the restore check, with the forward from θ₀
+    shared (`grpo.Trials`) vs one per update (the old way); then the batch's whole token table (with Eq. 9's
+    first-order terms, which both ways compute alike). Tables compared bit for bit. The sign-shuffle null is left
+    out here (null_shuffles = 0): its own line is `thesis_null`."""
+    P = fig04.Params(null_shuffles=0)
     cc = P.compute()
     model, tok = policy.load_policy(P.model_path, dtype=P.dtype)
     bseed = seeds.derive(P.seed, "category_batch", batch)
@@ -234,7 +236,7 @@ def trials(batch: int = 0, repeats: int = 3, threads: int = 1):
     print(f"trials: notebook 04's batch {batch} (tiny-m float64, {len(b)} rollouts x {b.input_ids.shape[1]} columns, "
           f"{b.n_tokens} response tokens), {threads} thread(s); median (min–max) of {repeats} alternating rounds; "
           "tables bit for bit\n"
-          f"  nine updates + before + restore  shared {spread(r['shared']['s'], fmt='.2f')} s   old "
+          f"  six updates + before + restore   shared {spread(r['shared']['s'], fmt='.2f')} s   old "
           f"{spread(r['old']['s'], fmt='.2f')} s   speed-up {spread(ratios(r['old']['s'], r['shared']['s']), fmt='.2f')}x\n"
           f"  whole batch table (+ Eq. 9)      shared {spread(rt['shared']['s'], fmt='.2f')} s   old "
           f"{spread(rt['old']['s'], fmt='.2f')} s   speed-up {spread(ratios(rt['old']['s'], rt['shared']['s']), fmt='.2f')}x")
@@ -243,18 +245,19 @@ def trials(batch: int = 0, repeats: int = 3, threads: int = 1):
 @bench
 def thesis_null(batch: int = 0, K: int = 4, repeats: int = 1, threads: int = 1):
     """The thesis's sign-shuffle null on one of notebook 04's batches (tiny-m float64, 8 x 8 rollouts): K within-
-    group shuffles x the three updates (positive-only, negative-only, GRPO) as exact steps (`grpo.Trials.delta`:
-    a backward of the shared forward, a step and an "after" forward each) vs the per-rollout-gradient shortcut
-    (`thesis.rollout_gradients` once, then one matrix product and one forward per shuffle and update,
-    `thesis.null_deltas`); the largest |difference| of their Δlog p. Scaled: the seconds of K = 39 shuffles on
-    notebook 04's 40 batches, each way."""
+    group shuffles x the three updates (positive-only, negative-only, GRPO) as exact steps on the whole batch
+    (`grpo.Trials.delta`: a backward of the shared forward, a step and an "after" forward each: the naive way) vs
+    what notebook 04 runs (`thesis.null_batch`: the rollouts of mixed groups only, their per-rollout gradients
+    once, then one matrix product and one forward per shuffle and update); the largest |difference| of their Δlog p
+    on those rows. Scaled: the minutes of K = 39 shuffles on notebook 04's 40 batches, each way (one core)."""
     P = fig04.Params()
     cc = P.compute()
     model, tok = policy.load_policy(P.model_path, dtype=P.dtype)
     bseed = seeds.derive(P.seed, "category_batch", batch)
     b = rollout.sample(model, tok, fig04.base.sample_config(P, fig04.base.problem_source(P)), seed=bseed)
-    orders = thesis.shuffles(b, K, seeds.derive(bseed, "thesis_null"))
-    updates = ("positive_only", "negative_only", "grpo")
+    seed = seeds.derive(bseed, "thesis_null")
+    orders = thesis.shuffles(b, K, seed)
+    updates = thesis.PERMUTED
     before_threads = torch.get_num_threads()
     torch.set_num_threads(threads)
 
@@ -262,33 +265,33 @@ def thesis_null(batch: int = 0, K: int = 4, repeats: int = 1, threads: int = 1):
         t = grpo.Trials(model, b, cc, scope=P.scope)
         out = {u: torch.stack([t.delta(cc.update(optimizer="sgd", lr=P.lr, scope=P.scope, reweight=u),
                                        dataclasses.replace(b, reward=b.reward[o], advantage=b.advantage[o]))
-                               for o in orders]) for u in updates}
+                               for o in orders])[:, b.response_mask].numpy() for u in updates}
         t.restore_error()
         return out
 
-    def shortcut():
-        G = thesis.rollout_gradients(model, b, cc, P.scope)
-        return {u: thesis.null_deltas(model, b, cc, P.lr, thesis.shuffle_weights(b, orders, u), P.scope, G=G)
-                for u in updates}
+    def null():
+        return thesis.null_batch(model, b, cc, P.lr, K, seed, P.scope)
     try:
-        r = paired({"exact": exact, "shortcut": shortcut}, repeats)
+        r = paired({"exact": exact, "null_batch": null}, repeats)
         t0 = time.perf_counter()
-        thesis.rollout_gradients(model, b, cc, P.scope)
+        sub = b.select(thesis.mixed_rows(b))
+        thesis.rollout_gradients(model, sub, cc, P.scope, n_tokens=b.response_mask.sum())
         grads = time.perf_counter() - t0
     finally:
         torch.set_num_threads(before_threads)
-    m = b.response_mask
-    err = max(float((r["exact"]["out"][u][:, m] - r["shortcut"]["out"][u][:, m]).abs().max()) for u in updates)
-    ex, sc = statistics.median(r["exact"]["s"]), statistics.median(r["shortcut"]["s"])
-    per_ex, per_sc = ex / (3 * K), (sc - grads) / (3 * K)
+    got = r["null_batch"]["out"]
+    on = ~np.isnan(got["grpo"][0])
+    err = max(float(np.abs(r["exact"]["out"][u][:, on] - got[u][:, on]).max()) for u in updates)
+    ex, sc = statistics.median(r["exact"]["s"]), statistics.median(r["null_batch"]["s"])
+    per_ex, per_sc = ex / (3 * K), (sc - grads) / (3 * K + 1)
     full = lambda per, fixed=0.0: 40 * (fixed + 3 * 39 * per) / 60   # noqa: E731 - minutes for K=39 on 40 batches
     print(f"thesis_null: notebook 04's batch {batch} (tiny-m float64, {len(b)} rollouts x {b.input_ids.shape[1]} "
-          f"columns, {b.n_tokens} response tokens), {K} shuffles x 3 updates, {threads} thread(s), {repeats} round(s); "
-          f"max |Δ exact - Δ shortcut| {err:.1e}\n"
+          f"columns, {b.n_tokens} response tokens; {len(sub)} rollouts in mixed groups), {K} shuffles x 3 updates, "
+          f"{threads} thread(s), {repeats} round(s); max |Δ exact - Δ null_batch| {err:.1e}\n"
           f"  exact steps   {spread(r['exact']['s'], fmt='.2f')} s   ({per_ex:.2f} s per shuffle-update)\n"
-          f"  shortcut      {spread(r['shortcut']['s'], fmt='.2f')} s   (per-rollout gradients {grads:.2f} s once, then "
-          f"{per_sc:.2f} s per shuffle-update)   speed-up {spread(ratios(r['exact']['s'], r['shortcut']['s']), fmt='.2f')}x\n"
-          f"  K = 39 on 40 batches: exact {full(per_ex):.0f} min, shortcut {full(per_sc, grads):.0f} min (one core)")
+          f"  null_batch    {spread(r['null_batch']['s'], fmt='.2f')} s   (per-rollout gradients {grads:.2f} s once, then "
+          f"{per_sc:.2f} s per shuffle-update)   speed-up {spread(ratios(r['exact']['s'], r['null_batch']['s']), fmt='.2f')}x\n"
+          f"  K = 39 on 40 batches: exact {full(per_ex):.0f} min, null_batch {full(per_sc, grads):.0f} min (one core)")
 
 
 def _one_vs_ranks(tag: str, one, ranks, n: int, repeats: int) -> dict:
