@@ -129,8 +129,14 @@ def pool_lines(R: Result) -> list[str]:
     null's shuffles and its check against the exact step."""
     main = R.batches["policies"][0]
     lost = main.get("empty", [])
-    out = [f"the thesis rows pool {main['n_batches'] - len(lost)} of {main['n_batches']} batches"
+    kept = main["n_batches"] - len(lost)
+    out = [f"the thesis rows pool {kept} of {main['n_batches']} batches"
            + (f"; batches {lost} have no mixed-reward group and are left out" if lost else "")]
+    if kept < thesis.MIN_BATCHES:
+        out.append(f"under {thesis.MIN_BATCHES} batches the thesis rows have no interval and are not recorded: this "
+                   "profile does not decide the thesis (a memory or smoke test, not a decision)")
+    if R.thesis_null is None or R.thesis_null.empty:
+        out.append("no sign-shuffle null on this profile (null_shuffles = 0): the rows against the null are not made")
     if "null_check" in R.batches and R.thesis_null is not None and len(R.thesis_null):
         out.append(f"the null: {int(R.thesis_null.K.max())} within-group sign shuffles of every batch; the real signs "
                    f"through the null's path vs the exact GRPO step: max |Δ difference| {R.batches['null_check']:.1e}")
