@@ -75,10 +75,9 @@ SUMMARY_BEGIN, SUMMARY_END = "<!-- claims-summary:begin -->", "<!-- claims-summa
 FINDINGS_BEGIN, FINDINGS_END = "<!-- findings:begin -->", "<!-- findings:end -->"  # README's first screen
 CLAIMS_DOC = "docs/claims.md"
 THESIS_PREFIX = "fig04_thesis_"  # the thesis rows; README lists those of THESIS_README one by one (docs/claims.md all)
-THESIS_README = ("verdict", "pos_diffstate_cancellation", "pos_diffstate_retained", "pos_contrast_vs_null",
-                 "pos_amplification_vs_null", "null_cancellation", "verdict_ctx", "pos_diffstate_cancellation_ctx",
-                 "pos_diffstate_retained_ctx", "pos_contrast_vs_null_ctx", "pos_amplification_vs_null_ctx",
-                 "null_cancellation_ctx", "copies_vs_random", "mech_same_id_share")
+THESIS_README = ("verdict", "pos_diffstate_cancellation", "pos_contrast_vs_null", "pos_amplification_vs_null",
+                 "null_cancellation", "verdict_ctx", "pos_diffstate_cancellation_ctx", "pos_contrast_vs_null_ctx",
+                 "pos_amplification_vs_null_ctx", "null_cancellation_ctx", "copies_vs_random", "mech_same_id_share")
 COLUMNS = ["notebook", "claim", "figure", "statement", "paper", "measured", "lo", "hi", "n", "unit", "rule",
            "params", "rule_text", "detail", "verdict", "estimator", "resampling"]
 LATER_COLUMNS = ("estimator", "resampling")  # added to the registry later; empty in an older registry's rows
