@@ -138,6 +138,7 @@ print(fig01_claims.control_drop(R).detail if R.control is not None else "no cont
 
 # %%
 fig = fig01_plots.across_models(R.fig9)
+plots.stamp(fig, plots.models_stamp_text(profile, P.models, P.device))   # every policy it plots, not P.model_path's
 plots.save(fig, "fig09_flipping_across_models", fig_dir)
 plt.show()
 print(fig01_claims.fig9_scope(P, run.load_profile("paper")))

@@ -104,6 +104,11 @@ for ax in axes:
     lo, hi = ax.get_ylim()
     ax.set_ylim(lo, hi + 0.3 * (hi - lo))  # room for the legend above the data
 axes[0].legend(frameon=False, fontsize=5.5, ncol=2, loc="upper center")
+if 1 in set(pg[pg.panel == "rollouts"].x):   # a group of one rollout has no group baseline: verl gives it A = r
+    d1 = pg[(pg.panel == "rollouts") & (pg.x == 1)]
+    axes[1].annotate("n = 1: no group baseline,\nA = r (verl), not a\ngroup-normalised advantage", xy=(1, d1.hi.max()),
+                     xytext=(1.25, 0.97), textcoords=("data", "axes fraction"), ha="left", va="top", fontsize=5.5,
+                     color="0.25", arrowprops=dict(arrowstyle="-", color="0.5", lw=0.5))
 fig.tight_layout()
 plots.save(fig, "fig06_sampling_budget", fig_dir)
 plt.show()
@@ -119,16 +124,17 @@ if len(cg):  # 31 compositions: lines with shaded 95% bands instead of error bar
         ax.fill_between(d.x, d.lo, d.hi, color=c, alpha=0.15, lw=0)
     d = ws[ws.panel == "composition"]
     ax.plot(d.x, d.gap, ls="--", lw=0.9, color="0.45", label="within sign (all)")
-    for k, txt in ((1, "sparse"), (P.G_comp - 1, "saturated")):
+    for k, txt, ha in ((1, "sparse", "left"), (P.G_comp - 1, "saturated", "right")):   # inside the axes, not clipped
         ax.axvspan(k - 0.5, k + 0.5, color="0.9", zorder=0)
-        ax.text(k, 1.0, txt, transform=ax.get_xaxis_transform(), ha="center", va="top", fontsize=6)
+        ax.text(k - 0.5 if ha == "left" else k + 0.5, 0.98, f"{txt}\n(k = {k})", transform=ax.get_xaxis_transform(),
+                ha=ha, va="top", fontsize=5.5)
     ks = list(range(1, P.G_comp))
     ax.set_xticks(ks if len(ks) <= 10 else ks[::max(1, len(ks) // 8)])
 ax.axhline(0, color="k", lw=0.5)
 ax.set(xlabel=f"positive rollouts of G = {P.G_comp} per query", ylabel="value gap (95% CI)",
-       title=f"(b) reward composition ({R.n_comp_groups} queries)")
+       title=f"(b) reward composition (n = {R.n_comp_groups} query groups)")
 lo, hi = ax.get_ylim()
-ax.set_ylim(lo - 0.45 * (hi - lo), hi)  # room for the legend below the data
+ax.set_ylim(lo - 0.45 * (hi - lo), hi + 0.15 * (hi - lo))  # room for the legend below, the end labels above
 ax.legend(frameon=False, fontsize=5.5, loc="lower center", ncol=2)
 fig.tight_layout()
 plots.save(fig, "fig07b_reward_composition", fig_dir)

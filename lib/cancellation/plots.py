@@ -53,6 +53,23 @@ def stamp_text(profile: str, P=None) -> str:
     return f"{profile} profile" + (": " + ", ".join(parts) if parts else "")
 
 
+def models_stamp_text(profile: str, models, device=None) -> str:
+    """The stamp of a figure that plots several policies (Fig. 9): '<profile> profile: policies tiny-m (1.06M
+    parameters), tiny-s (0.2M), <device>', each named with its size where the planner can tell it."""
+    names = []
+    for i, model in enumerate(models):
+        try:
+            n = shape_of(str(model)).params
+        except ConfigError:
+            n = None
+        name = Path(str(model)).name or str(model)
+        names.append(f"{name} ({size_text(n)}{' parameters' if i == 0 else ''})" if n else name)
+    parts = [("policies " if len(names) > 1 else "policy ") + ", ".join(names)] if names else []
+    if device:
+        parts.append("CPU" if str(device) == "cpu" else "GPU" if str(device).startswith("cuda") else str(device))
+    return f"{profile} profile" + (": " + ", ".join(parts) if parts else "")
+
+
 def use_profile(profile: str, P=None) -> str:
     """Stamp every figure `save` writes from now on with `stamp_text(profile, P)`; returns the text."""
     _state["stamp"] = stamp_text(profile, P)
