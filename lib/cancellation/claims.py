@@ -523,12 +523,8 @@ def table_markdown(df: pd.DataFrame) -> str:
                  f"**{r.verdict}**"]
         cells = [c.replace("\\|", "|").replace("|", "\\|").replace("\n", " ") for c in cells]
         lines.append("| " + " | ".join(cells) + " |")
-    counts = df.verdict.value_counts()
-    controls = int(df.verdict.isin(CONTROL_VERDICTS).sum())
     lines.append("")
-    lines.append(f"{len(df) - controls} claims: " + ", ".join(f"{counts.get(v, 0)} {v}" for v in VERDICTS) + "."
-                 + (f" Besides, {controls} null controls (" + ", ".join(f"{counts.get(v, 0)} {v}" for v in CONTROL_VERDICTS)
-                    + "), not counted among the paper's claims." if controls else ""))
+    lines.append(summary_sentence(df))
     return "\n".join(lines)
 
 
@@ -635,9 +631,78 @@ def thesis_reading(rows: dict) -> list[str]:
     return out
 
 
+def decided_by(row) -> str:
+    """Which clause of its rule decided a row's verdict, in words (the did-not-reproduce table's last column)."""
+    p = json.loads(row["params"]) if isinstance(row["params"], str) else dict(row["params"])
+    rule, lo, hi = row["rule"], row["lo"], row["hi"]
+    if row["verdict"] == NOT_DECIDABLE:
+        return "the test cannot be made here"
+    if rule == "direction":
+        s, ref = (1 if p.get("sign", 1) >= 0 else -1), p.get("ref", 0.0)
+        if not (_nan(lo) or _nan(hi)) and max(s * (lo - ref), s * (hi - ref)) < 0:
+            return f"the interval lies on the refuting side of {ref:g}"
+        if p.get("paper") is not None:
+            return f"the point on the wrong side of {ref:g}, the interval excluding the paper's {p['paper']:g}"
+        return "the point on the wrong side (no interval)"
+    if rule == "similar":
+        return f"the interval lies outside {p.get('target', 0.0):g} ± {p['tol']:g}"
+    if rule == "thesis_verdict":
+        return f"its {deciding_part(p)} part"
+    if rule == "all_of":
+        bad = [name for name, r, pm, plo, phi, pp in p["parts"] if judge(r, pm, plo, phi, pp) == NOT_REPRODUCED]
+        return "its part " + ", ".join(bad)
+    if rule == "null_test":
+        return "the real value inside its sign-shuffle null's central 95% (or beyond it on the other side)"
+    if rule == "majority":
+        return "the interval below a half"
+    if rule == "exact":
+        return "Fisher's test the other way"
+    return rule
+
+
 def claims_only(reg: pd.DataFrame) -> pd.DataFrame:
     """The rows that are claims (of the paper, or of what it implies): a null control's row is not one."""
     return reg[~reg.verdict.isin(CONTROL_VERDICTS)]
+
+
+# what a row is, for the counts (`kind_of`): the paper's claims are counted apart from the rest
+PAPER, CONTROLS, OTHERS, CONSTRUCTION = ("the paper's claims", "controls", "related work and other readings",
+                                         "checks by construction")
+KINDS = (PAPER, CONTROLS, OTHERS, CONSTRUCTION)
+
+
+def kind_of(row) -> str:
+    """A row's kind: a check that holds by construction; a control (a null control, a fixed-scaffold or regression
+    control: the paper's column or the figure says so); related work or a reading the paper does not state (the
+    paper's column starts "related work", "not the paper", "not stated"); else one of the paper's claims."""
+    paper, figure = str(row["paper"]).lower(), str(row["figure"]).lower()
+    if row["rule"] == "construction" or row["verdict"] == BY_CONSTRUCTION:
+        return CONSTRUCTION
+    if row["rule"] == "null_control" or row["verdict"] in CONTROL_VERDICTS or "control" in paper or "control" in figure:
+        return CONTROLS
+    if paper.startswith(("related work", "not the paper", "not stated")):
+        return OTHERS
+    return PAPER
+
+
+def summary_counts(reg: pd.DataFrame) -> pd.DataFrame:
+    """Per kind (KINDS, rows) and verdict (columns, those that occur): the number of rows; column 'rows' the total."""
+    k = reg.apply(kind_of, axis=1) if len(reg) else pd.Series([], dtype=str)
+    verdicts = [v for v in VERDICTS + CONTROL_VERDICTS if (reg.verdict == v).any()]
+    t = pd.crosstab(k, reg.verdict).reindex(index=list(KINDS), columns=verdicts, fill_value=0)
+    return t.assign(rows=t.sum(axis=1))
+
+
+def summary_sentence(reg: pd.DataFrame) -> str:
+    """The one summary of a registry, in words (README, docs/claims.md and the site print this sentence): the rows,
+    then per kind its count and its verdicts."""
+    t = summary_counts(reg)
+    parts = []
+    for kind, r in t.iterrows():
+        if r.rows:
+            vs = ", ".join(f"{int(r[v])} {v}" for v in t.columns if v != "rows" and r[v])
+            parts.append(f"{kind}: {int(r.rows)} ({vs})")
+    return f"{int(t.rows.sum())} rows. " + "; ".join(parts) + "."
 
 
 def findings_registry(root=".", registries=README_REGISTRIES) -> pd.DataFrame:
@@ -656,32 +721,26 @@ def findings_markdown(root=".", registries=README_REGISTRIES) -> str:
     """README's first screen, generated from the registries: where the results come from, the counts (each
     claim once), the thesis in words (`thesis_reading`) and every claim that did not reproduce."""
     every = findings_registry(root, registries)
-    reg = claims_only(every)
-    n = reg.verdict.value_counts().reindex(list(VERDICTS), fill_value=0)
     rows = {r.claim[len(THESIS_PREFIX):]: r for _, r in every.iterrows() if r.claim.startswith(THESIS_PREFIX)}
     out = ["**What was found, and on what.** Every result below is on the `tiny` profile: policies of 1.06M and 0.2M "
            "parameters that this repository trains on column arithmetic, on a CPU. **No result on the paper's models "
            "(Qwen3-1.7B/4B-Base, Qwen2.5-Math-7B) exists yet**: the paper profiles are built, tested on stand-ins and "
            "planned ([the paper profile](#the-paper-profile)), not run.", "",
-           f"Of {len(reg)} claim rows (notebook 07 counted once, from its full `make table2` run): "
-           f"**{n[REPRODUCED]} reproduced, {n[NOT_REPRODUCED]} not reproduced, {n[INCONCLUSIVE]} inconclusive** "
-           f"(the interval straddles the paper's side at this profile's n), {n[NOT_DECIDABLE]} not decidable here "
-           f"(the test cannot be made on this task), {n[ABOUT_HALF]} about half (a 'most' that sits at a half), and "
-           f"{n[BY_CONSTRUCTION]} hold by construction (checks of the method, not findings); "
-           f"{len(every) - len(reg)} null controls are listed apart. Every row, its rule and its interval: "
-           "[docs/claims.md](docs/claims.md).", ""]
+           f"The rows (notebook 07 counted once, from its full `make table2` run): {summary_sentence(every)} "
+           "Inconclusive: the interval straddles the paper's side at this profile's n; not decidable: the test cannot "
+           "be made on this task. Every row, its rule and its interval: [docs/claims.md](docs/claims.md).", ""]
     if rows:
         out += ["**The thesis** (notebook 04; shared tokens are those that also occur in a rollout of the opposite "
                 "sign in the same group):", "", *thesis_reading(rows), ""]
-    bad = reg[reg.verdict == NOT_REPRODUCED]
+    bad = every[(every.verdict == NOT_REPRODUCED) & (every.apply(kind_of, axis=1) == PAPER)] if len(every) else every
     if len(bad):
-        out += ["**Did not reproduce** (the row's rule reads its refuting outcome: the 95% interval on the wrong "
-                "side, or, for a rule that names the paper's value, the point on the wrong side with the interval "
-                "excluding that value):", "",
-                "| paper | claim | measured [95% CI] |", "|---|---|---|"]
+        out += ["**Did not reproduce** (the paper's claims only; controls and related work are in "
+                "[docs/claims.md](docs/claims.md)):", "",
+                "| paper | claim | the paper says | measured [95% CI] | decided by |", "|---|---|---|---|---|"]
         for _, r in bad.iterrows():
             ci = "" if _nan(r.lo) else f" [{_fmt(r.lo)}, {_fmt(r.hi)}]"
-            cells = [str(r.figure), str(r.statement), f"{_fmt(r.measured)}{ci} {r.unit}".strip()]
+            meas = "a verdict of its parts" if _nan(r.measured) else f"{_fmt(r.measured)}{ci} {r.unit}".strip()
+            cells = [str(r.figure), str(r.statement), str(r.paper), meas, decided_by(r)]
             out.append("| " + " | ".join(c.replace("|", "\\|").replace("\n", " ") for c in cells) + " |")
     return "\n".join(out)
 
