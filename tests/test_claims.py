@@ -84,14 +84,19 @@ def test_committed_readme_table_matches_committed_registry():
     assert summary == C.summary_markdown(ROOT).strip(), "README's claims summary is stale: run `make claims`"
     # the summary's counts, recounted here from the registry rows (an independent tally)
     last = next(ln for ln in summary.splitlines() if ln.startswith("| all")).split("|")
-    once = reg[~((reg.notebook == "07") & ~reg.figure.str.endswith(C.README_REGISTRIES[1][1]))] \
+    every = reg[~((reg.notebook == "07") & ~reg.figure.str.endswith(C.README_REGISTRIES[1][1]))] \
         if (ROOT / C.README_REGISTRIES[1][0]).exists() else reg   # 07's light run left out beside its full run
+    once = every[~every.verdict.isin(C.CONTROL_VERDICTS)]   # null controls are not claims
     assert int(last[2]) == len(once)
     assert [int(c.strip(" *")) for c in last[3:3 + len(C.VERDICTS)]] == [int((once.verdict == v).sum()) for v in C.VERDICTS]
     findings = C.readme_table(ROOT / "README.md", C.FINDINGS_BEGIN, C.FINDINGS_END)
     assert findings == C.findings_markdown(ROOT).strip(), "README's first screen is stale: run `make claims`"
-    assert f"Of {len(once)} claim rows" in findings and "No result on the paper's models" in findings
-    for _, r in once[once.verdict == C.NOT_REPRODUCED].iterrows():   # every claim that did not reproduce is named
+    assert f"{len(every)} rows. " in findings and "No result on the paper's models" in findings
+    # the one summary: README's first screen and docs/claims.md print the same sentence, from the same registry
+    assert C.summary_sentence(C.findings_registry(ROOT)) in findings
+    paper = every[every.apply(C.kind_of, axis=1) == C.PAPER]
+    assert f"the paper's claims: {len(paper)} (" in findings
+    for _, r in paper[paper.verdict == C.NOT_REPRODUCED].iterrows():   # every claim of the paper that did not reproduce
         assert f"| {r.statement.replace('|', chr(92) + '|')} |" in findings, r.claim
     tiny = C.read_registry(ROOT / C.README_REGISTRIES[0][0])
     thesis = tiny[tiny.claim.isin([C.THESIS_PREFIX + k for k in C.THESIS_README])]
@@ -100,7 +105,7 @@ def test_committed_readme_table_matches_committed_registry():
         assert f"| {r.statement.replace('|', chr(92) + '|')} | " in summary and f"**{r.verdict}** |" in summary, r.claim
     for _, r in reg.iterrows():  # every stored verdict follows from its rule and numbers
         assert C.verdict_of(r) == r.verdict, r.claim
-    assert set(reg.verdict) <= set(C.VERDICTS)
+    assert set(reg.verdict) <= set(C.VERDICTS + C.CONTROL_VERDICTS)
     tiny = pd.read_parquet(ROOT / "data" / "results" / "tiny" / "claims.parquet")
     assert set(tiny.notebook) == {p.stem[:2] for p in run.all_notebooks()}  # every notebook records its claims
 
@@ -246,3 +251,22 @@ def test_every_committed_rule_can_pass_at_its_n(profile, claim):
     r = reg.loc[claim]
     ok, why = C.can_pass(r.rule, json.loads(r.params), int(r.n), r.estimator)
     assert ok, f"{profile} {claim}: {why}"
+
+
+def test_the_summary_counts_each_kind_apart():
+    """kind_of against a hand tally: a null control, a fixed-scaffold control, related work, a reading the paper does
+    not state, a check by construction, and the paper's claims; the sentence adds up to the rows."""
+    rows = [("yes", "Fig. 1", "direction", C.REPRODUCED), ("yes (§3)", "Fig. 4", "direction", C.NOT_REPRODUCED),
+            ("similar (control)", "Fig. 3", "similar", C.REPRODUCED), ("yes", "Fig. 4, fixed-scaffold control",
+                                                                         "direction", C.INCONCLUSIVE),
+            ("a control (not in the paper)", "§3", "null_control", C.NULL_PASSES),
+            ("related work (x), not the paper", "§3", "direction", C.NOT_REPRODUCED),
+            ("not the paper's reading", "§3", "all_of", C.INCONCLUSIVE),
+            ("present", "§4", "construction", C.BY_CONSTRUCTION)]
+    reg = pd.DataFrame([dict(paper=p, figure=f, rule=r, verdict=v) for p, f, r, v in rows])
+    want = [C.PAPER, C.PAPER, C.CONTROLS, C.CONTROLS, C.CONTROLS, C.OTHERS, C.OTHERS, C.CONSTRUCTION]
+    assert list(reg.apply(C.kind_of, axis=1)) == want
+    t = C.summary_counts(reg)
+    assert t.rows.to_dict() == {C.PAPER: 2, C.CONTROLS: 3, C.OTHERS: 2, C.CONSTRUCTION: 1}
+    assert C.summary_sentence(reg).startswith("8 rows. the paper's claims: 2 (1 reproduced, 1 not reproduced); "
+                                              "controls: 3 (1 reproduced, 1 inconclusive, 1 null passes)")
