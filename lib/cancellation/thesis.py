@@ -3,23 +3,31 @@
 On one fixed batch and one saved θ₀, single SGD updates are taken from θ₀ and Δlog p is measured on
 the whole batch after each (`fig04.batch_deltas`): positive-only (A·1[r=1]), negative-only (A·1[r=0]),
 GRPO (A); GRPO with the *opposite-sign copies* masked (`copies_mask`: each token of an A < 0 rollout
-whose id occurs in an A > 0 rollout of its group gets loss weight 0); GRPO with a *random mask of the
-same size* (`random_mask`: the same number of A < 0 tokens per group and confidence bin, drawn at
-random; the mean over draws); and positive-only, negative-only and GRPO with the advantages *shuffled
-within groups* (`permuted`). Besides, each token's first-order Δ under an LM-head GRPO step (Eq. 9,
-δ_j = η/N Σ_k A_k K_jk) split by where its terms come from (`first_order_terms`).
+whose id occurs in an A > 0 rollout of its group gets loss weight 0); GRPO with *random masks disjoint from
+the copies* (`random_mask`: in every group and confidence bin, as many of the other A < 0 tokens as there are
+copies, or all of them when they are fewer; the mean over draws). Besides, each token's first-order Δ under an
+LM-head GRPO step (Eq. 9, δ_j = η/N Σ_k A_k K_jk) split by where its terms come from (`first_order_terms`).
+
+The null (`null_batch`): K within-group shuffles of every batch's rewards and advantages (`shuffles`), and the
+three single steps under each, exact to float round-off through per-rollout gradients (`rollout_gradients`,
+`null_deltas`: the loss is linear in the per-rollout weights at ρ = 1). `null_cells` pools each shuffle's sums
+over every batch for every definition of NULL_DEFNS; `null_values` gives each shuffle's statistics, `null_bands`
+the real value against the null's median, central 95% and permutation p.
 
 Classes. A token of an A > 0 rollout is *shared* when it also occurs in an A < 0 rollout of the same
-group, else *specific*; mirrored for A < 0. "Occurs" has two definitions (`DEFNS`): **ids** — the same
+group, else *specific*; mirrored for A < 0. "Occurs" has three definitions (`DEFNS`): **ids** — the same
 token id anywhere in the rollout (a bag of ids); **context** — the same id after the same k preceding
 response tokens (`context_keys`; k chosen by a rule fixed before any row is read: the smallest k whose
-specific share is at least `MIN_SPECIFIC` in both pools, `choose_k`). **permuted** is the ids
-definition under the shuffled advantages, with the permuted updates: the control. Zero-advantage
-groups carry no signal and are left out.
+specific share is at least `MIN_SPECIFIC` in both pools, `choose_k`); **state** — the same response prefix up to
+and including the token (`state_keys`). Every class statistic is also given on the shared tokens at another
+state than any copy's and at a copy's own state (`STATES`, `state_view`): at one state the two signs' gradients
+add at one input, so only the others test coupling between different states. Zero-advantage groups carry no
+signal and are left out.
 
 Statistics (one pool at a time; single = positive-only for A > 0, negative-only for A < 0):
 - cancellation of a class: its mean of Δ_GRPO − Δ_single (what adding the opposite sign did);
 - retained share: Σ Δ_GRPO / Σ Δ_single over the class (< 1: GRPO kept less than the single-sign step);
+- amplification of the specific class: the same ratio (> 1: GRPO gave it more than the single-sign step);
 - the contrast: shared − specific cancellation, matched within token id × confidence bin;
 - copies vs random: on shared A > 0 tokens, the mean of Δ_copies-masked − Δ_random-masked;
 - frequency: the shared class's cancellation for high- minus low-frequency ids (an id's count in its
@@ -29,9 +37,10 @@ Intervals: percentile bootstrap over batches, then over the groups of each drawn
 draws per pool for every statistic: paired), `cluster_bootstrap`; none below `MIN_BATCHES` batches.
 
 `cells` reduces the token table to the sufficient statistics (per definition, batch, group, pool,
-class, category, token id and confidence bin: the count and the sum of every Δ and first-order term),
-the committed table `fig04_thesis_cells.parquet` (`n_fo`: the tokens among `n` whose first-order terms were
-computed, all of them unless `fo_tokens` caps it); every statistic and interval is a function of it.
+class, state view, category, token id and confidence bin: the count and the sum of every Δ and first-order term,
+the masks' sizes), the committed table `fig04_thesis_cells.parquet` (`n_fo`: the tokens among `n` whose
+first-order terms were computed, all of them unless `fo_tokens` caps it); every statistic and interval is a
+function of it. The decision rule and the rows are `figures/fig04_claims.thesis_claims`.
 """
 from __future__ import annotations
 
