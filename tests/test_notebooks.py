@@ -167,11 +167,17 @@ def test_04_category_shift(out_root):
     # the thesis rows: tokens of mixed groups only (A = 0 groups left out), each in one class of one pool
     cells = pd.read_parquet(res / "fig04_thesis_cells.parquet")
     assert set(cells.pool) == {"pos", "neg"} and set(cells.cls) <= {"shared", "specific"}
-    assert set(cells.defn) == {"ids", "context", "permuted"}
+    assert set(cells.defn) == {"ids", "context", "state"}
     for d, c in cells.groupby("defn"):   # each definition classifies every mixed-group token once
         assert 0 < c.n.sum() <= n.grpo.sum() and c.n.sum() == cells[cells.defn == "ids"].n.sum()
-    assert not cells.duplicated(["defn", "batch", "group", "pool", "cls", "category", "token_id", "bin"]).any()
-    assert {"fig04_thesis_verdict", "fig04_thesis_alternative", "fig04_thesis_copies_vs_random"} <= set(claims.index)
+    assert not cells.duplicated(["defn", "batch", "group", "pool", "cls", "state", "category", "token_id", "bin"]).any()
+    assert cells.n_overlap.sum() == 0   # the random masks never touch a copy
+    # the null: every shuffle pools the same tokens as the real signs (shuffle 0), on every definition
+    nc = pd.read_parquet(res / "fig04_thesis_null_cells.parquet")
+    per = nc.groupby(["defn", "k", "shuffle"]).n.sum()
+    assert per.nunique() == 1 and per.iloc[0] == cells[cells.defn == "ids"].n.sum() and nc.shuffle.max() >= 39
+    assert {"fig04_thesis_verdict", "fig04_thesis_alternative", "fig04_thesis_copies_vs_random",
+            "fig04_thesis_pos_contrast_vs_null_ctx", "fig04_thesis_null_cancellation"} <= set(claims.index)
     smoke = claims[claims.index.str.startswith("fig04_thesis_")]
     assert (smoke.n >= 5).all() and smoke.lo.notna().any()   # 5 batches on smoke: the rows can decide
     assert (figs / "fig04_thesis.png").exists()
