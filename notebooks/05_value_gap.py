@@ -75,30 +75,8 @@ R.se.round(3)
 
 # %%
 print(R.cells.round(3).to_string(index=False), R.gap1.round(3).to_string(index=False), sep="\n\n")
-EST_LABEL = {"paper": "Eq. 20: (avg₀ − avg₋₁)/(1 − p)", "exclude": "exclude: avg₀ − avg₋ₒ"}
-SIGN = fig05_plots.SIGN
 est0 = P.estimators[0]
-fig, axes = plots.figure(ncols=len(P.estimators) + 1, width=plots.WIDTH_2COL, height=2.2)
-for i, (ax, est) in enumerate(zip(axes, P.estimators)):
-    d = R.cells[(R.cells.estimator == est) & R.cells.status.isin(["boosted", "suppressed"])]
-    plots.bars(ax, d.assign(side=d.sign.map({"pos": "positive\nrollouts", "neg": "negative\nrollouts"})), "side", "mean",
-               hue="status", lo="lo", hi="hi", palette=plots.STATUS_COLORS, alpha=0.85, legend=i == 0,
-               order=["positive\nrollouts", "negative\nrollouts"], hue_order=["boosted", "suppressed"])
-    ax.axhline(0, color="k", lw=0.5)
-    ax.set(title=f"(a{'′' * i}) {EST_LABEL[est]}", ylabel="mean Δ̂ (95% CI)" if est == est0 else None, xlabel="")
-axes[0].legend(frameon=False, loc="best")
-ax = axes[-1]
-for sign in ("all", "pos", "neg"):
-    d = R.entropy_gap[(R.entropy_gap.estimator == est0) & (R.entropy_gap.sign == sign)]
-    ax.plot(d.k, d.gap, marker="o", ms=2.5, lw=1.4 if sign == "all" else 0.9, color=plots.SIGN_COLORS[sign],
-            label=SIGN[sign])
-    if sign == "all":
-        ax.fill_between(d.k, d.lo, d.hi, color=plots.SIGN_COLORS[sign], alpha=0.12)
-ax.axhline(0, color="k", lw=0.5)
-ax.set(title=f"(b) top-k% entropy ({est0})", ylabel="value gap (95% CI)",
-       xlabel=f"top-k% highest entropy, % of the valued pool\n(k = 100 is the top {R.peak.get('reach', np.nan):.0f}% of all tokens)")
-ax.legend(frameon=False, fontsize=6)
-fig.tight_layout()
+fig = fig05_plots.value_gap(R, P)   # lib/cancellation/figures/fig05_plots.py
 plots.save(fig, "fig05_value_gap", fig_dir)
 plt.show()
 
@@ -126,34 +104,29 @@ R.strata.round(3)
 # and step K.
 
 # %%
-grid, chosen = P.grid(), R.chosen
-COL11 = {key: plots.PALETTE[i % len(plots.PALETTE)] for i, key in enumerate(grid)}  # one colour per run, all panels
-fig, axes = plots.figure(ncols=3, width=plots.WIDTH_2COL, height=2.1)
-for ax, o in zip(axes[:2], ("sgd", "adam")):
-    lrs_o = [r for oo, r in grid if oo == o]
-    for r in lrs_o:
-        d = R.repeated[(R.repeated.optimizer == o) & (R.repeated.lr == r)]
-        color = COL11[(o, r)]
-        ax.plot(d.step, d.gap, marker="o", ms=2.5, lw=1.4 if r == chosen[o] else 0.9, color=color,
-                label=f"lr {r:g}" + (" (read)" if r == chosen[o] else ""))
-        ax.fill_between(d.step, d.lo, d.hi, color=color, alpha=0.12)
-    ax.axhline(0, color="k", lw=0.5)
-    ax.set(title=f"{'SGD' if o == 'sgd' else 'Adam'}: value gap ({est0})", xlabel="GRPO steps on the same batch",
-           ylabel="balanced value gap")
-    if lrs_o:
-        ax.legend(frameon=False, fontsize=6)
-for (o, r), d in R.repeated.groupby(["optimizer", "lr"], sort=False):
-    axes[2].plot(d.step, 100 * d.changed_status, marker="o", ms=2.5, lw=1.0, color=COL11[(o, r)],
-                 ls="-" if o == "adam" else "--", label=f"{o} {r:g}")
-axes[2].axhline(100 * P.nonlinear_share, color="k", lw=0.6, ls=":")
-axes[2].set(title="statuses changed since step 1", xlabel="GRPO steps on the same batch", ylabel="% of pool tokens")
-axes[2].legend(frameon=False, fontsize=5.5)
-fig.tight_layout()
+fig = fig05_plots.repeated(R, P)
 plots.save(fig, "fig11_repeated_updates", fig_dir)
 plt.show()
-print(f"pool: {len(R.pool11)} tokens ({P.n_pool11} per rollout sign, any status); read per optimizer: " + ", ".join(
-    f"{o} lr {c:g}" if c is not None else f"{o}: no lr reached {P.nonlinear_share:.0%}" for o, c in chosen.items()))
+print(f"pool: {len(R.pool11)} tokens ({P.n_pool11} per rollout sign, any status); the claim row reads per optimizer: "
+      + ", ".join(f"{o} lr {c:g}" + ("" if ok else f" (the largest: no lr had {P.nonlinear_share:.0%} of statuses "
+                                                   f"changed between step 1 and step {P.repeat_steps})")
+                  for o, (c, ok) in fig05.fig11_reads(R).items()))
 R.last[["gap", "lo", "hi", "change", "change_lo", "change_hi", "changed_status"]].round(3)
+
+# %% [markdown]
+# ## Fig. 5(d) — credit by value: the real step against within-group sign shuffles
+# If GRPO assigns credit, the tokens its step boosts should out-value those it suppresses by more than
+# when the advantages carry no information about the rollouts. On Fig. 11's pool (drawn before any step,
+# whatever its status: Fig. 5's own pool is selected by the real step) the same plain-SGD step is taken
+# under `null_shuffles` within-group shuffles of the advantages (each group keeps its multiset of
+# advantages), and the value gap of each split is set against the real one: (a) over both rollout signs as
+# drawn, (b) within each sign, averaged. Rows `fig05_value_gap_vs_null*`: real − mean shuffled gap.
+
+# %%
+fig = fig05_plots.null(R, P)
+plots.save(fig, "fig05d_value_gap_null", fig_dir)
+plt.show()
+print(fig05_claims.null_sentence(R, P))
 
 # %% [markdown]
 # ## What the numbers say
@@ -176,11 +149,12 @@ print(f"M = {P.M}; median per-token SE: " + ", ".join(f"{e} {v:.3f}" for e, v in
 # %% [markdown]
 # **Reading.** Both estimators target Δ; Eq. 20's 1/(1 − p_t) gives p_t near 1 a heavy-tailed SE at
 # small M: read exclude. §3's Â_M (no 1/(1 − p_t)) weighs value by 1 − p_t. In negative rollouts the
-# step raises the higher-value tokens: the association the paper reads as hidden credit assignment
-# (no row tests that cancellation causes it). 5(b): a peak at the valued pool's last k reads 100%
-# (no fall inside the pool). Fig. 11: small-lr SGD stays first-order (a flat gap built in), so the
-# claim reads the lr where `nonlinear_share` of statuses changed; a step-1 split equal to a smaller
-# lr's later step is not recorded twice. Held-out states are reported per sign. From the rows:
+# step raises the higher-value tokens: the association the paper reads as hidden credit assignment;
+# 5(d) sets it against within-group sign shuffles (no row tests that cancellation causes it). 5(b): a
+# peak at the valued pool's last k reads 100% (no fall inside the pool). Fig. 11: small-lr SGD stays
+# first-order (a flat gap built in), so the claim reads the smallest lr with `nonlinear_share` of statuses
+# changed between step 1 and step K (else the largest lr, which its label says); a step-1 split equal to
+# a smaller lr's later step is not recorded twice. Held-out states are reported per sign. From the rows:
 
 # %%
 rows = fig05_claims.claims(R, P)

@@ -85,9 +85,10 @@ FIGURES: list[Figure] = [
          "mass shift per token category, positive-only vs GRPO; the thesis as rows that could fail (shared vs "
          "success-specific tokens, Algorithm 2)",
          dry=dict(fo_tokens=64, n_batches=2)),
-    _fig("05_value_gap", "fig05", ["Fig. 5", "Fig. 11"], ["fig05", "fig11"], ["fig05", "repeated_deltas"],
+    _fig("05_value_gap", "fig05", ["Fig. 5", "Fig. 11"], ["fig05", "fig11"], ["fig05", "repeated_deltas", "value_null"],
          "Monte Carlo value of boosted vs suppressed tokens; repeated updates with SGD and Adam",
-         dry=dict(M=4, n_per_cell=4, heldout_per_cell=0, n_pool11=4, adam_lrs=[1.0e-6], repeat_steps=3)),
+         dry=dict(M=4, n_per_cell=4, heldout_per_cell=0, n_pool11=4, adam_lrs=[1.0e-6], repeat_steps=3,
+                  null_shuffles=2)),
     _fig("06_sampling_budget", "fig06", ["Fig. 6", "Fig. 7(b)"], ["fig06", "fig07b"], ["fig06", "budget_sweep_nested"],
          "the value gap vs prompts per update, rollouts per prompt and positives per group",
          dry=dict(n_prompts=16, prompt_sizes=[4, 16], rollout_sizes=[1, 8], prompts_fixed=4, comp_prompts=4,

@@ -131,6 +131,13 @@ class Result:
                               d / "fig05_heldout_values.parquet")
 
 
+def fig11_reads(R: Result) -> dict:
+    """Per optimizer of Fig. 11: (the lr its claim row reads, whether that lr reached `nonlinear_share` of changed
+    statuses between step 1 and step K): the smallest lr that did (`R.chosen`), else the largest lr of the grid."""
+    return {o: (c, True) if c is not None else (float(R.repeated[R.repeated.optimizer == o].lr.max()), False)
+            for o, c in R.chosen.items()}
+
+
 def category_fingerprint(path: str = "") -> str:
     """sha256 of the category table's rows (its `include`s expanded): what the token classes depend on."""
     rows = [row for _, _, row in categories._map_rows(Path(path or categories.DEFAULT_MAP))]
@@ -439,7 +446,8 @@ def _peak(v0, signed, P: Params) -> dict:
                                      clusters=v0.group)
     return dict(k=kmax, lo=klo, hi=khi, all=a, all_lo=a_lo, all_hi=a_hi, n=len(v0),
                 groups=int(v0.group.nunique()),
-                reach=to_all(signed.entropy, v0.entropy, max(P.entropy_k) - 1e-9, max(P.entropy_k)))
+                reach=to_all(signed.entropy, v0.entropy, max(P.entropy_k) - 1e-9, max(P.entropy_k)),
+                k_all=[to_all(signed.entropy, v0.entropy, k, np.inf) for k in P.entropy_k])  # (b)'s k as % of all
 
 
 def to_all(all_entropy, pool_entropy, k, k_end):
@@ -494,6 +502,18 @@ def workload(P: Params, shape, z: W.Sizes) -> W.Work:
     # Monte Carlo values: per valued token and branch M continuations of up to max_new_tokens;
     # 4 cells x n_per_cell tokens, n_pool11 per sign again, 2 branches, each estimator
     valued = (4 * P.n_per_cell + 2 * P.n_pool11) * len(P.estimators)
+    # the value gap's null (null_steps): the matrix path takes per-rollout gradients (one backward per rollout:
+    # one step's worth), holds rollouts x parameters float64 and runs a forward per order; the exact path a step
+    # and a forward per order
+    k1 = getattr(P, "null_shuffles", 0) + 1
+    if rows * shape.params * 8 <= NULL_MATRIX_BYTES:
+        W.step(w, "full", rows, z, cr)
+        W.analysis(w, rows, z, cr, times=k1 + 1)
+        w.extra_bytes += rows * shape.params * 8
+        w.extra_why.append("the value-gap null's per-rollout gradients (rollouts x parameters, float64)")
+    else:
+        W.step(w, "full", rows, z, cr, times=k1)
+        W.analysis(w, rows, z, cr, times=k1 + 1)
     h = getattr(P, "heldout_per_cell", 0)
     if h:  # held-out states: a second batch, its forward before and after one step, 4 cells valued
         W.sample(w, rows, z, chunk_rows_decode=W.sample_rows(P))

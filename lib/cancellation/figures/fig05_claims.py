@@ -8,12 +8,16 @@ import pandas as pd
 from .. import claims as C
 from .. import value
 from .. import stats as S
-from .fig05 import CONFIDENCE, Params, Result, heldout_gaps
+from .fig05 import CONFIDENCE, Params, Result, fig11_reads, heldout_gaps
 
 # every interval resamples the query groups the valued tokens come from (tokens of one prompt's rollouts
 # share its context and are not independent); the rows' n counts those groups
 CLUSTER = "percentile cluster bootstrap over query groups (each drawn group brings all its tokens)"
 GROUP = dict(estimator=CLUSTER, resampling="group")
+NULL = dict(estimator="paired percentile cluster bootstrap over query groups (each drawn group brings all its tokens; "
+            "the real gap and all K shuffled gaps recomputed on every draw)", resampling="group")
+NULL_WORDS = {"pooled": ("fig05_value_gap_vs_null", "both rollout signs pooled as drawn"),
+              "balanced": ("fig05_value_gap_vs_null_balanced", "within each rollout sign, the two signs averaged")}
 PAIRED = dict(estimator="paired percentile cluster bootstrap over query groups (each drawn group brings all its "
               "tokens; the same tokens split at step 1 and step K)", resampling="group")
 
@@ -181,21 +185,28 @@ def claims(R: Result, P: Params) -> list[C.Claim]:
                             f"stratum from {int(r.n_groups)} query groups, groups resampled"))
     last11, unit = R.last, f"gap(step {P.repeat_steps}) − gap(step 1), paired"
     n11 = int(R.pool11.group.nunique())  # Fig. 11's pool: its query groups are what its intervals resample
-    for o, c in R.chosen.items():  # Fig. 11 in the regime where repeated steps change the split
+    K = P.repeat_steps
+    for o, (c, reached) in fig11_reads(R).items():  # Fig. 11 in the regime where repeated steps change the split
         others = "; ".join(f"lr {r:g}: {100 * x.changed_status:.0f}% changed, change {x.change:+.3f}"
                            for r, x in last11.loc[o].iterrows())
-        regime = "non-linear regime"
-        if c is None:  # no lr reached the regime: the largest lr, the closest to it, says so in its label
-            c = max(last11.loc[o].index)
-            regime = f"largest lr, below the non-linear regime ({P.nonlinear_share:.0%} changed statuses)"
         x = last11.loc[(o, c)]
-        first = R.repeated[(R.repeated.optimizer == o) & (R.repeated.lr == c)].gap.iloc[0]
+        run = R.repeated[(R.repeated.optimizer == o) & (R.repeated.lr == c)]
+        top = run.loc[run.changed_status.idxmax()]
+        # the rule reads the share changed between step 1 and step K (nonlinear_choice), not its largest value
+        rule = f"rule: ≥ {P.nonlinear_share:.0%} at step {K}"
+        regime = (f"non-linear regime: {x.changed_status:.0%} of statuses changed by step {K} ({rule})" if reached else
+                  f"largest lr, {x.changed_status:.0%} of statuses changed by step {K} ({rule}"
+                  + (f"; up to {top.changed_status:.0%} at step {int(top.step)}"
+                     if top.changed_status >= P.nonlinear_share else "") + ")")
+        first = run.gap.iloc[0]
         rows.append(C.Claim(f"fig11_{o}", f"Fig. 11 ({o} lr {c:g}, {est0}, {regime})",
                             "repeated updates widen the gap", "yes", x.change, x.change_lo, x.change_hi,
                             n=n11, unit=unit, rule="direction", params=dict(sign=1), **PAIRED,
                             detail=f"{_tokens(len(R.pool11), n11)}; {100 * x.changed_status:.0f}% of statuses "
-                            f"changed; gap {first:+.2f} → "
+                            f"changed between step 1 and step {K} (largest share {100 * top.changed_status:.0f}%, "
+                            f"step {int(top.step)}); gap {first:+.2f} → "
                             f"{x.gap:+.2f}; grid: {others}"))
+    rows += null_rows(R, P)
     dup = step1_duplicates(R.repeated)  # one measurement, one row
     for (o, lr_), r in R.repeated[R.repeated.step == 1].set_index(["optimizer", "lr"]).iterrows():  # every run
         if (o, lr_) in dup:
@@ -209,9 +220,48 @@ def claims(R: Result, P: Params) -> list[C.Claim]:
                             params=dict(sign=1), **GROUP,
                             detail=f"{int(r.n_boosted)} boosted, {int(r.n_suppressed)} suppressed of the Fig. 11 pool "
                             f"({_tokens(len(R.pool11), n11)})"
-                            + ("; the lr the Fig. 11 row reads" if R.chosen.get(o) == lr_ else "")
+                            + ("; the lr the Fig. 11 row reads" if fig11_reads(R)[o][0] == lr_ else "")
                             + "".join(f"; {x}" for x in same)))
     return rows
+
+
+def null_rows(R: Result, P: Params) -> list[C.Claim]:
+    """Credit by value (issue 61): the value gap after the real SGD step minus the mean gap after K steps whose
+    advantages were shuffled within groups, on Fig. 11's pool (drawn before any step, whatever its status, so a
+    shuffle's split is not selected by the real one). Pooled over both rollout signs, and within sign."""
+    t = R.null_test
+    if not t:
+        return []
+    out = []
+    for name, (cid, words) in NULL_WORDS.items():
+        x = t[name]
+        out.append(C.Claim(
+            cid, f"§3 / Fig. 5 (SGD lr {t['lr']:g}, {P.estimators[0]}, Fig. 11's pool), against a sign-shuffle null",
+            "GRPO assigns credit by value: after the real step, boosted tokens out-value suppressed ones by more than "
+            f"after the same step with the advantages shuffled within each group ({words})",
+            "implied (§3: cancellation as hidden credit assignment)", x["diff"], x["lo"], x["hi"], n=t["n_groups"],
+            unit=f"value gap, real − mean of {t['K']} shuffles", rule="direction", params=dict(sign=1), **NULL,
+            detail=f"real gap {x['real']:+.3f}; null ({t['K']} within-group sign shuffles, the same SGD step on the "
+            f"same batch): median {x['null_median']:+.3f}, 95% band [{x['null_lo']:+.3f}, {x['null_hi']:+.3f}]; "
+            f"permutation p = {x['p']:.3f} (resolution 1/(K + 1) = {x['resolution']:.3f}); "
+            f"{_tokens(t['n_tokens'], t['n_groups'])}, Fig. 11's pool (drawn before any step, whatever its status); "
+            f"shuffled steps by the {t['path']} path, {t['steps_seconds']:.0f} s"))
+    return out
+
+
+def null_sentence(R: Result, P: Params) -> str:
+    """One sentence on the value gap against its sign-shuffle null, from the numbers (notebook 05)."""
+    t = R.null_test
+    if not t:
+        return "value-gap null: not computed"
+    a, b = t["pooled"], t["balanced"]
+    above = "above" if a["real"] > a["null_hi"] else ("below" if a["real"] < a["null_lo"] else "inside")
+    return (f"After the real SGD step the value gap over Fig. 11's pool is {a['real']:+.3f}, {above} the 95% band "
+            f"[{a['null_lo']:+.3f}, {a['null_hi']:+.3f}] of {t['K']} steps with the advantages shuffled within "
+            f"groups (median {a['null_median']:+.3f}; real − mean shuffled {a['diff']:+.3f} [{a['lo']:+.3f}, "
+            f"{a['hi']:+.3f}], permutation p = {a['p']:.3f}); within rollout sign: real {b['real']:+.3f}, null "
+            f"median {b['null_median']:+.3f} [{b['null_lo']:+.3f}, {b['null_hi']:+.3f}], real − mean shuffled "
+            f"{b['diff']:+.3f} [{b['lo']:+.3f}, {b['hi']:+.3f}], p = {b['p']:.3f}.")
 
 
 def reading(rows: list[C.Claim], R: Result, P: Params) -> str:
@@ -235,6 +285,8 @@ def reading(rows: list[C.Claim], R: Result, P: Params) -> str:
         out.append(f"held-out states: balanced {f(f'fig05a_{est0}_heldout')}; per sign " + ", ".join(
             f"{s_} {g[s_]['gap']:+.3f} [{g[s_]['lo']:+.3f}, {g[s_]['hi']:+.3f}]"
             + ("" if g[s_]["lo"] > 0 else " (its interval holds 0)") for s_ in ("pos", "neg")))
+    out.append(f"credit by value, real − sign-shuffled gap: pooled {f('fig05_value_gap_vs_null')}; within sign "
+               f"{f('fig05_value_gap_vs_null_balanced')}")
     out.append("Fig. 11 step-1 gap per run: " + "; ".join(
         f"{r.claim.removeprefix('fig11_step1_').replace('_', ' ')} {f(r.claim)}"
         for r in rows if r.claim.startswith("fig11_step1_")))
