@@ -105,8 +105,9 @@ def thesis_view(T: pd.DataFrame) -> pd.DataFrame:
 
 
 def null_view(B: pd.DataFrame) -> pd.DataFrame:
-    """The sign-shuffle null, readable: per (definition, view, statistic, pool) the real value, the null's median
-    and central 95%, and the one-sided permutation p toward the paper's side (resolution 1/(K+1))."""
+    """The sign-shuffle null, readable, for what the decision rule reads: per (definition: ids, the chosen context k,
+    state; view; statistic; pool) the real value, the null's median and central 95%, and the one-sided permutation
+    p toward the paper's side (resolution 1/(K+1))."""
     if B is None or B.empty:
         return pd.DataFrame()
     d = B.copy()
@@ -119,7 +120,12 @@ def null_view(B: pd.DataFrame) -> pd.DataFrame:
     d["null median [central 95%]"] = [f"{m:+.3g} [{lo:+.3g}, {hi:+.3g}]" for m, lo, hi in
                                       zip(d.null_median, d.null_lo, d.null_hi)]
     d["p toward the paper"] = d.p_paper.map("{:.3f}".format)
-    keep = d[(d.states == "all") | (d.statistic.isin(["shared_cancellation", "shared_retained", "contrast"]))]
+    # what the rule reads (the cancellation at another state, the contrast and the amplification) on the deciding
+    # definitions (ids, the chosen k) and the state one; every definition and view is in fig04_thesis_null.parquet
+    read = (((d.states == "other") & d.statistic.isin(["shared_cancellation", "shared_retained"]))
+            | ((d.states == "all") & d.statistic.isin(["contrast", "specific_amplification"]))
+            | ((d.defn == "state") & d.statistic.isin(["shared_cancellation", "shared_retained"])))
+    keep = d[read & d.chosen]
     return keep.set_index(["definition", "shared class", "statistic ", "pool "])[
         ["real", "null median [central 95%]", "p toward the paper"]]
 

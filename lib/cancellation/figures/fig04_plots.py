@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 from matplotlib.lines import Line2D
+from matplotlib.ticker import ScalarFormatter
 import numpy as np
 
 from .. import categories, plots
@@ -83,8 +84,7 @@ def settings_shift(R: Result):
 
 
 REAL, NULL = plots.PALETTE[0], "0.6"   # one colour meaning in the thesis figure: the real signs, the shuffled null
-DEFN_LABELS = {("ids", 0): "same\nid", ("state", 0): "same\nstate"} | {("context", k): f"ctx\nk={k}"
-                                                                          for k in range(1, 5)}
+DEFN_LABELS = {("ids", 0): "same\nid"} | {("context", k): f"ctx\nk={k}" for k in range(1, 5)} | {("state", 0): "same\nstate"}
 
 
 def _null_panel(ax, B, T, stat: str, states: str, pools, chosen_k: int, degenerate: dict, log: bool = False,
@@ -115,6 +115,9 @@ def _null_panel(ax, B, T, stat: str, states: str, pools, chosen_k: int, degenera
     ax.set_xticks(range(len(defs)), labels, fontsize=6.5)
     if log:
         ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(ScalarFormatter())
+        ax.yaxis.set_minor_formatter(ScalarFormatter())
+        ax.tick_params(axis="y", which="minor", labelsize=6)
 
 
 def _get_t(T, defn, pool, stat, states):
@@ -142,7 +145,8 @@ def thesis(R: Result, TC: list[C.Claim]):
                   if r.specific_share < C.MIN_SPECIFIC}
     _null_panel(axes[0, 0], B, T, "shared_cancellation", "other", ["pos"], k, {})
     axes[0, 0].set(ylabel="mean Δ_GRPO − Δ_positive-only")
-    axes[0, 0].set_title("(a) cancellation, shared A>0 tokens\nat another state than any copy's", fontsize=8)
+    axes[0, 0].set_title("(a) cancellation, shared A>0 tokens at another state\nthan any copy's (same state: at a copy's own)",
+                         fontsize=8)
     _null_panel(axes[0, 1], B, T, "shared_retained", "other", ["pos"], k, {}, ref=1.0)
     axes[0, 1].set(ylabel="Σ Δ_GRPO / Σ Δ_positive-only")
     axes[0, 1].set_title("(b) share of the positive-only gain kept\n(the same tokens; dotted: 1)", fontsize=8)
