@@ -617,6 +617,7 @@ def thesis_reading(rows: dict) -> list[str]:
             line.append(f"Null control: under shuffled signs the same cancellation is {cite(f'null_cancellation{sfx}')} "
                         f"({n.verdict}).")
         out.append(" ".join(line))
+    out += _plain_words(rows, params)
     for k, what in (("copies_vs_random", "Masking the opposite-sign copies against random masks of the same size drawn "
                      "among the other A<0 tokens (the refutation test)"),
                     ("mech_same_id_share", "The same-id share of the opposite-sign first-order coupling (Eq. 9)"),
@@ -702,7 +703,29 @@ def summary_sentence(reg: pd.DataFrame) -> str:
         if r.rows:
             vs = ", ".join(f"{int(r[v])} {v}" for v in t.columns if v != "rows" and r[v])
             parts.append(f"{kind}: {int(r.rows)} ({vs})")
-    return f"{int(t.rows.sum())} rows. " + "; ".join(parts) + "."
+    return f"{int(t.rows.sum())} rows: " + "; ".join(parts) + "."
+
+
+def _plain_words(rows: dict, params) -> list[str]:
+    """One line in plain words, from the decisive definition's rows (in context): which part of the thesis the
+    rows support and which they do not."""
+    v = rows.get("verdict_ctx")
+    if v is None:
+        return []
+    canc, cred = part_verdict(params(v)["cancellation"]), part_verdict(params(v)["credit"])
+    ctrl = rows.get("null_cancellation_ctx")
+    names = {"pos_contrast_vs_null_ctx": "the A>0 contrast", "pos_amplification_vs_null_ctx": "the A>0 amplification",
+             "neg_contrast_vs_null_ctx": "the A<0 contrast", "neg_amplification_vs_null_ctx": "the A<0 amplification"}
+    beyond = [w for k, w in names.items() if k in rows and rows[k].verdict == REPRODUCED]
+    inside = [w for k, w in names.items() if k in rows and rows[k].verdict == NOT_REPRODUCED]
+    line = ("- **In plain words** (in context): shared tokens at other states than their copies' "
+            + ("do lose reinforcement under GRPO" if canc == REPRODUCED else "do not clearly lose reinforcement"
+               if canc != NOT_REPRODUCED else "do not lose reinforcement") + "; ")
+    if ctrl is not None and ctrl.verdict == NULL_PASSES:
+        line += "but signs shuffled within groups make them lose as much or more, so this cancellation is not about success. "
+    line += ("Beyond what shuffled signs give: " + (", ".join(beyond) if beyond else "nothing")
+             + ("; no different from shuffled signs: " + ", ".join(inside) if inside else "") + f" (credit part: {cred}).")
+    return [line]
 
 
 def findings_registry(root=".", registries=README_REGISTRIES) -> pd.DataFrame:
