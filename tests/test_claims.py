@@ -91,7 +91,7 @@ def test_committed_readme_table_matches_committed_registry():
     assert [int(c.strip(" *")) for c in last[3:3 + len(C.VERDICTS)]] == [int((once.verdict == v).sum()) for v in C.VERDICTS]
     findings = C.readme_table(ROOT / "README.md", C.FINDINGS_BEGIN, C.FINDINGS_END)
     assert findings == C.findings_markdown(ROOT).strip(), "README's first screen is stale: run `make claims`"
-    assert f"{len(every)} rows. " in findings and "No result on the paper's models" in findings
+    assert f"{len(every)} rows: " in findings and "No result on the paper's models" in findings
     # the one summary: README's first screen and docs/claims.md print the same sentence, from the same registry
     assert C.summary_sentence(C.findings_registry(ROOT)) in findings
     paper = every[every.apply(C.kind_of, axis=1) == C.PAPER]
@@ -268,5 +268,5 @@ def test_the_summary_counts_each_kind_apart():
     assert list(reg.apply(C.kind_of, axis=1)) == want
     t = C.summary_counts(reg)
     assert t.rows.to_dict() == {C.PAPER: 2, C.CONTROLS: 3, C.OTHERS: 2, C.CONSTRUCTION: 1}
-    assert C.summary_sentence(reg).startswith("8 rows. the paper's claims: 2 (1 reproduced, 1 not reproduced); "
+    assert C.summary_sentence(reg).startswith("8 rows: the paper's claims: 2 (1 reproduced, 1 not reproduced); "
                                               "controls: 3 (1 reproduced, 1 inconclusive, 1 null passes)")

@@ -320,14 +320,14 @@ def test_fig04_thesis_conjunctions_read_their_parts():
     from the parts' verdicts by the rule fixed before the run (issue 61), recomputed here."""
     reg = _thesis_rows()
 
-    def comp_of(name, m, lo, params):
+    def comp_of(name, rule, m, lo, params):
         comp = reg.loc[f"fig04_thesis_{name.replace(' ≈ 1', '')}"]
         assert close(m, comp.measured) and (math.isnan(lo) and math.isnan(comp.lo) or close(lo, comp.lo))
-        return C.judge(comp.rule, m, comp.lo, comp.hi, params)
+        return C.judge(rule, m, comp.lo, comp.hi, params)
 
     for sfx in ("", "_ctx"):
         r = reg.loc[f"fig04_thesis_alternative{sfx}"]
-        verdicts = [comp_of(n, m, lo, pp) for n, _, m, lo, _, pp in json.loads(r.params)["parts"]]
+        verdicts = [comp_of(n, rule, m, lo, pp) for n, rule, m, lo, _, pp in json.loads(r.params)["parts"]]
         want = ("not decidable" if "not decidable" in verdicts else "reproduced" if all(v == "reproduced" for v in verdicts)
                 else "not reproduced" if "not reproduced" in verdicts else "inconclusive")
         assert r.verdict == want, r.name
@@ -335,7 +335,7 @@ def test_fig04_thesis_conjunctions_read_their_parts():
         p = json.loads(r.params)
         parts = []
         for key in ("cancellation", "credit"):
-            vs = [comp_of(n, m, lo, pp) for n, _, m, lo, _, pp in p[key]]
+            vs = [comp_of(n, rule, m, lo, pp) for n, rule, m, lo, _, pp in p[key]]
             parts.append("not decidable" if "not decidable" in vs else "reproduced" if all(v == "reproduced" for v in vs)
                          else "not reproduced" if all(v == "not reproduced" for v in vs) else "inconclusive")
         want = ("not decidable" if "not decidable" in parts else "reproduced" if parts == ["reproduced"] * 2
