@@ -269,9 +269,10 @@ def test_paper_quick_passes_check(tmp_path, capsys):
     assert capsys.readouterr().out.count('"profile": "paper-quick"') == len(run.all_notebooks())
 
 
-def test_paper_quick_plans_under_6_hours_on_one_h100_from_this_host(capsys):
+def test_paper_quick_plans_under_6_hours_per_process_on_8_h100s_from_this_host(capsys):
     """Issue 36: README's paper-quick plan, from a CPU host without the data or the weights: every
-    notebook timed on the H100's committed unit costs, <= 6 h in all; 8 processes take less each."""
+    notebook timed on the H100's committed unit costs, under a day on one card (04's sign-shuffle null, issue 61:
+    12 h of exact steps) and <= 6 h per process on 8."""
     cmd = _readme_command("python3 -m cancellation.run all --profile paper-quick --plan")
     assert f"--device-kind {H100}" in cmd
     assert run.main(shlex.split(cmd)[3:]) is None
@@ -282,7 +283,7 @@ def test_paper_quick_plans_under_6_hours_on_one_h100_from_this_host(capsys):
     assert "params 1.72 B" in out
     total = _total(out)
     one = _hours(total.split(": ")[1].split(" on one process")[0])
-    assert one <= 6, total
+    assert one <= 24, total
     assert "problems_path" in cap.err   # said: planned without the data file this host lacks
     # the shape from Qwen3-1.7B-Base's config.json (data/shapes/) plans the same
     assert run.main(shlex.split(cmd)[3:] + ["-p", "model_path", SHAPE_DIR, "-p", "models", f"[{SHAPE_DIR}]"]) is None
@@ -299,7 +300,7 @@ def test_paper_quick_plans_under_6_hours_on_one_h100_from_this_host(capsys):
     assert run.main(shlex.split(cmd)[3:] + ["--procs", "8", "-p", "gpu_memory_utilization", "0.2"]) is None  # the knob
     assert _total(capsys.readouterr().out) == total8     # vLLM's share is memory only
     each = _hours(total8.split("; ")[1].split(" per process")[0])
-    assert each < one and "per process on 8 processes" in total8, total8
+    assert each < one and each <= 6 and "per process on 8 processes" in total8, total8
     readme = (run.ROOT / "README.md").read_text()   # the plan README pastes is today's
     assert total8 in readme and f"planned at {total.split(': ')[1].split(' on one')[0]} on one H100" in readme
 

@@ -398,6 +398,9 @@ def cells(tokens: pd.DataFrame, bins, k: int) -> pd.DataFrame:
 # ----------------------------------------------------------------------------- the null's cells and bands
 NULL_DEFNS = (("ids", 0),) + tuple(("context", k) for k in range(1, MAX_K + 1)) + (("state", 0),)
 NULL_KEYS = ["defn", "k", "shuffle", "pool", "cls", "state", "token_id", "bin"]
+NULL_VALUE_COLUMNS = ["defn", "k", "states", "pool", "statistic", "shuffle", "value"]
+NULL_BAND_COLUMNS = ["defn", "k", "states", "pool", "statistic", "real", "null_median", "null_lo", "null_hi", "K", "side",
+                     "p_paper", "p_other"]
 NULL_STATS = ("shared_cancellation", "specific_cancellation", "shared_retained", "specific_amplification", "contrast")
 
 
@@ -472,7 +475,7 @@ def null_values(nc: pd.DataFrame) -> pd.DataFrame:
             for stat in NULL_STATS:
                 rows.append(dict(defn=defn, k=k, states=states, pool=pool, statistic=stat, shuffle=s,
                                  value=float(CLASS_STATS[stat](a)[0])))
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows, columns=NULL_VALUE_COLUMNS)
 
 
 # the side of the null a statistic must leave on to support the paper (contrast: shared lose more than specific,
@@ -502,7 +505,7 @@ def null_bands(values: pd.DataFrame) -> pd.DataFrame:
         rows.append(dict(zip(["defn", "k", "states", "pool", "statistic"], key), real=r, null_median=float(med),
                          null_lo=float(lo), null_hi=float(hi), K=len(null), side=side,
                          p_paper=(1 + beyond) / (len(null) + 1), p_other=(1 + against) / (len(null) + 1)))
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows, columns=NULL_BAND_COLUMNS)
 
 
 def with_frequency(c: pd.DataFrame) -> pd.DataFrame:
