@@ -170,7 +170,8 @@ def test_dry_run_at_qwen3_06b_shape_writes_nothing_canonical(qwen3_06b, tmp_path
     before = _git_status(*canonical)
     run.main(["04", "--profile", "paper-smoke", "--dry-run", "-p", "model_path", str(qwen3_06b),
               "-p", "problems_path", str(problems), "-p", "prompt_format", "raw", "-p", "n_batches", "1",
-              "-p", "n_prompts", "2", "-p", "G", "4", "-p", "max_new_tokens", "2", "-p", "scope", "lm_head"])
+              "-p", "n_prompts", "2", "-p", "G", "4", "-p", "max_new_tokens", "2", "-p", "scope", "lm_head",
+              "-p", "null_shuffles", "2"])   # the null's exact steps at the 0.6B head: 2 shuffles exercise them
     out = capsys.readouterr().out
     assert _git_status(*canonical) == before
     dry = tmp_path / "dry"

@@ -108,7 +108,7 @@ def test_fan_out_on_two_ranks(monkeypatch):
 # which --procs leaves on one process. 06 takes a real GRPO step per setting (step_mode grpo), whose
 # seeds are split too. 04 splits its batches (test_compute_on_...): 2 of each policy here, so each rank holds a
 # main and a control one; 01 its six Δlog p runs (main, control, Fig. 9's second model).
-SPLIT = {"01": {"steps": 2}, "04": {"n_batches": 2}, "05": {"rows_per_chunk": 16}, "06": {"rows_per_chunk": 16, "step_mode": "grpo"}}
+SPLIT = {"01": {"steps": 2}, "04": {"n_batches": 2, "null_shuffles": 3}, "05": {"rows_per_chunk": 16}, "06": {"rows_per_chunk": 16, "step_mode": "grpo"}}
 SHOWN = {"01": ["[procs] Δlog p runs: 6 units on 2 processes"],
          "04": ["[procs] 04 batches (2 policies): 4 units on 2 processes"],
          "05": ["MC continuations (M=4): 12 units on 2 processes"],
