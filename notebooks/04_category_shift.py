@@ -18,8 +18,10 @@
 # A), each from θ₀ (`grpo.trial_delta`: snapshot, step, measure, restore), and measure
 # Δlog p = log π_θ'(o_t|s_t) − log π_θ₀(o_t|s_t) on the **whole** batch for both. Every response
 # token is tagged Math / Template / Reasoning / Other (`cancellation.categories`: detokenise to
-# words, NLTK POS tags plus the rules of the category table `category_map`, tags mapped back to
-# tokens). Per category we sum the *boosted mass* Σ max(Δ, 0) and the *suppressed mass*
+# words and apply the category table `category_map`, tags mapped back to tokens). On the tiny profile the table is
+# `arithmetic_roles.csv`, which tags by the token's **role** in the arithmetic answer (digits and operators Math,
+# the fixed scaffold wording Template, the step wording Reasoning); the **word / POS** table `category_map.csv`
+# (NLTK part-of-speech tags plus rules: the paper profiles' table) is shown beside it as `compare_map`. Per category we sum the *boosted mass* Σ max(Δ, 0) and the *suppressed mass*
 # Σ max(−Δ, 0), and take each category's share of all boosted mass.
 #
 # The paper's claim: compared with positive-only, GRPO "greatly weakens updates on template and
@@ -117,6 +119,8 @@ fig04_claims.compare_view(R.compare)
 
 # %%
 fig = fig04_plots.settings_shift(R)
+plots.stamp(fig, plots.models_stamp_text(profile, [P.model_path] + ([P.control_model_path] if P.control_model_path else []),
+                                         P.device))
 plots.save(fig, "fig04b_category_shift_settings", fig_dir)
 plt.show()
 
@@ -213,4 +217,7 @@ print("\n".join(fig04_claims.thesis_reading(TC)))
 # %%
 rows = fig04_claims.claims(R, P)
 print(fig04_claims.mass_reading(rows))
+# the same ratios against the total mass (which GRPO also changes) and robust to the few single tokens one SGD step
+# moves by ~10 in log p (each batch's 1% largest |Δ| left out)
+print("\n".join(fig04_claims.mass_robust_lines(R)))
 claims.record(results_dir, "04", rows);

@@ -728,6 +728,21 @@ def _plain_words(rows: dict, params) -> list[str]:
     return [line]
 
 
+def reproduced_line(reg: pd.DataFrame) -> str:
+    """The first screen's line on what reproduced: per figure of the paper (the figure column up to its first comma or
+    parenthesis), how many of its claim rows reproduced, of the paper's claims only, in the registry's order."""
+    paper = reg[reg.apply(kind_of, axis=1) == PAPER] if len(reg) else reg
+    key = paper.figure.str.replace(r"\s*[,(].*$", "", regex=True)
+    parts = []
+    for fig in dict.fromkeys(key):
+        d = paper[key == fig]
+        k = int((d.verdict == REPRODUCED).sum())
+        if k:
+            parts.append(f"{fig} {k} of {len(d)}")
+    return ("**Reproduced** (the paper's claims, rows reproduced of those tested, per figure): " + "; ".join(parts)
+            + ". The rest are inconclusive at this profile's n, not decidable, or below.")
+
+
 def findings_registry(root=".", registries=README_REGISTRIES) -> pd.DataFrame:
     """Every claim counted once: the tiny registry, with notebook 07's rows taken from its full run
     (`make table2`, the later registry) when that exists instead of the light run the notebook calls a smoke test."""
@@ -750,8 +765,9 @@ def findings_markdown(root=".", registries=README_REGISTRIES) -> str:
            "(Qwen3-1.7B/4B-Base, Qwen2.5-Math-7B) exists yet**: the paper profiles are built, tested on stand-ins and "
            "planned ([the paper profile](#the-paper-profile)), not run.", "",
            f"The rows (notebook 07 counted once, from its full `make table2` run): {summary_sentence(every)} "
-           "Inconclusive: the interval straddles the paper's side at this profile's n; not decidable: the test cannot "
-           "be made on this task. Every row, its rule and its interval: [docs/claims.md](docs/claims.md).", ""]
+           "Inconclusive: the 95% interval reaches both sides of the rule's reference value at this profile's n; not "
+           "decidable: the test cannot be made on this task. Every row, its rule and its interval: "
+           "[docs/claims.md](docs/claims.md).", "", reproduced_line(every), ""]
     if rows:
         out += ["**The thesis** (notebook 04; shared tokens are those that also occur in a rollout of the opposite "
                 "sign in the same group):", "", *thesis_reading(rows), ""]
