@@ -248,6 +248,9 @@ def test_fig04_thesis_points_are_loops_over_the_cells():
         if target is None:
             continue
         defn, pool, stat, cat, states = target
+        if r.verdict == C.NOT_DECIDABLE and math.isnan(r.measured):   # no test here: the row gives no number
+            assert "not decidable here" in r.detail, cid
+            continue
         assert close(r.measured, _loop_stat(cells, pool, defn, stat, cat, states), rel=1e-9, abs_=1e-15), cid
         assert r.n == cells[(cells.defn == defn) & (cells.pool == pool)].batch.nunique()
         checked += 1

@@ -627,8 +627,9 @@ def thesis_reading(rows: dict) -> list[str]:
             r = rows[k]
             extra = ""
             if r.verdict == NOT_DECIDABLE and "size_share" in params(r):
-                extra = f"; the disjoint mask reaches {params(r)['size_share']:.1%} of the copies' size"
-            out.append(f"- {what}: {cite(k)} ({r.verdict}{extra}).")
+                extra = (f": the random masks disjoint from the copies reach {params(r)['size_share']:.1%} of their "
+                         "size (the other A<0 tokens are too few on this task)")
+            out.append(f"- {what}: " + (f"{r.verdict}{extra}." if _nan(r.measured) else f"{cite(k)} ({r.verdict}{extra})."))
     return out
 
 

@@ -484,6 +484,10 @@ def thesis_claims(T: pd.DataFrame, fidelity: pd.DataFrame | None = None, k: int 
                          f"{1 - n_copy / neg.n.sum():.1%} of A<0 tokens); ")
         else:
             size_text = ""
+        short = size.get("size_share", 1.0) < C.MIN_SIZE   # no test at this size: the row gives the share, no number
+        if short:
+            size_text = (f"not decidable here: {size_text}the difference at that size, not a test: {r.value:+.3g} "
+                         f"[{r.lo:+.3g}, {r.hi:+.3g}]; ")
         out.append(_claim("copies_vs_random", "refutation test: masking the opposite-sign copies restores more of the "
                           "shared A>0 tokens' gain than random masks of the same size per group and confidence bin, "
                           "drawn among the other A<0 tokens (mean Δ_copies-masked − Δ_random-masked)",
@@ -493,7 +497,8 @@ def thesis_claims(T: pd.DataFrame, fidelity: pd.DataFrame | None = None, k: int 
                           size_text + f"restored vs GRPO: copies mask {cr.value:+.3g} [{cr.lo:+.3g}, {cr.hi:+.3g}], "
                           f"random {rr.value:+.3g} [{rr.lo:+.3g}, {rr.hi:+.3g}]; " + _counts(r),
                           params=dict(sign=1, ref=0.0, refutes="95% CI < 0 (a random mask of the same size restores "
-                                      "more: the copies are not special)") | size))
+                                      "more: the copies are not special)") | size,
+                          **(dict(value=np.nan, lo=np.nan, hi=np.nan) if short else {})))
     fid = ""
     if fidelity is not None and len(fidelity):
         f = fidelity.set_index(["what", "pool"])
