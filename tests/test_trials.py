@@ -96,14 +96,15 @@ def test_restore_check_and_refusals(model64, batch):
 
 
 def test_fig04_table_is_the_old_ways_bit_for_bit(tiny_m, real_batch):
-    """The whole per-batch table of notebook 04 (the two updates, the thesis rows' seven, the restore) on a
-    real batch of the tiny policy: shared forward vs one forward per update."""
+    """The whole per-batch table of notebook 04 (the two updates, the thesis rows' four, the sign-shuffle null at 2
+    shuffles, the restore) on a real batch of the tiny policy: shared forward vs one forward per update."""
     model, tok = tiny_m
-    P = fig04.Params(n_batches=1, n_prompts=3, G=4, max_new_tokens=40, n_random_masks=2, fo_tokens=16)
+    P = fig04.Params(n_batches=1, n_prompts=3, G=4, max_new_tokens=40, n_random_masks=2, fo_tokens=16, null_shuffles=2)
     bseed = seeds.derive(P.seed, "category_batch", 0)
     old = fig04.batch_table(P, model, tok, real_batch, 0, bseed, True, shared_forward=False)
     new = fig04.batch_table(P, model, tok, real_batch, 0, bseed, True, shared_forward=True)
     pd.testing.assert_frame_equal(new, old, check_exact=True)
     deltas = [c for c in old if c.startswith("delta_")]
-    assert len(deltas) == 8 and all((old[c] != 0).any() for c in deltas)   # nine updates (two random masks, one column)
+    assert len(deltas) == 5 and all((old[c] != 0).any() for c in deltas)   # six updates (two random masks, one column)
+    assert {f"null_{u}_{s}" for u in ("positive_only", "negative_only", "grpo") for s in (1, 2)} <= set(old)
     assert (old.restore_error == 0).all()
