@@ -1,6 +1,8 @@
 # Targets (make help prints this):
 #   make figures   set up .venv if missing, train the tiny policies if missing, run every notebook, then `make claims`
 #   make figNN     rerun one notebook (fig01 ... fig08)
+#   make plots     redraw every figure and record the claims again from the committed tables, computing nothing
+#                  (a figure or claim-text fix needs no cold run; PROFILE=tiny also redraws tiny-table2's 07; NB=07: one)
 #   make table2    the full Table 2 / Fig. 8 test (notebook 07, profile tiny-table2, 86 runs, 102 min cold on 2 cores)
 #   make verify    compare data/results/ with the committed results (no rerun): every table within its stated
 #                  tolerance, every verdict equal; exit 0 when within (A=dir B=dir: any two results folders)
@@ -49,6 +51,7 @@ P ?=
 REPLACE ?=
 CORES ?= $(shell nproc 2>/dev/null || echo 1)
 PROCS ?=
+NB ?=
 DEVICE ?=
 # pytest-xdist workers of make test / test-fast, one test file each at a time, in collection order (tests/conftest.py
 # starts the longest files first; xdist would order files by their number of tests, putting them last) (0: no xdist)
@@ -73,7 +76,7 @@ export PYTHONUNBUFFERED := 1
 export MALLOC_MMAP_THRESHOLD_ ?= 1073741824
 export MALLOC_TRIM_THRESHOLD_ ?= 1073741824
 
-.PHONY: env env-latest lock plan policy standins figures table2 claims report verify test test-fast lint bench gpu-check clean help
+.PHONY: env env-latest lock plan policy standins figures plots table2 claims report verify test test-fast lint bench gpu-check clean help
 help:
 	@sed -n '/^# Targets/,/^[^#]/{/^#/s/^# \{0,1\}//p}' Makefile
 
@@ -119,6 +122,12 @@ standins: env  ## CPU stand-ins of the paper's model and data (data/standins/, f
 
 figures: env $(POLICIES) $(if $(filter paper-smoke paper-vocab,$(PROFILE)),standins)
 	$(PY) -m cancellation.run all --profile $(PROFILE) --cores $(CORES) $(OVERRIDES)
+	$(MAKE) claims
+
+plots: env  ## every figure redrawn from the committed tables (no computation), then README's claims
+	$(PY) -m cancellation.run $(or $(NB),all) --profile $(PROFILE) --replot $(OVERRIDES)
+	$(if $(and $(filter tiny,$(PROFILE)),$(filter-out 01 02 03 04 05 06 08,$(or $(NB),all))),\
+	  $(PY) -m cancellation.run 07 --profile tiny-table2 --replot $(OVERRIDES))
 	$(MAKE) claims
 
 table2: env $(POLICIES)  ## the full Table 2 / Fig. 8 test: 10 seeds x 64 iterations, avg@4 on 256 problems, lr sweep

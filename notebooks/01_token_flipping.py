@@ -32,6 +32,7 @@
 profile = "tiny"                    # parameter profile (set by the runner)
 fig_dir = "figures/tiny"            # where figures go (set by the runner)
 results_dir = "data/results/tiny"   # where tidy tables go (set by the runner)
+replot = ""                         # a results folder to redraw from, computing nothing (set by the runner: --replot)
 params = {}                         # values of figures.fig01.Params (set by the runner from the profile and -p)
 
 # %% [markdown]
@@ -61,8 +62,11 @@ logging.basicConfig(level=logging.WARNING)
 P = fig01.Params(**params)   # every parameter, its default, doc and allowed range: lib/cancellation/figures/fig01.py
 print(plots.use_profile(profile, P), f"{P.steps} Adam steps at lr {P.lr:g}, {P.n_prompts} prompts × {P.G} rollouts, "
       f"{P.n_minibatches} mini-batches per step (the paper: lr 1e-6, 128 × 8, 4 mini-batches)", sep="; ")
-R = fig01.compute(P)         # noise floor, the runs (cached), flip fractions, categories, Fig. 9
-R.write(results_dir)
+if replot:   # make plots: the Result read back from the tables the last run wrote, nothing computed
+    R = fig01.load(P, replot)
+else:
+    R = fig01.compute(P)         # noise floor, the runs (cached), flip fractions, categories, Fig. 9
+    R.write(results_dir, P)
 print(fig01.probe_summary(R))
 print(R.noise.to_string(index=False))
 print(R.accuracy.unstack("run").round(3).T.to_string())

@@ -29,6 +29,7 @@
 profile = "tiny"                    # parameter profile (set by the runner)
 fig_dir = "figures/tiny"            # where figures go (set by the runner)
 results_dir = "data/results/tiny"   # where tidy tables go (set by the runner)
+replot = ""                         # a results folder to redraw from, computing nothing (set by the runner: --replot)
 params = {}                         # values of figures.fig02.Params (set by the runner from the profile and -p)
 
 # %%
@@ -44,8 +45,11 @@ from cancellation.figures import fig02
 logging.basicConfig(level=logging.WARNING)
 P = fig02.Params(**params)   # every parameter, its default, doc and allowed range: lib/cancellation/figures/fig02.py
 plots.use_profile(profile, P)  # every figure saved below is stamped with the profile and policy
-R = fig02.compute(P)         # sampling, kernel, pairs, heatmap and first-order steps (cached)
-R.write(results_dir)
+if replot:   # make plots: the Result read back from the tables the last run wrote, nothing computed
+    R = fig02.load(P, replot)
+else:
+    R = fig02.compute(P)         # sampling, kernel, pairs, heatmap and first-order steps (cached)
+    R.write(results_dir, P)
 print(fig02.summary(R))
 
 # %% [markdown]

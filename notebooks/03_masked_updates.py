@@ -29,6 +29,7 @@
 profile = "tiny"                    # parameter profile (set by the runner)
 fig_dir = "figures/tiny"            # where figures go (set by the runner)
 results_dir = "data/results/tiny"   # where tidy tables go (set by the runner)
+replot = ""                         # a results folder to redraw from, computing nothing (set by the runner: --replot)
 params = {}                         # values of figures.fig03.Params (set by the runner from the profile and -p)
 
 # %%
@@ -43,8 +44,11 @@ from cancellation.figures import fig03, fig03_claims
 logging.basicConfig(level=logging.WARNING)
 P = fig03.Params(**params)   # every parameter, its default, doc and allowed range: lib/cancellation/figures/fig03.py
 plots.use_profile(profile, P)  # every figure saved below is stamped with the profile and policy
-R = fig03.compute(P)         # the batch, masked updates, top-coupled masks, Fig. 10 run, Adam step (cached)
-R.write(results_dir)
+if replot:   # make plots: the Result read back from the tables the last run wrote, nothing computed
+    R = fig03.load(P, replot)
+else:
+    R = fig03.compute(P)         # the batch, masked updates, top-coupled masks, Fig. 10 run, Adam step (cached)
+    R.write(results_dir, P)
 print(fig03.summary(R))
 
 # %% [markdown]

@@ -48,6 +48,7 @@
 profile = "tiny"                     # parameter profile (set by the runner)
 fig_dir = "figures/tiny"             # where figures go (set by the runner)
 results_dir = "data/results/tiny"    # where tidy tables go (set by the runner)
+replot = ""                          # a results folder to redraw from, computing nothing (set by the runner: --replot)
 params = {}                          # values of figures.fig04.Params (set by the runner from the profile and -p)
 
 # %%
@@ -61,8 +62,11 @@ from cancellation.figures import fig04, fig04_claims, fig04_plots
 logging.basicConfig(level=logging.WARNING)
 P = fig04.Params(**params)   # every parameter, its default, doc and allowed range: lib/cancellation/figures/fig04.py
 plots.use_profile(profile, P)  # every figure saved below is stamped with the profile and policy
-R = fig04.compute(P)         # Algorithm 2 on every batch (cached per batch), tagging, masses, shifts, settings
-R.write(results_dir)
+if replot:   # make plots: the Result read back from the tables the last run wrote, nothing computed
+    R = fig04.load(P, replot)
+else:
+    R = fig04.compute(P)         # Algorithm 2 on every batch (cached per batch), tagging, masses, shifts, settings
+    R.write(results_dir, P)
 print(fig04.summary(R))
 
 # %% [markdown]

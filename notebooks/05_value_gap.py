@@ -33,6 +33,7 @@
 profile = "tiny"                    # parameter profile (set by the runner)
 fig_dir = "figures/tiny"            # where figures go (set by the runner)
 results_dir = "data/results/tiny"   # where tidy tables go (set by the runner)
+replot = ""                         # a results folder to redraw from, computing nothing (set by the runner: --replot)
 params = {}                         # values of figures.fig05.Params (set by the runner from the profile and -p)
 
 # %% [markdown]
@@ -56,8 +57,11 @@ from cancellation.figures import fig05, fig05_claims, fig05_plots
 logging.basicConfig(level=logging.WARNING)
 P = fig05.Params(**params)   # every parameter, its default, doc and allowed range: lib/cancellation/figures/fig05.py
 plots.use_profile(profile, P)  # every figure saved below is stamped with the profile and policy
-R = fig05.compute(P)         # batch, GRPO steps, Monte Carlo values, gaps (cached; the values per prefix)
-R.write(results_dir)
+if replot:   # make plots: the Result read back from the tables the last run wrote, nothing computed
+    R = fig05.load(P, replot)
+else:
+    R = fig05.compute(P)         # batch, GRPO steps, Monte Carlo values, gaps (cached; the values per prefix)
+    R.write(results_dir, P)
 print(fig05.summary(R), "\nremaining tokens per cell after step 1 (p_t ≤ p_max):", R.counts.to_string(), "",
       R.mc.to_string(index=False), f"\nper-token standard error of Δ̂ (M = {P.M}):", sep="\n")
 R.se.round(3)

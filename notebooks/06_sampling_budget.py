@@ -45,6 +45,7 @@
 profile = "tiny"                    # parameter profile (set by the runner)
 fig_dir = "figures/tiny"            # where figures go (set by the runner)
 results_dir = "data/results/tiny"   # where tidy tables go (set by the runner)
+replot = ""                         # a results folder to redraw from, computing nothing (set by the runner: --replot)
 params = {}                         # values of figures.fig06.Params (set by the runner from the profile and -p)
 
 # %%
@@ -59,8 +60,11 @@ from cancellation.figures import fig06
 logging.basicConfig(level=logging.WARNING)
 P = fig06.Params(**params)   # every parameter, its default, doc and allowed range: lib/cancellation/figures/fig06.py
 plots.use_profile(profile, P)  # every figure saved below is stamped with the profile and policy
-R = fig06.compute(P)         # batches, plans, Monte Carlo values, the sweep of steps, gaps, trends (cached)
-R.write(results_dir)
+if replot:   # make plots: the Result read back from the tables the last run wrote, nothing computed
+    R = fig06.load(P, replot)
+else:
+    R = fig06.compute(P)         # batches, plans, Monte Carlo values, the sweep of steps, gaps, trends (cached)
+    R.write(results_dir, P)
 print(fig06.summary(R))
 
 # %% [markdown]

@@ -44,6 +44,7 @@
 profile = "tiny"                    # parameter profile (set by the runner)
 fig_dir = "figures/tiny"            # where figures go (set by the runner)
 results_dir = "data/results/tiny"   # where tidy tables go (set by the runner)
+replot = ""                         # a results folder to redraw from, computing nothing (set by the runner: --replot)
 params = {}                         # values of figures.fig07.Params (set by the runner from the profile and -p)
 
 # %%
@@ -56,8 +57,11 @@ from IPython.display import HTML
 
 logging.basicConfig(level=logging.WARNING)
 P = fig07.Params(**params)   # every parameter, its default, doc and allowed range: lib/cancellation/figures/fig07.py
-R = fig07.compute(P)         # every training run (each cached and checkpointed on its own), then the tables
-R.write(results_dir)
+if replot:   # make plots: the Result read back from the tables the last run wrote, nothing computed
+    R = fig07.load(P, replot)
+else:
+    R = fig07.compute(P)         # every training run (each cached and checkpointed on its own), then the tables
+    R.write(results_dir, P)
 print(plots.use_profile(profile, P), fig07.summary(R), sep="\n")   # the profile stamp every figure below carries
 R.timing.round(2)  # where the time goes, seconds as measured when each run was computed (RB's extra rounds included)
 

@@ -35,6 +35,7 @@
 profile = "tiny"                    # parameter profile (set by the runner)
 fig_dir = "figures/tiny"            # where figures go (set by the runner)
 results_dir = "data/results/tiny"   # where tidy tables go (set by the runner)
+replot = ""                         # a results folder to redraw from, computing nothing (set by the runner: --replot)
 params = {}                         # values of figures.fig08.Params (set by the runner from the profile and -p)
 
 # %%
@@ -49,8 +50,11 @@ from cancellation.figures import fig08
 logging.basicConfig(level=logging.WARNING)
 P = fig08.Params(**params)   # every parameter, its default, doc and allowed range: lib/cancellation/figures/fig08.py
 plots.use_profile(profile, P)  # every figure saved below is stamped with the profile and policy
-R = fig08.compute(P)         # (a) on notebook 01's cached run, (b) kernel and full gradients (cached)
-R.write(results_dir)
+if replot:   # make plots: the Result read back from the tables the last run wrote, nothing computed
+    R = fig08.load(P, replot)
+else:
+    R = fig08.compute(P)         # (a) on notebook 01's cached run, (b) kernel and full gradients (cached)
+    R.write(results_dir, P)
 
 # %% [markdown]
 # ## (a) Frequency-matched Fig. 1

@@ -60,7 +60,7 @@ from cancellation.dryrun import DRY_RUN_ENV
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "notebooks"
 PARAMS = NOTEBOOKS / "params"
-INJECTED = ("profile", "fig_dir", "results_dir")  # set by the runner from the profile
+INJECTED = ("profile", "fig_dir", "results_dir", "replot")  # set by the runner from the profile (replot: --replot)
 ONE_LINE_STOPS = ("NoSignal", "UnrewardableGolds", "RankFailed")  # notebook errors whose message is the whole outcome
 
 
@@ -570,7 +570,7 @@ def resolve_params(nb_path: Path, profile: str = "tiny", overrides: dict | None 
     if resolved_overrides is not None:
         resolved_overrides.update(ov)
     dirs = output_dirs(profile, ov, out_root, replace)
-    injected = {"profile": profile, "fig_dir": dirs["fig_dir"], "results_dir": dirs["results_dir"]}
+    injected = {"profile": profile, "fig_dir": dirs["fig_dir"], "results_dir": dirs["results_dir"], "replot": ""}
     params.update({k: v for k, v in injected.items() if k in defaults})
     return params
 
@@ -800,8 +800,12 @@ def _kernel_log_tail(path: Path, n: int = 5) -> list[str]:
 
 def run_notebook(ref: str, profile: str = "tiny", overrides: dict | None = None, out_root: Path | None = None,
                  log_output: bool = True, *, replace: bool = False, cwd: str | Path | None = None,
-                 peak_file: Path | None = None) -> Path:
+                 peak_file: Path | None = None, replot: bool = False) -> Path:
     """Execute one notebook; returns the executed .ipynb path.
+
+    `replot`: the notebook reads its Result back from the tables of its results folder (the one this run would
+    write) and computes nothing (`figures/replot.py`): figures, claims and the executed notebook are redrawn,
+    the tables are left as they are.
 
     Outputs go to the profile's directories (figures/<profile>, data/results/<profile>,
     notebooks/executed/<profile>, under out_root when given), or, for a run with overrides, to
@@ -833,10 +837,16 @@ def run_notebook(ref: str, profile: str = "tiny", overrides: dict | None = None,
             if k in params:  # the notebook writes into the staging folder; its record names the final one
                 run_params[k] = _show(st.dirs[k]) if out_root is None else str(st.dirs[k])
                 renames.update({run_params[k]: params[k], str(st.dirs[k]): str(final[k])})
+        if replot:   # the tables it reads: the final folder's (the staging folder holds only the claims registry)
+            if "replot" not in params:
+                raise NotebookFailed(f"{nb_path.stem} has no `replot` parameter: it cannot be redrawn without "
+                                     f"recomputing")
+            run_params["replot"] = str(params["results_dir"])
         src, tmp = st.dir / "source" / f"{nb_path.stem}.ipynb", st.dirs["executed_dir"] / f"{nb_path.stem}.ipynb"
         try:
             _prepare(nb_path, src, {"profile": profile, "overrides": ov, "replace": bool(replace and ov),
-                                    "fig_dir": params.get("fig_dir"), "results_dir": params.get("results_dir")},
+                                    "fig_dir": params.get("fig_dir"), "results_dir": params.get("results_dir"),
+                                    **({"replot": True} if replot else {})},
                      peak_file)
         except OSError as e:
             if _disk_full(e) is None:
@@ -999,6 +1009,10 @@ def main(argv=None):
     ap.add_argument("--replace", action="store_true",
                     help="with -p overrides, write the canonical outputs (figures/<profile>/ ...) instead of "
                          "figures/<profile>/runs/<hash>/ ...")
+    ap.add_argument("--replot", action="store_true",
+                    help="redraw every figure and record the claims again from the tables the last run wrote "
+                         "(data/results/<profile>/, or runs/<hash>/ with overrides), computing nothing: a figure or "
+                         "claim-text fix needs no cold run (make plots)")
     ap.add_argument("--plan", action="store_true",
                     help="print each notebook's planned peak memory and wall time (cancellation.plan), run nothing")
     ap.add_argument("--device-kind", metavar="KIND", default=None,
@@ -1093,12 +1107,12 @@ def _main(a) -> int:
         if err:
             print(f"error: {err}", file=sys.stderr)
             return 2
-        plans = _plans(resolved, a)
+        plans = {} if a.replot else _plans(resolved, a)   # a replot computes nothing: no plan to check
         if plans is None:
             return 2
         if a.plan:
             return 0
-        groups = [[x] for x in resolved] if (a.check or a.dry_run) else segments(resolved, a.cores)
+        groups = [[x] for x in resolved] if (a.check or a.dry_run or a.replot) else segments(resolved, a.cores)
         for group in groups:
             if len(group) > 1:
                 stem = ", ".join(nb.stem for nb, _ in group)
@@ -1116,7 +1130,7 @@ def _main(a) -> int:
             elif a.dry_run:
                 _dry_run(nb, a, share[nb], cwd, plans.get(nb.stem))
             else:
-                run_notebook(str(nb), a.profile, share[nb], replace=a.replace, cwd=cwd)
+                run_notebook(str(nb), a.profile, share[nb], replace=a.replace, cwd=cwd, replot=a.replot)
     except NotebookFailed as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
@@ -1315,6 +1329,8 @@ def _plan_flags_error(a) -> str | None:
                 f"--out data/scale/<kind>.json` on it)")
     if not a.plan and kind is not None:
         return "--device-kind plans for a device other than this host's: use it with --plan"
+    if getattr(a, "replot", False) and (a.plan or a.dry_run or a.procs > 1):
+        return "--replot computes nothing: it takes no --plan, --dry-run or --procs"
     if not a.plan and a.procs > 1 and getattr(a, "cores", 1) > 1:
         return ("--procs N (N ranks per notebook) and --cores N (notebooks side by side) both start processes "
                 "on this host: use one of them")
@@ -1326,7 +1342,7 @@ DRY_ROOT = "dry-run"  # under the checkout; git-ignored
 
 def _dry_run(nb: Path, a, overrides: dict, cwd: Path, planned):
     """One notebook under --dry-run: random weights and a coin-flip reward in the kernel (environment
-    read by policy.load_policy and tasks.ProblemSource), its own cache, every output under dry-run/;
+    read by policy.load_policy and problems.ProblemSource), its own cache, every output under dry-run/;
     wall time and peak memory recorded in dry-run/<profile>/measured.json beside the plan."""
     out_root = ROOT / DRY_ROOT
     record = out_root / a.profile / "measured.json"

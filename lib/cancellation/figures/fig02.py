@@ -21,7 +21,7 @@ from .. import cache, coupling, grpo, policy, rollout, seeds, stage
 from .. import claims as C
 from .. import workload as W
 from .. import stats as S
-from . import base
+from . import base, replot
 from .base import param
 
 TABLES = ("fig02_pairs", "fig02_heatmap", "fig02_first_order", "fig02_kernel_terms")
@@ -62,9 +62,18 @@ class Result:
     scatter: pd.DataFrame        # at P.lr: predicted δ_j and measured Δlog p_j per token
     terms: pd.DataFrame          # per token: Σ_k A_k K_jk split into own / same-token / different-token pairs
 
-    def write(self, results_dir) -> None:
+    def write(self, results_dir, P: Params) -> None:
+        """The tidy tables, and for `load` what they do not hold (replot.save)."""
         for name, df in zip(TABLES, (self.pairs, self.heat, self.fidelity, self.terms)):
             cache.write_table(df, Path(results_dir) / f"{name}.parquet")
+        replot.save(P, results_dir, batch=self.batch, absolute=self.absolute, edges=self.edges, scatter=self.scatter)
+
+
+def load(P: Params, results_dir) -> Result:
+    """The Result `write` wrote to `results_dir`, computing nothing (make plots)."""
+    pairs, heat, fidelity, terms = (replot.table(results_dir, f"{name}.parquet") for name in TABLES)
+    return Result(pairs=pairs, pair_summary=pair_summary(pairs), heat=heat, fidelity=fidelity, terms=terms,
+                  **replot.restore(P, results_dir))
 
 
 def compute(P: Params) -> Result:
@@ -84,18 +93,22 @@ def _compute(P: Params, source) -> Result:
     facts = base.batch_facts(batch, P.n_prompts, source, tokens=len(f), vocabulary=int(f.W.shape[0]),
                              hidden=int(f.h.shape[1]), signed_tokens=int((f.A != 0).sum()))
     pairs = _pairs(f, P)
-    pair_summary = pairs.groupby("pair").agg(
-        hdot_mean=("hdot", "mean"), hcos_mean=("hcos", "mean"), hdot_positive=("hdot", lambda x: (x > 0).mean()),
-        phi_mean=("phi", "mean"), phi_abs_median=("phi", lambda x: x.abs().median()),
-        phi_above_1e_2=("phi", lambda x: (x.abs() > 1e-2).mean()), kernel_abs_mean=("kernel", lambda x: x.abs().mean()))
     heat, absolute, edges = _heatmap(f, P)
     fidelity, scatter = _first_order(model, batch, before, f, P)
     t = coupling.pair_kind_terms(f, chunk=P.chunk, vocab_chunk=P.vocab_chunk)
     terms = pd.DataFrame({"row": f.rows.cpu().numpy(), "o": f.o.cpu().numpy(), "A": f.A.cpu().numpy(), "p": f.p.cpu().numpy(),
                           "entropy": f.entropy.cpu().numpy(), **{k: v.cpu().numpy() for k, v in t.items()},
                           "measured": scatter.measured.to_numpy()})
-    return Result(batch=facts, pairs=pairs, pair_summary=pair_summary, heat=heat, absolute=absolute, edges=edges,
+    return Result(batch=facts, pairs=pairs, pair_summary=pair_summary(pairs), heat=heat, absolute=absolute, edges=edges,
                   fidelity=fidelity, scatter=scatter, terms=terms)
+
+
+def pair_summary(pairs: pd.DataFrame) -> pd.DataFrame:
+    """Per split (same / different token): means, positive shares and |φ| quantities of the sampled pairs."""
+    return pairs.groupby("pair").agg(
+        hdot_mean=("hdot", "mean"), hcos_mean=("hcos", "mean"), hdot_positive=("hdot", lambda x: (x > 0).mean()),
+        phi_mean=("phi", "mean"), phi_abs_median=("phi", lambda x: x.abs().median()),
+        phi_above_1e_2=("phi", lambda x: (x.abs() > 1e-2).mean()), kernel_abs_mean=("kernel", lambda x: x.abs().mean()))
 
 
 def _pairs(f: coupling.Features, P: Params) -> pd.DataFrame:
