@@ -21,7 +21,6 @@ PURPOSES: dict = {
     "category_batch": (lambda s, i: s + 1000 + i, "Fig. 4: batch i of the category shift"),
     "thesis_random_mask": (lambda s, i: s * 1000 + 17 + i, "Fig. 4 thesis: random-mask draw i of a batch (s: the batch seed)"),
     "thesis_fo_tokens": (lambda s, i: s * 1000 + 43, "Fig. 4 thesis: the tokens whose first-order terms are computed (s: the batch seed)"),
-    "thesis_permuted": (lambda s, i: s * 1000 + 31, "Fig. 4 thesis: the within-group advantage shuffle of a batch (s: the batch seed)"),
     "thesis_null": (lambda s, i: s * 1000 + 53, "Fig. 4 thesis: the K within-group shuffles of a batch's null (s: the batch seed)"),
     "value_batch": (lambda s, i: s + 505, "Fig. 5: the value-gap batch"),
     "heldout_batch": (lambda s, i: s + 606, "Fig. 5: the held-out batch (new prompts)"),

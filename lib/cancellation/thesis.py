@@ -113,20 +113,15 @@ def random_mask(batch, copies: torch.Tensor, prob: torch.Tensor, bins, seed: int
 
 def permuted(batch, seed: int):
     """The batch with its rollouts' rewards and advantages shuffled within each group (the same
-    multiset per group, so mixed groups stay mixed): the permuted-advantage control."""
-    gen = torch.Generator().manual_seed(seed)
-    order = torch.arange(len(batch))
-    for g in batch.group.unique():
-        rows = (batch.group == g).nonzero().squeeze(1).cpu()
-        order[rows] = rows[torch.randperm(len(rows), generator=gen)]
-    o = order.to(batch.reward.device)
+    multiset per group, so mixed groups stay mixed): one draw of the null's law (`shuffles` with K = 1)."""
+    o = shuffles(batch, 1, seed)[0].to(batch.reward.device)
     return replace(batch, reward=batch.reward[o], advantage=batch.advantage[o])
 
 
 # ----------------------------------------------------------------------------- the sign-shuffle null
 def shuffles(batch, K: int, seed: int) -> torch.Tensor:
-    """(K, B) row orders, each shuffling the rollouts within every group (`permuted`'s law: the same
-    multiset of rewards and advantages per group), seeded: order k of the null is `row[order[k]]`."""
+    """(K, B) row orders, each shuffling the rollouts within every group (the same multiset of rewards and
+    advantages per group, so mixed groups stay mixed), seeded: order k of the null is `row[order[k]]`."""
     gen = torch.Generator().manual_seed(seed)
     out = torch.arange(len(batch)).repeat(K, 1)
     groups = [(batch.group == g).nonzero().squeeze(1).cpu() for g in batch.group.unique()]
