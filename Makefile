@@ -135,7 +135,7 @@ table2: env $(POLICIES)  ## the full Table 2 / Fig. 8 test: 10 seeds x 64 iterat
 	$(MAKE) claims
 
 claims: env  ## README's claims table from data/results/tiny/claims.parquet
-	$(PY) -m cancellation.claims readme
+	$(PY) -m cancellation.findings readme
 
 report: env  ## the static site of PROFILE's executed notebooks and figures, in site/ (ignored)
 	$(PY) -m cancellation.report --profile $(PROFILE) --out site

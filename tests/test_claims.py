@@ -7,6 +7,7 @@ import pandas as pd
 import pytest
 
 from cancellation import claims as C
+from cancellation import findings as F
 from cancellation import run
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -69,36 +70,36 @@ def test_update_readme_between_markers(tmp_path):
     reg = tmp_path / "r"
     C.record(reg, "01", [Claim("x1", "Fig. X", "goes up", "yes", 0.2, 0.1, 0.3, n=5)])
     readme = tmp_path / "README.md"
-    readme.write_text(f"top\n{C.BEGIN}\nold\n{C.END}\nbottom\n")
-    assert C.update_readme(readme, reg / "claims.parquet")
+    readme.write_text(f"top\n{F.BEGIN}\nold\n{F.END}\nbottom\n")
+    assert F.update_readme(readme, reg / "claims.parquet")
     text = readme.read_text()
     assert "\nold\n" not in text and "| Fig. X: goes up | yes |" in text and "| t over steps (step) |" in text and text.startswith("top\n") and text.endswith("bottom\n")
-    assert not C.update_readme(readme, reg / "claims.parquet")
+    assert not F.update_readme(readme, reg / "claims.parquet")
 
 
 def test_committed_readme_table_matches_committed_registry():
-    reg = C.readme_registry(ROOT)
-    assert C.readme_table(ROOT / C.CLAIMS_DOC) == C.table_markdown(reg).strip(), \
+    reg = F.readme_registry(ROOT)
+    assert F.readme_table(ROOT / F.CLAIMS_DOC) == F.table_markdown(reg).strip(), \
         "docs/claims.md's table is stale: run `make claims`"
-    summary = C.readme_table(ROOT / "README.md", C.SUMMARY_BEGIN, C.SUMMARY_END)
-    assert summary == C.summary_markdown(ROOT).strip(), "README's claims summary is stale: run `make claims`"
+    summary = F.readme_table(ROOT / "README.md", F.SUMMARY_BEGIN, F.SUMMARY_END)
+    assert summary == F.summary_markdown(ROOT).strip(), "README's claims summary is stale: run `make claims`"
     # the summary's counts, recounted here from the registry rows (an independent tally)
     last = next(ln for ln in summary.splitlines() if ln.startswith("| all")).split("|")
-    every = reg[~((reg.notebook == "07") & ~reg.figure.str.endswith(C.README_REGISTRIES[1][1]))] \
-        if (ROOT / C.README_REGISTRIES[1][0]).exists() else reg   # 07's light run left out beside its full run
+    every = reg[~((reg.notebook == "07") & ~reg.figure.str.endswith(F.README_REGISTRIES[1][1]))] \
+        if (ROOT / F.README_REGISTRIES[1][0]).exists() else reg   # 07's light run left out beside its full run
     once = every[~every.verdict.isin(C.CONTROL_VERDICTS)]   # null controls are not claims
     assert int(last[2]) == len(once)
     assert [int(c.strip(" *")) for c in last[3:3 + len(C.VERDICTS)]] == [int((once.verdict == v).sum()) for v in C.VERDICTS]
-    findings = C.readme_table(ROOT / "README.md", C.FINDINGS_BEGIN, C.FINDINGS_END)
-    assert findings == C.findings_markdown(ROOT).strip(), "README's first screen is stale: run `make claims`"
+    findings = F.readme_table(ROOT / "README.md", F.FINDINGS_BEGIN, F.FINDINGS_END)
+    assert findings == F.findings_markdown(ROOT).strip(), "README's first screen is stale: run `make claims`"
     assert f"{len(every)} rows: " in findings and "No result on the paper's models" in findings
     # the one summary: README's first screen and docs/claims.md print the same sentence, from the same registry
-    assert C.summary_sentence(C.findings_registry(ROOT)) in findings
-    paper = every[every.apply(C.kind_of, axis=1) == C.PAPER]
+    assert F.summary_sentence(F.findings_registry(ROOT)) in findings
+    paper = every[every.apply(F.kind_of, axis=1) == F.PAPER]
     assert f"the paper's claims: {len(paper)} (" in findings
     for _, r in paper[paper.verdict == C.NOT_REPRODUCED].iterrows():   # every claim of the paper that did not reproduce
         assert f"| {r.statement.replace('|', chr(92) + '|')} |" in findings, r.claim
-    tiny = C.read_registry(ROOT / C.README_REGISTRIES[0][0])
+    tiny = C.read_registry(ROOT / F.README_REGISTRIES[0][0])
     thesis = tiny[tiny.claim.isin([C.THESIS_PREFIX + k for k in C.THESIS_README])]
     assert len(thesis) == len(C.THESIS_README)  # the hypothesis rows exist and README lists each with its verdict
     for _, r in thesis.iterrows():
@@ -155,15 +156,15 @@ def test_readme_on_a_damaged_registry_is_one_line_naming_the_file(tmp_path, dama
     else:
         pd.DataFrame({"a": [1]}).to_parquet(reg)
     readme = tmp_path / "README.md"
-    readme.write_text(f"top\n{C.BEGIN}\nold\n{C.END}\n")
+    readme.write_text(f"top\n{F.BEGIN}\nold\n{F.END}\n")
     for argv in (["readme", "--readme", str(readme)], ["readme", "--readme", str(readme), "--registry", str(reg)],
                  ["show", "--registry", str(reg)]):
         with pytest.raises(SystemExit) as e:
-            C.main(argv)
+            F.main(argv)
         msg = str(e.value.code)
         assert e.value.code != 0 and str(reg) in msg and "\n" not in msg, msg
         assert ("not a claims registry" if damage == "not_a_registry" else "unreadable claims registry") in msg
-    assert readme.read_text().endswith(f"{C.BEGIN}\nold\n{C.END}\n")  # left as it was
+    assert readme.read_text().endswith(f"{F.BEGIN}\nold\n{F.END}\n")  # left as it was
     with pytest.raises(C.ClaimsError, match=str(reg)):  # and record() refuses to build on it
         C.record(reg.parent, "02", [Claim("y1", "Fig. Y", "up", "yes", 0.2, n=2)])
 
@@ -175,13 +176,13 @@ def test_readme_cli_on_a_truncated_registry_prints_no_traceback(tmp_path):
     reg = _write_registry(tmp_path / "r")
     reg.write_bytes(reg.read_bytes()[:300])
     readme = tmp_path / "README.md"
-    readme.write_text(f"{C.BEGIN}\n{C.END}\n")
+    readme.write_text(f"{F.BEGIN}\n{F.END}\n")
     env = {**os.environ, "PYTHONPATH": str(ROOT / "lib")}
-    p = subprocess.run([sys.executable, "-m", "cancellation.claims", "readme", "--readme", str(readme),
+    p = subprocess.run([sys.executable, "-m", "cancellation.findings", "readme", "--readme", str(readme),
                         "--registry", str(reg)], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
     assert p.returncode != 0 and "Traceback" not in p.stderr and p.stdout == ""
     assert p.stderr.strip().count("\n") == 0 and f"{reg}: unreadable claims registry" in p.stderr
-    missing = subprocess.run([sys.executable, "-m", "cancellation.claims", "show", "--registry", str(tmp_path / "no.parquet")],
+    missing = subprocess.run([sys.executable, "-m", "cancellation.findings", "show", "--registry", str(tmp_path / "no.parquet")],
                              capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
     assert missing.returncode != 0 and "Traceback" not in missing.stderr and "no.parquet: no such" in missing.stderr
 
@@ -242,7 +243,7 @@ def test_record_refuses_a_rule_that_cannot_pass_at_its_n(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("profile, claim", [
-    (p.parent.name, c) for p in [ROOT / q for q, _ in C.README_REGISTRIES if (ROOT / q).exists()]
+    (p.parent.name, c) for p in [ROOT / q for q, _ in F.README_REGISTRIES if (ROOT / q).exists()]
     for c in pd.read_parquet(p).claim])
 def test_every_committed_rule_can_pass_at_its_n(profile, claim):
     """The registry check over the committed registries: no row whose rule cannot read 'reproduced'
@@ -264,9 +265,9 @@ def test_the_summary_counts_each_kind_apart():
             ("not the paper's reading", "§3", "all_of", C.INCONCLUSIVE),
             ("present", "§4", "construction", C.BY_CONSTRUCTION)]
     reg = pd.DataFrame([dict(paper=p, figure=f, rule=r, verdict=v) for p, f, r, v in rows])
-    want = [C.PAPER, C.PAPER, C.CONTROLS, C.CONTROLS, C.CONTROLS, C.OTHERS, C.OTHERS, C.CONSTRUCTION]
-    assert list(reg.apply(C.kind_of, axis=1)) == want
-    t = C.summary_counts(reg)
-    assert t.rows.to_dict() == {C.PAPER: 2, C.CONTROLS: 3, C.OTHERS: 2, C.CONSTRUCTION: 1}
-    assert C.summary_sentence(reg).startswith("8 rows: the paper's claims: 2 (1 reproduced, 1 not reproduced); "
+    want = [F.PAPER, F.PAPER, F.CONTROLS, F.CONTROLS, F.CONTROLS, F.OTHERS, F.OTHERS, F.CONSTRUCTION]
+    assert list(reg.apply(F.kind_of, axis=1)) == want
+    t = F.summary_counts(reg)
+    assert t.rows.to_dict() == {F.PAPER: 2, F.CONTROLS: 3, F.OTHERS: 2, F.CONSTRUCTION: 1}
+    assert F.summary_sentence(reg).startswith("8 rows: the paper's claims: 2 (1 reproduced, 1 not reproduced); "
                                               "controls: 3 (1 reproduced, 1 inconclusive, 1 null passes)")

@@ -14,10 +14,11 @@ import pytest
 from scipy import stats
 
 from cancellation import claims as C
+from cancellation import findings as F
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "data" / "results" / "tiny"
-REGISTRIES = [ROOT / p for p, _ in C.README_REGISTRIES if (ROOT / p).exists()]
+REGISTRIES = [ROOT / p for p, _ in F.README_REGISTRIES if (ROOT / p).exists()]
 
 
 def registry(path=TINY / "claims.parquet") -> pd.DataFrame:

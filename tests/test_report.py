@@ -16,7 +16,7 @@ from urllib.parse import unquote, urlsplit
 import pandas as pd
 import pytest
 
-from cancellation import claims as C
+from cancellation import findings as F
 from cancellation import report
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -138,9 +138,9 @@ def _sentence(text: str) -> str:
 def test_the_site_prints_readme_s_summary(site):
     """README's first screen, docs/claims.md and the site print one sentence: the counts by kind, notebook 07
     counted once from its full `make table2` run."""
-    block = C.readme_table(ROOT / "README.md", C.FINDINGS_BEGIN, C.FINDINGS_END)
+    block = F.readme_table(ROOT / "README.md", F.FINDINGS_BEGIN, F.FINDINGS_END)
     want = _sentence(block)
-    assert want.startswith(f"{len(C.findings_registry(ROOT))} rows: ")
+    assert want.startswith(f"{len(F.findings_registry(ROOT))} rows: ")
     for name in ("index.html", "claims.html"):
         text = (site / name).read_text(encoding="utf-8")
         got = re.findall(r'<span class="sentence">(.*?)</span>', text, re.S)
@@ -178,7 +178,7 @@ def test_the_index_opens_with_contents_and_findings(site):
     assert "claims.html" in links and "#findings" in links
     assert text.index('id="findings"') < text.index('id="nb-01"')
     # the thesis in words, as README's first screen gives it, with its markdown rendered
-    readme = C.readme_table(ROOT / "README.md", C.FINDINGS_BEGIN, C.FINDINGS_END)
+    readme = F.readme_table(ROOT / "README.md", F.FINDINGS_BEGIN, F.FINDINGS_END)
     lines = [ln[2:] for ln in readme.splitlines() if ln.startswith("- ")]
     assert lines
     plain = html.unescape(re.sub(r"<[^>]+>", "", text))
@@ -240,4 +240,4 @@ def test_another_profile_counts_its_own_registry(tmp_path):
     page = report.claims_page(regs, report.findings("other", tmp_path), "other")
     assert "tiny-table2" not in page
     assert html.unescape(re.search(r'<span class="sentence">(.*?)</span>', page).group(1)) \
-        == C.summary_sentence(regs[0][2])
+        == F.summary_sentence(regs[0][2])

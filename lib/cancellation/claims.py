@@ -5,10 +5,8 @@ A notebook builds `Claim` records from the values it computed (never typed numbe
 `<results_dir>/claims.parquet` atomically, under a lock on the registry (`claims.parquet.lock`), so
 notebooks run at once never lose each other's rows. The verdict of a row is `RULES[rule](measured, lo, hi,
 **params)`; `verdict_of(row)` recomputes it from the stored numbers, and the tests check that it
-equals the stored verdict. `python -m cancellation.claims readme` writes the tiny profile's table
-(and the full Table 2 run's, `make table2`) into docs/claims.md between `<!-- claims:begin -->` and
-`<!-- claims:end -->`, and its counts per notebook into README.md between `<!-- claims-summary:begin -->`
-and `<!-- claims-summary:end -->`.
+equals the stored verdict. What the registry says in words and tables (README's first screen, docs/claims.md,
+the site's summary) is `findings.py`'s (`make claims`: `python -m cancellation.findings readme`).
 
 Rules (all on the measured value m and its interval [lo, hi]; NaN bounds mean "no interval"):
 - direction(sign, ref=0, paper=None, point_ok=False, refutes=""): the paper says sign·(m − ref) > 0.
@@ -44,10 +42,8 @@ outermost first, joined by " × ": "batch × group"). Both are required: an empt
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
-import re
 from dataclasses import asdict, dataclass, field
 from fractions import Fraction
 from pathlib import Path
@@ -70,10 +66,6 @@ CONTROL_VERDICTS = (NULL_PASSES, NULL_DIFFERS)   # rows with these are null cont
 MIN_SPECIFIC, MIN_SIZE = 0.2, 0.9
 UNITS = ("token", "token id", "pair", "candidate", "rollout", "group", "prompt", "batch", "step", "seed", "run",
          "none")
-BEGIN, END = "<!-- claims:begin -->", "<!-- claims:end -->"  # the full table (docs/claims.md)
-SUMMARY_BEGIN, SUMMARY_END = "<!-- claims-summary:begin -->", "<!-- claims-summary:end -->"  # counts (README.md)
-FINDINGS_BEGIN, FINDINGS_END = "<!-- findings:begin -->", "<!-- findings:end -->"  # README's first screen
-CLAIMS_DOC = "docs/claims.md"
 THESIS_PREFIX = "fig04_thesis_"  # the thesis rows; README lists those of THESIS_README one by one (docs/claims.md all)
 THESIS_README = ("verdict", "pos_diffstate_cancellation", "pos_contrast_vs_null", "pos_amplification_vs_null",
                  "null_cancellation", "verdict_ctx", "pos_diffstate_cancellation_ctx", "pos_contrast_vs_null_ctx",
@@ -83,16 +75,17 @@ COLUMNS = ["notebook", "claim", "figure", "statement", "paper", "measured", "lo"
 LATER_COLUMNS = ("estimator", "resampling")  # added to the registry later; empty in an older registry's rows
 
 
-def _nan(x) -> bool:
+def is_nan(x) -> bool:
+    """None or a float NaN: no number (a row without an interval, or without a measured value of its own)."""
     return x is None or (isinstance(x, float) and math.isnan(x))
 
 
 def direction(m, lo, hi, sign: int = 1, ref: float = 0.0, paper=None, point_ok: bool = False,
               refutes: str = "") -> str:
     s = 1 if sign >= 0 else -1
-    if _nan(m):
+    if is_nan(m):
         return INCONCLUSIVE
-    if _nan(lo) or _nan(hi):
+    if is_nan(lo) or is_nan(hi):
         if not point_ok:
             return INCONCLUSIVE
         return REPRODUCED if s * (m - ref) > 0 else NOT_REPRODUCED
@@ -107,9 +100,9 @@ def direction(m, lo, hi, sign: int = 1, ref: float = 0.0, paper=None, point_ok: 
 
 
 def similar(m, lo, hi, tol: float, target: float = 0.0, point_ok: bool = False) -> str:
-    if _nan(m):
+    if is_nan(m):
         return INCONCLUSIVE
-    if _nan(lo) or _nan(hi):
+    if is_nan(lo) or is_nan(hi):
         if not point_ok:
             return INCONCLUSIVE
         return REPRODUCED if abs(m - target) <= tol else NOT_REPRODUCED
@@ -172,7 +165,7 @@ def majority(m, lo, hi, threshold: float = 0.55) -> str:
     """A "most"/"majority" claim on a share: reproduced when the interval lies above `threshold` (0.55: a share
     just over a half is not "most"); not reproduced when it lies below 0.5; "about half" when it lies within
     [1 − threshold, threshold]; else inconclusive."""
-    if _nan(m) or _nan(lo) or _nan(hi):
+    if is_nan(m) or is_nan(lo) or is_nan(hi):
         return INCONCLUSIVE
     if lo > threshold:
         return REPRODUCED
@@ -190,7 +183,7 @@ def null_test(m, lo, hi, sign: int, p_paper: float, p_other: float, K: int, medi
     reproduced when m lies beyond the null's central 95% on the paper's side (p_paper ≤ alpha = 0.025); not
     reproduced otherwise: inside the band ("no different from sign-agnostic redistribution") or beyond it on the
     other side. median, band_lo, band_hi (the null's median and 2.5/97.5% quantiles) are shown only."""
-    if _nan(m) or not K:
+    if is_nan(m) or not K:
         return INCONCLUSIVE
     return REPRODUCED if p_paper <= alpha else NOT_REPRODUCED
 
@@ -199,7 +192,7 @@ def null_control(m, lo, hi, sign: int, ref: float = 0.0) -> str:
     """A null control: m is the null's median, [lo, hi] its central 95% band. "null passes" when the whole band
     lies on the paper's side of ref (signs shuffled within groups would pass the test the real signs take), else
     "null differs". Never "reproduced", and not counted among the paper's claims."""
-    if _nan(lo) or _nan(hi):
+    if is_nan(lo) or is_nan(hi):
         return NULL_DIFFERS
     s = 1 if sign >= 0 else -1
     return NULL_PASSES if min(s * (lo - ref), s * (hi - ref)) > 0 else NULL_DIFFERS
@@ -367,7 +360,7 @@ class Claim:
 
     def line(self) -> str:
         """One printed line for the notebook's reading."""
-        ci = "" if _nan(self.lo) else f" [{self.lo:+.3g}, {self.hi:+.3g}]"
+        ci = "" if is_nan(self.lo) else f" [{self.lo:+.3g}, {self.hi:+.3g}]"
         return (f"{self.figure} {self.statement} (paper: {self.paper}): {self.measured:+.3g}{ci} {self.unit}, "
                 f"n = {self.n} ({self.estimator}; unit: {self.resampling}) -> {self.verdict.upper()}  "
                 f"[rule: {rule_text(self.rule, self.params)}]"
@@ -380,7 +373,7 @@ def cite(claims: list[Claim], claim_id: str, scale: float = 1.0, fmt: str = "+.3
     c = next((c for c in claims if c.claim == claim_id), None)
     if c is None:
         raise KeyError(f"no claim {claim_id!r} among {[c.claim for c in claims]}")
-    ci = "" if _nan(c.lo) else f" [{scale * c.lo:{fmt}}, {scale * c.hi:{fmt}}]"
+    ci = "" if is_nan(c.lo) else f" [{scale * c.lo:{fmt}}, {scale * c.hi:{fmt}}]"
     return f"{scale * c.measured:{fmt}}{ci} ({c.verdict})"
 
 
@@ -506,74 +499,6 @@ def record(results_dir, notebook: str, claims: list[Claim]) -> pd.DataFrame:
     return out
 
 
-def _fmt(x) -> str:
-    return "—" if _nan(x) else f"{x:+.3g}"
-
-
-def table_markdown(df: pd.DataFrame) -> str:
-    """The README table of a registry."""
-    lines = ["| claim (paper) | paper | measured [95% CI], n | estimator (resampled unit) | rule | verdict |",
-             "|---|---|---|---|---|---|"]
-    for _, r in df.iterrows():
-        ci = "" if _nan(r.lo) else f" [{_fmt(r.lo)}, {_fmt(r.hi)}]"
-        meas = f"{_fmt(r.measured)}{ci} {r.unit}, n = {r.n}".replace("|", "\\|")
-        if r.detail:
-            meas += f"; {r.detail}".replace("|", "\\|")
-        cells = [f"{r.figure}: {r.statement}", r.paper, meas, f"{r.estimator} ({r.resampling})", r.rule_text,
-                 f"**{r.verdict}**"]
-        cells = [c.replace("\\|", "|").replace("|", "\\|").replace("\n", " ") for c in cells]
-        lines.append("| " + " | ".join(cells) + " |")
-    lines.append("")
-    lines.append(summary_sentence(df))
-    return "\n".join(lines)
-
-
-# The README's table: the tiny profile's registry, then the claims of the full Table 2 run
-# (`make table2`, profile tiny-table2) when it has been run, labelled by how to reproduce them.
-README_REGISTRIES = (("data/results/tiny/claims.parquet", ""),
-                     ("data/results/tiny-table2/claims.parquet", " (`make table2`)"))
-
-
-def readme_registry(root=".", registries=README_REGISTRIES) -> pd.DataFrame:
-    """The registries of the README table that exist under `root`, concatenated; a label is
-    appended to the figure column of the rows of each later registry."""
-    frames = [read_registry(Path(root) / path).assign(figure=lambda d, t=tag: d.figure + t)
-              for path, tag in registries if (Path(root) / path).exists()]
-    if not frames:
-        raise FileNotFoundError(f"no claims registry under {root}: {[p for p, _ in registries]}")
-    return pd.concat(frames, ignore_index=True)
-
-
-def summary_markdown(root=".", registries=README_REGISTRIES) -> str:
-    """README's summary: claims per notebook and verdict, one row per notebook of each registry; the total
-    counts each claim once (`findings_registry`: notebook 07's light run left out when its full run exists);
-    then the thesis rows of THESIS_README (their reading in words is on the first screen, `findings_markdown`)."""
-    lines = ["| notebook | claims | " + " | ".join(VERDICTS) + " |", "|---|" + "---|" * (len(VERDICTS) + 1)]
-    for path, tag in registries:
-        if not (Path(root) / path).exists():
-            continue
-        reg = read_registry(Path(root) / path)
-        for nb, g in claims_only(reg).groupby("notebook", sort=True):
-            counts = g.verdict.value_counts().reindex(list(VERDICTS), fill_value=0)
-            lines.append(f"| {nb}{tag} | {len(g)} | " + " | ".join(str(counts[v]) for v in VERDICTS) + " |")
-    once = claims_only(findings_registry(root, registries)).verdict.value_counts().reindex(list(VERDICTS), fill_value=0)
-    label = "all (07 counted once: its full run)" if len(registries) > 1 and (Path(root) / registries[1][0]).exists() \
-        else "all"
-    lines.append(f"| {label} | {int(once.sum())} | " + " | ".join(f"**{once[v]}**" for v in VERDICTS) + " |")
-    every = [r for path, _ in registries[:1] if (Path(root) / path).exists()
-             for _, r in read_registry(Path(root) / path).iterrows() if r.claim.startswith(THESIS_PREFIX)]
-    thesis = [r for r in every if r.claim[len(THESIS_PREFIX):] in THESIS_README]
-    if thesis:  # the paper's thesis itself, row by row: what a reader looks for first
-        lines += ["", "The thesis itself (notebook 04, Algorithm 2 on one batch and θ₀ at a time; "
-                  "what would refute it is in each row's rule; every thesis row is in docs/claims.md):", "",
-                  "| claim | measured [95% CI] | verdict |", "|---|---|---|"]
-        for r in thesis:
-            ci = "" if _nan(r.lo) else f" [{_fmt(r.lo)}, {_fmt(r.hi)}]"
-            cells = [r.statement, f"{_fmt(r.measured)}{ci}", f"**{r.verdict}**"]
-            lines.append("| " + " | ".join(c.replace("|", "\\|").replace("\n", " ") for c in cells) + " |")
-    return "\n".join(lines)
-
-
 def thesis_reading(rows: dict) -> list[str]:
     """The thesis in words, built from the rows (id without the prefix -> a row with verdict, measured, lo, hi,
     params, detail): per definition of 'shared', the verdict by the rule fixed before the run, its two parts with
@@ -581,7 +506,7 @@ def thesis_reading(rows: dict) -> list[str]:
     thesis table (never hand-typed)."""
     def cite(k, fmt="+.3g"):
         r = rows[k]
-        ci = "" if _nan(r.lo) else f" [{r.lo:{fmt}}, {r.hi:{fmt}}]"
+        ci = "" if is_nan(r.lo) else f" [{r.lo:{fmt}}, {r.hi:{fmt}}]"
         return f"{r.measured:{fmt}}{ci}"
 
     def params(r):
@@ -629,82 +554,8 @@ def thesis_reading(rows: dict) -> list[str]:
             if r.verdict == NOT_DECIDABLE and "size_share" in params(r):
                 extra = (f": the random masks disjoint from the copies reach {params(r)['size_share']:.1%} of their "
                          "size (the other A<0 tokens are too few on this task)")
-            out.append(f"- {what}: " + (f"{r.verdict}{extra}." if _nan(r.measured) else f"{cite(k)} ({r.verdict}{extra})."))
+            out.append(f"- {what}: " + (f"{r.verdict}{extra}." if is_nan(r.measured) else f"{cite(k)} ({r.verdict}{extra})."))
     return out
-
-
-def decided_by(row) -> str:
-    """Which clause of its rule decided a row's verdict, in words (the did-not-reproduce table's last column)."""
-    p = json.loads(row["params"]) if isinstance(row["params"], str) else dict(row["params"])
-    rule, lo, hi = row["rule"], row["lo"], row["hi"]
-    if row["verdict"] == NOT_DECIDABLE:
-        return "the test cannot be made here"
-    if rule == "direction":
-        s, ref = (1 if p.get("sign", 1) >= 0 else -1), p.get("ref", 0.0)
-        if not (_nan(lo) or _nan(hi)) and max(s * (lo - ref), s * (hi - ref)) < 0:
-            return f"the interval lies on the refuting side of {ref:g}"
-        if p.get("paper") is not None:
-            return f"the point on the wrong side of {ref:g}, the interval excluding the paper's {p['paper']:g}"
-        return "the point on the wrong side (no interval)"
-    if rule == "similar":
-        return f"the interval lies outside {p.get('target', 0.0):g} ± {p['tol']:g}"
-    if rule == "thesis_verdict":
-        return f"its {deciding_part(p)} part"
-    if rule == "all_of":
-        bad = [name for name, r, pm, plo, phi, pp in p["parts"] if judge(r, pm, plo, phi, pp) == NOT_REPRODUCED]
-        return "its part " + ", ".join(bad)
-    if rule == "null_test":
-        return "the real value inside its sign-shuffle null's central 95% (or beyond it on the other side)"
-    if rule == "majority":
-        return "the interval below a half"
-    if rule == "exact":
-        return "Fisher's test the other way"
-    return rule
-
-
-def claims_only(reg: pd.DataFrame) -> pd.DataFrame:
-    """The rows that are claims (of the paper, or of what it implies): a null control's row is not one."""
-    return reg[~reg.verdict.isin(CONTROL_VERDICTS)]
-
-
-# what a row is, for the counts (`kind_of`): the paper's claims are counted apart from the rest
-PAPER, CONTROLS, OTHERS, CONSTRUCTION = ("the paper's claims", "controls", "related work and other readings",
-                                         "checks by construction")
-KINDS = (PAPER, CONTROLS, OTHERS, CONSTRUCTION)
-
-
-def kind_of(row) -> str:
-    """A row's kind: a check that holds by construction; a control (a null control, a fixed-scaffold or regression
-    control: the paper's column or the figure says so); related work or a reading the paper does not state (the
-    paper's column starts "related work", "not the paper", "not stated"); else one of the paper's claims."""
-    paper, figure = str(row["paper"]).lower(), str(row["figure"]).lower()
-    if row["rule"] == "construction" or row["verdict"] == BY_CONSTRUCTION:
-        return CONSTRUCTION
-    if row["rule"] == "null_control" or row["verdict"] in CONTROL_VERDICTS or "control" in paper or "control" in figure:
-        return CONTROLS
-    if paper.startswith(("related work", "not the paper", "not stated")):
-        return OTHERS
-    return PAPER
-
-
-def summary_counts(reg: pd.DataFrame) -> pd.DataFrame:
-    """Per kind (KINDS, rows) and verdict (columns, those that occur): the number of rows; column 'rows' the total."""
-    k = reg.apply(kind_of, axis=1) if len(reg) else pd.Series([], dtype=str)
-    verdicts = [v for v in VERDICTS + CONTROL_VERDICTS if (reg.verdict == v).any()]
-    t = pd.crosstab(k, reg.verdict).reindex(index=list(KINDS), columns=verdicts, fill_value=0)
-    return t.assign(rows=t.sum(axis=1))
-
-
-def summary_sentence(reg: pd.DataFrame) -> str:
-    """The one summary of a registry, in words (README, docs/claims.md and the site print this sentence): the rows,
-    then per kind its count and its verdicts."""
-    t = summary_counts(reg)
-    parts = []
-    for kind, r in t.iterrows():
-        if r.rows:
-            vs = ", ".join(f"{int(r[v])} {v}" for v in t.columns if v != "rows" and r[v])
-            parts.append(f"{kind}: {int(r.rows)} ({vs})")
-    return f"{int(t.rows.sum())} rows: " + "; ".join(parts) + "."
 
 
 def _plain_words(rows: dict, params) -> list[str]:
@@ -727,119 +578,3 @@ def _plain_words(rows: dict, params) -> list[str]:
     line += ("Beyond what shuffled signs give: " + (", ".join(beyond) if beyond else "nothing")
              + ("; no different from shuffled signs: " + ", ".join(inside) if inside else "") + f" (credit part: {cred}).")
     return [line]
-
-
-def reproduced_line(reg: pd.DataFrame) -> str:
-    """The first screen's line on what reproduced: per figure of the paper (the figure column up to its first comma or
-    parenthesis), how many of its claim rows reproduced, of the paper's claims only, in the registry's order."""
-    paper = reg[reg.apply(kind_of, axis=1) == PAPER] if len(reg) else reg
-    key = paper.figure.str.replace(r"\s*[,(].*$", "", regex=True)
-    parts = []
-    for fig in dict.fromkeys(key):
-        d = paper[key == fig]
-        k = int((d.verdict == REPRODUCED).sum())
-        if k:
-            parts.append(f"{fig} {k} of {len(d)}")
-    return ("**Reproduced** (the paper's claims, rows reproduced of those tested, per figure): " + "; ".join(parts)
-            + ". The rest are inconclusive at this profile's n, not decidable, or below.")
-
-
-def findings_registry(root=".", registries=README_REGISTRIES) -> pd.DataFrame:
-    """Every claim counted once: the tiny registry, with notebook 07's rows taken from its full run
-    (`make table2`, the later registry) when that exists instead of the light run the notebook calls a smoke test."""
-    frames = [read_registry(Path(root) / p) for p, _ in registries if (Path(root) / p).exists()]
-    if not frames:
-        raise FileNotFoundError(f"no claims registry under {root}")
-    if len(frames) > 1:
-        full = set(frames[1].notebook)
-        frames[0] = frames[0][~frames[0].notebook.isin(full)]
-    return pd.concat(frames, ignore_index=True)
-
-
-def findings_markdown(root=".", registries=README_REGISTRIES) -> str:
-    """README's first screen, generated from the registries: where the results come from, the counts (each
-    claim once), the thesis in words (`thesis_reading`) and every claim that did not reproduce."""
-    every = findings_registry(root, registries)
-    rows = {r.claim[len(THESIS_PREFIX):]: r for _, r in every.iterrows() if r.claim.startswith(THESIS_PREFIX)}
-    out = ["**What was found, and on what.** Every result below is on the `tiny` profile: policies of 1.06M and 0.2M "
-           "parameters that this repository trains on column arithmetic, on a CPU. **No result on the paper's models "
-           "(Qwen3-1.7B/4B-Base, Qwen2.5-Math-7B) exists yet**: the paper profiles are built, tested on stand-ins and "
-           "planned ([the paper profile](#the-paper-profile)), not run.", "",
-           f"The rows (notebook 07 counted once, from its full `make table2` run): {summary_sentence(every)} "
-           "Inconclusive: the 95% interval reaches both sides of the rule's reference value at this profile's n; not "
-           "decidable: the test cannot be made on this task. Every row, its rule and its interval: "
-           "[docs/claims.md](docs/claims.md).", "", reproduced_line(every), ""]
-    if rows:
-        out += ["**The thesis** (notebook 04; shared tokens are those that also occur in a rollout of the opposite "
-                "sign in the same group):", "", *thesis_reading(rows), ""]
-    bad = every[(every.verdict == NOT_REPRODUCED) & (every.apply(kind_of, axis=1) == PAPER)] if len(every) else every
-    if len(bad):
-        out += ["**Did not reproduce** (the paper's claims only; controls and related work are in "
-                "[docs/claims.md](docs/claims.md)):", "",
-                "| paper | claim | the paper says | measured [95% CI] | decided by |", "|---|---|---|---|---|"]
-        for _, r in bad.iterrows():
-            ci = "" if _nan(r.lo) else f" [{_fmt(r.lo)}, {_fmt(r.hi)}]"
-            meas = "a verdict of its parts" if _nan(r.measured) else f"{_fmt(r.measured)}{ci} {r.unit}".strip()
-            cells = [str(r.figure), str(r.statement), str(r.paper), meas, decided_by(r)]
-            out.append("| " + " | ".join(c.replace("|", "\\|").replace("\n", " ") for c in cells) + " |")
-    return "\n".join(out)
-
-
-def _between(text: str, begin: str, end: str, body: str) -> str:
-    return re.sub(re.escape(begin) + r".*?" + re.escape(end), lambda _: f"{begin}\n{body}\n{end}", text, flags=re.S)
-
-
-def update_readme(readme="README.md", registry=None, root=None) -> bool:
-    """Write the full table between BEGIN/END, the summary between SUMMARY_BEGIN/SUMMARY_END and the
-    first screen between FINDINGS_BEGIN/FINDINGS_END, whichever
-    markers `readme` has (of `registry`, a claims.parquet path, or by default the README's registries
-    under `root`, default the file's folder); returns True when the file changed."""
-    readme = Path(readme)
-    root = Path(root) if root is not None else readme.resolve().parent
-    text = readme.read_text()
-    full, summary = BEGIN in text and END in text, SUMMARY_BEGIN in text and SUMMARY_END in text
-    findings = FINDINGS_BEGIN in text and FINDINGS_END in text
-    if not (full or summary or findings):
-        raise ClaimsError(f"{readme}: markers {BEGIN} / {END} not found")
-    new = text
-    if full:
-        reg = read_registry(registry) if registry else readme_registry(root)
-        new = _between(new, BEGIN, END, table_markdown(reg))
-    if summary:
-        regs = ((str(Path(registry).resolve()), ""),) if registry else README_REGISTRIES
-        new = _between(new, SUMMARY_BEGIN, SUMMARY_END, summary_markdown(root, regs))
-    if findings:
-        regs = ((str(Path(registry).resolve()), ""),) if registry else README_REGISTRIES
-        new = _between(new, FINDINGS_BEGIN, FINDINGS_END, findings_markdown(root, regs))
-    if new != text:
-        readme.write_text(new)
-    return new != text
-
-
-def readme_table(readme="README.md", begin=BEGIN, end=END) -> str:
-    text = Path(readme).read_text()
-    return text[text.index(begin) + len(begin):text.index(end)].strip()
-
-
-def main(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m cancellation.claims")
-    ap.add_argument("command", choices=["readme", "show"])
-    ap.add_argument("--registry", default=None, help="one claims.parquet (default: the README's registries)")
-    ap.add_argument("--readme", default="README.md")
-    a = ap.parse_args(argv)
-    try:
-        if a.command == "readme":
-            root = Path(a.readme).resolve().parent
-            src = a.registry or ", ".join(p for p, _ in README_REGISTRIES if (root / p).exists())
-            targets = [Path(a.readme)] + ([root / CLAIMS_DOC] if a.registry is None and (root / CLAIMS_DOC).exists() else [])
-            for t in targets:
-                changed = update_readme(t, a.registry, root)
-                print(f"{t}: claims {'updated' if changed else 'unchanged'} from {src}")
-        else:
-            print(table_markdown(read_registry(a.registry) if a.registry else readme_registry()))
-    except (ClaimsError, FileNotFoundError) as e:  # one line naming the file, no traceback
-        raise SystemExit(f"python -m cancellation.claims {a.command}: {e}") from None
-
-
-if __name__ == "__main__":
-    main()

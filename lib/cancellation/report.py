@@ -2,7 +2,7 @@
 
 `python -m cancellation.report --profile tiny --out site/` (`make report`) writes
 
-    site/index.html            a contents list; the findings in short (claims.summary_sentence, README's sentence,
+    site/index.html            a contents list; the findings in short (findings.summary_sentence, README's sentence,
                                and the thesis in words, claims.thesis_reading); then per notebook of the manifest
                                (in its order): its paper panels, a link to the notebook as HTML, and each figure PNG
                                beside the claims it tests, with their verdicts
@@ -19,7 +19,7 @@ A figure's claims are the registry rows whose claim id starts with the figure's 
 `fig04_thesis.png` and not beside `fig04_category_shift.png`), plus RELATED: Fig. 8 plots Table 2's runs.
 A notebook's rows beside no figure (tables, equations) are listed under its figures.
 
-The counts are README's: for tiny, `claims.findings_registry` (each claim once: notebook 07 from its full run);
+The counts are README's: for tiny, `findings.findings_registry` (each claim once: notebook 07 from its full run);
 for another profile, its registry alone. The figures' captions are the profile's own registry (the run that drew them).
 """
 from __future__ import annotations
@@ -37,6 +37,7 @@ from urllib.parse import unquote, urlsplit
 import pandas as pd
 
 from . import claims as C
+from . import findings as F
 from . import manifest
 
 ROOT = manifest.ROOT
@@ -116,8 +117,8 @@ def _page(title: str, body: str, cls: str = "") -> str:
 
 
 def _measured(r) -> str:
-    ci = "" if C._nan(r.lo) else f" [{C._fmt(r.lo)}, {C._fmt(r.hi)}]"
-    return f"{C._fmt(r.measured)}{ci} {r.unit}, n = {r.n}"
+    ci = "" if C.is_nan(r.lo) else f" [{F.fmt(r.lo)}, {F.fmt(r.hi)}]"
+    return f"{F.fmt(r.measured)}{ci} {r.unit}, n = {r.n}"
 
 
 def _verdict(v: str) -> str:
@@ -141,16 +142,16 @@ def _claim_rows(reg: pd.DataFrame, ids: list[str], link: str = "claims.html") ->
 
 # ----------------------------------------------------------------------------- registries
 def _is_readme_profile(profile: str) -> bool:
-    """Whether `profile` is the one README's table and counts are of (tiny: claims.README_REGISTRIES)."""
-    return Path(C.README_REGISTRIES[0][0]).parent.name == profile
+    """Whether `profile` is the one README's table and counts are of (tiny: findings.README_REGISTRIES)."""
+    return Path(F.README_REGISTRIES[0][0]).parent.name == profile
 
 
 def registries(profile: str, root: Path = ROOT) -> list[tuple[str, str, pd.DataFrame]]:
     """(source folder, path, registry) per registry of the claims page: for tiny README's registries that exist
-    (claims.readme_registry: a later one's label appended to its figure column), else the profile's own alone."""
+    (findings.readme_registry: a later one's label appended to its figure column), else the profile's own alone."""
     root = Path(root)
-    regs = C.README_REGISTRIES if _is_readme_profile(profile) else ((f"data/results/{profile}/claims.parquet", ""),)
-    out = [(Path(path).parent.name, path, C.readme_registry(root, ((path, tag),)))
+    regs = F.README_REGISTRIES if _is_readme_profile(profile) else ((f"data/results/{profile}/claims.parquet", ""),)
+    out = [(Path(path).parent.name, path, F.readme_registry(root, ((path, tag),)))
            for path, tag in regs if (root / path).exists()]
     if not out:
         raise FileNotFoundError(f"no claims registry of profile {profile!r} under {root}")
@@ -158,18 +159,18 @@ def registries(profile: str, root: Path = ROOT) -> list[tuple[str, str, pd.DataF
 
 
 def findings(profile: str, root: Path = ROOT) -> pd.DataFrame:
-    """The rows the counts are of: for tiny README's (claims.findings_registry: each claim once, notebook 07 from its
+    """The rows the counts are of: for tiny README's (findings.findings_registry: each claim once, notebook 07 from its
     full `make table2` run when it exists), else the profile's registry."""
     if _is_readme_profile(profile):
-        return C.findings_registry(root)
+        return F.findings_registry(root)
     return C.read_registry(Path(root) / "data" / "results" / profile / "claims.parquet")
 
 
 def summary_html(every: pd.DataFrame, several: bool) -> str:
-    """The one summary sentence (claims.summary_sentence, as README prints it), with README's lead-in."""
+    """The one summary sentence (findings.summary_sentence, as README prints it), with README's lead-in."""
     lead = "The rows (notebook 07 counted once, from its full <code>make table2</code> run): " if several else \
         "The rows: "
-    return (f'<p class="summary">{lead}<span class="sentence">{_e(C.summary_sentence(every))}</span> '
+    return (f'<p class="summary">{lead}<span class="sentence">{_e(F.summary_sentence(every))}</span> '
             "Inconclusive: the interval straddles the paper's side at this profile's n; not decidable: the test cannot "
             "be made on this task.</p>")
 
