@@ -18,7 +18,7 @@ import pandas as pd
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import GRPOConfig, GRPOTrainer
 
-from cancellation import engine, tasks
+from cancellation import engine, sources
 from cancellation.engine.monitor import CancellationMonitor
 
 
@@ -40,7 +40,7 @@ def main():
     model = AutoModelForCausalLM.from_pretrained(args.model)
 
     # the artifact's problems and their verifier as a TRL dataset and reward function
-    source = tasks.ProblemSource(kinds=("add2", "sub2"))
+    source = sources.ProblemSource(kinds=("add2", "sub2"))
     dataset = engine.problem_dataset(source, tokenizer, n=max(64, 2 * args.n_prompts * args.steps))
     reward = engine.reward_function(source)
 

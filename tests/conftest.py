@@ -36,9 +36,9 @@ if _THERE != _HERE:
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from cancellation import cache, policy, rollout, tasks, tiny  # noqa: E402
+from cancellation import cache, policy, rollout, sources, tasks, tiny  # noqa: E402
 
-RAW = tasks.ProblemSource(prompt_format="raw")  # prompts as given, rewards by tasks.verify
+RAW = sources.ProblemSource(prompt_format="raw")  # prompts as given, rewards by tasks.verify
 
 assert cache.DEFAULT_DIR == __import__("pathlib").Path(_CACHE), "cancellation was imported before conftest"
 

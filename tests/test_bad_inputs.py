@@ -427,12 +427,12 @@ def test_a_cache_variable_naming_a_file_is_one_line_naming_the_variable(tmp_path
 
 
 def test_deeply_nested_json_in_a_problem_file_names_the_file_and_line(tmp_path):
-    from cancellation import tasks
+    from cancellation import sources
     p = tmp_path / "deep.jsonl"
     p.write_text('{"prompt": "q", "answer": "1"}\n{"prompt": "q", "answer": "2", "extra": ' + "[" * 100_000
                  + "]" * 100_000 + "}\n")
-    with pytest.raises(tasks.ProblemFileError, match=r"deep.jsonl: line 2: JSON nested too deeply"):
-        tasks.ProblemSource(path=str(p)).load()
+    with pytest.raises(sources.ProblemFileError, match=r"deep.jsonl: line 2: JSON nested too deeply"):
+        sources.ProblemSource(path=str(p)).load()
 
 
 def test_a_negative_value_after_dash_p_meets_the_parameter_check(capsys):

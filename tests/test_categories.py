@@ -8,12 +8,12 @@ import pandas as pd
 import pytest
 
 from cancellation import categories
-from cancellation import measure, policy, rollout, tasks
+from cancellation import measure, policy, rollout, sources, tasks
 from cancellation.compute import Compute
 
 KNOBS = Compute()   # the default memory knobs, passed whole to every model call
 
-RAW = tasks.ProblemSource(prompt_format="raw")  # prompts as given, rewards by tasks.verify
+RAW = sources.ProblemSource(prompt_format="raw")  # prompts as given, rewards by tasks.verify
 
 SENTENCE = "Therefore, 3x + 5 = 11, so x = 2. The answer is \\boxed{2}."
 # hand labels of the sentence's words (independent of the table): word -> category, in order

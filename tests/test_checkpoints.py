@@ -11,7 +11,7 @@ import torch
 
 pytest.importorskip("trl")
 
-from cancellation import engine, policy, tasks  # noqa: E402
+from cancellation import engine, policy, sources  # noqa: E402
 
 MODEL = "data/policies/tiny-s"
 SOURCE = dict(kinds=("add2", "sub2"))
@@ -55,7 +55,7 @@ def _steps_taken():
 def _train(strategy, out, save_every=1, **kw):
     torch.manual_seed(0)
     model, tok = policy.load_policy(MODEL, dtype="float32")
-    res = engine.train_trl(MODEL, tasks.ProblemSource(**SOURCE), strategy, output_dir=out, model=model,
+    res = engine.train_trl(MODEL, sources.ProblemSource(**SOURCE), strategy, output_dir=out, model=model,
                            tokenizer=tok, dtype="float32", eval_fn=_eval, progress=False, tensorboard=False,
                            save_every=save_every, **{**RUN, **kw})
     return res, model

@@ -4,12 +4,12 @@ import numpy as np
 import pytest
 import torch
 
-from cancellation import coupling, grpo, measure, policy, rollout, tasks
+from cancellation import coupling, grpo, measure, policy, rollout, sources, tasks
 from cancellation.compute import Compute
 
 KNOBS = Compute()   # the default memory knobs, passed whole to every model call
 
-RAW = tasks.ProblemSource(prompt_format="raw")  # prompts as given, rewards by tasks.verify
+RAW = sources.ProblemSource(prompt_format="raw")  # prompts as given, rewards by tasks.verify
 
 
 @pytest.fixture(scope="module")

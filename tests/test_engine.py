@@ -12,12 +12,12 @@ import torch
 
 pytest.importorskip("trl")
 
-from cancellation import engine, grpo, measure, policy, rollout, tasks  # noqa: E402
+from cancellation import engine, grpo, measure, policy, rollout, sources, tasks  # noqa: E402
 from cancellation.compute import Compute
 
 KNOBS = Compute()   # the default memory knobs, passed whole to every model call
 
-RAW = tasks.ProblemSource(prompt_format="raw")  # prompts as given, rewards by tasks.verify
+RAW = sources.ProblemSource(prompt_format="raw")  # prompts as given, rewards by tasks.verify
 
 MODEL = "data/policies/tiny-s"
 SOURCE = dict(kinds=("add2", "sub2"))   # tiny-s solves these often enough for mixed groups
@@ -30,7 +30,7 @@ def _run(strategy, dtype="float32", **kw):
     torch.manual_seed(0)
     model, tok = policy.load_policy(MODEL, dtype=dtype)
     with tempfile.TemporaryDirectory() as d:
-        return engine.train_trl(MODEL, tasks.ProblemSource(**SOURCE), strategy, output_dir=d, model=model,
+        return engine.train_trl(MODEL, sources.ProblemSource(**SOURCE), strategy, output_dir=d, model=model,
                                 tokenizer=tok, dtype=dtype, **{**RUN, **kw})
 
 
@@ -113,7 +113,7 @@ def test_guard_sees_trls_fused_head():
     model, tok = policy.load_policy(MODEL, dtype="float32")
     guard.guard_lm_head(model, 2 * RUN["max_new_tokens"])
     with tempfile.TemporaryDirectory() as d, pytest.raises(guard.MemoryBoundError, match="fused LM head"):
-        engine.train_trl(MODEL, tasks.ProblemSource(**SOURCE), "random", output_dir=d, model=model, tokenizer=tok,
+        engine.train_trl(MODEL, sources.ProblemSource(**SOURCE), "random", output_dir=d, model=model, tokenizer=tok,
                          monitor=False, **{**RUN, "iterations": 1})
 
 
@@ -132,7 +132,7 @@ def test_micro_batches_take_the_same_steps(strategy):
         if tc:
             guard.guard_lm_head(model, tc)
         with tempfile.TemporaryDirectory() as d:
-            r = engine.train_trl(MODEL, tasks.ProblemSource(**SOURCE), strategy, output_dir=d, model=model,
+            r = engine.train_trl(MODEL, sources.ProblemSource(**SOURCE), strategy, output_dir=d, model=model,
                                  tokenizer=tok, dtype="float64", monitor=False, iterations=1,
                                  compute=compute.Compute(token_chunk=tc) if tc else None,
                                  **{k: v for k, v in RUN.items() if k != "iterations"})
@@ -153,7 +153,7 @@ def test_micro_batches_take_the_same_steps(strategy):
 def _loss_case():
     """A float64 trainer and one mini-batch with ratios far from 1 (clip and dual clip bind)."""
     model, tok = policy.load_policy(MODEL, dtype="float64")
-    src = tasks.ProblemSource(**SOURCE)
+    src = sources.ProblemSource(**SOURCE)
     cfg = engine.grpo_config(tempfile.mkdtemp(), n_prompts=4, G=4, n_minibatches=2, max_new_tokens=16)
     tr = engine.BatchingGRPOTrainer(model=model, processing_class=tok, reward_funcs=[engine.reward_function(src)],
                                     args=cfg, train_dataset=engine.problem_dataset(src, tok, 8))
@@ -254,7 +254,7 @@ def test_monitor_equals_token_stats_on_same_step():
     from transformers import TrainerCallback
 
     model, tok = policy.load_policy(MODEL, dtype="float64")
-    src = tasks.ProblemSource(**SOURCE)
+    src = sources.ProblemSource(**SOURCE)
     cfg = engine.grpo_config(tempfile.mkdtemp(), n_prompts=4, G=4, n_minibatches=2, iterations=1,
                              max_new_tokens=48, lr=1e-3)
     tr = engine.BatchingGRPOTrainer(model=model, processing_class=tok, reward_funcs=[engine.reward_function(src)],
@@ -358,7 +358,7 @@ def _plain_trainer(tmp, callbacks, steps=2, dtype="float32", **cfg):
 
     model, tok = policy.load_policy(MODEL, dtype=dtype)
     tok.padding_side = "left"
-    src = tasks.ProblemSource(**SOURCE)
+    src = sources.ProblemSource(**SOURCE)
     args = engine.grpo_config(tmp, n_prompts=4, G=4, n_minibatches=2, iterations=steps // 2, max_new_tokens=48,
                               **cfg)
     return GRPOTrainer(model=model, processing_class=tok, reward_funcs=[engine.reward_function(src)], args=args,
@@ -436,7 +436,7 @@ def test_rb_extra_rounds_go_through_the_trainer_dataloader(monkeypatch):
     """RB's extra rounds come from a Trainer dataloader (accelerate-prepared: sharded per process),
     with the seeded order the engine always used and the global RNG left untouched."""
     model, tok = policy.load_policy(MODEL)
-    src = tasks.ProblemSource(**SOURCE)
+    src = sources.ProblemSource(**SOURCE)
     cfg = engine.grpo_config(tempfile.mkdtemp(), n_prompts=4, G=4, n_minibatches=2)
     ds = engine.problem_dataset(src, tok, 10)
     tr = engine.BatchingGRPOTrainer(model=model, processing_class=tok, reward_funcs=[engine.reward_function(src)],
@@ -486,10 +486,10 @@ def test_example_script_runs(tmp_path):
 
 DDP_WORKER = '''
 import os, sys
-from cancellation import engine, policy, tasks
+from cancellation import engine, policy, sources, tasks
 out, rank = sys.argv[1], int(os.environ["RANK"])
 model, tok = policy.load_policy("data/policies/tiny-s")
-src = tasks.ProblemSource(kinds=("add2", "sub2"))
+src = sources.ProblemSource(kinds=("add2", "sub2"))
 cfg = engine.grpo_config(out, n_prompts=4, G=4, n_minibatches=2, iterations=1, max_new_tokens=48)
 mon = engine.CancellationMonitor(parquet=f"{out}/cancellation{rank}", flush_every=1)
 tr = engine.BatchingGRPOTrainer(model=model, processing_class=tok, reward_funcs=[engine.reward_function(src)],
@@ -566,7 +566,7 @@ def test_unscorable_rewards_stop_the_trainer_in_one_line():
                                    "returned None/NaN); 1 of 4 completions got an infinite reward [a: 2 NaN, "
                                    "b: 3 NaN, 1 infinite]; ")
     model, tok = policy.load_policy(MODEL, dtype="float32")
-    src = tasks.ProblemSource(**SOURCE)
+    src = sources.ProblemSource(**SOURCE)
     correct = engine.reward_function(src)
 
     def sometimes_none(prompts, completions, **kw):
@@ -591,11 +591,11 @@ def test_a_trl_run_writes_tensorboard_events_and_keeps_its_numbers(tmp_path):
     gives the same per-step record, and the observed one leaves event files under <output_dir>/tensorboard."""
     model, tok = policy.load_policy(MODEL)
     torch.manual_seed(0)
-    a = engine.train_trl(MODEL, tasks.ProblemSource(**SOURCE), "random", output_dir=tmp_path / "a", model=model,
+    a = engine.train_trl(MODEL, sources.ProblemSource(**SOURCE), "random", output_dir=tmp_path / "a", model=model,
                          tokenizer=tok, **{**RUN, "iterations": 1})
     model, tok = policy.load_policy(MODEL)
     torch.manual_seed(0)
-    b = engine.train_trl(MODEL, tasks.ProblemSource(**SOURCE), "random", output_dir=tmp_path / "b", model=model,
+    b = engine.train_trl(MODEL, sources.ProblemSource(**SOURCE), "random", output_dir=tmp_path / "b", model=model,
                          tokenizer=tok, progress=False, tensorboard=False, **{**RUN, "iterations": 1})
     cols = ["loss", "grad_norm"]
     assert a["steps"][cols].equals(b["steps"][cols]) and len(a["steps"]) == RUN["n_minibatches"]

@@ -46,10 +46,10 @@ def test_results_hold_data_not_display_lines():
 
 
 def test_grading_line_only_for_a_graded_file():
-    from cancellation import tasks
+    from cancellation import extract
     from cancellation.figures import base
     assert base.with_grading("batch", {"grading": {}}) == "batch"   # the exact arithmetic check: no line
-    g = {"mode": tasks.FILE_MODE, "graded": 4, "unparsed_response": 1, "unparsed_gold": 0, "errors": 0, "as_words": 0}
+    g = {"mode": extract.FILE_MODE, "graded": 4, "unparsed_response": 1, "unparsed_gold": 0, "errors": 0, "as_words": 0}
     assert base.with_grading("batch", {"grading": g}) == (
         "batch\nmath-verify (answer_mode answer_line+boxed): 4 responses graded (75.0% had an answer); counted as wrong because unparseable: "
         "1 responses, 0 gold answers; 0 errors")

@@ -191,11 +191,11 @@ def test_gpu_check_on_a_bare_offline_clone_reaches_the_no_cuda_line_fast(tmp_pat
 
 
 def test_standin_data_writes_only_the_problem_files_the_dry_runs_read(tmp_path):
-    from cancellation import tasks
+    from cancellation import sources
     r = gpucheck.standin_data(tmp_path)
     assert r["written"] and sorted(p.name for p in tmp_path.iterdir()) == ["dapo-math-17k.parquet", "math500.jsonl",
                                                                           "plain.jsonl"]
-    assert len(tasks.ProblemSource(path=str(tmp_path / "dapo-math-17k.parquet")).load()) > 0
+    assert len(sources.ProblemSource(path=str(tmp_path / "dapo-math-17k.parquet")).load()) > 0
     assert gpucheck.standin_data(tmp_path)["written"] is False   # present: left alone
 
 

@@ -32,11 +32,11 @@ from pathlib import Path
 
 import pytest
 
-from cancellation import run, tasks, value
+from cancellation import extract, grader, run, sources, tasks, value
 
 DATA = Path(__file__).parent / "data" / "graded_responses.jsonl"
 ROWS = [json.loads(line) for line in DATA.read_text(encoding="utf-8").splitlines() if line.strip()]
-MODES = [m for m in tasks.ANSWER_MODES if m != "auto"]
+MODES = [m for m in extract.ANSWER_MODES if m != "auto"]
 # mode -> measured (recall, precision); the test asserts recall >= measured - 0.01 and precision >= 0.97
 MEASURED = {"answer_line": (0.208, 1.000), "boxed": (0.223, 0.957), "last_sentence": (0.950, 1.000),
             "answer_line+boxed": (0.416, 1.000), "answer_line+last_sentence": (0.955, 1.000),
@@ -55,7 +55,7 @@ def test_the_labelled_set_covers_the_task_families():
 
 @pytest.mark.parametrize("mode", MODES)
 def test_recall_and_precision_per_mode_on_the_labelled_set(mode):
-    v = tasks.MathVerifier(mode=mode)
+    v = grader.MathVerifier(mode=mode)
     got = [v(tasks.Problem(r.get("prompt", "q"), r["gold"]), r["response"]) for r in ROWS]
     tp = sum(g == 1.0 and r["label"] for g, r in zip(got, ROWS))
     credited = sum(g == 1.0 for g in got)
@@ -108,11 +108,11 @@ NEGATED = [   # never credited for gold 5, in any mode that reads the last sente
 
 @pytest.mark.parametrize("sentence", list(SENTENCES))
 def test_last_sentence_reads_the_answer_its_sentence_states(sentence):
-    assert tasks.sentence_answer(sentence) == SENTENCES[sentence]
+    assert extract.sentence_answer(sentence) == SENTENCES[sentence]
 
 
 def test_real_responses_that_now_work():
-    v = tasks.MathVerifier(mode="last_sentence")
+    v = grader.MathVerifier(mode="last_sentence")
     tiles = ("Using the recurrence, $a_{11} = 144$. So there are 144 ways to fill a 2 x 11 rectangle with 2 x 1 "
              "tiles.")
     assert v(tasks.Problem("q", "144"), tiles) == 1.0      # was read as 1 (the tiles' last number)
@@ -125,13 +125,13 @@ def test_real_responses_that_now_work():
 @pytest.mark.parametrize("sentence", NEGATED)
 def test_negations_and_passing_mentions_are_never_credited(sentence):
     for mode in ("last_sentence", "answer_line+boxed+last_sentence"):
-        v = tasks.MathVerifier(mode=mode)
+        v = grader.MathVerifier(mode=mode)
         assert v(tasks.Problem("q", "5"), "Let me check.\n" + sentence) == 0.0, mode
-        assert not tasks.extract_answers(sentence, "last_sentence") or "5" not in tasks.sentence_answer(sentence)
+        assert not extract.extract_answers(sentence, "last_sentence") or "5" not in extract.sentence_answer(sentence)
 
 
 def test_a_negation_elsewhere_leaves_the_answer():
-    v = tasks.MathVerifier(mode="last_sentence")
+    v = grader.MathVerifier(mode="last_sentence")
     assert v(tasks.Problem("q", "5"), "Since n is not prime, the answer is 5.") == 1.0
     assert v(tasks.Problem("q", "6"), "The answer is 5? No wait. Checking again, the answer is 6.") == 1.0
 
@@ -139,11 +139,11 @@ def test_a_negation_elsewhere_leaves_the_answer():
 def test_coverage_counts_only_sentences_that_state_an_answer(tmp_path):
     f = tmp_path / "p.jsonl"
     f.write_text(json.dumps({"prompt": "q", "answer": "5"}) + "\n")
-    src = tasks.ProblemSource(str(f), answer_mode="last_sentence")
+    src = sources.ProblemSource(str(f), answer_mode="last_sentence")
     texts = ["So the answer is 5.", "There are 5 ways.", "Done.", "The answer is not 5.", "since 5 divides n.",
              "I am not sure how to do this one"]
     assert src.with_answer(texts) == 2
-    assert [bool(tasks.extract_answers(t, "last_sentence")) for t in texts] == [True, True] + [False] * 4
+    assert [bool(extract.extract_answers(t, "last_sentence")) for t in texts] == [True, True] + [False] * 4
     v = src.verifier()
     for t in texts:
         v(tasks.Problem("q", "5"), t)
@@ -161,31 +161,31 @@ AUDITED = {   # gold -> why it is flagged (None: it is credited by a response of
 
 
 def test_the_audit_flags_exactly_the_golds_no_response_of_their_form_earns():
-    v = tasks.MathVerifier()
-    check = tasks.gold_check(list(AUDITED), v)
+    v = grader.MathVerifier()
+    check = grader.gold_check(list(AUDITED), v)
     flagged = {g: why for why in ("unparseable", "reject_themselves", "constant", "reject_short") for g in check[why]}
     assert flagged == {g: w for g, w in AUDITED.items() if w}
     assert check["n"] == len(AUDITED) and check["words"] == 2          # "2 inequalities" and "No"
     # exactly: flagged <=> no response of the gold's own form (Answer: / \boxed{} / its short forms) is credited
     for g in AUDITED:
-        credited = any(v(tasks.Problem("q", g), r) for r in tasks.gold_responses(g))
+        credited = any(v(tasks.Problem("q", g), r) for r in grader.gold_responses(g))
         assert credited == (g not in flagged), g
 
 
 def test_a_misread_gold_credits_nothing():
-    v = tasks.MathVerifier()
+    v = grader.MathVerifier()
     h = tasks.Problem("q", "sum_(k=1)^n 1/k")
-    assert v._gold_for(h.answer) and tasks._is_constant(v._gold_for(h.answer))   # math-verify alone: 1
+    assert v._gold_for(h.answer) and grader._is_constant(v._gold_for(h.answer))   # math-verify alone: 1
     assert v(h, "Answer: 1") == 0.0 and v(h, "\\boxed{1}") == 0.0
     assert v.stats["unparsed_gold"] == 2
 
 
 def test_golds_with_a_short_form_are_credited_by_it():
-    v = tasks.MathVerifier()
-    assert tasks.gold_forms("C(10, 5), or equivalently 252") == ["C(10, 5)", "252"]
-    assert tasks.gold_forms("The limit exists and is equal to 2/3") == ["2/3"]
-    assert tasks.gold_forms("3 is the only possible value") == ["3"]
-    assert tasks.gold_forms("2 inequalities") == []           # no short form: compared as text
+    v = grader.MathVerifier()
+    assert extract.gold_forms("C(10, 5), or equivalently 252") == ["C(10, 5)", "252"]
+    assert extract.gold_forms("The limit exists and is equal to 2/3") == ["2/3"]
+    assert extract.gold_forms("3 is the only possible value") == ["3"]
+    assert extract.gold_forms("2 inequalities") == []           # no short form: compared as text
     for gold, right, wrong in [("C(10, 5), or equivalently 252", "Answer: 252", "Answer: 210"),
                                ("C(10, 5), or equivalently 252", "\\boxed{\\binom{10}{5}}", "\\boxed{\\binom{10}{4}}"),
                                ("The limit exists and is equal to 2/3", "Answer: $\\frac{2}{3}$", "Answer: 3/2"),
@@ -197,7 +197,7 @@ def test_golds_with_a_short_form_are_credited_by_it():
 # ------------------------------------------------------------------------------------------ words as words
 @pytest.mark.parametrize("mode", MODES)
 def test_a_yes_no_gold_credits_a_final_answer_that_opens_with_its_word(mode):
-    v = tasks.MathVerifier(mode=mode)
+    v = grader.MathVerifier(mode=mode)
     no = tasks.Problem("q", "No")
     box = "\\boxed{\\text{No}, it is impossible}"
     for text, want in [("Answer: No, it is impossible.", "answer_line"), (f"So {box}.", "boxed"),
@@ -211,21 +211,21 @@ def test_a_yes_no_gold_credits_a_final_answer_that_opens_with_its_word(mode):
 
 
 def test_golds_of_words_and_numbers_compare_as_text():
-    v = tasks.MathVerifier()
+    v = grader.MathVerifier()
     g = tasks.Problem("q", "2 inequalities")
     assert v(g, "Answer: 2 equalities in") == 0.0        # math-verify alone: 2·E·E·a·i·i·... on both sides
     assert v(g, "Answer: 3 inequalities") == 0.0
     assert v(g, "Answer: 2 inequalities") == 1.0 and v(g, "Answer: $2$ inequalities.") == 1.0
     assert v(g, "\\boxed{2 \\text{ inequalities}}") == 1.0
     assert v.stats["as_words"] == 5
-    ls = tasks.MathVerifier(mode="last_sentence")
+    ls = grader.MathVerifier(mode="last_sentence")
     assert ls(g, "Only the first and third hold. So there are 2 inequalities.") == 1.0
     assert ls(g, "Only the first holds. So there is 1 inequality.") == 0.0
 
 
 def test_the_revision_names_the_new_rules_and_keys_the_caches():
-    assert tasks.MathVerifier.REVISION == "answers-3"
-    assert "answers-3" in value.verifier_id(tasks.MathVerifier())
+    assert grader.MathVerifier.REVISION == "answers-3"
+    assert "answers-3" in value.verifier_id(grader.MathVerifier())
 
 
 # ------------------------------------------------------------------------------ every committed profile's audit
@@ -242,9 +242,9 @@ def test_every_committed_profiles_gold_audit_still_runs(canonical_standins, tmp_
             if not (run.ROOT / path).exists():
                 assert str(path).startswith("data/math/"), path
                 continue
-            src = tasks.ProblemSource(str(run.ROOT / path))
+            src = sources.ProblemSource(str(run.ROOT / path))
             line = src.admit(out_dir=tmp_path)
             assert line.startswith("gold answers: ") and "\n" not in line
             assert line.endswith("each one is rewarded against its own text"), (path, line)
-            assert tasks.gold_check([q.answer for q in src.load()])["n"] >= 1
+            assert grader.gold_check([q.answer for q in src.load()])["n"] >= 1
     assert any(s.startswith("data/standins/") for s in seen)

@@ -8,14 +8,14 @@ import time
 
 import pytest
 
-from cancellation import tasks
+from cancellation import extract, grader, sources, tasks
 
-MODES = [m for m in tasks.ANSWER_MODES if m != "auto"]
+MODES = [m for m in extract.ANSWER_MODES if m != "auto"]
 PROSE_MODES = [m for m in MODES if "last_sentence" in m]
 
 
-def grade(gold, response, mode=tasks.FILE_MODE, prompt="q"):
-    return tasks.MathVerifier(mode=mode)(tasks.Problem(prompt, gold), response)
+def grade(gold, response, mode=extract.FILE_MODE, prompt="q"):
+    return grader.MathVerifier(mode=mode)(tasks.Problem(prompt, gold), response)
 
 
 # ------------------------------------------------------------------------------ 1. golds with a gloss
@@ -38,26 +38,26 @@ def test_a_glossed_gold_is_credited_by_its_value_and_passes_the_audit():
     for gold, (right, wrong) in GLOSSED.items():
         assert grade(gold, right) == 1.0, (gold, right)
         assert grade(gold, wrong) == 0.0, (gold, wrong)
-    v = tasks.MathVerifier()
-    check = tasks.gold_check(list(GLOSSED) + ["??? (i.e., unknown)"], v)
+    v = grader.MathVerifier()
+    check = grader.gold_check(list(GLOSSED) + ["??? (i.e., unknown)"], v)
     flagged = [g for why in ("unparseable", "reject_themselves", "constant", "reject_short") for g in check[why]]
     assert flagged == ["??? (i.e., unknown)"]
     # the audit's rule, exactly: flagged <=> no response of the gold's own form is credited
     for g in list(GLOSSED) + ["??? (i.e., unknown)"]:
-        assert any(v(tasks.Problem("q", g), r) for r in tasks.gold_responses(g)) == (g not in flagged), g
+        assert any(v(tasks.Problem("q", g), r) for r in grader.gold_responses(g)) == (g not in flagged), g
 
 
 def test_a_glossed_gold_keeps_its_short_forms():
-    assert tasks.gold_forms("100 (i.e., all values)") == ["100"]
-    assert tasks.gold_forms("C(10, 5) (that is, 252)") == ["C(10, 5)", "252"]
-    assert tasks.gold_forms("100 (all values)") == ["100"]
+    assert extract.gold_forms("100 (i.e., all values)") == ["100"]
+    assert extract.gold_forms("C(10, 5) (that is, 252)") == ["C(10, 5)", "252"]
+    assert extract.gold_forms("100 (all values)") == ["100"]
 
 
 def test_a_skipped_file_keeps_its_glossed_golds(tmp_path):
     import json
     f = tmp_path / "g.jsonl"
     f.write_text("".join(json.dumps({"prompt": f"p{i}", "answer": g}) + "\n" for i, g in enumerate(GLOSSED)))
-    src = tasks.ProblemSource(str(f), unrewardable_golds="skip")
+    src = sources.ProblemSource(str(f), unrewardable_golds="skip")
     assert src.admit(out_dir=tmp_path).endswith("each one is rewarded against its own text")
     assert len(src.load()) == len(GLOSSED)
 
@@ -120,8 +120,8 @@ def test_a_retraction_with_a_line_answer_in_a_prose_mode():
 def test_the_last_candidate_is_final_parsed_or_not():
     assert grade("5", "So the count is \\boxed{5}.\n\nAnswer: ???") == 0.0
     assert grade("5", "So the count is \\boxed{5}.\n\nAnswer: I am not sure") == 0.0
-    assert tasks.MathVerifier().stats["unparsed_response"] == 0
-    v = tasks.MathVerifier()
+    assert grader.MathVerifier().stats["unparsed_response"] == 0
+    v = grader.MathVerifier()
     v(tasks.Problem("q", "5"), "So the count is \\boxed{5}.\n\nAnswer: ???")
     assert v.stats["unparsed_response"] == 1
 
@@ -183,7 +183,7 @@ def test_conjunctions_factorials_and_display_math():
     disp = "Differentiating twice and setting $x = 1$ gives\n\\[ S = n(n+1)2^{n-2}. \\]"
     assert grade("n(n+1)2^{n-2}", disp, ls) == 1.0
     assert grade("n(n-1)2^{n-2}", disp, ls) == 0.0
-    assert tasks.last_sentence(disp) == "\\[ S = n(n+1)2^{n-2}. \\]"
+    assert extract.last_sentence(disp) == "\\[ S = n(n+1)2^{n-2}. \\]"
 
 
 def test_number_words_and_counts():
@@ -224,7 +224,7 @@ def test_one_value_with_commas_ellipses_and_confirmations_stays_credited():
 def test_a_200kb_response_is_graded_in_under_half_a_second():
     text = ("We try again. " * 2000 + "\\[ x = 1. \\] " * 2000 + "Answer: 5, 7 and more " * 2000)[:200_000]
     for mode in MODES:
-        v = tasks.MathVerifier(mode=mode)
+        v = grader.MathVerifier(mode=mode)
         v(tasks.Problem("q", "5"), "warm-up: \\boxed{5}")
         t = time.perf_counter()
         v(tasks.Problem("Factor $x^4+x^2+1$.", "5"), text)
@@ -247,4 +247,4 @@ def test_the_grader_bench_prints_recall_precision_and_speed_per_mode(tmp_path, c
     # by hand: answer_line credits row 1 only, boxed row 3 only, answer_line+boxed both, none of the wrong ones
     assert out["answer_line"] == ["0.500", "1.000"] and out["boxed"] == ["0.500", "1.000"]
     assert out["answer_line+boxed"] == ["1.000", "1.000"]
-    assert set(out) == {m for m in tasks.ANSWER_MODES if m != "auto"} | {"math-verify"}
+    assert set(out) == {m for m in extract.ANSWER_MODES if m != "auto"} | {"math-verify"}

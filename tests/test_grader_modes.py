@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from cancellation import run, tasks, train, value
+from cancellation import extract, grader, run, sources, tasks, train, value
 from cancellation.engine import data as engine_data
 from cancellation.figures import base, fig02, fig05, fig07
 
@@ -42,7 +42,7 @@ UNREAD = {"answer_line": 3, "boxed": 3, "last_sentence": 2, "answer_line+boxed":
 
 @pytest.mark.parametrize("mode", list(EXPECTED))
 def test_each_mode_on_each_style(mode):
-    v = tasks.MathVerifier(mode=mode)
+    v = grader.MathVerifier(mode=mode)
     got = {s: v(tasks.Problem("q", "12"), r) for s, r in STYLES.items()}
     assert got == EXPECTED[mode]
     # a wrong answer in the same style is never rewarded
@@ -53,28 +53,28 @@ def test_each_mode_on_each_style(mode):
 
 
 def test_auto_is_the_grader_before_modes_had_names():
-    auto, explicit = tasks.MathVerifier(), tasks.MathVerifier(mode="answer_line+boxed")
-    assert auto.mode == explicit.mode == tasks.FILE_MODE == "answer_line+boxed"
+    auto, explicit = grader.MathVerifier(), grader.MathVerifier(mode="answer_line+boxed")
+    assert auto.mode == explicit.mode == extract.FILE_MODE == "answer_line+boxed"
     for r in STYLES.values():
         assert auto(tasks.Problem("q", "12"), r) == explicit(tasks.Problem("q", "12"), r)
     # its candidates are the ones answer_candidates always gave
-    assert tasks.answer_candidates("x\nAnswer: $\\frac{1}{2}$.\n") == ["\\boxed{\\frac{1}{2}}"]
-    assert tasks.answer_candidates("Answer: \\boxed{3}") == ["\\boxed{3}"]
+    assert extract.answer_candidates("x\nAnswer: $\\frac{1}{2}$.\n") == ["\\boxed{\\frac{1}{2}}"]
+    assert extract.answer_candidates("Answer: \\boxed{3}") == ["\\boxed{3}"]
     # cache keys at the default are the old ones: no mode in the verifier id, the source or the params
     assert "mode=" not in value.verifier_id(auto)
-    assert value.verifier_id(tasks.MathVerifier(mode="boxed")).endswith(" mode=boxed")
-    assert "answer_mode" not in tasks.ProblemSource().params()
-    assert "unrewardable_golds" not in tasks.ProblemSource().params()
-    assert tasks.ProblemSource(answer_mode="boxed").params()["answer_mode"] == "boxed"
+    assert value.verifier_id(grader.MathVerifier(mode="boxed")).endswith(" mode=boxed")
+    assert "answer_mode" not in sources.ProblemSource().params()
+    assert "unrewardable_golds" not in sources.ProblemSource().params()
+    assert sources.ProblemSource(answer_mode="boxed").params()["answer_mode"] == "boxed"
     for mod in (fig02, fig05):
         assert "answer_mode" not in mod.Params().cache_params() and "unrewardable_golds" not in mod.Params().cache_params()
         assert mod.Params(answer_mode="last_sentence").cache_params()["answer_mode"] == "last_sentence"
     # the generated task keeps its exact check
-    assert tasks.ProblemSource().verifier() is tasks.verify
+    assert sources.ProblemSource().verifier() is tasks.verify
 
 
 def test_words_in_the_last_sentence():
-    v = tasks.MathVerifier(mode="last_sentence")
+    v = grader.MathVerifier(mode="last_sentence")
     no = tasks.Problem("q", "No")
     assert v(no, "Checking both cases. So the answer is No.") == 1.0
     assert v(no, "Checking both cases. So the answer is On.") == 0.0
@@ -83,18 +83,18 @@ def test_words_in_the_last_sentence():
 
 
 def test_last_sentence_is_the_final_sentence_with_a_letter_or_digit():
-    assert tasks.last_sentence("First. Then 3.5 is it.\n$$\n") == "Then 3.5 is it."
-    assert tasks.last_sentence("  \n$$ \n") is None
+    assert extract.last_sentence("First. Then 3.5 is it.\n$$\n") == "Then 3.5 is it."
+    assert extract.last_sentence("  \n$$ \n") is None
 
 
 def test_unknown_mode_is_one_line_listing_the_valid_ones():
     with pytest.raises(ValueError) as e:
-        tasks.ProblemSource(answer_mode="boxd")
+        sources.ProblemSource(answer_mode="boxd")
     msg = str(e.value)
     assert "\n" not in msg and "'boxd'" in msg
-    assert all(m in msg for m in tasks.ANSWER_MODES)
+    assert all(m in msg for m in extract.ANSWER_MODES)
     with pytest.raises(ValueError, match="answer_mode='sentence'"):
-        tasks.MathVerifier(mode="sentence")
+        grader.MathVerifier(mode="sentence")
     # from the command line / a profile: the runner's schema refuses it before anything runs
     with pytest.raises(run.ParameterError) as e:
         run.resolve_params(run.find_notebook("05"), "tiny", {"answer_mode": "boxd"})
@@ -113,12 +113,12 @@ def test_the_mode_reaches_every_reward_call(tmp_path):
     reward = engine_data.reward_function(src)
     assert reward(["7+5?"] * 2, ["Answer: 12", "so \\boxed{12}"], ["12"] * 2, ["file"] * 2) == [0.0, 1.0]
     # the value cache keys on it
-    assert value.verifier_id(src.verifier()) != value.verifier_id(tasks.MathVerifier())
+    assert value.verifier_id(src.verifier()) != value.verifier_id(grader.MathVerifier())
     # held-out sets, files and generated, are graded as the training rewards are
     assert train.eval_source(str(f), src).answer_mode == "boxed"
     assert train.eval_source("easy", src).verifier().mode == "boxed"
     # the generated task with a named mode is graded by math-verify with that extraction
-    arith = tasks.ProblemSource(answer_mode="answer_line")
+    arith = sources.ProblemSource(answer_mode="answer_line")
     assert arith.verifier()(tasks.Problem("Q: 7 + 5 = ? A:", "12"), "Answer: 12") == 1.0
     assert arith.reward_report().startswith("math-verify (answer_mode answer_line): 1 responses graded")
 
@@ -134,9 +134,9 @@ def _golds_file(tmp_path):
 
 
 def test_refuse_is_the_default_and_names_the_count_and_the_file(tmp_path):
-    src = tasks.ProblemSource(str(_golds_file(tmp_path)))
+    src = sources.ProblemSource(str(_golds_file(tmp_path)))
     assert src.unrewardable_golds == "refuse"
-    with pytest.raises(tasks.UnrewardableGolds) as e:
+    with pytest.raises(sources.UnrewardableGolds) as e:
         src.admit(out_dir=tmp_path)
     msg = str(e.value)
     ids = tmp_path / f"golds-{src.fingerprint()[:12]}.csv"
@@ -144,42 +144,42 @@ def test_refuse_is_the_default_and_names_the_count_and_the_file(tmp_path):
     assert str(ids) in msg and "'skip'" in msg and "'allow'" in msg
     assert ids.read_text().splitlines() == ["problem,answer,why", "1,???,unparseable",
                                            "2,sum_(k=1)^n 1/k,constant"]
-    assert isinstance(e.value, tasks.ProblemFileError)
+    assert isinstance(e.value, sources.ProblemFileError)
     assert type(e.value).__name__ in run.ONE_LINE_STOPS   # the runner prints it alone, as NoSignal
 
 
 def test_skip_drops_those_problems_and_says_how_many(tmp_path):
-    src = tasks.ProblemSource(str(_golds_file(tmp_path)), unrewardable_golds="skip")
+    src = sources.ProblemSource(str(_golds_file(tmp_path)), unrewardable_golds="skip")
     line = src.admit(out_dir=tmp_path)
     assert line.endswith("; unrewardable_golds skip: 2 of 5 problems dropped, 3 left") and "\n" not in line
     assert [p.answer for p in src.load()] == ["12", "7", "No"]
     assert sorted(p.answer for p in src.draw(10, seed=0)) == ["12", "7", "No"]
     assert src.params()["unrewardable_golds"] == "skip"      # other problems: another cache key
-    allow = tasks.ProblemSource(str(_golds_file(tmp_path)), unrewardable_golds="allow")
+    allow = sources.ProblemSource(str(_golds_file(tmp_path)), unrewardable_golds="allow")
     assert allow.admit(out_dir=tmp_path).endswith("2 of 5 problems kept though never rewarded")
     assert len(allow.load()) == 5 and "unrewardable_golds" not in allow.params()
     with pytest.raises(ValueError, match="unrewardable_golds='drop'; expected one of refuse, skip, allow"):
-        tasks.ProblemSource(unrewardable_golds="drop")
+        sources.ProblemSource(unrewardable_golds="drop")
 
 
 def test_skip_with_nothing_left_is_one_line(tmp_path):
     f = tmp_path / "bad.jsonl"
     f.write_text(json.dumps({"prompt": "a", "answer": "???"}) + "\n")
-    with pytest.raises(tasks.UnrewardableGolds, match="left no problem"):
-        tasks.ProblemSource(str(f), unrewardable_golds="skip").load()
+    with pytest.raises(sources.UnrewardableGolds, match="left no problem"):
+        sources.ProblemSource(str(f), unrewardable_golds="skip").load()
 
 
 def test_clean_files_pass_untouched(tmp_path):
     f = tmp_path / "ok.jsonl"
     f.write_text(json.dumps({"prompt": "a", "answer": "12"}) + "\n")
-    line = tasks.ProblemSource(str(f)).admit(out_dir=tmp_path)
+    line = sources.ProblemSource(str(f)).admit(out_dir=tmp_path)
     assert line == "gold answers: 1 distinct, 0 compared as words; each one is rewarded against its own text"
-    assert tasks.ProblemSource().admit() == ""
+    assert sources.ProblemSource().admit() == ""
 
 
 def test_a_figure_refuses_before_any_model_loads(tmp_path):
     P = fig02.Params(problems_path=str(_golds_file(tmp_path)), model_path=str(tmp_path / "no-model"))
-    with pytest.raises(tasks.UnrewardableGolds, match="2 of 5 problems"):
+    with pytest.raises(sources.UnrewardableGolds, match="2 of 5 problems"):
         fig02.compute(P)       # the model path does not exist: the refusal comes first
 
 
@@ -190,9 +190,9 @@ def test_07s_held_out_files_pass_the_same_gold_check_before_any_run(tmp_path, ca
     clean.write_text(json.dumps({"prompt": "a", "answer": "12"}) + "\n")
     P = fig07.Params(problems_path=str(clean), eval_sets=[str(_golds_file(tmp_path))],
                      model_path=str(tmp_path / "no-model"))
-    with pytest.raises(tasks.UnrewardableGolds, match="golds.jsonl: 2 of 5 problems"):
+    with pytest.raises(sources.UnrewardableGolds, match="golds.jsonl: 2 of 5 problems"):
         fig07.compute(P)       # the model path does not exist: the refusal comes first
-    src = tasks.ProblemSource(str(clean), unrewardable_golds="allow")
+    src = sources.ProblemSource(str(clean), unrewardable_golds="allow")
     capsys.readouterr()    # the training file's own line, printed before the refusal
     fig07.admit_eval_sets(dataclasses.replace(P, unrewardable_golds="allow"), src)
     out = capsys.readouterr().out
@@ -237,8 +237,8 @@ WITH_CANDIDATE = {"answer_line": 3, "boxed": 3, "last_sentence": 4, "answer_line
 def test_coverage_counts_the_responses_holding_a_candidate(mode, tmp_path):
     f = tmp_path / "p.jsonl"
     f.write_text(json.dumps({"prompt": "What is 7+5?", "answer": "12"}) + "\n")
-    assert tasks.ProblemSource(str(f), answer_mode=mode).with_answer(list(STYLES.values())) == WITH_CANDIDATE[mode]
-    assert tasks.ProblemSource().with_answer(list(STYLES.values())) is None   # the exact check: no coverage
+    assert sources.ProblemSource(str(f), answer_mode=mode).with_answer(list(STYLES.values())) == WITH_CANDIDATE[mode]
+    assert sources.ProblemSource().with_answer(list(STYLES.values())) is None   # the exact check: no coverage
 
 
 def test_07s_runs_record_coverage_per_iteration_and_report_it(tmp_path):
@@ -250,13 +250,13 @@ def test_07s_runs_record_coverage_per_iteration_and_report_it(tmp_path):
     f = tmp_path / "p.jsonl"
     f.write_text("".join(json.dumps({"prompt": p.prompt, "answer": p.answer}) + "\n"   # the tiny task, as a file
                          for p in tasks.sample_problems(3, seed=0)))
-    src = tasks.ProblemSource(str(f))
+    src = sources.ProblemSource(str(f))
     cfg = train.TrainConfig(iterations=1, n_prompts=2, G=2, max_new_tokens=96, eval_sets=["easy"], eval_n=2,
                             eval_every=1, source=src, update=grpo.UpdateConfig(n_minibatches=1))
     model, tok = policy.load_policy(str(run.ROOT / "data/policies/tiny-m"), dtype="float32")
     again = rollout.sample(model, tok, cfg.sample_config(model), problems=src.draw(2, rollout.round_seeds(0, 0)[0]),
                            seed=rollout.round_seeds(0, 0)[1])
-    want = sum(bool(tasks.extract_answers(t, tasks.FILE_MODE)) for t in again.texts)
+    want = sum(bool(extract.extract_answers(t, extract.FILE_MODE)) for t in again.texts)
     it = train.train_run(model, tok, cfg, progress=False)["iterations"]
     assert want > 0, again.texts   # the tiny policy ends its working in a \\boxed{} answer
     assert int(it.with_answer.iloc[0]) == want and int(it.graded.iloc[0]) == 4
@@ -271,7 +271,7 @@ def test_trls_reward_function_counts_coverage_as_the_small_trainer(tmp_path):
     BatchingGRPOTrainer records per iteration); None for the generated task."""
     f = tmp_path / "p.jsonl"
     f.write_text(json.dumps({"prompt": "What is 7+5?", "answer": "12"}) + "\n")
-    fn = engine_data.reward_function(tasks.ProblemSource(str(f)))
+    fn = engine_data.reward_function(sources.ProblemSource(str(f)))
     texts = list(STYLES.values())
     n = len(texts)
     assert fn.with_answer == 0
@@ -279,7 +279,7 @@ def test_trls_reward_function_counts_coverage_as_the_small_trainer(tmp_path):
     fn(["What is 7+5?"] * 2, texts[:2], ["12"] * 2, ["file"] * 2)
     assert fn.with_answer == WITH_CANDIDATE["answer_line+boxed"] + 2   # answer_line and boxed styles again
     assert fn.graded == n + 2
-    assert engine_data.reward_function(tasks.ProblemSource()).with_answer is None
+    assert engine_data.reward_function(sources.ProblemSource()).with_answer is None
 
 
 # ----------------------------------------------------------------------------- one final answer per response
@@ -300,23 +300,23 @@ def test_a_hedged_response_is_graded_by_its_final_answer_only(key):
     DAPO scorer and math-verify take one final answer): the earlier one gets 0."""
     mode = key.strip()
     text, earlier, final = HEDGED[key]
-    v = tasks.MathVerifier(mode=mode)
+    v = grader.MathVerifier(mode=mode)
     assert v(tasks.Problem("q", final), text) == 1.0, (mode, text)
     assert v(tasks.Problem("q", earlier), text) == 0.0, (mode, text)
     if "+" in mode:   # the two extractors found different answers: the position decides, not the extractor
-        assert len({t for _, t in tasks.extract_answers(text, mode)}) >= 2
-    assert tasks.final_answer(text, mode) == tasks.extract_answers(text, mode)[-1]
+        assert len({t for _, t in extract.extract_answers(text, mode)}) >= 2
+    assert extract.final_answer(text, mode) == extract.extract_answers(text, mode)[-1]
 
 
 def test_a_huge_candidate_is_not_parsed_and_a_timeout_is_one_short_line(caplog):
     """Bounded work: a 200 KB "Answer:" line is not handed to math-verify (counted too_long, graded 0 at once);
     a parse that times out is counted and logged in one line with its length, never the response."""
     import time
-    v = tasks.MathVerifier()
+    v = grader.MathVerifier()
     t = time.time()
     assert v(tasks.Problem("q", "12"), "Answer: " + "1+" * 100_000 + "1") == 0.0
     assert time.time() - t < 1.0 and v.stats["too_long"] == 1 and v.stats["unparsed_response"] == 1
-    assert "too_long" in tasks.grading_report({"mode": v.mode, **v.stats}) or "not parsed" in tasks.grading_report(
+    assert "too_long" in grader.grading_report({"mode": v.mode, **v.stats}) or "not parsed" in grader.grading_report(
         {"mode": v.mode, **v.stats})
 
     def slow(text, **kw):
@@ -332,6 +332,6 @@ def test_a_huge_candidate_is_not_parsed_and_a_timeout_is_one_short_line(caplog):
 
 def test_the_grading_line_names_its_mode_and_never_contradicts_a_cached_run():
     g = {"mode": "answer_line+boxed", "graded": 0, "unparsed_response": 0, "unparsed_gold": 0, "errors": 0}
-    line = tasks.grading_report(g)
+    line = grader.grading_report(g)
     assert "answer_mode answer_line+boxed" in line and "no response graded in this process" in line
     assert "0 responses graded" not in line

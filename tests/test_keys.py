@@ -125,13 +125,13 @@ def test_a_new_knob_reaches_key_validation_and_plan(monkeypatch):
 def test_stages_tiny_never_looks_up_hold_the_keys_they_had():
     """initial_eval, gold_check, train_trl with token_chunk binding, and the canonical forms, against the dicts
     the code built by hand before stage.py (the tiny profile's warm and deep runs never reach these)."""
-    from cancellation import rollout, tasks, value
+    from cancellation import rollout, sources, value
     cfg = train.TrainConfig(eval_sets=["easy"], seed=3)
     assert stage.DELTA_RUN.params(model="m", dtype="float64", device="cpu", run=cfg) == dict(
         model="m", dtype="float64", device="cpu", **train.run_params(cfg))
     assert stage.TRAIN_RUN.params(model="m", dtype="float32", device="cpu", threads=1, run=cfg) == dict(
         model="m", dtype="float32", device="cpu", threads=1, **train.run_params(cfg))
-    src = tasks.ProblemSource()
+    src = sources.ProblemSource()
     ev = dict(model="m", dtype="float32", device="cpu", threads=1, sets=["easy"], n=64, samples=1, temperature=1.0,
               max_new_tokens=96, files=None)
     assert stage.INITIAL_EVAL.params(**ev, source=src) == dict(ev, source=src.params())

@@ -35,7 +35,7 @@ import pandas as pd
 import pytest
 import torch
 
-from cancellation import cache, policy, run, tasks, train, value
+from cancellation import cache, grader, policy, run, sources, tasks, train, value
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -53,13 +53,13 @@ def _problems(path, answer="7"):
 def test_edited_problems_file_changes_every_cache_key(tmp_path):
     f = _problems(tmp_path / "p.jsonl")
     ev = _problems(tmp_path / "held.jsonl")
-    cfg = train.TrainConfig(source=tasks.ProblemSource(str(f)), eval_sets=["easy", str(ev)])
+    cfg = train.TrainConfig(source=sources.ProblemSource(str(f)), eval_sets=["easy", str(ev)])
     before_src, before_run = cfg.source.params(), train.run_params(cfg)
     time.sleep(0.01)
     _problems(f, answer="8")  # same path, same size, new content
     _problems(ev, answer="9")
-    assert tasks.ProblemSource(str(f)).params() != before_src
-    cfg2 = train.TrainConfig(source=tasks.ProblemSource(str(f)), eval_sets=["easy", str(ev)])
+    assert sources.ProblemSource(str(f)).params() != before_src
+    cfg2 = train.TrainConfig(source=sources.ProblemSource(str(f)), eval_sets=["easy", str(ev)])
     after = train.run_params(cfg2)
     assert after["source"] != before_run["source"]
     assert after["eval_fingerprints"] != before_run["eval_fingerprints"]  # held-out files by content too
@@ -72,13 +72,13 @@ def test_value_cache_key_holds_answer_verifier_stop_ids_and_device():
     k = lambda **kw: cache.key("mc_rewards", value._cache_params("m", r, cfg, **kw))  # noqa: E731
     base = k(answer="7", verifier="exact", stops=[1])
     assert base != k(answer="8", verifier="exact", stops=[1])
-    assert base != k(answer="7", verifier=value.verifier_id(tasks.MathVerifier()), stops=[1])
+    assert base != k(answer="7", verifier=value.verifier_id(grader.MathVerifier()), stops=[1])
     assert base != k(answer="7", verifier="exact", stops=[1, 5])
     assert base != k(answer="7", verifier="exact", stops=[1], device="cuda")
     assert value.verifier_id(tasks.verify) == "exact" and value.verifier_id(None) == "exact"
 
 
-# ------------------------------------------------------------------ bad problem files (tasks.ProblemSource)
+# ------------------------------------------------------------------ bad problem files (sources.ProblemSource)
 @pytest.mark.parametrize("name, content, expected", [
     ("empty.jsonl", "", r"empty.jsonl: no rows"),
     ("null.jsonl", '{"prompt": "1+1?", "answer": null}\n', r"null.jsonl: line 1: expected a non-empty 'answer'"),
@@ -92,8 +92,8 @@ def test_value_cache_key_holds_answer_verifier_stop_ids_and_device():
 ])
 def test_bad_problem_file_names_file_and_row(tmp_path, name, content, expected):
     (tmp_path / name).write_bytes(content if isinstance(content, bytes) else content.encode())
-    with pytest.raises(tasks.ProblemFileError, match=expected):
-        tasks.ProblemSource(str(tmp_path / name)).load()
+    with pytest.raises(sources.ProblemFileError, match=expected):
+        sources.ProblemSource(str(tmp_path / name)).load()
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])

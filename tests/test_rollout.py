@@ -4,9 +4,9 @@ from dataclasses import replace
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from cancellation import policy, rollout, sampler, tasks, tiny
+from cancellation import policy, rollout, sampler, sources, tasks, tiny
 
-RAW = tasks.ProblemSource(prompt_format="raw")  # prompts as given, rewards by tasks.verify
+RAW = sources.ProblemSource(prompt_format="raw")  # prompts as given, rewards by tasks.verify
 
 
 def test_group_advantages_hand_made():
@@ -369,7 +369,7 @@ def test_rewards_see_responses_without_special_tokens(canonical_standins):
     once there), not a build of their own: the same seed-0 build, a ~30 s build fewer."""
     paths = canonical_standins
     model, tok = policy.load_policy(paths["model"])
-    src = tasks.ProblemSource(path=paths["dapo"])
+    src = sources.ProblemSource(path=paths["dapo"])
     b = rollout.sample(model, tok, rollout.SampleConfig(n_prompts=4, G=4, max_new_tokens=24, source=src), seed=1)
     assert not any("<|im_end|>" in t or "<|endoftext|>" in t for t in b.texts)
     assert src.verifier().stats["unparsed_response"] == 0 and b.reward.sum() > 0

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from cancellation import gpucheck, manifest, plan, policy, rollout, sampler, sampling_path, tasks, workload
+from cancellation import gpucheck, manifest, plan, policy, rollout, sampler, sampling_path, sources, workload
 from cancellation.figures import fig02, fig03
 
 TOKEN_CHUNK = 2048
@@ -21,7 +21,7 @@ def tiny():
 
 def _prompts(tok, n=6, G=2):
     """Rendered arithmetic prompts of unequal lengths (left-padded), G rollouts each."""
-    source = tasks.ProblemSource()
+    source = sources.ProblemSource()
     seqs = rollout.encode_prompts(tok, [source.render(p, tok) for p in source.draw(n, 0)])
     ids, mask = rollout._left_pad(seqs, tok.pad_token_id)
     assert n == 1 or (mask == 0).any()   # some rows are padded: the transformers path must read the mask

@@ -9,7 +9,7 @@ import matplotlib
 import pandas as pd
 import pytest
 
-from cancellation import batching, grpo, plots, rollout, strategies, tasks, train
+from cancellation import batching, grpo, plots, rollout, sources, strategies, train
 from cancellation.compute import Compute
 from cancellation.engine import data
 from cancellation.figures import base, fig07, fig07_claims
@@ -107,7 +107,7 @@ def _old_config(P, source, name, seed, lr, run_rounds=None):
                                            run_rounds=8, eval_every=1, eval_n=8, max_new_tokens=80,
                                            eval_sets=["easy", "hard"], sample_dtype="bfloat16", backend="vllm")])
 def test_params_passed_whole_give_the_hand_copied_config(over):
-    P, source = fig07.Params(**over), tasks.ProblemSource()
+    P, source = fig07.Params(**over), sources.ProblemSource()
     for name in strategies.STRATEGIES:
         for extra in ((), (P.iterations,)):
             new, old = fig07._config(P, source, name, 1, 2e-4, *extra), _old_config(P, source, name, 1, 2e-4, *extra)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from cancellation import policy, tasks, tiny
+from cancellation import policy, sources, tasks, tiny
 
 
 @pytest.mark.parametrize("kind", tasks.KINDS)
@@ -42,13 +42,13 @@ def test_eval_sets_are_fixed_and_disjoint_by_difficulty():
 def test_load_problems_checks_columns(tmp_path):
     f = tmp_path / "p.jsonl"
     f.write_text(json.dumps({"prompt": "1+1?", "answer": "2"}) + "\n")
-    assert tasks.ProblemSource(str(f)).load()[0].answer == "2"
+    assert sources.ProblemSource(str(f)).load()[0].answer == "2"
     g = tmp_path / "q.jsonl"
     g.write_text(json.dumps({"question": "1+1?", "answer": "2"}) + "\n")
     with pytest.raises(ValueError, match="'prompt'"):
-        tasks.ProblemSource(str(g)).load()
+        sources.ProblemSource(str(g)).load()
     with pytest.raises(FileNotFoundError):
-        tasks.ProblemSource(str(tmp_path / "missing.parquet")).load()
+        sources.ProblemSource(str(tmp_path / "missing.parquet")).load()
 
 
 @pytest.mark.slow

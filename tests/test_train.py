@@ -22,8 +22,8 @@ def test_delta_run_is_bit_reproducible():
 @pytest.mark.gpu
 def test_token_stats_on_cuda_match_cpu():
     model, tok = policy.load_policy("data/policies/tiny-s", dtype="float64")
-    from cancellation import rollout, tasks
-    batch = rollout.sample(model, tok, rollout.SampleConfig(n_prompts=4, G=2, source=tasks.ProblemSource(prompt_format="raw")),
+    from cancellation import rollout, sources, tasks
+    batch = rollout.sample(model, tok, rollout.SampleConfig(n_prompts=4, G=2, source=sources.ProblemSource(prompt_format="raw")),
                            problems=tasks.sample_problems(4, seed=0), seed=0)
     cpu = measure.token_stats(model, batch, KNOBS).logp
     gpu = measure.token_stats(model.to("cuda"), batch, KNOBS).logp

@@ -7,12 +7,12 @@ import pandas as pd
 import pytest
 import torch
 
-from cancellation import measure, rollout, sampler, stats, tasks, value
+from cancellation import measure, rollout, sampler, sources, stats, tasks, value
 from cancellation.compute import Compute
 
 KNOBS = Compute()   # the default memory knobs, passed whole to every model call
 
-RAW = tasks.ProblemSource(prompt_format="raw")  # prompts as given, rewards by tasks.verify
+RAW = sources.ProblemSource(prompt_format="raw")  # prompts as given, rewards by tasks.verify
 
 S_WORDS = {w for i, w in enumerate(tasks.VOCAB) if i % 2 == 0}  # the verifier rewards these final words
 HORIZON = 3                                     # tokens left to the response cap at the valued state

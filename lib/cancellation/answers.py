@@ -1,5 +1,5 @@
-"""Reading one committed answer (issue 62): text helpers of the grader (`tasks.MathVerifier`) that need nothing
-of it, so tasks.py imports them and nothing here imports tasks.
+"""Reading one committed answer (issue 62): text helpers of the grader (`grader.MathVerifier`) that need nothing
+of it, so extract.py and grader.py import them and nothing here imports either.
 
 - an answer commits to one value: a list ("5, 7", "0, 1, ..., 100"), alternatives ("5 (or 7)", "5 \\lor 7",
   "\\pm 3", "either ... or", "unless") or several boxes name several, and are credited only where the gold names

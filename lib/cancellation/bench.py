@@ -25,16 +25,17 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from . import cache, coupling, engine, grpo, measure, policy, procs, rollout, scale, seeds, standins, tasks, thesis, train, value
+from . import cache, coupling, engine, extract, grpo, measure, policy, procs, rollout, scale, seeds, sources, standins, tasks, thesis, train, value
 from . import categories as C
 from .compute import Compute
 from .figures import fig01, fig04
 from .pack import padded
 from .sampler import generate, generate_lean, generate_transformers
+from .grader import MathVerifier   # by name: this module's `grader` is a bench
 
 KNOBS = Compute()   # the default memory knobs of every timed call (a bench times the code, not a profile)
 
-RAW = tasks.ProblemSource(prompt_format="raw")  # the tiny policy's prompts as given, rewards by tasks.verify
+RAW = sources.ProblemSource(prompt_format="raw")  # the tiny policy's prompts as given, rewards by tasks.verify
 
 BENCHES = {}
 
@@ -405,7 +406,7 @@ def categories_tagging(n_tokens: int = 100_000, repeats: int = 3):
 
 @bench
 def grader(repeats: int = 3, rows: str = "tests/data/graded_responses.jsonl"):
-    """The reward's grader (tasks.MathVerifier) per answer mode on the hand-labelled responses: recall and
+    """The reward's grader (grader.MathVerifier) per answer mode on the hand-labelled responses: recall and
     precision against the labels beside grading speed (responses per second), with math-verify's default parse
     of the whole response (its own extraction, no mode) measured in the same rounds."""
     import json
@@ -418,7 +419,7 @@ def grader(repeats: int = 3, rows: str = "tests/data/graded_responses.jsonl"):
 
     def ours(mode):
         def run():
-            v = tasks.MathVerifier(mode=mode)     # fresh caches each round, as a new run starts
+            v = MathVerifier(mode=mode)     # fresh caches each round, as a new run starts
             return [v(p, r["response"]) for p, r in zip(probs, data)]
         return run
 
@@ -432,12 +433,12 @@ def grader(repeats: int = 3, rows: str = "tests/data/graded_responses.jsonl"):
                 out.append(0.0)
         return out
 
-    ways = {m: ours(m) for m in tasks.ANSWER_MODES if m != "auto"}
+    ways = {m: ours(m) for m in extract.ANSWER_MODES if m != "auto"}
     ways["math-verify default"] = default
     res = paired(ways, repeats)
     pos = sum(r["label"] for r in data)
     print(f"grader: {len(data)} labelled responses ({pos} correct by hand) from {rows}; MathVerifier.REVISION "
-          f"{tasks.MathVerifier.REVISION}; responses per second: median (min–max) of {repeats} alternating rounds")
+          f"{MathVerifier.REVISION}; responses per second: median (min–max) of {repeats} alternating rounds")
     print(f"  {'mode':34s} {'recall':>7s} {'precision':>9s}  responses/s")
     for name, r in res.items():
         got = r["out"]
@@ -787,8 +788,8 @@ def _cpu_prompts(name, model, tok, rows):
     """The tiny profile's prompts (rendered problems, left-padded, 8 rollouts each, as an RB round of
     64 rollouts samples them) or, for the stand-in, random 64-token prompts (as before)."""
     if name.startswith("tiny"):
-        problems = tasks.ProblemSource().draw(rows // 8, 0)
-        seqs = rollout.encode_prompts(tok, [tasks.ProblemSource().render(p, tok) for p in problems])
+        problems = sources.ProblemSource().draw(rows // 8, 0)
+        seqs = rollout.encode_prompts(tok, [sources.ProblemSource().render(p, tok) for p in problems])
         ids, mask = rollout._left_pad(seqs, tok.pad_token_id)
         return ids.repeat_interleave(8, 0), mask.repeat_interleave(8, 0)
     ids = torch.randint(0, model.config.vocab_size, (rows, 64), generator=torch.Generator().manual_seed(0))
@@ -903,7 +904,7 @@ def bench_monitor(model_path="data/policies/tiny-s", steps: int = 4, n_prompts: 
             model, tok = policy.load_policy(model_path)
             with tempfile.TemporaryDirectory() as d:
                 t = time.perf_counter()
-                out = engine.train_trl(model_path, tasks.ProblemSource(), "random", output_dir=d,
+                out = engine.train_trl(model_path, sources.ProblemSource(), "random", output_dir=d,
                                        iterations=steps // n_minibatches, n_prompts=n_prompts, G=G,
                                        n_minibatches=n_minibatches, max_new_tokens=max_new_tokens, monitor=on,
                                        model=model, tokenizer=tok)

@@ -1,5 +1,5 @@
 """The runner's dry run (`run --dry-run`), read from the environment: random weights in
-`policy.load_policy` and a labelled coin-flip reward in `tasks.ProblemSource`. Bottom layer: it imports
+`policy.load_policy` and a labelled coin-flip reward in `sources.ProblemSource`. Bottom layer: it imports
 nothing of ours."""
 from __future__ import annotations
 

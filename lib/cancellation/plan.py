@@ -38,7 +38,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import manifest, tasks
+from . import manifest, sources, tasks
 from . import workload as W
 from .policy import TOKENIZER_FILES, load_tokenizer
 from .procs import BUILT, FAN_OUTS, ISOLATED, POLICY_RANKS, WHOLE_RUNS
@@ -143,7 +143,7 @@ def prompt_lengths(P, root: Path = ROOT) -> tuple[int, int, str]:
     path = getattr(P, "problems_path", "")
     try:
         tok = tokenizer_for(_local(P.model_path, root))
-        src = tasks.ProblemSource(path=_local(path, root) if path else "", prompt_format=getattr(P, "prompt_format", "auto"))
+        src = sources.ProblemSource(path=_local(path, root) if path else "", prompt_format=getattr(P, "prompt_format", "auto"))
         probs = src.load()[:512] if path else tasks.sample_problems(256, seed=0)
         n = [len(tok(src.render(p, tok), add_special_tokens=False)["input_ids"]) for p in probs]
         return int(round(sum(n) / len(n))), max(n), "tokenized"

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, fields
 
 import torch
 
-from . import sampling_path, seeds, stage, tasks
+from . import sampling_path, seeds, sources, stage, tasks
 from .guard import check_update, knob
 from .sampler import sample_hf, sample_vllm
 
@@ -125,7 +125,7 @@ class SampleConfig:
     device: str = "cpu"             # where the HF sampler runs (make_sampler puts it there; sample checks it)
     dtype: str = "float32"          # sampler weights dtype (tiny analysis copies may be float64)
     seed: int = 0                   # default seed of `sample` (problem draw and sampling)
-    source: tasks.ProblemSource = field(default_factory=lambda: tasks.ProblemSource())  # problems, rendering, verifier
+    source: sources.ProblemSource = field(default_factory=lambda: sources.ProblemSource())  # problems, rendering, verifier
     chunk_size: int = 256           # rollouts per HF sampler call: bounds the KV cache
     token_chunk: int = knob("token_chunk")  # a decode step's LM-head calls: rows per call (guard.KNOB_FIELDS)
     gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION   # vLLM's share of GPU memory (the HF model sits beside it)

@@ -1342,7 +1342,7 @@ DRY_ROOT = "dry-run"  # under the checkout; git-ignored
 
 def _dry_run(nb: Path, a, overrides: dict, cwd: Path, planned):
     """One notebook under --dry-run: random weights and a coin-flip reward in the kernel (environment
-    read by policy.load_policy and problems.ProblemSource), its own cache, every output under dry-run/;
+    read by policy.load_policy and sources.ProblemSource), its own cache, every output under dry-run/;
     wall time and peak memory recorded in dry-run/<profile>/measured.json beside the plan."""
     out_root = ROOT / DRY_ROOT
     record = out_root / a.profile / "measured.json"

@@ -27,7 +27,7 @@ import time
 
 import torch
 
-from . import coupling, engine, grpo, manifest, measure, plan, policy, rollout, tasks
+from . import coupling, engine, grpo, manifest, measure, plan, policy, rollout, sources
 from . import workload as W
 from .compute import Compute
 from .guard import _fused_compact
@@ -144,11 +144,11 @@ import numpy as np
 import pandas as pd
 import torch
 import transformers
-from cancellation import claims, plots, policy, tasks
+from cancellation import claims, grader, plots, policy, tasks
 from cancellation.figures import {modules}
 from transformers.models.qwen2 import modeling_qwen2   # what loading a policy imports
 from transformers.models.qwen3 import modeling_qwen3
-tasks.MathVerifier()(tasks.Problem("1 + 1", "2"), "The answer is $\\boxed{2}$.")   # a file source's grader
+grader.MathVerifier()(tasks.Problem("1 + 1", "2"), "The answer is $\\boxed{2}$.")   # a file source's grader
 fig, ax = plots.figure(ncols=2, nrows=2, width=plots.WIDTH_2COL, height=4.6)
 for a in ax.ravel():
     a.hist(np.random.default_rng(0).normal(size=10000), bins=60)
@@ -405,7 +405,7 @@ def measure_trl_overhead(model_dir, units: dict, device: str = "cpu", dtype: str
     from types import SimpleNamespace
 
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    src = tasks.ProblemSource(path=os.path.join(root, "data", "standins", "dapo-math-17k.parquet"))
+    src = sources.ProblemSource(path=os.path.join(root, "data", "standins", "dapo-math-17k.parquet"))
     r = dict(TRL_RUN)
     cc = Compute(device=device, dtype=dtype, chunk_rows=r["chunk_rows"], token_chunk=r["token_chunk"],
                  gradient_checkpointing=r["gradient_checkpointing"])

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from . import rollout, seeds, tasks
+from . import rollout, seeds, sources, tasks
 from .policy import n_params
 
 log = logging.getLogger(__name__)
@@ -113,7 +113,7 @@ def _encode_traces(tok, problems, traces):
 def sampled_accuracy(model, tok, problems, seed: int, temperature: float = 1.0, max_new_tokens: int = 96) -> float:
     """Share of problems solved by one sample each at `temperature`."""
     cfg = rollout.SampleConfig(n_prompts=len(problems), G=1, temperature=temperature, max_new_tokens=max_new_tokens,
-                       device=next(model.parameters()).device.type, source=tasks.ProblemSource(prompt_format="raw"))
+                       device=next(model.parameters()).device.type, source=sources.ProblemSource(prompt_format="raw"))
     batch = rollout.sample(model, tok, cfg, problems=problems, seed=seed)
     return float(batch.reward.mean())
 

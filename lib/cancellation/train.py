@@ -24,7 +24,7 @@ import pandas as pd
 import torch
 from tqdm import tqdm
 
-from . import batching, grpo, measure, rollout, tasks
+from . import batching, grpo, measure, rollout, sources, tasks
 from . import cache, coupling, policy, procs, seeds, stage, strategies
 from .compute import Compute
 from .sampler import make_sampler, sync_weights, vllm_rank_kw
@@ -42,7 +42,7 @@ class _SamplesThePolicy:
 
     def __post_init__(self):
         if isinstance(self.source, dict):
-            self.source = tasks.ProblemSource(**self.source)
+            self.source = sources.ProblemSource(**self.source)
         if isinstance(self.update, dict):
             self.update = grpo.UpdateConfig(**self.update)
 
@@ -64,7 +64,7 @@ class RunConfig(_SamplesThePolicy):
     max_new_tokens: int = 96        # response length cap
     seed: int = 0                   # seeds prompts and sampling of every step
     eps: float = 1e-6               # boosted/suppressed threshold on Δlog p
-    source: tasks.ProblemSource = field(default_factory=tasks.ProblemSource)  # prompts, rendering and verifier
+    source: sources.ProblemSource = field(default_factory=sources.ProblemSource)  # prompts, rendering and verifier
     backend: str = "hf"             # sampler: 'hf' (the policy itself or a cast copy) or 'vllm' (synced each step)
     hf_sampler: str = "ours"        # the hf backend's path: 'ours', 'transformers' or 'auto' (sampling_path.resolve)
     sample_dtype: str = ""          # dtype of the sampler copy; "" samples from the training model itself
@@ -317,7 +317,7 @@ class TrainConfig(_SamplesThePolicy):
     eval_samples: int = 1           # samples per problem (avg@k)
     eval_temperature: float = 1.0   # evaluation sampling temperature
     seed: int = 0                   # seeds prompts, sampling and plans (evaluation draws are seed-free)
-    source: tasks.ProblemSource = field(default_factory=tasks.ProblemSource)  # training prompts, rendering, verifier
+    source: sources.ProblemSource = field(default_factory=sources.ProblemSource)  # training prompts, rendering, verifier
     backend: str = "hf"             # sampler: 'hf' or 'vllm' (synced after every iteration)
     hf_sampler: str = "ours"        # the hf backend's path: 'ours', 'transformers' or 'auto' (sampling_path.resolve)
     sample_dtype: str = ""          # dtype of the sampler copy; "" samples from the training model itself
@@ -369,18 +369,18 @@ def set_name(name: str) -> str:
     return name if name in tasks.DIFFICULTIES else Path(name).stem
 
 
-def eval_source(name: str, like: tasks.ProblemSource | None = None) -> tasks.ProblemSource:
+def eval_source(name: str, like: sources.ProblemSource | None = None) -> sources.ProblemSource:
     """The source of a held-out set: a difficulty of the generated task, or a problem file
     (rendered like the training source `like`)."""
     mode = like.answer_mode if like else "auto"   # graded as the training rewards are
     if name in tasks.DIFFICULTIES:
-        return tasks.ProblemSource(answer_mode=mode)
+        return sources.ProblemSource(answer_mode=mode)
     # golds the reward can never credit: the training file's policy (refuse / skip / allow) holds here too
-    return tasks.ProblemSource(path=name, prompt_format=like.prompt_format if like else "auto", answer_mode=mode,
+    return sources.ProblemSource(path=name, prompt_format=like.prompt_format if like else "auto", answer_mode=mode,
                                unrewardable_golds=like.unrewardable_golds if like else "refuse")
 
 
-def eval_problems(name: str, n: int, like: tasks.ProblemSource | None = None) -> list:
+def eval_problems(name: str, n: int, like: sources.ProblemSource | None = None) -> list:
     """The first `n` problems of a held-out set (the same for every run)."""
     if name in tasks.DIFFICULTIES:
         return tasks.eval_set(name, n)
@@ -388,7 +388,7 @@ def eval_problems(name: str, n: int, like: tasks.ProblemSource | None = None) ->
 
 
 def evaluate(model, tok, sets, n: int, samples: int = 1, temperature: float = 1.0,
-             max_new_tokens: int = 96, like: tasks.ProblemSource | None = None, *, token_chunk: int) -> dict:
+             max_new_tokens: int = 96, like: sources.ProblemSource | None = None, *, token_chunk: int) -> dict:
     """Accuracy (avg@samples) on each held-out set (a difficulty of the generated task or a file).
 
     The generated sets go through one batched sampling call (fewer decode loops); its seed is

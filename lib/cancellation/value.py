@@ -37,7 +37,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from . import cache, grpo, measure, procs, seeds, stage, tasks
+from . import cache, extract, grader, grpo, measure, procs, seeds, stage, tasks
 from . import stats as _stats
 from .guard import check_update, knob
 from .rollout import _left_pad, stop_ids
@@ -255,13 +255,13 @@ def verifier_id(verifier) -> str:
     version and timeout), or another callable by its qualified name."""
     if verifier is None or verifier is tasks.verify:
         return "exact"
-    if isinstance(verifier, tasks.MathVerifier):
+    if isinstance(verifier, grader.MathVerifier):
         from importlib.metadata import PackageNotFoundError, version
         try:
             v = version("math-verify")
         except PackageNotFoundError:  # pragma: no cover
             v = "?"
-        mode = f" mode={verifier.mode}" if verifier.mode != tasks.FILE_MODE else ""   # the default keeps its old keys
+        mode = f" mode={verifier.mode}" if verifier.mode != extract.FILE_MODE else ""   # the default keeps its old keys
         return f"math-verify {v} timeout={verifier.timeout_s} {verifier.REVISION}{mode}"
     f = getattr(verifier, "__func__", verifier)
     return f"{getattr(f, '__module__', '')}.{getattr(f, '__qualname__', type(verifier).__qualname__)}"

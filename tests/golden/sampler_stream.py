@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from cancellation import policy, rollout, sampler, tasks, value
+from cancellation import policy, rollout, sampler, sources, value
 from cancellation.compute import Compute
 
 KNOBS = Compute()   # the default memory knobs, passed whole to every model call
@@ -42,7 +42,7 @@ def _load(path, dtype):
 
 def _batch(model, tok, seed, **cfg):
     """`rollout.sample`'s tokens (prompt ids and responses) for one SampleConfig, as the notebooks call it."""
-    c = rollout.SampleConfig(source=tasks.ProblemSource(), **cfg)
+    c = rollout.SampleConfig(source=sources.ProblemSource(), **cfg)
     b = rollout.sample(model, tok, c, seed=seed)
     return b.input_ids.tolist()
 
@@ -79,8 +79,8 @@ def cases() -> dict:
     def continuations():
         """value.sample_continuations (generate_static, inverse-CDF draws, repeats, budgets, bans)."""
         model, tok = _load(TINY_M, "float64")
-        prefixes = [tok(tasks.ProblemSource().render(p, tok), add_special_tokens=False)["input_ids"]
-                    for p in tasks.ProblemSource().draw(3, 9)]
+        prefixes = [tok(sources.ProblemSource().render(p, tok), add_special_tokens=False)["input_ids"]
+                    for p in sources.ProblemSource().draw(3, 9)]
         prefixes = [p + [5, 7][: i] for i, p in enumerate(prefixes)]
         outs = value.sample_continuations(model, prefixes, M=6, budgets=[30, 12, 40], eos_id=rollout.stop_ids(tok, model),
                                           pad_id=tok.pad_token_id, seeds=[1, 2, 3], bans=[None, 4, 6],

@@ -6,7 +6,7 @@ Three pieces (issue 12), each usable on its own:
   (`STRATEGIES`: random, QB, RB, QB+RB, sign_partitioned) inside TRL, with the update matched to
   docs/methods.md (the "Matching docs/methods.md" notes are in that module's docstring).
 - `grpo_config(...)` (engine/data.py): the GRPOConfig of docs/methods.md "The update"; with it the
-  dataset and reward of a `tasks.ProblemSource` (`problem_dataset`, `reward_function`) and the
+  dataset and reward of a `sources.ProblemSource` (`problem_dataset`, `reward_function`) and the
   layout adapters between TRL's mini-batch dicts and `rollout.RolloutBatch` (`to_rollout`,
   `from_rollout`).
 - `CancellationMonitor` (engine/monitor.py): a `transformers.TrainerCallback` measuring, after

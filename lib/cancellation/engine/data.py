@@ -1,7 +1,7 @@
 """What a TRL run is fed, and the layout of what it hands back.
 
 Owns: `STRATEGIES` (Table 2's rows TRL runs: a view of `cancellation.strategies`), `problem_dataset` and
-`reward_function` (a `tasks.ProblemSource` as a TRL dataset and reward), `grpo_config` (the
+`reward_function` (a `sources.ProblemSource` as a TRL dataset and reward), `grpo_config` (the
 GRPOConfig of docs/methods.md "The update", its micro-batch sized by `micro_batch` from the
 Compute config's token_chunk), and `to_rollout` / `from_rollout` (TRL's mini-batch dicts
 <-> `rollout.RolloutBatch`, which the measurements and the RB buffer read).
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import rollout, strategies, tasks
+from .. import rollout, sources, strategies, tasks
 
 # name -> (mini-batch plan, reward-balanced buffer) of the strategies wired into TRL: a view of the registry
 STRATEGIES = strategies.plans("trl")
@@ -25,7 +25,7 @@ def _import_trl():
 
 
 # --------------------------------------------------------------------------- data and reward
-def problem_dataset(source: tasks.ProblemSource, tokenizer, n: int, seed: int = 0):
+def problem_dataset(source: sources.ProblemSource, tokenizer, n: int, seed: int = 0):
     """A `datasets.Dataset` of `n` problems of `source` with columns prompt, answer, kind.
 
     Prompts are rendered as `source.render` renders them: plain text when the tokenizer has no
@@ -42,7 +42,7 @@ def problem_dataset(source: tasks.ProblemSource, tokenizer, n: int, seed: int = 
                               "kind": [p.kind for p in problems]})
 
 
-def reward_function(source: tasks.ProblemSource):
+def reward_function(source: sources.ProblemSource):
     """A TRL reward function (prompts, completions, answer, kind) -> [float] from `source.verifier()`.
     Its `with_answer` attribute counts the completions it graded that hold an answer candidate
     (`ProblemSource.with_answer`: the reward's coverage; None for the generated task's exact check) and

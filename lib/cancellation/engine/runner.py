@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from .. import cache, policy, tasks
+from .. import cache, policy, sources
 from .data import grpo_config, problem_dataset, reward_function
 from .monitor import CancellationMonitor
 from .recorder import StepRecorder
@@ -193,7 +193,7 @@ def _restore(st: dict, trainer, recorder, mon, evals: list, eval_times: list) ->
         mon.rows, mon.tokens, mon.seconds, mon._noise = list(m["rows"]), list(m["tokens"]), m["seconds"], m["noise"]
 
 
-def train_trl(model_path, source: tasks.ProblemSource, strategy: str = "random", *, output_dir="data/cache/trl",
+def train_trl(model_path, source: sources.ProblemSource, strategy: str = "random", *, output_dir="data/cache/trl",
               iterations: int = 16, n_prompts: int = 8, G: int = 8, n_minibatches: int = 4, lr: float = 3e-4,
               max_new_tokens: int = 96, temperature: float = 1.0, tau: float = 0.4, max_rounds: int = 4,
               max_age: int = 2, seed: int = 0, dtype: str = "float32", device: str | None = None,

@@ -30,7 +30,7 @@ from typing import ClassVar
 
 import torch
 
-from .. import manifest, plan, policy, rollout, sampler, sampling_path, stage, tasks
+from .. import extract, grader, manifest, plan, policy, rollout, sampler, sampling_path, sources, stage
 from ..compute import Compute
 from ..dryrun import dry_run
 from ..guard import knob
@@ -111,10 +111,10 @@ class FigureParams:
                              "line), 'boxed' (last \\boxed{}), 'last_sentence' (the answer the final sentence "
                              "states) or a '+' combination (the last candidate in the response is graded); 'auto': "
                              "the paper's (a file: answer_line+boxed; generated arithmetic: exact \\boxed{})",
-                             choices=list(tasks.ANSWER_MODES))
+                             choices=list(extract.ANSWER_MODES))
     unrewardable_golds: str = param("refuse", "a problem file with golds the reward can never credit (the gold "
                                     "check): 'refuse' it, 'skip' those problems, or 'allow' them (kept, never "
-                                    "rewarded)", choices=list(tasks.GOLD_POLICIES))
+                                    "rewarded)", choices=list(sources.GOLD_POLICIES))
     hf_sampler: str = hf_sampler()
 
     def hf_path(self) -> str:
@@ -165,9 +165,9 @@ def pin_threads(P):
         torch.set_num_threads(P.threads)
 
 
-def problem_source(P) -> tasks.ProblemSource:
+def problem_source(P) -> sources.ProblemSource:
     """The figure's problems, loaded now: a malformed problem file stops here, before any model loads."""
-    source = tasks.ProblemSource(path=P.problems_path, prompt_format=P.prompt_format,
+    source = sources.ProblemSource(path=P.problems_path, prompt_format=P.prompt_format,
                                  answer_mode=getattr(P, "answer_mode", "auto"),
                                  unrewardable_golds=getattr(P, "unrewardable_golds", "refuse"))
     source.load()
@@ -176,7 +176,7 @@ def problem_source(P) -> tasks.ProblemSource:
     return source
 
 
-def batch_facts(batch, n_prompts: int, source: tasks.ProblemSource, **more) -> dict:
+def batch_facts(batch, n_prompts: int, source: sources.ProblemSource, **more) -> dict:
     """The numbers of a figure's line on its batch (Results hold numbers; each module's `summary(R)` writes
     the line): rollouts, accuracy, mixed-reward groups of `n_prompts`, how the rewards were graded, and `more`."""
     return dict(rollouts=len(batch), accuracy=float(batch.reward.mean()), mixed_groups=int(batch.mixed_groups()),
@@ -184,8 +184,8 @@ def batch_facts(batch, n_prompts: int, source: tasks.ProblemSource, **more) -> d
 
 
 def with_grading(line: str, facts: dict) -> str:
-    """`line`, then the grader's line (tasks.grading_report) when the rewards were not the exact check."""
-    report = tasks.grading_report(facts.get("grading") or {})
+    """`line`, then the grader's line (grader.grading_report) when the rewards were not the exact check."""
+    report = grader.grading_report(facts.get("grading") or {})
     return line + ("\n" + report if report else "")
 
 
@@ -194,7 +194,7 @@ class NoSignal(ValueError):
     advantage is 0. The runner prints its message as the notebook's one-line outcome."""
 
 
-def require_signal(batch, source: tasks.ProblemSource, what: str):
+def require_signal(batch, source: sources.ProblemSource, what: str):
     """Stop with NoSignal, one line naming the cause and the knobs, when `batch` has no mixed-reward group."""
     A = batch.advantage
     if bool((A > 0).any()) and bool((A < 0).any()):
@@ -202,7 +202,7 @@ def require_signal(batch, source: tasks.ProblemSource, what: str):
     raise no_signal(what, int((batch.reward > 0).sum()), len(batch.reward), source)
 
 
-def no_signal(what: str, rewarded: int, total: int, source: tasks.ProblemSource | None, report: str = "") -> NoSignal:
+def no_signal(what: str, rewarded: int, total: int, source: sources.ProblemSource | None, report: str = "") -> NoSignal:
     """The NoSignal error of `require_signal`, for callers that hold counts rather than a batch (source None:
     the grading happened elsewhere, e.g. in 07's run processes, whose `report` the caller gives instead)."""
     report = source.reward_report() if source is not None else report
@@ -213,18 +213,18 @@ def no_signal(what: str, rewarded: int, total: int, source: tasks.ProblemSource 
                    + (f" [{report}]" if report else ""))
 
 
-def inputs(P, source: tasks.ProblemSource, model_path: str | None = None) -> dict:
+def inputs(P, source: sources.ProblemSource, model_path: str | None = None) -> dict:
     """The inputs of a figure-level stage (`stage.FIGURE`): every parameter (the Compute knobs among them),
     the policy's content fingerprint and the problems."""
     return dict(params=P, model=policy.fingerprint(model_path or P.model_path), source=source)
 
 
-def cached(st: stage.Stage, P, source: tasks.ProblemSource, fn, **extra):
+def cached(st: stage.Stage, P, source: sources.ProblemSource, fn, **extra):
     """fn() cached under the figure stage `st` of `inputs(P, source)` and `extra` (more inputs it declares)."""
     return st.cached(fn, **inputs(P, source), **extra)
 
 
-def sample_config(P, source: tasks.ProblemSource, sampler: bool = False, **over) -> rollout.SampleConfig:
+def sample_config(P, source: sources.ProblemSource, sampler: bool = False, **over) -> rollout.SampleConfig:
     """The figure's SampleConfig: its sizes, temperature, device and token_chunk; with `sampler`, also
     the knobs of the sampler `load_sampler` builds (backend, sample_dtype, gpu_memory_utilization).
     Without it, rows are drawn from the float policy itself (the SampleConfig's defaults)."""

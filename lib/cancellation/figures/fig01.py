@@ -16,7 +16,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from .. import cache, categories, grpo, measure, policy, rollout, seeds, stage, tasks, train
+from .. import cache, categories, grpo, measure, policy, rollout, seeds, sources, stage, train
 from .. import workload as W
 from . import base
 from .base import param
@@ -53,7 +53,7 @@ class Params(base.FigureParams):
     tagger: str = param("shipped", "POS tagger of the token categories", choices=["shipped", "auto", "perceptron"])
 
 
-def run_config(P, source: tasks.ProblemSource) -> train.RunConfig:
+def run_config(P, source: sources.ProblemSource) -> train.RunConfig:
     """The GRPO run of Fig. 1 (Adam, verl's clipped token-mean loss) from the parameters `P` holds;
     notebook 08 builds its run with this too, so equal values read the same cached run."""
     update = P.compute().update(optimizer="adam", lr=P.lr, n_minibatches=P.n_minibatches)

@@ -23,7 +23,7 @@ import pandas as pd
 import torch
 from scipy import stats
 
-from .. import batching, cache, eq14, grpo, measure, policy, procs, rollout, stage, strategies, tasks, train
+from .. import batching, cache, eq14, extract, grpo, measure, policy, procs, rollout, stage, strategies, tasks, train
 from .. import engine as rl_engine
 from .. import workload as W
 from .. import stats as ST
@@ -552,7 +552,7 @@ def coverage_line(iters: pd.DataFrame, P: Params) -> str:
     counted = iters[iters.with_answer.notna()]   # iterations run before the column existed have none
     total = int(counted.graded.sum())   # TRL on N processes: rank 0's shard, as with_answer
     n = int(counted.with_answer.sum())
-    mode = tasks.FILE_MODE if P.answer_mode == "auto" else P.answer_mode
+    mode = extract.FILE_MODE if P.answer_mode == "auto" else P.answer_mode
     return (f"answer coverage (answer_mode {mode}): {n} of {total} sampled responses ({100 * n / max(total, 1):.1f}%) "
             "hold an answer the reward can grade; the rest count as wrong")
 
