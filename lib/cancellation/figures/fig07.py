@@ -28,7 +28,7 @@ from .. import engine as rl_engine
 from .. import workload as W
 from .. import stats as ST
 from ..seeds import derive
-from . import base
+from . import base, replot
 from .base import param
 
 STRATEGY_NAMES = list(strategies.TABLE2_ROWS)     # the default rows of Table 2 (cancellation.strategies)
@@ -206,6 +206,16 @@ def split_seconds(df: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     return df.drop(columns=secs), df[keys + secs]
 
 
+def join_seconds(results: pd.DataFrame, seconds: pd.DataFrame) -> pd.DataFrame:
+    """`split_seconds` undone (`load`): the table with its wall-clock columns back, row for row (their keys must
+    agree: a timing table of another run is refused); the seconds come last."""
+    keys = [c for c in KEYS if c in seconds.columns]
+    if not results[keys].reset_index(drop=True).equals(seconds[keys].reset_index(drop=True)):
+        raise replot.ReplotError(f"07: the timing table's rows ({', '.join(keys)}) are not the results table's: "
+                                 "run the notebook (make fig07) to write both again")
+    return pd.concat([results.reset_index(drop=True), seconds.drop(columns=keys).reset_index(drop=True)], axis=1)
+
+
 @dataclass
 class Result:
     """What Fig. 7(a), Fig. 8 and Table 2 plot and read."""
@@ -213,7 +223,8 @@ class Result:
                                  # lines: `table2_summary(R, P)`)
     set_names: list              # held-out sets as displayed (a file by its stem)
     cols: list                   # set_names + ['average']
-    evals: pd.DataFrame          # per (strategy, seed, iteration, set): accuracy, seconds
+    evals: pd.DataFrame | None   # per (strategy, seed, iteration, set): accuracy, seconds (None when `load`ed:
+                                 # only compute reads it)
     iters: pd.DataFrame          # per (strategy, seed, iteration): rounds, updated, batch stats, timing
     minibatches: pd.DataFrame    # per mini-batch step; `composition` (mixed / one sign) added, not written
     curves: pd.DataFrame         # held-out accuracy per (strategy, seed, iteration, set), 'average' included
@@ -233,7 +244,9 @@ class Result:
     budget: pd.DataFrame | None = None  # equal rollout budget: per (strategy, seed) final average, rollouts, steps
     imbalance: pd.DataFrame | None = None  # Eq. 14: per (seed, plan, draw) cross-advantage mass and gradient size
 
-    def write(self, results_dir) -> None:
+    def write(self, results_dir, P: Params) -> None:
+        """The tidy tables (the wall-clock seconds apart, in timing/), and for `load` the runs' counts and
+        seconds (replot.save), which no table holds."""
         d = Path(results_dir)
         d.mkdir(parents=True, exist_ok=True)
         t = d / TIMING_DIR   # wall-clock seconds apart from the results: a rerun moves only these
@@ -258,6 +271,53 @@ class Result:
             cache.write_table(self.budget, d / "table2_equal_rollouts.csv")
         if self.imbalance is not None:
             cache.write_table(self.imbalance, d / "table2_local_imbalance.csv")
+        replot.save(P, d, runs=self.runs)
+
+
+def _read(results_dir, name: str) -> pd.DataFrame:
+    """A table `Result.write` wrote; a CSV's floats parsed back bit for bit (pandas' default parser may miss by
+    an ulp)."""
+    path = Path(results_dir) / name
+    if path.suffix == ".csv" and path.exists():
+        return pd.read_csv(path, float_precision="round_trip")
+    return replot.table(results_dir, name)
+
+
+def _sweep_runs(P: Params) -> bool:
+    """Whether P has a stability sweep (compute's probe jobs)."""
+    return bool(P.probe_lrs and P.probe_strategies and P.probe_seeds)
+
+
+def load(P: Params, results_dir) -> Result:
+    """The Result `write` wrote to `results_dir`, computing nothing (make plots): the tidy tables read back
+    (their wall-clock seconds rejoined from timing/: `join_seconds`), Table 2, the final accuracies, Fig. 7(a)'s
+    numbers and the TRL cross-check derived from them by the functions compute uses (`final_tables`,
+    `minibatch_tables`, `cross_check_tables`), the runs' counts and seconds restored (`replot.restore`).
+    Table 2 comes from the unrounded curves and iterations, not from table2_batching.csv (3 decimals).
+    `evals` (the runs' raw evaluations with their seconds) is None: nothing after compute reads it (the
+    curves hold its accuracies, table2_timing its seconds)."""
+    d, t = Path(results_dir), Path(results_dir) / TIMING_DIR
+    kept = replot.restore(P, d)
+    curves = _read(d, "fig08_training_curves.parquet")
+    iters = join_seconds(_read(d, "fig08_iterations.parquet"), _read(t, "fig08_iterations_seconds.parquet"))
+    timing = _read(t, "table2_timing.csv").set_index("strategy")
+    probe_evals, sweep = None, pd.DataFrame()
+    if _sweep_runs(P):
+        probe_evals = join_seconds(_read(d, "fig08_probe_evals.parquet"), _read(t, "fig08_probe_evals_seconds.parquet"))
+        sweep = _read(d, "table2_lr_sweep.csv")   # its optimizer steps are the sweep runs' own: no other table
+    more = {}
+    if P.engine == "trl":
+        more["trl_monitor"] = _read(d, "fig08_trl_monitor.parquet")
+    elif P.trl_strategies:
+        more.update(cross_check_tables(P, curves, _read(d, "fig08_trl_curves.parquet"),
+                                       _read(d, "fig08_trl_monitor.parquet")))
+    if P.engine == "small" and P.budget_strategies:
+        more["budget"] = _read(d, "table2_equal_rollouts.csv")
+    if P.imbalance_plans:
+        more["imbalance"] = _read(d, "table2_local_imbalance.csv")
+    return Result(runs=kept["runs"], evals=None, iters=iters, curves=curves, timing=timing, probe_evals=probe_evals,
+                  sweep=sweep, **final_tables(P, curves, iters),
+                  **minibatch_tables(_read(d, "fig07a_minibatches.parquet")), **more)
 
 
 # ----------------------------------------------------------------------------- the runs
@@ -570,7 +630,6 @@ def _fewer_steps_cause(name: str, P: Params) -> str:
 
 
 def _tables(P: Params, runs, probe) -> Result:
-    set_names = [train.set_name(d) for d in P.eval_sets]
     evals = pd.concat([r["evals"] for r in runs], ignore_index=True)
     iters = pd.concat([r["iterations"] for r in runs], ignore_index=True)
     # an iteration without a step has no batch statistics: NaN (never None), so tables and plots stay numeric
@@ -598,7 +657,35 @@ def _tables(P: Params, runs, probe) -> Result:
     timing["update_per_iter_s"] = timing.update_s / timing.iterations
     timing["sample_share"] = timing.sample_s / (timing.sample_s + timing.update_s)
     timing = timing.reindex(P.strategies)
-    # Table 2
+    T2 = final_tables(P, curves, iters)   # Table 2, the final accuracies, the start
+    start = T2["start"]
+    # the stability sweep
+    sweep, pe = pd.DataFrame(), None
+    if probe:
+        pe = pd.concat([r["evals"] for r in probe], ignore_index=True)
+        pit = pd.concat([r["iterations"] for r in probe], ignore_index=True)
+        at_lr = lambda df: df[df.strategy.isin(P.probe_strategies) & df.seed.isin(P.probe_seeds)].assign(lr=P.lr)  # noqa: E731
+        se = pd.concat([at_lr(evals), pe], ignore_index=True)
+        fin = (se[se.iteration == P.iterations].groupby(["strategy", "lr", "seed"]).accuracy.mean().rename("final")
+               .reset_index())
+        steps_ = (pd.concat([at_lr(iters), pit]).groupby(["strategy", "lr", "seed"]).updated.sum()
+                  .mul(P.n_minibatches).rename("optimizer_steps").reset_index())
+        sweep = fin.merge(steps_, on=["strategy", "lr", "seed"])
+        sweep["collapsed"] = sweep.final < 0.5 * start / 100
+    return Result(runs={}, evals=evals, iters=iters, curves=curves, timing=timing, probe_evals=pe, sweep=sweep,
+                  trl_monitor=tmon, **T2, **minibatch_tables(mbs))
+
+
+def set_names_of(P: Params) -> list:
+    """The held-out sets as displayed (a file by its stem)."""
+    return [train.set_name(d) for d in P.eval_sets]
+
+
+def final_tables(P: Params, curves: pd.DataFrame, iters: pd.DataFrame) -> dict:
+    """Table 2 (unrounded) and what it is read off, from the held-out curves and the iterations (compute and
+    `load` share it): the Result's set_names, cols, agg (final accuracy per strategy and set: mean, 95% t
+    half-width), table2, start (average accuracy at iteration 0, %) and final_avg (seed x strategy)."""
+    set_names = set_names_of(P)
     final = curves[curves.iteration == P.iterations]
     cols = set_names + ["average"]
     agg = final.groupby(["strategy", "set"]).accuracy.agg(["mean", ci]).reset_index()
@@ -620,27 +707,16 @@ def _tables(P: Params, runs, probe) -> Result:
     start = 100 * curves[(curves.iteration == 0) & (curves.set == "average")].accuracy.mean()
     table2 = table2.reset_index()
     fa = final[final.set == "average"].pivot(index="seed", columns="strategy", values="accuracy")
-    # the stability sweep
-    sweep, pe = pd.DataFrame(), None
-    if probe:
-        pe = pd.concat([r["evals"] for r in probe], ignore_index=True)
-        pit = pd.concat([r["iterations"] for r in probe], ignore_index=True)
-        at_lr = lambda df: df[df.strategy.isin(P.probe_strategies) & df.seed.isin(P.probe_seeds)].assign(lr=P.lr)  # noqa: E731
-        se = pd.concat([at_lr(evals), pe], ignore_index=True)
-        fin = (se[se.iteration == P.iterations].groupby(["strategy", "lr", "seed"]).accuracy.mean().rename("final")
-               .reset_index())
-        steps_ = (pd.concat([at_lr(iters), pit]).groupby(["strategy", "lr", "seed"]).updated.sum()
-                  .mul(P.n_minibatches).rename("optimizer_steps").reset_index())
-        sweep = fin.merge(steps_, on=["strategy", "lr", "seed"])
-        sweep["collapsed"] = sweep.final < 0.5 * start / 100
-    # Fig. 7(a)'s numbers
-    mbs["composition"] = with_composition(mbs).composition
+    return dict(set_names=set_names, cols=cols, agg=agg, table2=table2, start=start, final_avg=fa)
+
+
+def minibatch_tables(mbs: pd.DataFrame) -> dict:
+    """Fig. 7(a)'s numbers from the mini-batch table (compute and `load`): the table with its composition, the
+    median gradient norm per strategy and composition, the mean |ρ − 1| at the last mini-batch step."""
+    mbs = with_composition(mbs)
     gn = mbs.groupby(["strategy", "composition"]).grad_norm.median().unstack()
     drift = mbs[mbs.minibatch == mbs.minibatch.max()].groupby("strategy").ratio_dev.mean()
-    return Result(runs={}, set_names=set_names, cols=cols, evals=evals, iters=iters,
-                  minibatches=mbs, curves=curves, timing=timing, agg=agg, table2=table2,
-                  start=start, final_avg=fa, probe_evals=pe, sweep=sweep, grad_norm=gn,
-                  drift=drift, trl_monitor=tmon)
+    return dict(minibatches=mbs, grad_norm=gn, drift=drift)
 
 
 def _cross_check(P: Params, source, R: Result) -> None:
@@ -652,14 +728,21 @@ def _cross_check(P: Params, source, R: Result) -> None:
             trl_runs.append({k: out[k].assign(strategy=name, seed=s) for k in ("evals", "monitor")})
     te = pd.concat([r["evals"] for r in trl_runs], ignore_index=True)
     tm = pd.concat([r["monitor"] for r in trl_runs], ignore_index=True)
-    avg = R.evals.groupby(["strategy", "seed", "iteration"], as_index=False).accuracy.mean().assign(set="average")
+    for k, v in cross_check_tables(P, R.curves, te, tm).items():
+        setattr(R, k, v)
+
+
+def cross_check_tables(P: Params, curves: pd.DataFrame, te: pd.DataFrame, tm: pd.DataFrame) -> dict:
+    """The cross-check's fields from the small trainer's curves and the TRL runs' evaluations `te` and monitor
+    `tm` (compute and `load`): trl_evals, trl_monitor, trl_vs_small (average held-out accuracy per strategy,
+    seed and iteration, small vs TRL) and trl_monitor_shares (mean monitor share per (strategy, sign) x status)."""
+    avg = curves[curves.set == "average"].drop(columns="set")   # the mean over the sets per run and iteration
     tavg = te.groupby(["strategy", "seed", "iteration"]).accuracy.mean().rename("trl").reset_index()
     small = avg[avg.strategy.isin(P.trl_strategies) & avg.seed.isin(P.trl_seeds)].rename(columns={"accuracy": "small"})
     both = small.merge(tavg, on=["strategy", "seed", "iteration"], how="outer").sort_values(["strategy", "iteration"])
-    R.trl_evals, R.trl_monitor = te, tm
-    R.trl_vs_small = both.set_index(["strategy", "seed", "iteration"])[["small", "trl"]]
-    R.trl_monitor_shares = tm[tm.conf_bin == "all"].groupby(["strategy", "sign", "status"]).fraction.mean() \
-        .unstack("status")
+    shares = tm[tm.conf_bin == "all"].groupby(["strategy", "sign", "status"]).fraction.mean().unstack("status")
+    return dict(trl_evals=te, trl_monitor=tm, trl_vs_small=both.set_index(["strategy", "seed", "iteration"])[["small", "trl"]],
+                trl_monitor_shares=shares)
 
 
 def versus_random(R: Result, P: Params) -> str:
