@@ -36,10 +36,9 @@ params = {}                         # values of figures.fig03.Params (set by the
 import logging
 
 import matplotlib.pyplot as plt
-import numpy as np
 
 from cancellation import claims, coupling, plots
-from cancellation.figures import fig03, fig03_claims
+from cancellation.figures import fig03, fig03_claims, fig03_plots
 
 logging.basicConfig(level=logging.WARNING)
 P = fig03.Params(**params)   # every parameter, its default, doc and allowed range: lib/cancellation/figures/fig03.py
@@ -93,73 +92,8 @@ R.topk[["pool", "k", "scope", "boost_rate", "mean_boost", "n"]]
 # ## Fig. 3
 
 # %%
-fig, axes = plots.figure(ncols=2, nrows=2, width=plots.WIDTH_2COL, height=4.9)
-axes = axes.ravel()
-lit = "nonzero" if "nonzero" in P.pools else P.pools[0]   # the paper's test taken literally (masks of both signs)
-e = R.effects[(R.effects.scope == "lm_head") & (R.effects.pool == lit)]
-# (a) every δ, tails included: symlog x (linear within ±1e-9), counts on a log axis down to a single candidate
-top = float(np.abs(e.delta).max())
-lin = 1e-9
-pos_edges = np.logspace(np.log10(lin), np.log10(top * 1.01), 22)
-edges = np.concatenate([-pos_edges[::-1], [0.0], pos_edges])
-t1 = R.table1.set_index(["pool", "kind", "scope"])
-for kind, color, name in (("random", plots.PALETTE[0], "random"), ("both", plots.PALETTE[1], "same + low conf.")):
-    r = t1.loc[(lit, kind, "lm_head")]
-    axes[0].hist(e[e.kind == kind].delta, bins=edges, histtype="step", lw=1.2, color=color,
-                 label=f"{name}: {r.mean_boost:+.1e} [{r.mean_boost_lo:+.1e}, {r.mean_boost_hi:+.1e}]")
-axes[0].set_xscale("symlog", linthresh=lin, linscale=0.5)
-axes[0].xaxis.set_major_locator(plt.FixedLocator([-1e-2, -1e-5, 0, 1e-5, 1e-2]))
-axes[0].set_yscale("log")
-axes[0].set_ylim(0.5, axes[0].get_ylim()[1] * 60)   # a bin of one candidate shows; room above for the key
-rows = fig03_claims.claims(R, P)   # the claim rows (recorded at the end): 3(a)'s right-shift test, with its interval
-shift = next((c for c in rows if c.claim == f"fig03a_{lit}_right_shift"), None)
-if shift is not None:
-    axes[0].text(0.01, 0.99, f"right-shift test, {shift.unit}:\n{shift.measured:+.1e} [{shift.lo:+.1e}, {shift.hi:+.1e}]"
-                 f" ({shift.verdict})", transform=axes[0].transAxes, ha="left", va="top", fontsize=5.5)
-axes[0].set(title=f"(a) δ, {lit} pool (literal test), n = {len(e[e.kind == 'both'])} per mask",
-            xlabel="masking effect δ (lm_head; symlog, linear within ±1e-9)", ylabel="candidates per bin")
-axes[0].legend(frameon=False, fontsize=5.5, loc="upper left", bbox_to_anchor=(0, 0.86), title="Mean Boost [95% CI]",
-               title_fontsize=5.5, alignment="left")
-for scope, ls in (("lm_head", "-"), ("full", "--")):
-    s = R.boost_vs_cos[R.boost_vs_cos.scope == scope]
-    axes[1].plot(s.proxy_cos, 100 * s.boost_rate, marker="o", ms=3, ls=ls, label=scope)
-axes[1].axhline(50, color="k", lw=0.5, ls=":")
-axes[1].set(title=f"(b) vs coupling, {P.pools[0]} pool", xlabel="proxy cos(g_c, Σ_M A_k g_k), bin median",
-            ylabel="Boost Rate (%)", ylim=(-5, 105))
-axes[1].legend(frameon=False, loc="center right")
-axes[1].text(0.97, 0.06, "point estimates per cosine bin\n(no interval drawn)", transform=axes[1].transAxes,
-             ha="right", va="bottom", fontsize=6, color="0.3")
-# (c) both of 3(c)'s measures over k, each series nudged sideways so the intervals at one k stay apart
-series = [(p, scope) for p in [lit] + [q for q in P.pools if q != lit] for scope in ("lm_head", "full")]
-style = {(lit, "lm_head"): ("-", "o", plots.PALETTE[0]), (lit, "full"): ("none", "s", plots.PALETTE[1])}
-for n, (p, scope) in enumerate(series):
-    t = R.topk[(R.topk.scope == scope) & (R.topk.pool == p)]
-    if t.empty:
-        continue
-    ls, mk, color = style.get((p, scope), ("-" if scope == "lm_head" else "none", "o" if scope == "lm_head" else "s",
-                                           "0.45" if scope == "lm_head" else "0.7"))
-    xs = t.k * 2 ** (0.12 * (n - (len(series) - 1) / 2))
-    label = f"{p} pool, {scope}" + (" (Boost Rate 100% by construction)" if p != lit and scope == "lm_head" else "")
-    for ax, y, lo, hi, f in ((axes[2], "boost_rate", "boost_rate_lo", "boost_rate_hi", 100),
-                             (axes[3], "mean_boost", "mean_boost_lo", "mean_boost_hi", 1)):
-        ax.errorbar(xs, f * t[y], yerr=plots.interval_err(f * t[y], f * t[lo], f * t[hi]), marker=mk,
-                    ms=3 if p == lit else 2.5, ls=ls, color=color, capsize=1.5, lw=1 if p == lit else 0.8,
-                    label=label)
-ks = sorted(R.topk.k.unique())
-for ax in axes[2:]:
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(ks, [str(k) for k in ks])
-    ax.minorticks_off()
-    ax.set_xlabel("top-coupled tokens masked (k)")
-axes[2].axhline(50, color="k", lw=0.5, ls=":")
-axes[2].set(title="(c) top-coupled tokens masked: Boost Rate", ylabel="Boost Rate (%, 95% CI)", ylim=(-5, 105),
-            yticks=[0, 25, 50, 75, 100])
-axes[3].axhline(0, color="k", lw=0.5)
-axes[3].set_yscale("symlog", linthresh=1e-4)
-axes[3].set(title="(c) top-coupled tokens masked: Mean Boost", ylabel="Mean Boost (95% CI, symlog)")
-fig.legend(*axes[2].get_legend_handles_labels(), loc="lower center", ncol=2, frameon=False, fontsize=6,
-           bbox_to_anchor=(0.5, -0.01))
-fig.tight_layout(rect=(0, 0.07, 1, 1))
+rows = fig03_claims.claims(R, P)   # the claim rows (recorded at the end): (a) shows 3(a)'s right-shift test
+fig = fig03_plots.masked_updates(R, P, rows)   # lib/cancellation/figures/fig03_plots.py
 plots.save(fig, "fig03_masked_updates", fig_dir)
 plt.show()
 
@@ -170,12 +104,7 @@ plt.show()
 # whose Δlog p has the same sign.
 
 # %%
-fig, ax = plots.figure(width=plots.WIDTH_1COL, height=2.0)
-ax.plot(R.consistency.step, R.consistency.sign_consistency, marker="o", ms=3, label="all response tokens")
-ax.axhline(0.7, color="k", lw=0.6, ls=":", label="paper (≈ 0.7)")
-ax.set(xlabel="training step", ylabel="same-sign share", ylim=(0, 1), title="lm_head vs full SGD step")
-ax.legend(frameon=False)
-fig.tight_layout()
+fig = fig03_plots.sign_consistency(R)
 plots.save(fig, "fig10_proxy_sign_consistency", fig_dir)
 plt.show()
 R.consistency.round(4)
@@ -233,8 +162,7 @@ print(f"stock float32 norms vs exact: sign agreement of a full SGD step's Δlog 
 # candidates, paired where the candidates are shared):
 
 # %%
-rows = fig03_claims.claims(R, P)
-print("\n".join(fig03_claims.reading(rows, R)))
+print("\n".join(fig03_claims.reading(rows, R)))   # rows: the claim rows of the Fig. 3 cell
 
 # %%
 claims.record(results_dir, "03", rows);

@@ -9,7 +9,8 @@ first-step ratio. The whole result is cached under every parameter and the model
 fingerprints; its expensive stages (the full-parameter δ's: one backward over M's rows per
 candidate; the training run) are also cached on their own under the same key plus every argument
 that shapes them (`compute`: the memory knobs, which can move float round-off), so an interrupted
-run resumes. `fig03_claims.claims(R, P)` gives the notebook's claim rows.
+run resumes. `load(P, folder)` reads the Result back from the tables `R.write` wrote (make plots);
+`fig03_claims.claims(R, P)` gives the notebook's claim rows, `fig03_plots` draws the figures.
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ import torch
 from .. import cache, coupling, grpo, policy, rollout, seeds, stage, train
 from .. import workload as W
 from ..compute import Compute
-from . import base
+from . import base, replot
 from .base import param
 
 TABLES = {"precision": "fig03_precision.parquet", "effects": "fig03_masking_effects.parquet",
@@ -82,9 +83,19 @@ class Result:
     adam: pd.DataFrame           # App. D.3: Adam's first step against lr·sign(g)
     topk_effects: pd.DataFrame   # Fig. 3(c) per (pool, k, scope, cand): δ (the paired rows of 3(c) read it)
 
-    def write(self, results_dir) -> None:
+    def write(self, results_dir, P: Params) -> None:
+        """The tidy tables, and for `load` what they do not hold: the batch's numbers (replot.save)."""
         for field, name in TABLES.items():
             cache.write_table(getattr(self, field), Path(results_dir) / name)
+        replot.save(P, results_dir, batch=self.batch)
+
+
+def load(P: Params, results_dir) -> Result:
+    """The Result `write` wrote to `results_dir`, computing nothing (make plots): the tables read back,
+    Table 1, the scope agreement and Fig. 3(b)'s bins derived from the masking effects as compute does."""
+    t = {field: replot.table(results_dir, name) for field, name in TABLES.items() if field != "table1"}
+    return Result(**t, table1=table1_of(t["effects"], P), scope_agree=scope_agreement(t["effects"]),
+                  boost_vs_cos=_boost_vs_cos(t["effects"], P), **replot.restore(P, results_dir))
 
 
 def compute(P: Params) -> Result:
@@ -106,14 +117,6 @@ def _compute(P: Params, source, inputs: dict) -> Result:
     effects = masking_effects(model, batch, f, pools=P.pools, n_cands=P.n_cands, n_cands_full=P.n_cands_full,
                               mask_size=P.mask_size, low_quantile=P.low_quantile, lr=P.lr, seed=P.seed, inputs=inputs,
                               compute=cc)
-    table1 = pd.DataFrame([{"pool": p, "kind": k, "scope": s, **coupling.boost_stats(g.delta, P.n_boot, P.seed)}
-                           for (p, k, s), g in effects.groupby(["pool", "kind", "scope"], sort=False)])
-    both = effects[effects.scope == "full"].merge(
-        effects[effects.scope == "lm_head"][["pool", "kind", "cand", "delta"]], on=["pool", "kind", "cand"],
-        suffixes=("_full", "_lm"))
-    scope_agree = both.groupby("pool").apply(lambda g: pd.Series({
-        "pearson": np.corrcoef(g.delta_full, g.delta_lm)[0, 1],
-        "sign_agreement": (np.sign(g.delta_full) == np.sign(g.delta_lm)).mean(), "n": len(g)}), include_groups=False)
     topk, topk_effects = topk_table(model, batch, f, pools=P.pools, n_cands=P.n_cands, low_quantile=P.low_quantile,
                       topk_sizes=P.topk_sizes, topk_full_sizes=P.topk_full_sizes,
                       n_cands_topk_full=P.n_cands_topk_full, lr=P.lr, n_boot=P.n_boot, seed=P.seed, inputs=inputs,
@@ -123,9 +126,9 @@ def _compute(P: Params, source, inputs: dict) -> Result:
     adam = pd.DataFrame([{"n_elements": len(ratio), "median_ratio": float(np.median(ratio)),
                           "share_above_0.99": float((ratio > 0.99).mean()),
                           "share_above_0.5": float((ratio > 0.5).mean()), "min_ratio": float(ratio.min())}])
-    return Result(batch=facts, precision=precision, effects=effects, table1=table1, scope_agree=scope_agree,
-                  boost_vs_cos=_boost_vs_cos(effects, P), topk=topk, consistency=consistency, adam=adam,
-                  topk_effects=topk_effects)
+    return Result(batch=facts, precision=precision, effects=effects, table1=table1_of(effects, P),
+                  scope_agree=scope_agreement(effects), boost_vs_cos=_boost_vs_cos(effects, P), topk=topk,
+                  consistency=consistency, adam=adam, topk_effects=topk_effects)
 
 
 
@@ -151,6 +154,22 @@ def _precision(model, batch, P: Params) -> pd.DataFrame:
         "median_abs_delta_exact": float(d_exact.abs().median()),
         "median_abs_error_stock_norms": float((d_stock - d_exact).abs().median()),
         "sign_agreement_stock_vs_exact": float((torch.sign(d_stock) == torch.sign(d_exact)).double().mean())}])
+
+
+def table1_of(effects: pd.DataFrame, P: Params) -> pd.DataFrame:
+    """Table 1: Boost Rate and Mean Boost with their intervals per (pool, kind, scope) of the masking effects."""
+    return pd.DataFrame([{"pool": p, "kind": k, "scope": s, **coupling.boost_stats(g.delta, P.n_boot, P.seed)}
+                         for (p, k, s), g in effects.groupby(["pool", "kind", "scope"], sort=False)])
+
+
+def scope_agreement(effects: pd.DataFrame) -> pd.DataFrame:
+    """Per pool: Pearson and sign agreement of δ, full vs lm_head, on the (candidate, mask) pairs measured in both."""
+    both = effects[effects.scope == "full"].merge(
+        effects[effects.scope == "lm_head"][["pool", "kind", "cand", "delta"]], on=["pool", "kind", "cand"],
+        suffixes=("_full", "_lm"))
+    return both.groupby("pool").apply(lambda g: pd.Series({
+        "pearson": np.corrcoef(g.delta_full, g.delta_lm)[0, 1],
+        "sign_agreement": (np.sign(g.delta_full) == np.sign(g.delta_lm)).mean(), "n": len(g)}), include_groups=False)
 
 
 def _boost_vs_cos(effects: pd.DataFrame, P: Params) -> pd.DataFrame:
