@@ -85,7 +85,7 @@ plots.save(fig, "fig05_value_gap", fig_dir)
 plt.show()
 
 # %% [markdown]
-# ## Fig. 5(a) by token class and by confidence
+# ## Fig. 14 (beyond the paper) — Fig. 5(a) by token class and by confidence
 # The same valued tokens (first estimator) by token class (the tagger and table of notebook 04) and
 # by confidence (p < 0.9 / p ≥ 0.9): the value gap per rollout sign and balanced over signs. A
 # class whose choice never changes the reward (scaffold wording) has Δ ≈ 0 on both sides, so its
@@ -93,7 +93,7 @@ plt.show()
 
 # %%
 fig = fig05_plots.strata(R, est0)   # lib/cancellation/figures/fig05_plots.py
-plots.save(fig, "fig05c_value_gap_strata", fig_dir)
+plots.save(fig, "fig14_value_gap_strata", fig_dir)
 plt.show()
 R.strata.round(3)
 

@@ -9,13 +9,13 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from cancellation import gpucheck, manifest, plan, run, stage
+from cancellation import gpucheck, manifest, plan, profiles, resolve, run, stage
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_every_notebook_is_in_the_manifest_in_order():
-    assert [p.stem for p in run.all_notebooks()] == [f.notebook for f in manifest.FIGURES]
+    assert [p.stem for p in profiles.all_notebooks()] == [f.notebook for f in manifest.FIGURES]
     assert len(set(manifest.keys())) == len(manifest.FIGURES)
 
 
@@ -25,7 +25,7 @@ def test_every_module_has_what_the_runner_and_planner_read():
         assert all(hasattr(mod, a) for a in ("Params", "compute", "workload")), f.module
         claims = [m for m in (mod, _sibling(f, "claims")) if m is not None and hasattr(m, "claims")]
         assert claims, f"{f.module}: no claims(R, P) in the module or its _claims sibling"
-        assert run.figure_params(ROOT / "notebooks" / f"{f.notebook}.py") is mod.Params
+        assert profiles.figure_params(ROOT / "notebooks" / f"{f.notebook}.py") is mod.Params
 
 
 def _sibling(f, suffix):
@@ -54,10 +54,10 @@ def test_every_committed_output_has_exactly_one_notebook():
     assert not [n for n, o in owners.items() if o is None]
     for f in manifest.FIGURES:
         assert any(o is f for o in owners.values()), f.notebook
-    # the scheme by hand: Fig. 7(b) is notebook 06's, Fig. 7(a) notebook 07's, Fig. 5(c) notebook 05's
+    # the scheme by hand: Fig. 7(b) is notebook 06's, Fig. 7(a) notebook 07's, Fig. 14 (beyond the paper) notebook 05's
     assert manifest.owner("fig07b_group_trend.parquet").key == "06"
     assert manifest.owner("fig07a_minibatches.parquet").key == "07"
-    assert manifest.owner("fig05c_value_gap_strata.png").key == "05"
+    assert manifest.owner("fig14_value_gap_strata.png").key == "05"
     assert manifest.owner("fig0_x") is None and manifest.owner("fig051_x") is None
 
 
@@ -162,11 +162,11 @@ def test_a_new_figure_needs_only_its_module_notebook_and_manifest_entry(dummy, m
     entry, checkout = dummy
     # the runner validates the notebook's parameters against the module the manifest names
     nb = checkout / "notebooks" / "99_dummy.py"
-    assert run.figure_params(nb).__module__ == "dummyfigs.fig99"
-    with pytest.raises(run.ParameterError, match="'n' = 500: out of range"):
-        run.resolve_params(nb, "tiny", {"n": 500})
+    assert profiles.figure_params(nb).__module__ == "dummyfigs.fig99"
+    with pytest.raises(profiles.ParameterError, match="'n' = 500: out of range"):
+        resolve.resolve_params(nb, "tiny", {"n": 500})
     # the planner counts its workload: 5 rows (the profile's n) through one analysis forward of 8 response tokens each
-    params = run.resolve_params(nb, "tiny", {"n": 5})
+    params = resolve.resolve_params(nb, "tiny", {"n": 5})
     p = plan.make("99_dummy", params, root=ROOT)
     assert p.work.blocks["analysis"]["head"] == 5 * 8 and p.work.blocks["analysis"]["calls"] == 1
     # gpu-check dry-runs it (no paper-quick section, no dry_first: last), with its own sizes and estimate

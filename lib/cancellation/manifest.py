@@ -81,11 +81,11 @@ FIGURES: list[Figure] = [
          "updates masked to token subsets (Boost Rate, Mean Boost); lm_head vs full-parameter sign consistency",
          dry=dict(mask_size=1, n_cands=4, n_cands_full=1, run_steps=1, run_n_prompts=2, topk_sizes=[1, 2],
                   topk_full_sizes=[2], n_cands_topk_full=1, run_G=4)),
-    _fig("04_category_shift", "fig04", ["Fig. 4", "thesis"], ["fig04"], ["category_shift"],
+    _fig("04_category_shift", "fig04", ["Fig. 4", "Fig. 13", "thesis"], ["fig04", "fig13"], ["category_shift"],
          "mass shift per token category, positive-only vs GRPO; the thesis as rows that could fail (shared vs "
          "success-specific tokens, Algorithm 2)",
          dry=dict(fo_tokens=64, n_batches=2, null_shuffles=2)),
-    _fig("05_value_gap", "fig05", ["Fig. 5", "Fig. 11"], ["fig05", "fig11"], ["fig05", "repeated_deltas", "value_null"],
+    _fig("05_value_gap", "fig05", ["Fig. 5", "Fig. 11", "Fig. 14"], ["fig05", "fig11", "fig14"], ["fig05", "repeated_deltas", "value_null"],
          "Monte Carlo value of boosted vs suppressed tokens; repeated updates with SGD and Adam",
          dry=dict(M=4, n_per_cell=4, heldout_per_cell=0, n_pool11=4, adam_lrs=[1.0e-6], repeat_steps=3,
                   null_shuffles=2)),

@@ -30,7 +30,7 @@ import torch
 from .. import cache, categories, grpo, measure, policy, rollout, seeds, stage, thesis, value
 from .. import workload as W
 from .. import stats as S
-from . import base
+from . import base, replot
 from .base import param
 
 TABLES = ("fig05_token_values", "fig05_cell_means", "fig05_entropy_gap", "fig05_strata_gap", "fig11_repeated_gap",
@@ -120,7 +120,9 @@ class Result:
         """Fig. 11 after the last step, indexed by (optimizer, lr)."""
         return self.repeated[self.repeated.step == self.repeated.step.max()].set_index(["optimizer", "lr"])
 
-    def write(self, results_dir) -> None:
+    def write(self, results_dir, P: Params) -> None:
+        """The tidy tables, and for `load` what they do not hold (replot.save): the batch's facts, the counts
+        per cell, the Monte Carlo cost, the peak (it reads every token's entropy), the null's run facts."""
         d = Path(results_dir)
         for name, df in zip(TABLES, (self.values[VALUE_COLUMNS], self.cells, self.entropy_gap, self.strata,
                                      self.repeated, self.value_null, self.null_tokens)):
@@ -129,6 +131,40 @@ class Result:
         if self.heldout is not None:
             cache.write_table(self.heldout[[c for c in VALUE_COLUMNS if c in self.heldout]],
                               d / "fig05_heldout_values.parquet")
+        null_run = None if self.null_test is None else {k: self.null_test[k] for k in NULL_RUN}
+        replot.save(P, results_dir, facts=self.facts, counts=self.counts, mc=self.mc, peak=self.peak,
+                    seconds=self.seconds, null_run=null_run)
+
+
+def load(P: Params, results_dir) -> Result:
+    """The Result `write` wrote to `results_dir`, computing nothing (make plots): the tables read back, the
+    gaps and intervals no table holds derived from them as compute derives them. Its `values`, `heldout` and
+    `pool11` (the null's step-0 rows) carry the columns the tables keep (what the claims and figures read)."""
+    values, cells, entropy_gap, strata, repeated, value_null, null_tokens = (
+        replot.table(results_dir, f"{name}.parquet") for name in TABLES)
+    kept = replot.restore(P, results_dir)
+    heldout = replot.table(results_dir, "fig05_heldout_values.parquet") if P.heldout_per_cell else None
+    null_run = kept.pop("null_run")
+    null_res = None if null_run is None else dict(null_test(null_tokens, P.n_boot, P.seed), **null_run, lr=P.lr)
+    pool11 = null_tokens[null_tokens.shuffle == 0].drop(columns=["shuffle", "delta", "status"]).reset_index(drop=True)
+    return Result(**kept, se=value_se(values), values=values, cells=cells, gap1=_gaps(values, P, step=1),
+                  entropy_gap=entropy_gap, strata=strata,
+                  conf_gaps=_confidence_gaps(values[values.estimator == P.estimators[0]], P), pool11=pool11,
+                  repeated=repeated, chosen=fig11_chosen(repeated, P), heldout=heldout, value_null=value_null,
+                  null_tokens=null_tokens, null_test=null_res)
+
+
+def value_se(values: pd.DataFrame) -> pd.DataFrame:
+    """Per estimator: mean / median / 90% / max per-token standard error of Δ̂."""
+    return values.groupby("estimator").delta_se.describe(percentiles=[0.5, 0.9])[["mean", "50%", "90%", "max"]]
+
+
+def fig11_chosen(repeated: pd.DataFrame, P: Params) -> dict:
+    """Fig. 11: optimizer -> the smallest lr whose share of the pool's statuses changed between step 1 and
+    step K reaches `nonlinear_share` (None: no lr of its grid did)."""
+    last11 = repeated[repeated.step == P.repeat_steps].set_index(["optimizer", "lr"])
+    return {o: value.nonlinear_choice(last11.loc[o].changed_status.to_dict(), P.nonlinear_share)
+            for o in dict.fromkeys(o for o, _ in P.grid())}
 
 
 def fig11_reads(R: Result) -> dict:
@@ -204,7 +240,7 @@ def _compute(P: Params, source) -> Result:
                        else np.nan))
     mc = pd.DataFrame(mc)
     vt = pd.concat([v.assign(estimator=e) for e, v in valued.items()], ignore_index=True)
-    se = vt.groupby("estimator").delta_se.describe(percentiles=[0.5, 0.9])[["mean", "50%", "90%", "max"]]
+    se = value_se(vt)
 
     # Fig. 5(a) per cell and per sign, (b) on the top-k% highest-entropy tokens
     fig5a = _cell_means(vt, P)
@@ -239,9 +275,7 @@ def _compute(P: Params, source) -> Result:
                                 clusters=v11.group)
         rows.append(rg.assign(optimizer=o, lr=r, estimator=P.estimators[0]))
     fig11 = pd.concat(rows, ignore_index=True)
-    last11 = fig11[fig11.step == P.repeat_steps].set_index(["optimizer", "lr"])
-    chosen = {o: value.nonlinear_choice(last11.loc[o].changed_status.to_dict(), P.nonlinear_share)
-              for o in dict.fromkeys(o for o, _ in grid)}
+    chosen = fig11_chosen(fig11, P)
     # the value gap's null: the same SGD step under K within-group sign shuffles of the advantages, valued on
     # Fig. 11's pool (drawn before any step, whatever its status: Fig. 5's pool is selected by the real step)
     t0 = time.perf_counter()
@@ -283,6 +317,7 @@ def _compute(P: Params, source) -> Result:
 # ----------------------------------------------------------------------------- the value gap's sign-shuffle null
 NULL_MATRIX_BYTES = 2 * 2**30  # rollouts x parameters float64 up to this: the matrix path; above it, exact steps
 NULL_STATS = ("pooled", "balanced")  # the gap over both rollout signs as drawn; the mean of the per-sign gaps
+NULL_RUN = ("path", "params", "matrix_bytes", "steps_seconds", "real_error", "seconds")  # R.null_test's facts of the run
 
 
 def null_steps(model, batch, knobs, lr: float, K: int, seed: int) -> dict:

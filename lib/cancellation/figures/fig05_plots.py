@@ -1,5 +1,5 @@
-"""Notebook 05's figures, read off a `fig05.Result`: Fig. 5 (a, b), 5(c) by token class and confidence,
-5(d) the value gap against its sign-shuffle null, and Fig. 11 (repeated steps)."""
+"""Notebook 05's figures, read off a `fig05.Result`: Fig. 5 (a, b), Fig. 14 (beyond the paper: 5(a)'s gap by token
+class and confidence), 5(d) the value gap against its sign-shuffle null, and Fig. 11 (repeated steps)."""
 from __future__ import annotations
 
 import numpy as np
@@ -78,7 +78,7 @@ def value_gap(R: Result, P: Params):
 
 
 def strata(R: Result, est0: str):
-    """Fig. 5(c) by token class and by confidence: per level, the value gap per rollout sign and balanced
+    """Fig. 14 (beyond the paper), Fig. 5(a) by token class and by confidence: per level, the value gap per rollout sign and balanced
     over signs with its 95% interval (query groups resampled), each bar labelled with its token count."""
     fig, axes = plots.figure(ncols=2, width=plots.WIDTH_2COL * 0.8, height=2.3)
     for ax, col, letter in zip(axes, ("category", "confidence"), "ab"):
