@@ -102,8 +102,8 @@ gap = {r: R.boosted_gap(r) for r in ("grpo", "positive_only")}
 print(f"boosted share, positive minus negative rollouts: grpo {100 * (gap['grpo'].pos - gap['grpo'].neg).mean():+.1f} "
       f"pts, positive-only {100 * (gap['positive_only'].pos - gap['positive_only'].neg).mean():+.1f} pts")
 # Tokens the policy is sure of (p > 0.9) barely move under any update; among the uncertain ones:
-print(f"share of tokens with p < 0.9: {(signed.prob < 0.9).mean():.1%}; their status shares:")
-print(R.uncertain().pivot_table(index=["run", "sign"], columns="status", values="fraction").round(3).to_string())
+print(f"share of tokens with p < 0.9: {R.uncertain_share:.1%}; their status shares:")
+print(R.uncertain.pivot_table(index=["run", "sign"], columns="status", values="fraction").round(3).to_string())
 print(R.sens.pivot(index="eps", columns="stratum").round(2).to_string())
 print(f"noise floor: repeat {R.floor['repeat']:.1e}, zero update {R.floor['zero_update']:.1e} (ε = {P.eps:g})")
 print(f"stable tokens (|Δ| ≤ ε), GRPO run: {100 * (signed[signed.run == 'grpo'].status == 'stable').mean():.1f}%")

@@ -6,7 +6,8 @@ the same policy (`train.cached_delta_run`: one cache entry per run, shared with 
 the fixed-scaffold control's two runs and one shorter GRPO run per model of Fig. 9, and derives
 the tables: shares of boosted / suppressed / stable tokens per (run, step, sign), their ε
 sensitivity and the categories of the suppressed tokens of positive rollouts. The claim rows are
-`fig01_claims.claims(R, P)`.
+`fig01_claims.claims(R, P)`. `load(P, folder)` reads the Result back from the tables (make plots): it keeps
+the GRPO run's tokens (fig01_token_deltas) and, of the other runs, only the small things derived from them.
 """
 from __future__ import annotations
 
@@ -18,10 +19,12 @@ import torch
 
 from .. import cache, categories, grpo, measure, policy, rollout, seeds, sources, stage, train
 from .. import workload as W
-from . import base
+from . import base, replot
 from .base import param
 
 EPS_GRID = (1e-7, 1e-6, 1e-5, 1e-4)  # ε of the sensitivity table
+# fig01_token_deltas' columns: the GRPO run's signed tokens as `Result.signed` holds them (with `run`)
+TOKEN_COLUMNS = ["step", "sign", "delta", "status", "entropy", "prob", "token_id", "rollout", "group"]
 
 
 @dataclass
@@ -78,7 +81,10 @@ class Result:
     """What Fig. 1 and Fig. 9 plot and the claims read."""
     probe: dict                    # the noise floor's probe batch (base.batch_facts; `probe_summary(R)` writes it)
     noise: pd.DataFrame            # fig01_noise_floor: measurement, max_abs_delta, eps
-    signed: pd.DataFrame           # tokens with A ≠ 0 of both runs: run, step, rollout, ..., delta, status
+    signed: pd.DataFrame           # the GRPO run's tokens with A ≠ 0 (fig01_token_deltas, with run = 'grpo')
+    uncertain: pd.DataFrame        # status shares per (run, sign) among every run's A ≠ 0 tokens with p < 0.9
+    uncertain_share: float         # share of every run's A ≠ 0 tokens with p < 0.9
+    sgd_steps: pd.DataFrame | None  # the SGD run's per-step series its claim rows read (run_steps); None: no SGD run
     accuracy: pd.Series            # mean reward per (run, step)
     frac: pd.DataFrame             # fig01_flip_fractions: share per (run, step, sign, status)
     sens: pd.DataFrame             # fig01_eps_sensitivity: boosted gap and stable share per (ε, stratum)
@@ -95,8 +101,7 @@ class Result:
     @property
     def token_deltas(self) -> pd.DataFrame:
         """fig01_token_deltas: the GRPO run's signed tokens (rollout and group: the units a row resamples)."""
-        return self.signed[self.signed.run == "grpo"][["step", "sign", "delta", "status", "entropy", "prob",
-                                                        "token_id", "rollout", "group"]]
+        return self.signed[TOKEN_COLUMNS]
 
     def share(self, run, sign, status) -> str:
         """Mean ± s.d. over steps of the share of `status` tokens among `sign` rollouts of `run`."""
@@ -108,10 +113,6 @@ class Result:
         g = self.signed[self.signed.run == "grpo"]
         return g.assign(a=lambda x: x.delta.abs()).groupby("sign").a.agg(["mean", "median"])
 
-    def uncertain(self) -> pd.DataFrame:
-        """Status shares per (run, sign) among the tokens with p < 0.9."""
-        return measure.flip_fractions(self.signed[self.signed.prob < 0.9], by=("run", "sign"))
-
     def boosted_gap(self, run) -> pd.DataFrame:
         """Boosted share per step (rows) and sign (columns) of `run`."""
         f = self.frac
@@ -120,7 +121,8 @@ class Result:
     def per_step(self, run, status, strata=None, e=None) -> pd.Series:
         return per_step(self.signed, self.eps, run, status, strata, e)
 
-    def write(self, results_dir) -> None:
+    def write(self, results_dir, P: Params) -> None:
+        """The tidy tables, and for `load` what they do not hold (replot.save)."""
         d = Path(results_dir)
         cache.write_table(self.noise, d / "fig01_noise_floor.parquet")
         cache.write_table(self.frac, d / "fig01_flip_fractions.parquet")
@@ -128,6 +130,20 @@ class Result:
         cache.write_table(self.sens, d / "fig01_eps_sensitivity.parquet")
         cache.write_table(self.categories.reset_index(), d / "fig01_suppressed_categories.parquet")
         cache.write_table(self.fig9, d / "fig09_flip_fractions.parquet")
+        replot.save(P, results_dir, probe=self.probe, uncertain=self.uncertain, uncertain_share=self.uncertain_share,
+                    sgd_steps=self.sgd_steps, accuracy=self.accuracy, control=self.control,
+                    control_accuracy=self.control_accuracy)
+
+
+def load(P: Params, results_dir) -> Result:
+    """The Result `write` wrote to `results_dir`, computing nothing (make plots)."""
+    def table(name):
+        return replot.table(results_dir, f"{name}.parquet")
+    return Result(noise=table("fig01_noise_floor"), signed=table("fig01_token_deltas").assign(run="grpo"),
+                  frac=table("fig01_flip_fractions"), sens=table("fig01_eps_sensitivity"),
+                  categories=table("fig01_suppressed_categories").set_index(["policy", "run"]).rename_axis(
+                      columns="category"),
+                  fig9=table("fig09_flip_fractions"), eps=P.eps, **replot.restore(P, results_dir))
 
 
 def per_step(signed: pd.DataFrame, eps: float, run, status, strata=None, e=None) -> pd.Series:
@@ -139,6 +155,37 @@ def per_step(signed: pd.DataFrame, eps: float, run, status, strata=None, e=None)
     f = pd.crosstab([d.step, d.sign], st, normalize="index").reindex(columns=list(measure.STATUSES), fill_value=0)
     f = f[status].unstack("sign").reindex(columns=["pos", "neg"])  # a sign with no token here: NaN
     return 100 * (f["pos"] - f["neg"])
+
+
+def opposite_share(signed: pd.DataFrame) -> pd.DataFrame:
+    """Per step: the share (points) of A ≠ 0 tokens that move against their rollout's advantage sign
+    (suppressed in a positive rollout or boosted in a negative one; stable tokens move neither way),
+    and the same share inside each sign ('pos': suppressed share, 'neg': boosted share)."""
+    against = ((signed.sign == "pos") & (signed.status == "suppressed")) | \
+              ((signed.sign == "neg") & (signed.status == "boosted"))
+    d = signed.assign(against=against.astype(float))
+    out = d.groupby("step").against.mean().mul(100).rename("all").to_frame()
+    return out.join(d.groupby(["step", "sign"]).against.mean().mul(100).unstack("sign"))
+
+
+def signed_mean_gap(signed: pd.DataFrame, run: str) -> pd.Series:
+    """Per step: mean Δlog p of the A > 0 tokens minus that of the A < 0 tokens of `run`."""
+    m = signed[signed.run == run].groupby(["step", "sign"]).delta.mean().unstack("sign")
+    return m["pos"] - m["neg"]
+
+
+def run_steps(signed: pd.DataFrame, eps: float, run: str) -> pd.DataFrame:
+    """Per step of `run` (index: every step with A ≠ 0 tokens), the series a run's Fig. 1(a,b) and §1 claim rows
+    read: the boosted / suppressed gaps (pos − neg, points; per_step), the boosted gap among p < 0.9 tokens, the
+    opposite-moving shares (opposite_share: all, pos, neg) and the signed mean gap (signed_mean_gap). What the
+    SGD run's rows need of its tokens, so the Result keeps these 16-odd rows, not the run's token table."""
+    conf = signed.prob >= 0.9
+    opp = opposite_share(signed[signed.run == run])
+    return pd.DataFrame({"boosted": per_step(signed, eps, run, "boosted"),
+                         "suppressed": per_step(signed, eps, run, "suppressed"),
+                         "boosted_uncertain": per_step(signed, eps, run, "boosted", ~conf),
+                         "opposite": opp["all"], "opposite_pos": opp["pos"], "opposite_neg": opp["neg"],
+                         "signed_mean_gap": signed_mean_gap(signed, run)}).rename_axis("step")
 
 
 def eps_sensitivity(signed: pd.DataFrame, eps: float) -> pd.DataFrame:
@@ -193,6 +240,9 @@ def compute(P: Params) -> Result:
     frac = measure.flip_fractions(signed, by=("run", "step", "sign"))
     acc = tokens.groupby(["run", "step", "rollout"]).reward.first().groupby(["run", "step"]).mean().rename("accuracy")
     sens = eps_sensitivity(signed, P.eps)
+    uncertain = measure.flip_fractions(signed[signed.prob < 0.9], by=("run", "sign"))
+    uncertain_share = float((signed.prob < 0.9).mean())
+    sgd_steps = run_steps(signed, P.eps, "grpo_sgd") if "grpo_sgd" in set(signed.run) else None
 
     tok = policy.load_tokenizer(P.model_path)
     cz = categories.Categorizer(tagger=P.tagger)
@@ -224,8 +274,10 @@ def compute(P: Params) -> Result:
                        measure.flip_fractions(df.assign(sign="all"), by=("step", "sign"))])
         rows.append(f.assign(model=Path(path).name))
     fig9 = pd.concat(rows, ignore_index=True)
-    return Result(probe=probe, noise=noise, signed=signed, accuracy=acc, frac=frac, sens=sens, categories=comp,
-                  control=control, control_accuracy=control_acc, fig9=fig9, eps=P.eps)
+    grpo_tokens = signed[signed.run == "grpo"][TOKEN_COLUMNS].reset_index(drop=True).assign(run="grpo")  # = load's
+    return Result(probe=probe, noise=noise, signed=grpo_tokens, uncertain=uncertain, uncertain_share=uncertain_share,
+                  sgd_steps=sgd_steps, accuracy=acc, frac=frac, sens=sens, categories=comp, control=control,
+                  control_accuracy=control_acc, fig9=fig9, eps=P.eps)
 
 
 def _noise_floor(P: Params, cfg: train.RunConfig):

@@ -11,7 +11,7 @@ import pandas as pd
 from .. import claims as C
 from .. import stats as S
 from .. import thesis
-from .fig01 import Params, Result
+from .fig01 import Params, Result, opposite_share, signed_mean_gap
 
 
 TS = dict(estimator="t over steps", resampling="step")  # every row of notebook 01: a Student-t interval over steps
@@ -19,17 +19,6 @@ TS = dict(estimator="t over steps", resampling="step")  # every row of notebook 
 
 def _claim(*a, **k) -> C.Claim:
     return C.Claim(*a, **TS, **k)
-
-
-def opposite_share(signed: pd.DataFrame) -> pd.DataFrame:
-    """Per step: the share (points) of A ≠ 0 tokens that move against their rollout's advantage sign
-    (suppressed in a positive rollout or boosted in a negative one; stable tokens move neither way),
-    and the same share inside each sign ('pos': suppressed share, 'neg': boosted share)."""
-    against = ((signed.sign == "pos") & (signed.status == "suppressed")) | \
-              ((signed.sign == "neg") & (signed.status == "boosted"))
-    d = signed.assign(against=against.astype(float))
-    out = d.groupby("step").against.mean().mul(100).rename("all").to_frame()
-    return out.join(d.groupby(["step", "sign"]).against.mean().mul(100).unstack("sign"))
 
 
 def _drop_claim(fractions: pd.DataFrame, cid: str, label: str, what: str = "") -> C.Claim:
@@ -72,7 +61,7 @@ def claims(R: Result, P: Params) -> list[C.Claim]:
                 f"{share('grpo', 'neg', 'suppressed')}"),
         _claim("fig01_ab_boosted_uncertain", "Fig. 1(a,b), p < 0.9", "similar boosted shares among uncertain tokens",
                 "similar", *S.t_interval(per_step("grpo", "boosted", ~conf)), n=n_steps, unit="pts (pos − neg)",
-                rule="similar", params=dict(tol=10), detail=f"{100 * (~conf).mean():.1f}% of tokens have p < 0.9"),
+                rule="similar", params=dict(tol=10), detail=f"{100 * R.uncertain_share:.1f}% of tokens have p < 0.9"),
         _claim("fig01_ab_boosted_confident", "Fig. 1(a,b), p ≥ 0.9", "similar boosted shares among confident tokens",
                 "similar", *S.t_interval(per_step("grpo", "boosted", conf)), n=n_steps, unit="pts (pos − neg)",
                 rule="similar", params=dict(tol=10),
@@ -108,7 +97,7 @@ def claims(R: Result, P: Params) -> list[C.Claim]:
                        detail="similar shares and magnitudes (a–c) do not mean the signs are ignored; per step, "
                        "mean over the A ≠ 0 tokens of each sign"))
     rows.append(sign_prediction_claim(signed, P))
-    if "grpo_sgd" in set(signed.run):
+    if R.sgd_steps is not None:
         rows += _sgd_claims(R, P)
     if R.control is not None:
         rows.append(control_drop(R))
@@ -200,36 +189,28 @@ def sign_prediction_claim(signed: pd.DataFrame, P: Params, run: str = "grpo", n_
                    "boosted-share gap with stable tokens counted")
 
 
-def signed_mean_gap(signed: pd.DataFrame, run: str) -> pd.Series:
-    """Per step: mean Δlog p of the A > 0 tokens minus that of the A < 0 tokens of `run`."""
-    m = signed[signed.run == run].groupby(["step", "sign"]).delta.mean().unstack("sign")
-    return m["pos"] - m["neg"]
-
-
 def _sgd_claims(R: Result, P: Params) -> list[C.Claim]:
     """Fig. 1(a,b)'s rows again on the SGD run (App. D.2's optimizer): Adam's first steps move every
-    weight by about ±lr, which could equalise the shares by itself."""
-    signed, per_step = R.signed, R.per_step
-    conf = signed.prob >= 0.9
-    n = signed[signed.run == "grpo_sgd"].step.nunique()
+    weight by about ±lr, which could equalise the shares by itself. Read off `R.sgd_steps` (fig01.run_steps)."""
+    s = R.sgd_steps
+    n = len(s)   # the run's steps (every step with A ≠ 0 tokens)
     label = f"Fig. 1(a,b), SGD lr {P.sgd_lr:g}"
     rows = [_claim(f"fig01_ab_{st}_sgd", label, f"similar {st} shares for both signs (SGD run)", "similar",
-                   *S.t_interval(per_step("grpo_sgd", st)), n=n, unit="pts (pos − neg)", rule="similar",
+                   *S.t_interval(s[st]), n=n, unit="pts (pos − neg)", rule="similar",
                    params=dict(tol=10), detail=f"{st} {R.share('grpo_sgd', 'pos', st)} vs "
                    f"{R.share('grpo_sgd', 'neg', st)} (mean ± s.d. over steps); the Adam run: fig01_ab_{st}")
             for st in ("boosted", "suppressed")]
     rows.append(_claim("fig01_ab_boosted_uncertain_sgd", label + ", p < 0.9", "similar boosted shares among "
-                       "uncertain tokens (SGD run)", "similar", *S.t_interval(per_step("grpo_sgd", "boosted", ~conf)),
+                       "uncertain tokens (SGD run)", "similar", *S.t_interval(s.boosted_uncertain),
                        n=n, unit="pts (pos − neg)", rule="similar", params=dict(tol=10)))
-    opp = opposite_share(signed[signed.run == "grpo_sgd"])
     rows.append(_claim("fig01_nearly_half_opposite_sgd", "§1, SGD run", "nearly half of the tokens move opposite "
-                       "to their rollout's advantage sign (SGD run)", "nearly half", *S.t_interval(opp["all"]),
-                       n=len(opp), unit="% of A ≠ 0 tokens moving against A", rule="similar",
+                       "to their rollout's advantage sign (SGD run)", "nearly half", *S.t_interval(s.opposite),
+                       n=n, unit="% of A ≠ 0 tokens moving against A", rule="similar",
                        params=dict(target=45, tol=5),
-                       detail=f"suppressed in A>0 rollouts {opp['pos'].mean():.1f}%, boosted in A<0 rollouts "
-                       f"{opp['neg'].mean():.1f}%"))
+                       detail=f"suppressed in A>0 rollouts {s.opposite_pos.mean():.1f}%, boosted in A<0 rollouts "
+                       f"{s.opposite_neg.mean():.1f}%"))
     rows.append(_claim("fig01_signed_mean_sgd", "§1 (Fig. 1(c)), signed, SGD run", "the SGD update favours positive "
                        "rollouts: mean Δlog p of their tokens above that of negative rollouts' tokens", "implied",
-                       *S.t_interval(signed_mean_gap(signed, "grpo_sgd")), n=n, unit="mean Δlog p, pos − neg",
+                       *S.t_interval(s.signed_mean_gap), n=n, unit="mean Δlog p, pos − neg",
                        rule="direction", params=dict(sign=1)))
     return rows
