@@ -21,7 +21,7 @@ from .. import cache, controls, coupling, measure, policy, rollout, seeds, stage
 from .. import claims as C
 from .. import workload as W
 from .. import stats as S
-from . import base, fig01
+from . import base, fig01, replot
 from .base import param
 
 
@@ -76,15 +76,39 @@ class Result:
     seconds: float               # (b) time of the full-parameter gradients when computed
     cells: pd.DataFrame          # (b) LM-head K summed per (rollout of j, rollout of k, bins, pair): the intervals' data
 
-    def write(self, results_dir) -> None:
+    def write(self, results_dir, P: Params) -> None:
+        """The tidy tables, and for `load` what they do not hold (replot.save)."""
         tables = (self.freq, self.per_step.reset_index(), self.lm, self.pairs, self.full, self.cells)
         for name, df in zip(TABLES, tables):
             cache.write_table(df, Path(results_dir) / f"{name}.parquet")
+        replot.save(P, results_dir, run=self.run, batch=self.batch, seconds=self.seconds)
 
     def row(self, tokens, stratum, status, measure_name):
         f = self.freq
         return f[(f.tokens == tokens) & (f.stratum == stratum) & (f.status == status)
                  & (f.measure == measure_name)].iloc[0]
+
+
+def load(P: Params, results_dir) -> Result:
+    """The Result `write` wrote to `results_dir`, computing nothing (make plots): the pooled kernel means
+    re-derived from the rollout cells, the full-parameter agreement from the sampled pairs."""
+    freq, per_step, lm, pairs, full, cells = (replot.table(results_dir, f"{name}.parquet") for name in TABLES)
+    snap = replot.restore(P, results_dir)
+    corr, sign_agree = agreement(pairs)
+    return Result(freq=freq, per_step=per_step.set_index(per_step.columns[0]), lm=lm, pairs=pairs, full=full,
+                  cells=cells, mixed_groups=snap["batch"]["mixed_groups"], pooled=pooled(cells, P), corr=corr,
+                  sign_agree=sign_agree, **snap)
+
+
+def pooled(cells: pd.DataFrame, P: Params) -> dict:
+    """Pair kind -> (mean K, lo, hi, n) over every cross-sign same / different-token pair (controls.pooled_same_token)."""
+    return {p: controls.pooled_same_token(n_boot=P.n_boot, seed=P.seed, pair=p, cells=cells) for p in controls.SAME}
+
+
+def agreement(pairs: pd.DataFrame) -> tuple[float, float]:
+    """corr(full-parameter inner product, LM-head K) over the sampled pairs, and the share with the same sign."""
+    return (float(np.corrcoef(pairs.full_inner, pairs.lm_head_K)[0, 1]),
+            float((np.sign(pairs.full_inner) == np.sign(pairs.lm_head_K)).mean()))
 
 
 def compute(P: Params) -> Result:
@@ -113,17 +137,16 @@ def _compute(P: Params, source) -> Result:
                              confident=float((f.p >= P.conf_threshold).double().mean()))
     cells = controls.cross_kernel_cells(f, P.conf_threshold, P.chunk, P.vocab_chunk)
     lm = controls.cross_kernel_summary(n_boot=P.n_boot, seed=P.seed, cells=cells)
-    pooled = {p: controls.pooled_same_token(n_boot=P.n_boot, seed=P.seed, pair=p, cells=cells) for p in controls.SAME}
+    pooled_k = pooled(cells, P)
 
     t1 = time.time()
     J, K = controls.sample_tokens(f, P.n_full_tokens, P.conf_threshold, P.seed)
     ip = controls.full_grad_inner(model, batch, f, J, K, P.grad_chunk)
     pairs = controls.pair_table(f, J, K, ip, P.conf_threshold, P.vocab_chunk)
     full = controls.summarise_pairs(pairs, "full_inner")
-    corr = float(np.corrcoef(pairs.full_inner, pairs.lm_head_K)[0, 1])
-    sign_agree = float((np.sign(pairs.full_inner) == np.sign(pairs.lm_head_K)).mean())
+    corr, sign_agree = agreement(pairs)
     return Result(run=run, freq=freq, per_step=per_step, batch=facts,
-                  mixed_groups=batch.mixed_groups(), lm=lm, pooled=pooled, pairs=pairs, full=full, corr=corr,
+                  mixed_groups=batch.mixed_groups(), lm=lm, pooled=pooled_k, pairs=pairs, full=full, corr=corr,
                   sign_agree=sign_agree, seconds=time.time() - t1, cells=cells)
 
 
