@@ -325,16 +325,16 @@ def test_choose_sampler_rules():
 
 
 def test_make_sampler_under_a_dry_run_gives_vllm_dummy_weights_then_the_models(monkeypatch):
-    """The seam the vLLM dry runs need (sampler.vllm_dry_kw): data/shapes/ holds only config.json, so the engine
+    """The seam the vLLM dry runs need (vllm_seam.vllm_dry_kw): data/shapes/ holds only config.json, so the engine
     starts on dummy weights without a tokenizer and make_sampler pushes the HF model's random weights into it.
     Outside a dry run nothing changes (tests/test_rollout.py pins the arguments)."""
-    from cancellation import policy, sampler
+    from cancellation import policy, sampler, vllm_seam
     from cancellation.dryrun import DRY_RUN_ENV
     monkeypatch.syspath_prepend(str(FAKE_VLLM))
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     saved = {k: sys.modules.pop(k) for k in list(sys.modules) if k == "vllm" or k.startswith("vllm.")}
     try:
-        assert sampler.vllm_dry_kw() == {}
+        assert vllm_seam.vllm_dry_kw() == {}
         monkeypatch.setenv(DRY_RUN_ENV, json.dumps({"seed": 0}))
         path = ROOT / "data" / "policies" / "tiny-m"
         model, _ = policy.load_policy(path, dtype="float32")

@@ -15,7 +15,8 @@ import inspect
 from pathlib import Path
 
 import cancellation
-from cancellation import budget, coupling, grpo, guard, measure, rollout, sampler, train, value
+from cancellation import (budget, coupling, decode_hf, decode_lean, decode_static, grpo, guard, measure, rollout,
+                          sampler, train, value)
 from cancellation.compute import Compute
 from cancellation.figures import fig01, fig02, fig03, fig04, fig05, fig06, fig07, fig08
 
@@ -163,7 +164,8 @@ def test_model_calls_take_the_config_whole():
     for fn in (coupling.masked_effects_full, coupling.masked_effect_bruteforce, coupling.proxy_sign_consistency,
                coupling.adam_first_step_ratio):   # no `compute or Compute()` fallback: the run's knobs, always
         assert inspect.signature(fn).parameters["compute"].default is inspect.Parameter.empty, fn.__qualname__
-    for fn in (sampler.generate, sampler.generate_static, sampler.generate_lean, value.sample_continuations,
+    for fn in (sampler.generate, decode_static.generate_static, decode_lean.generate_lean, decode_hf.generate_eager,
+               value.sample_continuations,
                train.evaluate):
         p = inspect.signature(fn).parameters["token_chunk"]
         assert p.kind is inspect.Parameter.KEYWORD_ONLY and p.default is inspect.Parameter.empty, fn.__qualname__

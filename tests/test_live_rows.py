@@ -4,7 +4,7 @@ floats; the tokens and the generator's state stay those of the sampler without t
 import pytest
 import torch
 
-from cancellation import bench, policy, rollout, sampler
+from cancellation import bench, decode_common, decode_lean, policy, rollout, sampler
 from cancellation.compute import Compute
 
 KNOBS = Compute()
@@ -27,19 +27,19 @@ def tiny(request):
 def _count_calls(monkeypatch, name):
     """Count the calls of LeanStep.<name> (still calling it)."""
     calls = []
-    orig = getattr(sampler.LeanStep, name)
+    orig = getattr(decode_lean.LeanStep, name)
 
     def spy(self, *a, **k):
         calls.append(len(a[0]))
         return orig(self, *a, **k)
-    monkeypatch.setattr(sampler.LeanStep, name, spy)
+    monkeypatch.setattr(decode_lean.LeanStep, name, spy)
     return calls
 
 
 def _lean(model, ids, mask, T, stop, pad, seed, live_rows=True):
     g = torch.Generator().manual_seed(seed)
-    out = sampler.generate_lean(model, ids, mask, T, 1.0, stop, pad, generator=g, token_chunk=KNOBS.token_chunk,
-                                live_rows=live_rows)
+    out = decode_lean.generate_lean(model, ids, mask, T, 1.0, stop, pad, generator=g, token_chunk=KNOBS.token_chunk,
+                                    live_rows=live_rows)
     return out, g.get_state()
 
 
@@ -58,7 +58,7 @@ def test_live_rows_draw_todays_tokens_at_the_notebook_shapes(tiny, seed, monkeyp
     assert torch.equal(a, b) and torch.equal(ga, gb)
     lengths = (b != tok.pad_token_id).sum(1)
     assert lengths.min() < lengths.max()   # rows stopped at different steps: there were rows to leave out
-    assert narrowed or not any(sampler.rows_stable(model, 64, r) for r in range(4, 64, 4))
+    assert narrowed or not any(decode_lean.rows_stable(model, 64, r) for r in range(4, 64, 4))
 
 
 def test_live_rows_draw_the_dynamic_cache_loops_tokens(tiny):
@@ -86,7 +86,7 @@ def test_live_rows_on_the_stand_in_without_a_mask(monkeypatch, standin_model):
     a, ga = _lean(model, ids, mask, 40, stop, 0, 2, live_rows=False)
     b, gb = _lean(model, ids, mask, 40, stop, 0, 2)
     assert torch.equal(a, b) and torch.equal(ga, gb)
-    assert narrowed or not any(sampler.rows_stable(model, 16, r) for r in (4, 8, 12))
+    assert narrowed or not any(decode_lean.rows_stable(model, 16, r) for r in (4, 8, 12))
 
 
 def test_guard_falls_back_when_the_probe_reports_a_mismatch(monkeypatch):
@@ -96,12 +96,12 @@ def test_guard_falls_back_when_the_probe_reports_a_mismatch(monkeypatch):
     ids, mask = bench._cpu_prompts("tiny", model, tok, 64)
     stop = rollout.stop_ids(tok, model)
     probed = []
-    monkeypatch.setattr(sampler, "_STABLE_ROWS", {})
-    monkeypatch.setattr(sampler, "rows_probe", lambda m, B, r: probed.append(r) or False)
+    monkeypatch.setattr(decode_lean, "_STABLE_ROWS", {})
+    monkeypatch.setattr(decode_lean, "rows_probe", lambda m, B, r: probed.append(r) or False)
     narrowed, dropped = _count_calls(monkeypatch, "narrow"), _count_calls(monkeypatch, "drop")
     rows_fed = []
-    step = sampler.LeanStep.__call__
-    monkeypatch.setattr(sampler.LeanStep, "__call__", lambda self, t, *a: rows_fed.append(len(t)) or step(self, t, *a))
+    step = decode_lean.LeanStep.__call__
+    monkeypatch.setattr(decode_lean.LeanStep, "__call__", lambda self, t, *a: rows_fed.append(len(t)) or step(self, t, *a))
     a, ga = _lean(model, ids, mask, 96, stop, tok.pad_token_id, 0, live_rows=False)
     n_steps, n_dropped = len(rows_fed), len(dropped)
     b, gb = _lean(model, ids, mask, 96, stop, tok.pad_token_id, 0)
@@ -116,8 +116,8 @@ def test_rows_round_up_to_the_counts_the_probe_accepts(monkeypatch):
     model, tok = policy.load_policy("data/policies/tiny-m", dtype="float32")
     ids, mask = bench._cpu_prompts("tiny", model, tok, 64)
     stop = rollout.stop_ids(tok, model)
-    monkeypatch.setattr(sampler, "_STABLE_ROWS", {})
-    monkeypatch.setattr(sampler, "rows_probe", lambda m, B, r: r % 8 == 0)
+    monkeypatch.setattr(decode_lean, "_STABLE_ROWS", {})
+    monkeypatch.setattr(decode_lean, "rows_probe", lambda m, B, r: r % 8 == 0)
     narrowed = _count_calls(monkeypatch, "narrow")
     a, ga = _lean(model, ids, mask, 96, stop, tok.pad_token_id, 0, live_rows=False)
     b, gb = _lean(model, ids, mask, 96, stop, tok.pad_token_id, 0)
@@ -129,27 +129,27 @@ def test_no_live_rows_on_more_than_one_thread(monkeypatch):
     """On two threads the guard trusts no row count (CPU attention and matmuls split their work by the
     row count) and does not even probe."""
     model, _ = policy.load_policy("data/policies/tiny-m", dtype="float64")
-    monkeypatch.setattr(sampler, "rows_probe", lambda *a: pytest.fail("probed on two threads"))
+    monkeypatch.setattr(decode_lean, "rows_probe", lambda *a: pytest.fail("probed on two threads"))
     torch.set_num_threads(2)
-    assert not any(sampler.rows_stable(model, 64, r) for r in range(4, 64, 4))
+    assert not any(decode_lean.rows_stable(model, 64, r) for r in range(4, 64, 4))
 
 
 def test_the_probe_runs_once_per_process_and_shapes(monkeypatch):
     """rows_stable caches the probe's verdict per (dtype, shapes, B, r)."""
     model, _ = policy.load_policy("data/policies/tiny-m", dtype="float64")
     calls = []
-    monkeypatch.setattr(sampler, "_STABLE_ROWS", {})
-    monkeypatch.setattr(sampler, "rows_probe", lambda m, B, r: calls.append((B, r)) or True)
+    monkeypatch.setattr(decode_lean, "_STABLE_ROWS", {})
+    monkeypatch.setattr(decode_lean, "rows_probe", lambda m, B, r: calls.append((B, r)) or True)
     for _ in range(3):
-        sampler.rows_stable(model, 64, 8)
-    sampler.rows_stable(model, 64, 12)
-    sampler.rows_stable(policy.load_policy("data/policies/tiny-m", dtype="float32")[0], 64, 8)   # another dtype
+        decode_lean.rows_stable(model, 64, 8)
+    decode_lean.rows_stable(model, 64, 12)
+    decode_lean.rows_stable(policy.load_policy("data/policies/tiny-m", dtype="float32")[0], 64, 8)   # another dtype
     assert calls == [(64, 8), (64, 12), (64, 8)]
 
 
 def test_spread_rows_moves_the_first_and_last_rows():
     for B, r in [(64, 4), (64, 60), (50, 8), (8, 8), (13, 12)]:
-        idx = sampler.spread_rows(B, r)
+        idx = decode_lean.spread_rows(B, r)
         assert len(idx) == r and idx[0] == 0 and idx[-1] == B - 1 and bool((idx.diff() > 0).all())
 
 
@@ -165,13 +165,13 @@ def test_narrowed_step_gives_the_probes_verdict(tiny):
     toks = torch.randint(3, 50, (B, 6), generator=torch.Generator().manual_seed(2))
     done = torch.zeros(B, dtype=torch.bool)
     done[[1, 2, 5, 8, 9, 10, 13]] = True                         # 9 rows live: 12 rows run
-    keep = sampler._narrowed(torch.arange(B), done, 12)
+    keep = decode_lean._narrowed(torch.arange(B), done, 12)
     assert len(keep) == 12 and done[~torch.isin(torch.arange(B), keep)].all() and not done[keep].sum() > 3
     hs = {}
     with torch.inference_mode():
         for way in ("full", "narrow"):
-            _, kv = sampler.last_hidden(model, DynamicCache(), input_ids=ids, attention_mask=mask, position_ids=pos)
-            step = sampler.LeanStep(model)
+            _, kv = decode_common.last_hidden(model, DynamicCache(), input_ids=ids, attention_mask=mask, position_ids=pos)
+            step = decode_lean.LeanStep(model)
             step.fill(kv, P + 6)
             m = torch.ones(B, 1, 1, P + 6, dtype=torch.bool)
             m[:, 0, 0, :P] = mask.bool()
@@ -182,7 +182,7 @@ def test_narrowed_step_gives_the_probes_verdict(tiny):
                     rows = keep
                 hs[way, j] = step(toks[rows, j], nxt[rows], P + j, m)
                 nxt = nxt + 1
-    stable = sampler.rows_stable(model, B, 12)
+    stable = decode_lean.rows_stable(model, B, 12)
     for j in range(6):
         full = hs["full", j] if j < 3 else hs["full", j][keep]
         assert torch.equal(hs["narrow", j], full) or not stable

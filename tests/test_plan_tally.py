@@ -6,7 +6,7 @@ the rows) and through the model's body (every forward of a guarded model: analys
 prefill, transformers' `generate` step by step, TRL's forwards). The plan's counts for the same Params
 must be within 2x of the tally:
 
-- body: every block's positions, less our sampler's decode steps (`sampler.LeanStep` runs the layers
+- body: every block's positions, less our sampler's decode steps (`decode_lean.LeanStep` runs the layers
   without the module call the guard hooks; the plan counts them as `sample`'s head positions, one per
   row and new token), within 2x both ways;
 - head: the plan's is an upper bound (every response runs to max_new_tokens; the stand-in's stop

@@ -4,7 +4,7 @@ from dataclasses import replace
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from cancellation import policy, rollout, sampler, sources, tasks, tiny
+from cancellation import policy, rollout, sampler, sources, tasks, tiny, vllm_seam
 
 RAW = sources.ProblemSource(prompt_format="raw")  # prompts as given, rewards by tasks.verify
 
@@ -264,7 +264,7 @@ def test_vllm_sample_calls_and_rows(fake_vllm, saved_model, tok):
         assert c["prompt_token_ids"] == rendered                     # vLLM sees the tokens HF sees
         assert (c["n"], c["max_tokens"], c["temperature"]) == (4, 12, 1.0)
         assert c["stop_token_ids"] == [tok.eos_token_id, DOT]
-        assert c["seed"] == sampler.request_seed(5, g)
+        assert c["seed"] == vllm_seam.request_seed(5, g)
         for r in range(4):
             row = g * 4 + r
             assert b.input_ids[row, b.attention_mask[row].bool() & ~b.response_mask[row]].tolist() == rendered
@@ -280,7 +280,7 @@ def test_vllm_sample_calls_and_rows(fake_vllm, saved_model, tok):
     again = rollout.sample(llm, tok, cfg)
     assert torch.equal(again.input_ids, b.input_ids)
     other = rollout.sample(llm, tok, cfg, seed=6)
-    assert [c["seed"] for c in llm.calls[-3:]] == [sampler.request_seed(6, g) for g in range(3)]
+    assert [c["seed"] for c in llm.calls[-3:]] == [vllm_seam.request_seed(6, g) for g in range(3)]
     assert not torch.equal(other.input_ids, b.input_ids)
 
 
@@ -293,14 +293,14 @@ def test_sync_weights_pushes_the_hf_weights(fake_vllm, saved_model, tok):
             p.add_(0.01 * torch.randn_like(p))
     key = "model.layers.0.mlp.up_proj.weight"
     assert not torch.equal(llm.model.state_dict()[key], updated.state_dict()[key])
-    n = sampler.sync_weights(llm, updated)
+    n = vllm_seam.sync_weights(llm, updated)
     assert n == len(updated.state_dict()) and llm.handle.loaded == list(updated.state_dict())
     for k, v in updated.state_dict().items():
         assert torch.equal(llm.model.state_dict()[k], v), k
-    sampler.sync_weights(llm)                                          # default: the attached HF model
+    vllm_seam.sync_weights(llm)                                        # default: the attached HF model
     assert torch.equal(llm.model.state_dict()[key], m.state_dict()[key])
     with pytest.raises(RuntimeError, match="VLLM_ENABLE_V1_MULTIPROCESSING"):
-        sampler.sync_weights(object(), m)
+        vllm_seam.sync_weights(object(), m)
 
 
 def test_vllm_exclude_bans_the_first_token(fake_vllm, saved_model, tok):
@@ -312,7 +312,7 @@ def test_vllm_exclude_bans_the_first_token(fake_vllm, saved_model, tok):
     stops = [tok.eos_token_id, DOT]
     M, budgets, bans = 16, [5, 6], [top, None]
     seeds = [value.prefix_seed(0, prefix, b) for b in bans]
-    got = sampler.sample_vllm_continuations(llm, [prefix, prefix], M, budgets, seeds, 1.0, bans, stops)
+    got = vllm_seam.sample_vllm_continuations(llm, [prefix, prefix], M, budgets, seeds, 1.0, bans, stops)
     assert got[0].shape == (M, 5) and got[1].shape == (M, 6)
     assert not (got[0][:, 0] == top).any()                             # the banned first token never comes
     assert (got[1][:, 0] == top).sum() > M // 4                          # (it is the likely one)

@@ -1,10 +1,10 @@
-"""The static-cache sampler (cancellation.sampler): same draws as the eager DynamicCache loop on CPU,
+"""The static-cache sampler (cancellation.decode_static): same draws as the eager DynamicCache loop on CPU,
 stop handling, padding rows that never leak; on CUDA the captured decode step against the eager static
 step and against teacher-forced log-probs."""
 import pytest
 import torch
 
-from cancellation import measure, policy, rollout, sampler
+from cancellation import decode_common, decode_lean, decode_static, measure, policy, rollout, sampler
 from cancellation.compute import Compute
 
 KNOBS = Compute()   # the default memory knobs, passed whole to every model call
@@ -35,8 +35,8 @@ def test_static_eager_draws_the_eager_paths_tokens(tiny, T):
     ga, gb = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
     a = sampler.generate(model, ids, mask, T, 1.0, stop, tok.pad_token_id, generator=ga, static=False,
                          token_chunk=KNOBS.token_chunk)
-    b = sampler.generate_static(model, ids, mask, T, 1.0, stop, tok.pad_token_id, generator=gb,
-                                token_chunk=KNOBS.token_chunk)
+    b = decode_static.generate_static(model, ids, mask, T, 1.0, stop, tok.pad_token_id, generator=gb,
+                                      token_chunk=KNOBS.token_chunk)
     assert a.shape == b.shape and torch.equal(a, b)
     assert torch.equal(ga.get_state(), gb.get_state())     # the next chunk's draws are unchanged too
 
@@ -50,9 +50,9 @@ def test_stops_at_any_stop_id_and_pads_after(tiny):
                             static=False, token_chunk=KNOBS.token_chunk)
     common = int(torch.mode(free.flatten()).values)          # a token most rows draw early
     stop = [tok.eos_token_id, common]
-    out, lp = sampler.generate_static(model, ids, mask, 40, 1.0, stop, tok.pad_token_id,
-                                      generator=torch.Generator().manual_seed(1), draw="icdf", return_logprobs=True,
-                                      token_chunk=KNOBS.token_chunk)
+    out, lp = decode_static.generate_static(model, ids, mask, 40, 1.0, stop, tok.pad_token_id,
+                                            generator=torch.Generator().manual_seed(1), draw="icdf", return_logprobs=True,
+                                            token_chunk=KNOBS.token_chunk)
     is_stop = torch.isin(out, torch.tensor(stop))
     assert is_stop.any(1).all() or out.shape[1] == 40
     for r in range(len(out)):
@@ -72,8 +72,8 @@ def test_padding_rows_never_leak(tiny):
     ids, mask = _batch(model.config.vocab_size, rows=5)
     stop = rollout.stop_ids(tok, model)
     kw = dict(generator=None, draw="icdf", return_logprobs=True, token_chunk=KNOBS.token_chunk)
-    a, la = sampler.generate_static(model, ids, mask, 30, 1.0, stop, tok.pad_token_id, **kw)
-    b, lb = sampler.generate_static(model, ids, mask, 30, 1.0, stop, tok.pad_token_id, pad_rows=8, **kw)
+    a, la = decode_static.generate_static(model, ids, mask, 30, 1.0, stop, tok.pad_token_id, **kw)
+    b, lb = decode_static.generate_static(model, ids, mask, 30, 1.0, stop, tok.pad_token_id, pad_rows=8, **kw)
     assert b.shape[0] == 5 and torch.equal(a, b) and torch.allclose(la, lb, atol=1e-12, rtol=0)
 
 
@@ -85,8 +85,8 @@ def test_graph_shapes_run_eagerly_draw_the_same_tokens(tiny):
     ids, mask = _batch(model.config.vocab_size, rows=6)
     stop = rollout.stop_ids(tok, model)
     kw = dict(generator=None, draw="icdf", return_logprobs=True, token_chunk=KNOBS.token_chunk)
-    a, la = sampler.generate_static(model, ids, mask, 40, 1.0, stop, tok.pad_token_id, **kw)
-    b, lb = sampler.generate_static(model, ids, mask, 40, 1.0, stop, tok.pad_token_id, graph_shapes=True, **kw)
+    a, la = decode_static.generate_static(model, ids, mask, 40, 1.0, stop, tok.pad_token_id, **kw)
+    b, lb = decode_static.generate_static(model, ids, mask, 40, 1.0, stop, tok.pad_token_id, graph_shapes=True, **kw)
     assert torch.equal(a, b) and torch.allclose(la, lb, atol=1e-12, rtol=0)
 
 
@@ -96,9 +96,9 @@ def test_icdf_logprobs_are_teacher_forced_logprobs(tiny):
     model, tok = tiny
     ids, mask = _batch(model.config.vocab_size, rows=6)
     stop = rollout.stop_ids(tok, model)
-    out, lp = sampler.generate_static(model, ids, mask, 20, 1.0, stop, tok.pad_token_id,
-                                      generator=torch.Generator().manual_seed(5), draw="icdf", return_logprobs=True,
-                                      token_chunk=KNOBS.token_chunk)
+    out, lp = decode_static.generate_static(model, ids, mask, 20, 1.0, stop, tok.pad_token_id,
+                                            generator=torch.Generator().manual_seed(5), draw="icdf", return_logprobs=True,
+                                            token_chunk=KNOBS.token_chunk)
     batch = rollout.assemble(tok, [None] * 6, ids, mask, out, 1, verifier=lambda p, t: 0.0, stop=stop)
     st = measure.token_stats(model, batch, KNOBS)
     resp = batch.response_mask
@@ -112,7 +112,7 @@ def test_icdf_law_matches_softmax():
     probabilities (chi-square well inside its 1e-4 tail)."""
     logits = torch.tensor([[2.0, 0.5, -1.0, 1.0, 0.0]]).expand(200_000, 5)
     u = torch.rand(200_000, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
-    tok = sampler._draw_icdf(logits, 1.0, u)
+    tok = decode_common.draw_icdf(logits, 1.0, u)
     p = torch.softmax(logits[0].double(), 0)
     n = torch.bincount(tok, minlength=5).double()
     chi2 = float(((n - 200_000 * p) ** 2 / (200_000 * p)).sum())
@@ -134,10 +134,10 @@ def test_captured_equals_static_eager_on_cuda(dtype, standin_model):
         # eager with the graph's shapes: the same 16 rows and whole cache (bf16 attention rounds
         # differently over other lengths)
         kw = dict(draw="icdf", return_logprobs=True, pad_rows=16)
-        a, la = sampler.generate_static(model, ids, mask, 48, 1.0, [-1], 0, torch.Generator("cuda").manual_seed(2),
-                                        capture=False, graph_shapes=True, **kw)
-        b, lb = sampler.generate_static(model, ids, mask, 48, 1.0, [-1], 0, torch.Generator("cuda").manual_seed(2),
-                                        capture=True, **kw)
+        a, la = decode_static.generate_static(model, ids, mask, 48, 1.0, [-1], 0, torch.Generator("cuda").manual_seed(2),
+                                              capture=False, graph_shapes=True, **kw)
+        b, lb = decode_static.generate_static(model, ids, mask, 48, 1.0, [-1], 0, torch.Generator("cuda").manual_seed(2),
+                                              capture=True, **kw)
         assert torch.equal(a, b) and torch.equal(la, lb)
 
 
@@ -149,9 +149,9 @@ def test_captured_logprobs_are_teacher_forced_on_cuda(standin_model):
     model = model.to("cuda")
     ids, mask = _batch(model.config.vocab_size, rows=10, device="cuda")
     stop = rollout.stop_ids(tok, model)
-    out, lp = sampler.generate_static(model, ids, mask, 24, 1.0, stop, tok.pad_token_id,
-                                      torch.Generator("cuda").manual_seed(4), capture=True, return_logprobs=True,
-                                      token_chunk=KNOBS.token_chunk)
+    out, lp = decode_static.generate_static(model, ids, mask, 24, 1.0, stop, tok.pad_token_id,
+                                            torch.Generator("cuda").manual_seed(4), capture=True, return_logprobs=True,
+                                            token_chunk=KNOBS.token_chunk)
     batch = rollout.assemble(tok, [None] * 10, ids.cpu(), mask.cpu(), out.cpu(), 1, verifier=lambda p, t: 0.0, stop=stop)
     st = measure.token_stats(model, batch.to("cuda"), KNOBS)
     resp = batch.response_mask
@@ -165,25 +165,25 @@ def _body_steps(model, ids, mask, toks):
     token column of `toks` (rows, n), the 2-D mask grown by a column of ones each step."""
     from transformers import DynamicCache
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
-    h, kv = sampler.last_hidden(model, DynamicCache(), input_ids=ids, attention_mask=mask, position_ids=pos)
+    h, kv = decode_common.last_hidden(model, DynamicCache(), input_ids=ids, attention_mask=mask, position_ids=pos)
     next_pos, hs = pos[:, -1] + 1, []
     for j in range(toks.shape[1]):
         mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
-        h, kv = sampler.last_hidden(model, kv, input_ids=toks[:, j:j + 1], attention_mask=mask,
-                                    position_ids=next_pos[:, None])
+        h, kv = decode_common.last_hidden(model, kv, input_ids=toks[:, j:j + 1], attention_mask=mask,
+                                          position_ids=next_pos[:, None])
         next_pos = next_pos + 1
         hs.append(h)
     return hs
 
 
 def _lean_steps(model, ids, mask, toks, drop_after=None, done=None):
-    """The same hidden states from sampler.LeanStep (optionally dropping the rows `done` from the
+    """The same hidden states from decode_lean.LeanStep (optionally dropping the rows `done` from the
     cache and the attention after step `drop_after`)."""
     from transformers import DynamicCache
     B, P = ids.shape
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
-    _, kv = sampler.last_hidden(model, DynamicCache(), input_ids=ids, attention_mask=mask, position_ids=pos)
-    step = sampler.LeanStep(model)
+    _, kv = decode_common.last_hidden(model, DynamicCache(), input_ids=ids, attention_mask=mask, position_ids=pos)
+    step = decode_lean.LeanStep(model)
     step.fill(kv, P + toks.shape[1])
     m = None
     if not bool(mask.bool().all()):
@@ -248,7 +248,7 @@ def test_lean_generate_draws_the_loops_tokens(tiny, T):
     a = sampler.generate(model, ids, mask, T, 1.0, stop, tok.pad_token_id, generator=ga, lean=False,
                          token_chunk=KNOBS.token_chunk)
     b = sampler.generate(model, ids, mask, T, 1.0, stop, tok.pad_token_id, generator=gb, token_chunk=KNOBS.token_chunk)
-    assert sampler.lean_supported(model)
+    assert decode_lean.lean_supported(model)
     assert a.shape == b.shape and torch.equal(a, b) and not b.is_inference()
     assert torch.equal(ga.get_state(), gb.get_state())
 
@@ -269,9 +269,9 @@ def test_static_eager_lean_step_is_the_body_forward(tiny, standin, which):
     bans = torch.tensor([-1, 7, -1, 5, -1, -1]).repeat_interleave(M)
     kw = dict(token_chunk=KNOBS.token_chunk, draw="icdf", repeats=M, uniforms=U, budgets=budgets, bans=bans,
               return_logprobs=True)
-    a, la = sampler.generate_static(model, ids, mask, T, 1.0, stop, tok.pad_token_id, lean=False, **kw)
-    b, lb = sampler.generate_static(model, ids, mask, T, 1.0, stop, tok.pad_token_id, **kw)
-    assert sampler.lean_supported(model)
+    a, la = decode_static.generate_static(model, ids, mask, T, 1.0, stop, tok.pad_token_id, lean=False, **kw)
+    b, lb = decode_static.generate_static(model, ids, mask, T, 1.0, stop, tok.pad_token_id, **kw)
+    assert decode_lean.lean_supported(model)
     assert torch.equal(a, b) and torch.equal(la, lb)
     lengths = (b != tok.pad_token_id).sum(1)
     assert lengths.min() <= 3 and lengths.max() > 12   # budgets stopped rows early, others ran on

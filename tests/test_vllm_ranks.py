@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from cancellation import procs, run, sampler, tasks, train
+from cancellation import procs, run, sampler, tasks, train, vllm_seam
 
 FAKE_VLLM = Path(__file__).parent / "fake_vllm"
 DOT = tasks.VOCAB.index(".")   # a second stop id, as <|im_end|> beside <|endoftext|>
@@ -91,7 +91,7 @@ def test_the_fake_prefix_cache_is_stale_until_reset(fake_vllm, saved_model, tok)
 
 def test_the_training_loop_samples_the_weights_it_pushed(fake_vllm, saved_model, tok, monkeypatch):
     """01's and 08's loop (train.grpo_loop with a vLLM PolicySampler): after each update `Step.update` pushes the
-    weights (PolicySampler.sync -> sampler.sync_weights), and the next round's prompts share a cached block with
+    weights (PolicySampler.sync -> vllm_seam.sync_weights), and the next round's prompts share a cached block with
     the last round's. What the engine samples after the push must come from the new weights: its log-probs equal
     the HF model's forward with them. The update is a known large change (the GRPO step on a random model moves
     little); the rest is the library's loop."""
@@ -126,10 +126,10 @@ def test_sync_weights_resets_the_prefix_cache(fake_vllm, saved_model):
     m, path = saved_model
     llm = sampler.make_sampler(m, path, backend="vllm", dtype="float64")
     llm.blocks[(1,) * 16] = []
-    assert sampler.sync_weights(llm, m) == len(m.state_dict()) and llm.resets == 1 and not llm.blocks
+    assert vllm_seam.sync_weights(llm, m) == len(m.state_dict()) and llm.resets == 1 and not llm.blocks
     llm.reset_prefix_cache = lambda device=None: False    # a version that could not free its blocks
     with pytest.raises(RuntimeError, match="could not reset its prefix cache"):
-        sampler.sync_weights(llm, m)
+        vllm_seam.sync_weights(llm, m)
 
 
 # ----------------------------------------------------------------------------- item 4: vLLM in --procs ranks

@@ -28,9 +28,11 @@ import torch
 from . import cache, coupling, engine, extract, grpo, measure, policy, procs, rollout, scale, seeds, sources, standins, tasks, thesis, train, value
 from . import categories as C
 from .compute import Compute
+from .decode_hf import generate_transformers
+from .decode_lean import generate_lean
 from .figures import fig01, fig04
 from .pack import padded
-from .sampler import generate, generate_lean, generate_transformers
+from .sampler import generate
 from .grader import MathVerifier   # by name: this module's `grader` is a bench
 
 KNOBS = Compute()   # the default memory knobs of every timed call (a bench times the code, not a profile)
@@ -701,7 +703,7 @@ def sampler(device: str = "auto", shapes: str = "auto", compile: bool = True, ea
             dynamic: str = "all", repeats: int = 5, threads: int = 1):
     """Sampling tokens/s: ours (static KV cache; decode step captured as a CUDA graph on GPU) vs our eager
     DynamicCache loop vs transformers `generate` (dynamic cache; on GPU also static cache + torch.compile through
-    `sampler.generate_transformers`, the call the notebooks make when gpu-check picks that path) vs
+    `decode_hf.generate_transformers`, the call the notebooks make when gpu-check picks that path) vs
     the weight-read limit (parameter bytes over the device copy bandwidth measured here). GPU: Qwen3-1.7B's
     shape, bfloat16, random weights, 64 x 512 and 256 x 256 new tokens. CPU: `sampler_cpu` (the tiny
     policy in float64 and the stand-in in float32, ours = the lean step). No stop ids: every row runs to the cap.

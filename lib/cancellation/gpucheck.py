@@ -227,7 +227,7 @@ def notebook_shapes(profile: str = DRY_PROFILE) -> dict:
 
 def measure_dims(shapes: dict) -> list[tuple[int, int, int]]:
     """The (rows, new tokens, prompt tokens) to time for `notebook_shapes`: each distinct rows x new once, after
-    the longest prompt any notebook samples it with, rounded up to sampler.HF_LEN_BUCKET and at least
+    the longest prompt any notebook samples it with, rounded up to decode_hf.HF_LEN_BUCKET and at least
     MEASURE_PROMPT (the planner's prompt is a default where the problems or tokenizer are not here; a longer
     measured prompt serves every shorter one: `sampling_path.shape_cost`). The shapes of notebooks whose
     section samples with the hf backend first (where the choice is made), then the rest; most calls first."""
@@ -243,8 +243,8 @@ def measure_dims(shapes: dict) -> list[tuple[int, int, int]]:
 
 
 def sampler_at(dims, device: str = "cuda", budget_s: float = SAMPLER_NOTEBOOKS_S) -> list:
-    """Ours and transformers' static cache + torch.compile (`sampler.generate_transformers`, the notebooks' own
-    call) at each (rows, new tokens, prompt tokens) of `dims`: Qwen3-1.7B's shape, bfloat16, random weights and
+    """Ours and transformers' static cache + torch.compile (`sampler.generate(path="transformers")`: the
+    notebooks' own call, `decode_hf.generate_transformers`) at each (rows, new tokens, prompt tokens) of `dims`: Qwen3-1.7B's shape, bfloat16, random weights and
     prompts, no stop ids (every row to the cap). Each way's first call (capture or compile, and the call) and
     its second (steady tokens/s). Starts no new shape after `budget_s` (the first always runs). Returns
     bench.sampler's rows: [(shape 'rows x new, prompt P', way, tokens/s, first call s)]."""
@@ -268,7 +268,8 @@ def sampler_at(dims, device: str = "cuda", budget_s: float = SAMPLER_NOTEBOOKS_S
         mask = torch.ones_like(ids)
         ways = {OURS + ", CUDA graph)": lambda: sampler.generate(model, ids, mask, new, 1.0, [-1], 0, generator=g,
                                                                  static=True, token_chunk=chunk),
-                STATIC: lambda: sampler.generate_transformers(model, ids, mask, new, 1.0, [-1], 0, generator=g)}
+                STATIC: lambda: sampler.generate(model, ids, mask, new, 1.0, [-1], 0, generator=g, path="transformers",
+                                                 token_chunk=chunk)}
         for way, fn in ways.items():
             first = scale._timed(fn, device)[0]
             steady = scale._timed(fn, device)[0]
@@ -319,9 +320,9 @@ def sampler_vllm(model: str = SHAPE, dims=SAMPLER_DIMS, dtype: str = "bfloat16",
     over the tokens returned, the second call), or {"error": "<why vllm does not import>"}."""
     import torch
 
-    from . import sampler
+    from . import vllm_seam
     try:
-        LLM, SamplingParams, TokensPrompt = sampler._import_vllm()
+        LLM, SamplingParams, TokensPrompt = vllm_seam.import_vllm()
     except ImportError as e:
         return dict(error=f"{type(e.__cause__ or e).__name__}: {e.__cause__ or e}")
     path = ROOT / model if (ROOT / model).exists() else Path(model)
@@ -363,7 +364,7 @@ def profile_decode(rows: int = 64, prompt: int = 64, new: int = 32, top: int = 1
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from . import sampler, scale
+    from . import decode_static, scale
     from .compute import Compute
 
     model = scale.build(shape, dtype=torch.bfloat16, device=device)
@@ -372,8 +373,8 @@ def profile_decode(rows: int = 64, prompt: int = 64, new: int = 32, top: int = 1
     mask = torch.ones_like(ids)
 
     def run(capture):
-        return sampler.generate_static(model, ids, mask, new, 1.0, [-1], 0, generator=g, capture=capture,
-                                       draw="icdf", graph_shapes=True, token_chunk=Compute().token_chunk)
+        return decode_static.generate_static(model, ids, mask, new, 1.0, [-1], 0, generator=g, capture=capture,
+                                             draw="icdf", graph_shapes=True, token_chunk=Compute().token_chunk)
     cuda = device.startswith("cuda")
     if cuda:
         run(True)                        # capture once

@@ -42,7 +42,7 @@ from . import manifest, sources, tasks
 from . import workload as W
 from .policy import TOKENIZER_FILES, load_tokenizer
 from .procs import BUILT, FAN_OUTS, ISOLATED, POLICY_RANKS, WHOLE_RUNS
-from .sampler import bucket_rows
+from .decode_common import bucket_rows
 from .shapes import Shape, device_kind, device_memory, known_shape
 from .standins import build_tokenizer
 from .workload import BYTES, Sizes, Work, ceil
@@ -187,7 +187,7 @@ def sampling_calls(P, prompt: int | None = None) -> list[dict]:
     (`workload(P, shape, sizes)`: every `workload.sample` it counts, `recorded_samples`; Monte Carlo continuations
     left out -- those whose rows per call are P.rows_per_chunk: they stay on ours). Each counted sample of R rows,
     rows per call c (its chunk_rows_decode, else R) and `times` makes times x R // c calls of c rows and one of
-    R % c; calls are grouped by the sampler's row bucket (`sampler.bucket_rows`: both paths pad rows to it) and new
+    R % c; calls are grouped by the sampler's row bucket (`decode_common.bucket_rows`: both paths pad rows to it) and new
     tokens. `prompt`: the longest prompt in tokens (default: `prompt_lengths`, the notebook's problems rendered and
     tokenized). Returns [{"rows", "new", "prompt", "calls"}], largest first: what `sampling_path.choose` costs
     (`FigureParams.hf_path` on a CUDA card; gpu-check's sampler step measures at these shapes). One compile (ours:

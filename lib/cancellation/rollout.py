@@ -12,11 +12,11 @@ with the source's verifier and normalises advantages per group. A response ends 
 ANY stop id (`stop_ids`: the tokenizer's eos and the checkpoint's generation_config eos ids, as
 chat models stop on e.g. <|im_end|>), so the HF and vLLM backends agree on where it ends.
 
-Backends (both in `sampler.py`, with `make_sampler`, `load_sampler` and `sync_weights`): 'hf' is our
+Backends (`sampler.py` builds both: `make_sampler`, `load_sampler`; vLLM's calls in `vllm_seam.py`): 'hf' is our
 own batched KV-cache sampler over any `transformers` causal LM, seeded by a private torch.Generator on
 the model's device (reproducible per device, touches no global RNG); prefill computes logits for the
 last position only and the KV cache stays in the model's dtype. 'vllm' (GPU extra) receives the exact
-token ids the HF path would see (TokensPrompt), and `sampler.sync_weights` pushes the HF model's
+token ids the HF path would see (TokensPrompt), and `vllm_seam.sync_weights` pushes the HF model's
 weights into it after each update.
 """
 from __future__ import annotations
@@ -27,7 +27,8 @@ import torch
 
 from . import sampling_path, seeds, sources, stage, tasks
 from .guard import check_update, knob
-from .sampler import sample_hf, sample_vllm
+from .sampler import sample_hf
+from .vllm_seam import sample_vllm
 
 
 @dataclass

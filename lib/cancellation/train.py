@@ -27,7 +27,8 @@ from tqdm import tqdm
 from . import batching, grpo, measure, rollout, sources, tasks
 from . import cache, coupling, policy, procs, seeds, stage, strategies
 from .compute import Compute
-from .sampler import make_sampler, sync_weights, vllm_rank_kw
+from .sampler import make_sampler
+from .vllm_seam import sync_weights, vllm_rank_kw
 
 log = logging.getLogger(__name__)
 
@@ -242,7 +243,7 @@ def _rank_delta_runs(shared: dict, units: list, local_rank) -> list:
     """One rank's share of `cached_delta_runs`: each (model_path, RunConfig) trained and cached.
 
     A run that samples with vLLM, in a rank of a group of several, trains in a child process outside the group
-    (`procs.isolated`, as 07's TRL runs): built here, its engine would join the group (sampler.vllm_rank_kw, the
+    (`procs.isolated`, as 07's TRL runs): built here, its engine would join the group (vllm_seam.vllm_rank_kw, the
     external launcher), and building such an engine is a collective that every rank must enter together. Ranks
     build one engine per run of their share, and the runs do not split evenly (3 runs on 2 ranks): the rank
     with the extra run would wait forever for the others. In the child the engine is one process's, as on

@@ -15,7 +15,7 @@ p_t comes from the training forward (measure.token_stats), never from the sample
 p_t > p_max (1 − 1e-3) are skipped: there the division amplifies Monte Carlo noise without bound.
 
 Cost is 2M continuations per token, so sampling shares prefixes: one prefill per distinct
-prefix, its KV cache copied into M rows of the static-cache sampler (`sampler.py`; a
+prefix, its KV cache copied into M rows of the static-cache sampler (`decode_static.py`; a
 captured decode step on CUDA unless float64), many prefixes per batch. Every prefix draws
 its uniforms from its own generator seeded by (seed, prefix), and tokens are drawn by inverse
 CDF, so a prefix's continuations do not depend on which other prefixes share its batch: the
@@ -39,9 +39,11 @@ import torch
 
 from . import cache, extract, grader, grpo, measure, procs, seeds, stage, tasks
 from . import stats as _stats
+from .decode_static import generate_static
 from .guard import check_update, knob
 from .rollout import _left_pad, stop_ids
-from .sampler import generate_static, load_sampler, sample_vllm_continuations
+from .sampler import load_sampler
+from .vllm_seam import sample_vllm_continuations
 
 ESTIMATORS = ("paper", "exclude")
 
@@ -86,7 +88,7 @@ def sample_continuations(model, prefixes, M: int, budgets, eos_id, pad_id: int, 
     prefixes: lists of token ids (prompt + response so far); budgets: max new tokens per prefix
     (≥ 1); eos_id: one stop id or a list (rollout.stop_ids); seeds: one per prefix; bans: per
     prefix a token id the *first* sampled token may not be (None: no ban). The sampler is
-    `sampler.generate_static` (repeats=M): one prefill per prefix, its KV cache copied
+    `decode_static.generate_static` (repeats=M): one prefill per prefix, its KV cache copied
     into its M rows; on CUDA (weights other than float64) the decode step is a captured graph.
     share_prefill=False prefills the M copies of a prefix separately (the naive reference; same
     samples); lean=False runs the decode step through the body's modules instead of the lean step

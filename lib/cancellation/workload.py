@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from .engine.data import micro_batch, micro_rows
-from .sampler import bucket_len, bucket_rows
+from .decode_common import bucket_len, bucket_rows
 
 BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2, "": 4}
 
@@ -83,7 +83,7 @@ def sample(w: Work, rows: int, z: Sizes, chunk_rows_decode: int | None = None, t
     w.sampled_rows += times * rows
     w.sampled_tokens += times * rows * z.new
     # the static-cache sampler preallocates its cache for the whole bucket: rows padded to a power of
-    # two, prompt + new tokens rounded up to a multiple of 256 (sampler.py)
+    # two, prompt + new tokens rounded up to a multiple of 256 (decode_common.py)
     w.kv_rows = max(w.kv_rows, bucket_rows(min(rows, chunk_rows_decode or rows)))
     w.kv_len = max(w.kv_len, bucket_len(z.prompt_max + z.new))
     w.batch(rows, z.prompt_max + z.new)
