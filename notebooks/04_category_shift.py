@@ -122,10 +122,8 @@ print("\n".join(fig04_claims.shift_report(R)))
 fig04_claims.compare_view(R.compare)
 
 # %%
-fig = fig04_plots.settings_shift(R)
-plots.stamp(fig, plots.models_stamp_text(profile, [P.model_path] + ([P.control_model_path] if P.control_model_path else []),
-                                         P.device))
-plots.save(fig, "fig04b_category_shift_settings", fig_dir)
+fig = fig04_plots.settings_shift(R, P, profile)   # Fig. 13: beyond the paper, stamped with both policies
+plots.save(fig, "fig13_category_shift_settings", fig_dir)
 plt.show()
 
 # %% [markdown]
@@ -165,22 +163,17 @@ plt.show()
 # prints the shares and what each can test.
 
 # %%
-print(f"context definition: k = {R.batches['context_k']} preceding tokens (rule: the smallest k whose specific "
-      "share is ≥ 20% in both pools)")
-print("\n".join(fig04_claims.class_share_lines(R.thesis_shares, R.batches["context_k"])))
-print("\n".join(fig04_claims.pool_lines(R)))
-R.thesis_shares.pivot(index=["defn", "k"], columns="pool", values="specific_share").round(3)
+print("\n".join(fig04_claims.class_lines(R)))
+fig04_claims.shares_view(R.thesis_shares)
 
 # %% [markdown]
 # The thesis statistics with their 95% intervals, per definition, view of the shared class (all of it; at
 # another state than any copy's; at a copy's own state) and pool:
 
 # %%
-T = R.thesis
-TC = fig04_claims.thesis_claims(T, R.thesis_fidelity, R.batches["context_k"], R.thesis_shares, R.thesis_null,
-                                R.thesis_cells)
-print("no group holds both classes: nothing to compare on this profile" if T.empty else "")
-fig04_claims.thesis_view(T)
+TC = fig04_claims.thesis_rows(R)
+print("no group holds both classes: nothing to compare on this profile" if R.thesis.empty else "")
+fig04_claims.thesis_view(R.thesis)
 
 # %% [markdown]
 # Every statistic against its sign-shuffle null, on every definition (the real value, the null's median and
@@ -220,8 +213,5 @@ print("\n".join(fig04_claims.thesis_reading(TC)))
 
 # %%
 rows = fig04_claims.claims(R, P)
-print(fig04_claims.mass_reading(rows))
-# the same ratios against the total mass (which GRPO also changes) and robust to the few single tokens one SGD step
-# moves by ~10 in log p (each batch's 1% largest |Δ| left out)
-print("\n".join(fig04_claims.mass_robust_lines(R)))
+print("\n".join(fig04_claims.mass_lines(R, rows)))   # also vs the total, and without each batch's 1% largest |Δ|
 claims.record(results_dir, "04", rows);

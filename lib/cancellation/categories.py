@@ -401,11 +401,16 @@ def tag_naive(pieces, scheme: str, cz: Categorizer, special=frozenset()) -> list
 
 
 # ------------------------------------------------------------------------------- aggregation
-def category_mass(df: pd.DataFrame, delta: str = "delta", by=(), eps: float = 1e-6) -> pd.DataFrame:
+def category_mass(df: pd.DataFrame, delta: str = "delta", by=(), eps: float = 1e-6, trim: float = 0.0) -> pd.DataFrame:
     """Per `by` group and category (all categories listed): boosted mass Σ max(Δ,0), suppressed
     mass Σ max(−Δ,0), token counts (all, Δ > ε, Δ < −ε), and each category's share of all
-    boosted / suppressed mass of its group."""
+    boosted / suppressed mass of its group. `trim`: leave out each `by` group's `trim` share of rows
+    with the largest |Δ| first (those above the group's 1 − trim quantile of |Δ|)."""
     by = list(by)
+    if trim:
+        a = df[delta].abs()
+        cut = a.groupby([df[b] for b in by]).transform(lambda x: x.quantile(1 - trim)) if by else a.quantile(1 - trim)
+        df = df[a <= cut]
     d = df[delta].to_numpy()
     x = df[by + ["category"]].assign(boosted_mass=np.clip(d, 0, None), suppressed_mass=np.clip(-d, 0, None),
                                     n_tokens=1, n_boosted=(d > eps).astype(int), n_suppressed=(d < -eps).astype(int))
@@ -419,26 +424,42 @@ def category_mass(df: pd.DataFrame, delta: str = "delta", by=(), eps: float = 1e
     return g.reset_index()
 
 
+def update_mass(tokens: pd.DataFrame, updates=("positive_only", "grpo"), eps: float = 1e-6,
+                trim: float = 0.0) -> pd.DataFrame:
+    """category_mass per update and batch of a token table with `category`, `batch` and one `delta_<update>`
+    column per update, for the categories the table holds (`trim`: as category_mass's, per update and batch)."""
+    long = pd.concat([tokens.assign(update=u, delta=tokens[f"delta_{u}"]) for u in updates], ignore_index=True)
+    mass = category_mass(long, "delta", by=("update", "batch"), eps=eps, trim=trim)
+    return mass[mass.category.isin(tokens.category.unique())].reset_index(drop=True)
+
+
+def mass_summary(mass: pd.DataFrame, level: float = 0.95) -> pd.DataFrame:
+    """Per update, category and measure of `update_mass`'s table: mean over batches with a t interval."""
+    measures = [c for c in mass.columns if c not in ("update", "batch", "category")]
+    return pd.DataFrame([dict(update=u, category=c, measure=m, **dict(zip(("mean", "lo", "hi"),
+                                                                           stats.t_interval(d[m], level))))
+                         for (u, c), d in mass.groupby(["update", "category"]) for m in measures])
+
+
+def paired_shift(mass: pd.DataFrame, updates=("positive_only", "grpo")) -> pd.DataFrame:
+    """Per batch and category of `update_mass`'s table: boosted share under updates[1] minus under updates[0]
+    (NaN where a batch has no boosted mass under an update)."""
+    shares = mass.pivot_table(index="batch", columns=["update", "category"], values="boosted_share", dropna=False)
+    return shares[updates[1]] - shares[updates[0]]
+
+
 def share_shift(tokens: pd.DataFrame, updates=("positive_only", "grpo"), eps: float = 1e-6, level: float = 0.95):
     """Fig. 4's statistics from a token table with `category`, `batch` and one `delta_<update>`
     column per update.
 
     Returns (mass, summary, shift):
-      mass     category_mass per update and batch (boosted / suppressed mass, counts, shares);
-      summary  per update, category and measure: mean over batches with a t interval (mean, lo, hi);
+      mass     category_mass per update and batch (boosted / suppressed mass, counts, shares): update_mass;
+      summary  per update, category and measure: mean over batches with a t interval (mean, lo, hi): mass_summary;
       shift    per batch and category: boosted share under updates[1] minus under updates[0]
-               (the paired shift; NaN where a batch has no boosted mass under an update).
+               (the paired shift; NaN where a batch has no boosted mass under an update): paired_shift.
     """
-
-    long = pd.concat([tokens.assign(update=u, delta=tokens[f"delta_{u}"]) for u in updates], ignore_index=True)
-    mass = category_mass(long, "delta", by=("update", "batch"), eps=eps)
-    mass = mass[mass.category.isin(tokens.category.unique())].reset_index(drop=True)
-    measures = [c for c in mass.columns if c not in ("update", "batch", "category")]
-    rows = [dict(update=u, category=c, measure=m, **dict(zip(("mean", "lo", "hi"), stats.t_interval(d[m], level))))
-            for (u, c), d in mass.groupby(["update", "category"]) for m in measures]
-    shares = mass.pivot_table(index="batch", columns=["update", "category"], values="boosted_share", dropna=False)
-    shift = shares[updates[1]] - shares[updates[0]]
-    return mass, pd.DataFrame(rows), shift
+    mass = update_mass(tokens, updates, eps)
+    return mass, mass_summary(mass, level), paired_shift(mass, updates)
 
 
 def shift_summary(shift: pd.DataFrame, level: float = 0.95) -> pd.DataFrame:

@@ -10,6 +10,10 @@ next run. Then the boosted / suppressed mass per category and batch and its pair
 tokens whose Δlog p differs most, and the same shift under the comparison table (`compare_map`) and
 on the fixed-scaffold control policy (`control_model_path`, same batch seeds). The claim rows and
 what the notebook prints are `fig04_claims`.
+
+The per-token table (every response token of every kept batch) stays inside compute: the Result keeps
+what is read off it (counts, masses, the top tokens and occurrences), so `load` (make plots) rebuilds
+the Result from the tidy tables and a small snapshot (replot.save) without it.
 """
 from __future__ import annotations
 
@@ -24,7 +28,7 @@ from tqdm import tqdm
 
 from .. import cache, categories, coupling, grpo, measure, policy, procs, rollout, seeds, stage, thesis
 from .. import workload as W
-from . import base
+from . import base, replot
 from .base import param
 
 UPDATES = ("positive_only", "grpo")
@@ -35,6 +39,7 @@ TABLES = {"mass": "fig04_category_mass_per_batch.parquet", "table": "fig04_categ
           "thesis_shares": "fig04_thesis_shares.parquet", "thesis_fidelity": "fig04_thesis_fidelity.parquet",
           "thesis_null_cells": "fig04_thesis_null_cells.parquet", "thesis_null_draws": "fig04_thesis_null_draws.parquet",
           "thesis_null": "fig04_thesis_null.parquet"}
+TRIM = 0.01   # the robust mass (fig04_claims.mass_robust_lines): each batch's 1% largest |Δ| tokens (per update) left out
 
 
 @dataclass
@@ -84,9 +89,9 @@ class Result:
     """What Fig. 4 plots, its reading prints and its claims read."""
     batches: dict                # per policy: batches, tokens, accuracy, mixed groups, seconds; the category table
                                  # and the grading (numbers; `summary(R)` writes the lines)
-    tokens: pd.DataFrame         # every response token of the kept batches, tagged, with delta_<update>
     audit: pd.DataFrame          # per (category, token type): occurrences, most frequent first
     mass: pd.DataFrame           # per (update, batch, category): boosted / suppressed mass, counts, shares
+    mass_trimmed: pd.DataFrame   # the same with each (update, batch)'s TRIM share of largest |Δ| tokens left out
     summary_table: pd.DataFrame  # per (update, category, measure): mean over batches with a t interval
     per: pd.DataFrame            # per batch (rows) and category: paired boosted-share shift GRPO − positive-only
     shift: pd.DataFrame          # per category: mean paired shift with its t interval
@@ -108,9 +113,44 @@ class Result:
     thesis_null_draws: pd.DataFrame  # per (defn, k, states, pool, statistic, shuffle): the pooled statistic (0: real)
     thesis_null: pd.DataFrame        # per (defn, k, states, pool, statistic): real, the null's median and band, p
 
-    def write(self, results_dir) -> None:
+    def write(self, results_dir, P: Params) -> None:
+        """The tidy tables, and for `load` what they do not hold (replot.save; the settings' per-batch shifts beyond
+        the main one's, which `per` is, one frame each)."""
         for field, name in TABLES.items():
             cache.write_table(getattr(self, field), Path(results_dir) / name)
+        replot.save(P, results_dir, batches=self.batches, audit=self.audit, mass_trimmed=self.mass_trimmed,
+                    top_labels=self.top_labels, occurrences=self.occurrences,
+                    template_confidence=self.template_confidence, settings=self.settings,
+                    **{f"setting_shift_{i}": self.setting_shifts[s] for i, s in enumerate(self.settings) if i})
+
+
+def load(P: Params, results_dir) -> Result:
+    """The Result `write` wrote to `results_dir`, computing nothing (make plots): the tidy tables read back, the
+    snapshot restored, the summaries, shifts and totals derived from the mass table as compute derives them."""
+    t = {field: replot.table(results_dir, name) for field, name in TABLES.items()}
+    snap = replot.restore(P, results_dir)
+    settings = snap.pop("settings")
+    per = categories.paired_shift(t["mass"], UPDATES)
+    shifts = {s: per if not i else snap.pop(f"setting_shift_{i}") for i, s in enumerate(settings)}
+    return Result(**t, **snap, summary_table=categories.mass_summary(t["mass"]), per=per, shift=_shift(per),
+                  cats=_plotted(snap["audit"]), totals=_totals(t["mass"]), settings=settings, setting_shifts=shifts)
+
+
+def _shift(per: pd.DataFrame) -> pd.DataFrame:
+    """Per category: the mean paired shift of the boosted share with its t interval (categories.shift_summary)."""
+    return categories.shift_summary(per).assign(measure="boosted_share_shift")
+
+
+def _plotted(audit: pd.DataFrame) -> list:
+    """The categories with at least 0.1% of the tokens (the ones plotted: a few stray tokens say nothing)."""
+    n = audit.groupby("category").n.sum()
+    share_of = n / n.sum()
+    return [c for c in categories.CATEGORIES if share_of.get(c, 0) >= 0.001]
+
+
+def _totals(mass: pd.DataFrame) -> pd.DataFrame:
+    """Per update: the total boosted / suppressed mass per batch, mean over batches."""
+    return mass.groupby(["update", "batch"])[["boosted_mass", "suppressed_mass"]].sum().groupby("update").mean()
 
 
 def batch_deltas(P: Params, source, i: int, path: str, load, shared_forward: bool = True) -> pd.DataFrame:
@@ -271,13 +311,11 @@ def compute(P: Params) -> Result:
     audit = (tokens.groupby(["category", "token"]).size().rename("n").reset_index()
              .sort_values(["category", "n"], ascending=[True, False]))
     mass, summary, per = categories.share_shift(tokens, UPDATES, eps=P.eps)
-    shift = categories.shift_summary(per).assign(measure="boosted_share_shift")
+    shift = _shift(per)
     table = pd.concat([summary, shift.drop(columns="n").assign(update="grpo - positive_only")], ignore_index=True)
     top, occurrences = _top_tokens(tokens, P)
     top_labels = [tok.convert_tokens_to_string([t]).strip() or repr(t) for t in top.token]
-    share_of = tokens.category.value_counts(normalize=True)
-    cats = [c for c in categories.CATEGORIES if share_of.get(c, 0) >= 0.001]  # a few stray tokens say nothing
-    totals = mass.groupby(["update", "batch"])[["boosted_mass", "suppressed_mass"]].sum().groupby("update").mean()
+    cats = _plotted(audit)
     # where the Template mass sits: confident scaffold (p > 0.9) vs uncertain wording choices
     long = pd.concat([tokens.assign(update=u, delta=tokens[f"delta_{u}"]) for u in UPDATES], ignore_index=True)
     conf = long.assign(confident=np.where(long.prob > 0.9, "p>0.9", "p<=0.9"))
@@ -313,10 +351,10 @@ def compute(P: Params) -> Result:
         draws = thesis.null_values(null_cells)
         bands = thesis.null_bands(draws).assign(chosen=lambda d: (d.defn != "context") | (d.k == k))
         facts.update(null_check=float(tokens.null_check.max()), null_seconds=time.time() - t0)
-    return Result(batches=facts, tokens=tokens, audit=audit, mass=mass, summary_table=summary, per=per,
-                  shift=shift, table=table, top=top, top_labels=top_labels, occurrences=occurrences, cats=cats,
-                  totals=totals, template_confidence=conf, settings=list(settings),
-                  setting_shifts={k: v[1] for k, v in settings.items()}, compare=_compare(settings, P),
+    return Result(batches=facts, audit=audit, mass=mass, mass_trimmed=categories.update_mass(tokens, UPDATES, P.eps, TRIM),
+                  summary_table=summary, per=per, shift=shift, table=table, top=top, top_labels=top_labels,
+                  occurrences=occurrences, cats=cats, totals=_totals(mass), template_confidence=conf,
+                  settings=list(settings), setting_shifts={k: v[1] for k, v in settings.items()}, compare=_compare(settings, P),
                   thesis_cells=tcells, thesis=thesis.summary(tcells, t_cats, n_boot=P.n_boot, seed=P.seed),
                   thesis_shares=shares.assign(chosen=lambda d: (d.defn == "ids") | (d.k == k)),
                   thesis_fidelity=thesis.fidelity(tokens), thesis_null_cells=null_cells, thesis_null_draws=draws,

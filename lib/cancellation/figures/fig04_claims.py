@@ -8,7 +8,7 @@ import pandas as pd
 from .. import categories, thesis
 from .. import claims as C
 from .. import stats as S
-from .fig04 import UPDATES, Params, Result
+from .fig04 import TRIM, UPDATES, Params, Result
 
 
 # ----------------------------------------------------------------------------- what the notebook shows
@@ -210,31 +210,33 @@ def claims(R: Result, P: Params) -> list[C.Claim]:
     if P.control_model_path:
         rows += claim_rows(R.setting_shifts[R.settings[-1]], "_fixed_scaffold", "Fig. 4, fixed-scaffold control",
                            " (fixed scaffold)")
-    return rows + thesis_claims(R.thesis, R.thesis_fidelity, R.batches.get("context_k"), R.thesis_shares,
-                                R.thesis_null, R.thesis_cells)
+    return rows + thesis_rows(R)
 
 
-TRIM = 0.01   # the robust mass: each batch's 1% largest |Δ| tokens (per update) left out
+def thesis_rows(R: Result) -> list[C.Claim]:
+    """The thesis rows of R (`thesis_claims` on its thesis tables and chosen context k)."""
+    return thesis_claims(R.thesis, R.thesis_fidelity, R.batches.get("context_k"), R.thesis_shares, R.thesis_null,
+                         R.thesis_cells)
 
 
 def mass_ratios(tokens: pd.DataFrame, trim: float = 0.0) -> dict:
     """Geometric mean over batches of the boosted and the suppressed mass, GRPO / positive-only, for all tokens and
     per category; `trim`: leave out each batch's `trim` share of tokens with the largest |Δ| under each update first
     (a few single tokens moved by ~10 in log p can carry a batch's mass). Returns {(kind, category or 'all'): ratio}."""
+    return mass_ratios_of(categories.update_mass(tokens, UPDATES, trim=trim))
+
+
+def mass_ratios_of(mass: pd.DataFrame) -> dict:
+    """`mass_ratios` from the per (update, batch, category) masses (`categories.update_mass`: R.mass, and
+    R.mass_trimmed with each batch's TRIM share of largest |Δ| left out); 'all' is a batch's categories summed."""
     out = {}
-    per = {}
-    for u in UPDATES:
-        d = tokens[["batch", "category", f"delta_{u}"]].rename(columns={f"delta_{u}": "d"})
-        if trim:
-            cut = d.groupby("batch").d.transform(lambda x: x.abs().quantile(1 - trim))
-            d = d[d.d.abs() <= cut]
-        d = d.assign(boosted=d.d.clip(lower=0), suppressed=(-d.d).clip(lower=0))
-        per[u] = pd.concat([d.groupby("batch")[["boosted", "suppressed"]].sum().assign(category="all"),
-                            d.groupby(["batch", "category"])[["boosted", "suppressed"]].sum().reset_index("category")])
+    per = {u: pd.concat([d.groupby("batch")[["boosted_mass", "suppressed_mass"]].sum().assign(category="all"),
+                         d.set_index("batch")[["boosted_mass", "suppressed_mass", "category"]]])
+           for u, d in mass.groupby("update")}
     for kind in ("boosted", "suppressed"):
-        for cat in ["all"] + sorted(set(tokens.category)):
-            a = per["grpo"][per["grpo"].category == cat][kind]
-            b = per["positive_only"][per["positive_only"].category == cat][kind]
+        for cat in ["all"] + sorted(set(mass.category)):
+            a = per["grpo"][per["grpo"].category == cat][f"{kind}_mass"]
+            b = per["positive_only"][per["positive_only"].category == cat][f"{kind}_mass"]
             with np.errstate(divide="ignore", invalid="ignore"):
                 r = np.log(a / b.reindex(a.index))
             r = r[np.isfinite(r)]
@@ -246,7 +248,7 @@ def mass_ratios(tokens: pd.DataFrame, trim: float = 0.0) -> dict:
 def mass_robust_lines(R: Result) -> list[str]:
     """The mass ratios against the total's and with each batch's largest 1% |Δ| tokens left out (the robust reading
     of "greatly weakens"): GRPO / positive-only, geometric mean over batches."""
-    full, trim = mass_ratios(R.tokens), mass_ratios(R.tokens, TRIM)
+    full, trim = mass_ratios_of(R.mass), mass_ratios_of(R.mass_trimmed)
     out = []
     for kind in ("boosted", "suppressed"):
         tot, tt = full.get((kind, "all")), trim.get((kind, "all"))
@@ -261,6 +263,12 @@ def mass_robust_lines(R: Result) -> list[str]:
                          f"{trim.get((kind, cat), np.nan) / tt:.2f})")
         out.append(line)
     return out
+
+
+def mass_lines(R: Result, rows: list[C.Claim]) -> list[str]:
+    """The absolute-mass reading (`mass_reading`), then the same ratios against the total mass (which GRPO also
+    changes) and robust to the few single tokens one SGD step moves by ~10 in log p (`mass_robust_lines`)."""
+    return [mass_reading(rows)] + mass_robust_lines(R)
 
 
 def mass_reading(rows: list[C.Claim]) -> str:
@@ -536,6 +544,19 @@ def thesis_reading(TC: list[C.Claim]) -> list[str]:
     """Which reading the rows support, per definition, in words built from the rows: README's sentences
     (`claims.thesis_reading`), read off this run's rows."""
     return C.thesis_reading({c.claim[len(C.THESIS_PREFIX):]: c for c in TC})
+
+
+def class_lines(R: Result) -> list[str]:
+    """The context definition's k, what each definition's classes can test (`class_share_lines`) and what the
+    thesis rows pool (`pool_lines`)."""
+    k = R.batches["context_k"]
+    return ([f"context definition: k = {k} preceding tokens (rule: the smallest k whose specific share is ≥ 20% in "
+             "both pools)"] + class_share_lines(R.thesis_shares, k) + pool_lines(R))
+
+
+def shares_view(shares: pd.DataFrame) -> pd.DataFrame:
+    """The specific share per definition (rows: defn, k) and pool, rounded to 3 places."""
+    return shares.pivot(index=["defn", "k"], columns="pool", values="specific_share").round(3)
 
 
 def class_share_lines(shares: pd.DataFrame, k: int) -> list[str]:

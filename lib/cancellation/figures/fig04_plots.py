@@ -13,7 +13,7 @@ import numpy as np
 
 from .. import categories, plots
 from .. import claims as C
-from .fig04 import LABELS, UPDATES, Result
+from .fig04 import LABELS, UPDATES, Params, Result
 
 COLORS = {"positive_only": plots.PALETTE[0], "grpo": plots.PALETTE[1]}
 VERDICT_COLORS = {"reproduced": "k", "not reproduced": plots.PALETTE[1]}   # any other verdict: PALETTE[5]
@@ -75,9 +75,10 @@ def _setting_label(name: str) -> str:
     return name
 
 
-def settings_shift(R: Result):
-    """Fig. 4's extra panel (not in the paper): per setting (tagging table, fixed-scaffold control), the paired shift
-    of each category's boosted share with its 95% t interval over batches; stamped with every policy it plots."""
+def settings_shift(R: Result, P: Params, profile: str):
+    """Fig. 13, Fig. 4's extra panel (not in the paper: the next free number, docs/figures.md): per setting (tagging
+    table, fixed-scaffold control), the paired shift of each category's boosted share with its 95% t interval over
+    batches; stamped with every policy it plots (P's policy and control, on `profile`)."""
     fig, ax = plots.figure(width=plots.WIDTH_1COL * 1.5, height=2.9)
     shown_cats = [c for c in categories.CATEGORIES if c in set(R.compare.category)]
     for k, name in enumerate(R.settings):
@@ -91,6 +92,8 @@ def settings_shift(R: Result):
            title="extra (not in the paper): the shift by tagging table\nand on the fixed-scaffold control (95% CI)")
     ax.legend(frameon=False, fontsize=6.5, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=2)
     fig.tight_layout()
+    plots.stamp(fig, plots.models_stamp_text(profile, [P.model_path] + ([P.control_model_path] if P.control_model_path
+                                                                        else []), P.device))
     return fig
 
 
