@@ -6,14 +6,17 @@ a mini-batch B's gradient holds s_B = −(1/T_B) Σ_g S_{B,g} c_g, S_{B,g} = Σ_
 is Σ_B (T_B/T) ||s_B||² over a plan's mini-batches, 0 under QB and for the grouped update.
 `shared_weights` gives the row weights that turn s_B into one backward, `group_score_gram` the Gram of
 the c_g when they fit in memory. Every gradient is taken at θ with no step (`grpo.minibatch_grads`).
+`local_imbalance` measures one batch under draws of several plans (notebook 07's Eq. 14 table).
 """
 from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import torch
 
-from . import grpo, measure
+from . import batching, grpo, measure
+from .seeds import derive
 
 
 def shared_weights(group: torch.Tensor, advantage: torch.Tensor, plan: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -104,3 +107,51 @@ def shared_energy(model, batch, plan, cfg: grpo.UpdateConfig, old_logp=None, gra
         g = grpo.minibatch_grads(model, b, [every], dataclasses.replace(cfg, reweight="grpo"), old_logp)[0]["grad_norm"]
         total += T / float(batch.response_mask[torch.as_tensor(rows)].sum()) * g ** 2
     return total
+
+
+def local_imbalance(model, batch, cfg: grpo.UpdateConfig, plans: dict[str, str], draws: int, seed: int) -> list[dict]:
+    """Eq. 14 on one batch at θ (no step), split by `draws` draws of each plan of `plans` (name: the plan
+    `batching.make_plan` draws; draw k seeded by `derive(seed, "plan", k)`, so draw 0 is the split a run of
+    that seed uses at iteration 0). One row per (plan, draw):
+
+    - `retained`: the local cross-advantage mass Σ_{B,g} (S_B² − Σ_{i∈B} A_i²) over the grouped one
+      Σ_g −Σ A_i² (1 when every group shares one mini-batch, as under QB; `batching.cross_advantage`),
+      and `retained_expected`, its mean over random plans in closed form (`same_minibatch_probability`);
+    - `sb_nonzero`: the share of (mini-batch, group) cells of groups with A ≠ 0 where S_B ≠ 0;
+    - `grad_var`: how far the mini-batch gradients g_B scatter around the whole batch's gradient g (the
+      grouped update), Σ_B (T_B/T) ||g_B − g||² = Σ_B (T_B/T) ||g_B||² − ||g||² (T_B: the mini-batch's
+      response tokens; at ρ = 1 the loss is linear, so Σ_B (T_B/T) g_B = g), every gradient at the
+      starting θ (`grpo.minibatch_grads`: no step), so only the split differs; `grad_sq` is the first
+      sum, `full_sq` = ||g||²;
+    - `shared_sq`: the part of that scatter along the directions a split query's rollouts share,
+      Σ_B (T_B/T) ||s_B||² with s_B = −(1/T_B) Σ_g S_{B,g} c_g (`shared_energy`; 0 under QB);
+    - `cross_sign`, `cross_sign_group`: the share of the batch's (of each query group's) cross-sign
+      advantage products |A_i A_j| (A_i A_j < 0) whose rollouts share a mini-batch
+      (`batching.cross_sign_share`): 0 exactly for a plan whose every mini-batch holds one sign;
+    with the batch's seed, rows, mini-batches and groups with A ≠ 0 (live_groups).
+    """
+    old = measure.token_stats(model, batch, cfg).logp
+    live = set(batch.group[batch.advantage != 0].tolist())
+    full_sq = grpo.minibatch_grads(model, batch, [torch.arange(len(batch))], cfg, old_logp=old)[0]["grad_norm"] ** 2
+    gram = group_score_gram(model, batch, cfg, old_logp=old)   # None at large models
+    rows = []
+    for name, plan_name in plans.items():
+        for draw in range(draws):
+            plan = batching.make_plan(plan_name, batch.group, batch.advantage, cfg.n_minibatches,
+                                      seed=derive(seed, "plan", draw))   # draw 0: iteration 0's plan
+            x = batching.cross_advantage(batch.group, batch.advantage, plan)
+            grouped = x.drop_duplicates("group").grouped.sum()
+            cells = x[x.group.isin(live)]
+            info = grpo.minibatch_grads(model, batch, plan, cfg, old_logp=old)
+            w = np.array([i["n_tokens"] for i in info], float)
+            g_sq = float((w / w.sum()) @ np.square([i["grad_norm"] for i in info]))
+            shared = shared_energy(model, batch, plan, cfg, old_logp=old, gram=gram)
+            xs, xs_group = batching.cross_sign_share(batch.group, batch.advantage, plan)
+            rows.append(dict(seed=seed, strategy=name, draw=draw, rows=len(batch),
+                             minibatches=len(plan), live_groups=len(live),
+                             retained=float(x.cross.sum() / grouped) if grouped else np.nan,
+                             retained_expected=batching.same_minibatch_probability(plan),
+                             sb_nonzero=float((cells.S_B.abs() > 1e-9).mean()) if len(cells) else np.nan,
+                             grad_sq=g_sq, full_sq=full_sq, grad_var=g_sq - full_sq, shared_sq=shared,
+                             cross_sign=xs, cross_sign_group=xs_group))
+    return rows

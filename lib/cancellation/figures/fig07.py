@@ -23,11 +23,10 @@ import pandas as pd
 import torch
 from scipy import stats
 
-from .. import batching, cache, eq14, extract, grpo, measure, policy, procs, rollout, stage, strategies, tasks, train
+from .. import cache, eq14, extract, policy, procs, rollout, stage, strategies, tasks, train
 from .. import engine as rl_engine
 from .. import workload as W
 from .. import stats as ST
-from ..seeds import derive
 from . import base, replot
 from .base import param
 
@@ -274,15 +273,6 @@ class Result:
         replot.save(P, d, runs=self.runs)
 
 
-def _read(results_dir, name: str) -> pd.DataFrame:
-    """A table `Result.write` wrote; a CSV's floats parsed back bit for bit (pandas' default parser may miss by
-    an ulp)."""
-    path = Path(results_dir) / name
-    if path.suffix == ".csv" and path.exists():
-        return pd.read_csv(path, float_precision="round_trip")
-    return replot.table(results_dir, name)
-
-
 def _sweep_runs(P: Params) -> bool:
     """Whether P has a stability sweep (compute's probe jobs)."""
     return bool(P.probe_lrs and P.probe_strategies and P.probe_seeds)
@@ -297,27 +287,27 @@ def load(P: Params, results_dir) -> Result:
     `evals` (the runs' raw evaluations with their seconds) is None: nothing after compute reads it (the
     curves hold its accuracies, table2_timing its seconds)."""
     d, t = Path(results_dir), Path(results_dir) / TIMING_DIR
-    kept = replot.restore(P, d)
-    curves = _read(d, "fig08_training_curves.parquet")
-    iters = join_seconds(_read(d, "fig08_iterations.parquet"), _read(t, "fig08_iterations_seconds.parquet"))
-    timing = _read(t, "table2_timing.csv").set_index("strategy")
+    kept, tab = replot.restore(P, d), replot.table
+    curves = tab(d, "fig08_training_curves.parquet")
+    iters = join_seconds(tab(d, "fig08_iterations.parquet"), tab(t, "fig08_iterations_seconds.parquet"))
+    timing = tab(t, "table2_timing.csv").set_index("strategy")
     probe_evals, sweep = None, pd.DataFrame()
     if _sweep_runs(P):
-        probe_evals = join_seconds(_read(d, "fig08_probe_evals.parquet"), _read(t, "fig08_probe_evals_seconds.parquet"))
-        sweep = _read(d, "table2_lr_sweep.csv")   # its optimizer steps are the sweep runs' own: no other table
+        probe_evals = join_seconds(tab(d, "fig08_probe_evals.parquet"), tab(t, "fig08_probe_evals_seconds.parquet"))
+        sweep = tab(d, "table2_lr_sweep.csv")   # its optimizer steps are the sweep runs' own: no other table
     more = {}
     if P.engine == "trl":
-        more["trl_monitor"] = _read(d, "fig08_trl_monitor.parquet")
+        more["trl_monitor"] = tab(d, "fig08_trl_monitor.parquet")
     elif P.trl_strategies:
-        more.update(cross_check_tables(P, curves, _read(d, "fig08_trl_curves.parquet"),
-                                       _read(d, "fig08_trl_monitor.parquet")))
+        more.update(cross_check_tables(P, curves, tab(d, "fig08_trl_curves.parquet"),
+                                       tab(d, "fig08_trl_monitor.parquet")))
     if P.engine == "small" and P.budget_strategies:
-        more["budget"] = _read(d, "table2_equal_rollouts.csv")
+        more["budget"] = tab(d, "table2_equal_rollouts.csv")
     if P.imbalance_plans:
-        more["imbalance"] = _read(d, "table2_local_imbalance.csv")
+        more["imbalance"] = tab(d, "table2_local_imbalance.csv")
     return Result(runs=kept["runs"], evals=None, iters=iters, curves=curves, timing=timing, probe_evals=probe_evals,
                   sweep=sweep, **final_tables(P, curves, iters),
-                  **minibatch_tables(_read(d, "fig07a_minibatches.parquet")), **more)
+                  **minibatch_tables(tab(d, "fig07a_minibatches.parquet")), **more)
 
 
 # ----------------------------------------------------------------------------- the runs
@@ -483,25 +473,11 @@ def _imbalance_inputs(P: Params, source) -> tuple[dict, list]:
 
 def local_imbalance(P: Params, source) -> pd.DataFrame:
     """Eq. 14 on real batches: for each seed, the batch its runs sample first (the same prompts and
-    sampling seeds, from the starting policy), split by `imbalance_plans` draws of each plan in
-    the registry's Eq. 14 plans (`strategies.local_imbalance_plans()`: random, QB, sign-partitioned; draw 0 is the
-    split the run itself used at iteration 0). Per (seed, plan, draw):
-
-    - `retained`: the local cross-advantage mass Σ_{B,g} (S_B² − Σ_{i∈B} A_i²) over the grouped one
-      Σ_g −Σ A_i² (1 when every group shares one mini-batch, as under QB; `batching.cross_advantage`),
-      and `retained_expected`, its mean over random plans in closed form (`same_minibatch_probability`);
-    - `sb_nonzero`: the share of (mini-batch, group) cells of groups with A ≠ 0 where S_B ≠ 0;
-    - `grad_var`: how far the mini-batch gradients g_B scatter around the whole batch's gradient g (the
-      grouped update), Σ_B (T_B/T) ||g_B − g||² = Σ_B (T_B/T) ||g_B||² − ||g||² (T_B: the mini-batch's
-      response tokens; at ρ = 1 the loss is linear, so Σ_B (T_B/T) g_B = g), every gradient at the
-      starting θ (`grpo.minibatch_grads`: no step), so only the split differs; `grad_sq` is the first
-      sum, `full_sq` = ||g||²;
-    - `shared_sq`: the part of that scatter along the directions a split query's rollouts share,
-      Σ_B (T_B/T) ||s_B||² with s_B = −(1/T_B) Σ_g S_{B,g} c_g (`eq14.shared_energy`; 0 under QB);
-    - `cross_sign`, `cross_sign_group`: the share of the batch's (of each query group's) cross-sign
-      advantage products |A_i A_j| (A_i A_j < 0) whose rollouts share a mini-batch
-      (`batching.cross_sign_share`): 0 exactly for a plan whose every mini-batch holds one sign.
-    Cached under the policy, dtype, device, threads and every seed's run config.
+    sampling seeds, from the starting policy), measured by `eq14.local_imbalance` under `imbalance_plans`
+    draws of each plan in the registry's Eq. 14 plans (`strategies.local_imbalance_plans()`: random, QB,
+    sign-partitioned; draw 0 is the split the run itself used at iteration 0): one row per (seed, plan,
+    draw), its columns documented there. Cached under the policy, dtype, device, threads and every seed's
+    run config.
     """
     inputs, cfgs = _imbalance_inputs(P, source)
 
@@ -513,30 +489,7 @@ def local_imbalance(P: Params, source) -> pd.DataFrame:
         for cfg in cfgs:
             pseed, sseed = rollout.round_seeds(cfg.seed, 0)    # the run's first sampling round
             batch = sampler.sample(tok, cfg.source.draw(cfg.n_prompts, pseed), sseed)
-            old = measure.token_stats(model, batch, cfg.update).logp
-            live = set(batch.group[batch.advantage != 0].tolist())
-            full_sq = grpo.minibatch_grads(model, batch, [torch.arange(len(batch))], cfg.update,
-                                           old_logp=old)[0]["grad_norm"] ** 2
-            gram = eq14.group_score_gram(model, batch, cfg.update, old_logp=old)   # None at large models
-            for name, plan_name in inputs["plans"].items():
-                for draw in range(P.imbalance_plans):
-                    plan = batching.make_plan(plan_name, batch.group, batch.advantage, cfg.update.n_minibatches,
-                                              seed=derive(cfg.seed, "plan", draw))   # draw 0: iteration 0's plan
-                    x = batching.cross_advantage(batch.group, batch.advantage, plan)
-                    grouped = x.drop_duplicates("group").grouped.sum()
-                    cells = x[x.group.isin(live)]
-                    info = grpo.minibatch_grads(model, batch, plan, cfg.update, old_logp=old)
-                    w = np.array([i["n_tokens"] for i in info], float)
-                    g_sq = float((w / w.sum()) @ np.square([i["grad_norm"] for i in info]))
-                    shared = eq14.shared_energy(model, batch, plan, cfg.update, old_logp=old, gram=gram)
-                    xs, xs_group = batching.cross_sign_share(batch.group, batch.advantage, plan)
-                    rows.append(dict(seed=cfg.seed, strategy=name, draw=draw, rows=len(batch),
-                                     minibatches=len(plan), live_groups=len(live),
-                                     retained=float(x.cross.sum() / grouped) if grouped else np.nan,
-                                     retained_expected=batching.same_minibatch_probability(plan),
-                                     sb_nonzero=float((cells.S_B.abs() > 1e-9).mean()) if len(cells) else np.nan,
-                                     grad_sq=g_sq, full_sq=full_sq, grad_var=g_sq - full_sq, shared_sq=shared,
-                                     cross_sign=xs, cross_sign_group=xs_group))
+            rows += eq14.local_imbalance(model, batch, cfg.update, inputs["plans"], P.imbalance_plans, cfg.seed)
         return pd.DataFrame(rows)
 
     return stage.LOCAL_IMBALANCE.cached(compute, **inputs)
