@@ -52,10 +52,9 @@ params = {}                         # values of figures.fig06.Params (set by the
 import logging
 
 import matplotlib.pyplot as plt
-import numpy as np
 
 from cancellation import claims, plots
-from cancellation.figures import fig06
+from cancellation.figures import fig06, fig06_plots
 
 logging.basicConfig(level=logging.WARNING)
 P = fig06.Params(**params)   # every parameter, its default, doc and allowed range: lib/cancellation/figures/fig06.py
@@ -83,64 +82,12 @@ print(R.trends.round(4).to_string(index=False))
 R.gaps.pivot_table(index=["panel", "x"], columns=["scope", "subset"], values="gap").round(3)
 
 # %%
-SUB_STYLE = {"all": ("all valued tokens", plots.PALETTE[0]), "top50": ("top-50% |Δ̂|", plots.PALETTE[2]),
-             "top25": ("top-25% |Δ̂|", plots.PALETTE[1])}
-pg = R.gaps[R.gaps.scope == "valued"]
-ws = R.gaps[R.gaps.scope == "within_sign"]
-fig, axes = plots.figure(ncols=2, width=plots.WIDTH_2COL, height=2.3)
-for ax, panel, xlabel, fixed in ((axes[0], "prompts", "prompts per update", f"n = {P.n_fixed} rollouts each"),
-                                 (axes[1], "rollouts", "rollouts per prompt n", f"{P.prompts_fixed} prompts")):
-    for j, name in enumerate(R.subsets):
-        d = pg[(pg.panel == panel) & (pg.subset == name)]
-        label, c = SUB_STYLE.get(name, (name, plots.PALETTE[3 + j]))
-        off = 2 ** ((j - 1) * 0.04)  # small horizontal offsets keep the error bars apart
-        ax.errorbar(d.x * off, d.gap, yerr=[d.gap - d.lo, d.hi - d.gap], marker="o", ms=3, lw=1.2, capsize=2,
-                    color=c, label=label)
-    d = ws[ws.panel == panel]
-    ax.errorbar(d.x * 2 ** 0.08, d.gap, yerr=[d.gap - d.lo, d.hi - d.gap], marker="s", ms=2.5, lw=0.9, ls="--",
-                capsize=2, color="0.45", label="within sign (all)")
-    ax.set_xscale("log", base=2)
-    xs = sorted(pg[pg.panel == panel].x.unique())
-    ax.set_xticks(xs, [str(x) for x in xs])
-    ax.axhline(0, color="k", lw=0.5)
-    ax.set(xlabel=xlabel, ylabel="value gap (95% CI)", title=f"({'a' if panel == 'prompts' else 'b'}) {fixed}")
-for ax in axes:
-    lo, hi = ax.get_ylim()
-    ax.set_ylim(lo, hi + 0.3 * (hi - lo))  # room for the legend above the data
-axes[0].legend(frameon=False, fontsize=5.5, ncol=2, loc="upper center")
-if 1 in set(pg[pg.panel == "rollouts"].x):   # a group of one rollout has no group baseline: verl gives it A = r
-    d1 = pg[(pg.panel == "rollouts") & (pg.x == 1)]
-    axes[1].annotate("n = 1: no group baseline,\nA = r (verl), not a\ngroup-normalised advantage", xy=(1, d1.hi.max()),
-                     xytext=(1.25, 0.97), textcoords=("data", "axes fraction"), ha="left", va="top", fontsize=5.5,
-                     color="0.25", arrowprops=dict(arrowstyle="-", color="0.5", lw=0.5))
-fig.tight_layout()
+fig = fig06_plots.sampling_budget(R, P)   # lib/cancellation/figures/fig06_plots.py
 plots.save(fig, "fig06_sampling_budget", fig_dir)
 plt.show()
 
 # %%
-cg = pg[pg.panel == "composition"]
-fig, ax = plots.figure(ncols=1, width=plots.WIDTH_1COL, height=2.3)
-if len(cg):  # 31 compositions: lines with shaded 95% bands instead of error bars
-    for j, name in enumerate(R.subsets):
-        d = cg[cg.subset == name]
-        label, c = SUB_STYLE.get(name, (name, plots.PALETTE[3 + j]))
-        ax.plot(d.x, d.gap, marker="o", ms=2, lw=1.0, color=c, label=label)
-        ax.fill_between(d.x, d.lo, d.hi, color=c, alpha=0.15, lw=0)
-    d = ws[ws.panel == "composition"]
-    ax.plot(d.x, d.gap, ls="--", lw=0.9, color="0.45", label="within sign (all)")
-    for k, txt, ha in ((1, "sparse", "left"), (P.G_comp - 1, "saturated", "right")):   # inside the axes, not clipped
-        ax.axvspan(k - 0.5, k + 0.5, color="0.9", zorder=0)
-        ax.text(k - 0.5 if ha == "left" else k + 0.5, 0.98, f"{txt}\n(k = {k})", transform=ax.get_xaxis_transform(),
-                ha=ha, va="top", fontsize=5.5)
-    ks = list(range(1, P.G_comp))
-    ax.set_xticks(ks if len(ks) <= 10 else ks[::max(1, len(ks) // 8)])
-ax.axhline(0, color="k", lw=0.5)
-ax.set(xlabel=f"positive rollouts of G = {P.G_comp} per query", ylabel="value gap (95% CI)",
-       title=f"(b) reward composition (n = {R.n_comp_groups} query groups)")
-lo, hi = ax.get_ylim()
-ax.set_ylim(lo - 0.45 * (hi - lo), hi + 0.15 * (hi - lo))  # room for the legend below, the end labels above
-ax.legend(frameon=False, fontsize=5.5, loc="lower center", ncol=2)
-fig.tight_layout()
+fig = fig06_plots.reward_composition(R, P)
 plots.save(fig, "fig07b_reward_composition", fig_dir)
 plt.show()
 
@@ -148,51 +95,10 @@ plt.show()
 # ## What the numbers say
 
 # %%
-fmt = lambda g, lo, hi: f"{g:+.3f} [{lo:+.3f}, {hi:+.3f}]"  # noqa: E731
-for panel in ("prompts", "rollouts", "composition"):
-    for (scope, name), d in R.gaps[R.gaps.panel == panel].groupby(["scope", "subset"], sort=False):
-        label = "within sign" if scope == "within_sign" else name
-        print(f"{panel:>11} {label:>11}: " + ", ".join(f"{x}: {fmt(g, lo, hi)}" for x, g, lo, hi in
-                                                       zip(d.x, d.gap, d.lo, d.hi)))
-    for _, t in R.trends[R.trends.panel == panel].iterrows():
-        s = "" if np.isnan(t.slope_per_doubling) else (f"; slope per doubling "
-                                                        f"{fmt(t.slope_per_doubling, t.slope_lo, t.slope_hi)}")
-        print(f"{'':>11} {t.subset:>11}: d({t.to} − {t.frm}) = {fmt(t.d, t.d_lo, t.d_hi)}{s}")
-for _, r in R.trends.dropna(subset=["se"]).iterrows():
-    print(f"noise of d ({r.panel}, {r.subset}): SE {r.se:.4f} = sqrt(seeds {r.var_seed:.2e} + MC {r.var_mc:.2e}) "
-          f"with {r.n_seeds} seeds; |d| = 2 SE needs {r.need_seeds:g} seeds or M {r.need_M:g} (one at a time)")
-print(f"\nwall time {R.seconds['total']:.0f} s (values {R.seconds['values']:.0f} s, sweep {R.seconds['sweep']:.0f} s)")
+print(fig06_plots.numbers(R))
 
 # %%
-lines = []
-for panel, what in (("prompts", "prompts per update"), ("rollouts", "rollouts per prompt")):
-    if panel not in set(R.trends.panel):
-        continue
-    xs = sorted(R.gaps[R.gaps.panel == panel].x.unique())
-    a, b, t, w = R.at(panel, xs[0]), R.at(panel, xs[-1]), R.trend(panel), R.trend(panel, "within_sign")
-    lines.append(f"- {what}: the gap of the valued tokens goes from {fmt(a.gap, a.lo, a.hi)} at {xs[0]} to "
-                 f"{fmt(b.gap, b.lo, b.hi)} at {xs[-1]} (d = {fmt(t.d, t.d_lo, t.d_hi)}, {t.n_seeds} seeds; "
-                 f"|d| = 2 SE would need {t.need_seeds:g} seeds: {fig06.resolved(t)}); slope per doubling "
-                 f"{fmt(t.slope_per_doubling, t.slope_lo, t.slope_hi)}; within rollout sign d = {fmt(w.d, w.d_lo, w.d_hi)}, "
-                 f"slope {fmt(w.slope_per_doubling, w.slope_lo, w.slope_hi)}.")
-if "rollouts" in set(R.gaps.panel) and 1 in set(R.gaps[R.gaps.panel == "rollouts"].x):
-    one = R.at("rollouts", 1)
-    lines.append(f"- n = 1 is a positive-only step (A = r): {one.boosted:.0%} of its valued tokens are boosted, "
-                 f"{one.suppressed:.0%} suppressed; its all-token gap {one.gap:+.3f} includes the difference between "
-                 f"tokens of positive and of negative rollouts (within sign: {R.at('rollouts', 1, 'within_sign').gap:+.3f}).")
-if "composition" in set(R.trends.panel):
-    t, w, t25 = R.trend("composition"), R.trend("composition", "within_sign"), R.trend("composition", "top25")
-    e1, e2 = R.at("composition", 1), R.at("composition", P.G_comp - 1)
-    lines.append(f"- 7(b), G = {P.G_comp}, {R.n_comp_groups} query groups: k = 1 (sparse) {fmt(e1.gap, e1.lo, e1.hi)}, "
-                 f"k = {P.G_comp - 1} (saturated) {fmt(e2.gap, e2.lo, e2.hi)}; middle − ends "
-                 f"{fmt(t.d, t.d_lo, t.d_hi)} ({t.n_seeds} seeds; |d| = 2 SE would need {t.need_seeds:g} seeds: "
-                 f"{fig06.resolved(t)}); middle − sparse end {fmt(t.d_sparse, t.d_sparse_lo, t.d_sparse_hi)}, middle − "
-                 f"saturated end {fmt(t.d_saturated, t.d_saturated_lo, t.d_saturated_hi)}; within sign "
-                 f"{fmt(w.d, w.d_lo, w.d_hi)}.")
-    lines.append(f"  top-25% |Δ̂|: middle − ends {fmt(t25.d, t25.d_lo, t25.d_hi)}; middle − sparse end "
-                 f"{fmt(t25.d_sparse, t25.d_sparse_lo, t25.d_sparse_hi)}, middle − saturated end "
-                 f"{fmt(t25.d_saturated, t25.d_saturated_lo, t25.d_saturated_hi)}.")
-print("\n".join(lines))
+print(fig06_plots.findings(R, P))
 
 # %% [markdown]
 # **Reading.** Every gap is measured on tokens inside its update, the same tokens at every budget of

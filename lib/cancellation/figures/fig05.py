@@ -145,7 +145,8 @@ def load(P: Params, results_dir) -> Result:
     kept = replot.restore(P, results_dir)
     heldout = replot.table(results_dir, "fig05_heldout_values.parquet") if P.heldout_per_cell else None
     null_run = kept.pop("null_run")
-    null_res = None if null_run is None else dict(null_test(null_tokens, P.n_boot, P.seed), **null_run, lr=P.lr)
+    null_res = None if null_run is None else dict(null_test(null_tokens, P.n_boot, P.seed),
+                                                  **{k: null_run[k] for k in NULL_RUN}, lr=P.lr)  # compute's order
     pool11 = null_tokens[null_tokens.shuffle == 0].drop(columns=["shuffle", "delta", "status"]).reset_index(drop=True)
     return Result(**kept, se=value_se(values), values=values, cells=cells, gap1=_gaps(values, P, step=1),
                   entropy_gap=entropy_gap, strata=strata,

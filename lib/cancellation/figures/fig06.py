@@ -29,10 +29,12 @@ from .. import budget, cache, measure, policy, rollout, stage, value
 from .. import claims as C
 from .. import workload as W
 from ..seeds import derive
-from . import base
+from . import base, replot
 from .base import param
 
 TABLES = ("fig06_valued_deltas", "fig06_value_gap", "fig07b_reward_composition", "fig06_trends", "fig07b_group_trend")
+VALUED_COLUMNS = ["batch", "rollout", "position", "token", "reward", "prob", "entropy", "delta_hat", "delta_se",
+                  "group"]   # the valued tokens' columns fig06_valued_deltas carries beside each sweep row
 PANELS = {"prompts": ("Fig. 6(a)", "prompts per update"), "rollouts": ("Fig. 6(b)", "rollouts per prompt"),
           "composition": ("Fig. 7(b)", "")}
 
@@ -109,16 +111,18 @@ class Result:
     seconds: dict             # wall time: values, sweep, total (of the first run, when cached)
     panel_trend: pd.DataFrame | None = None  # 6(a)/(b)'s trends with query groups resampled as well as seeds
 
-    def write(self, results_dir) -> None:
+    def write(self, results_dir, P: Params) -> None:
+        """The tidy tables, and for `load` what they do not hold (replot.save): the batches' facts, the
+        number of 7(b)'s query groups, the wall times."""
         d = Path(results_dir)
-        cols = ["batch", "rollout", "position", "token", "reward", "prob", "entropy", "delta_hat", "delta_se"]
-        tables = (self.sweep.merge(self.valued[cols + ["group"]].reset_index(names="tok"), on="tok"),
+        tables = (self.sweep.merge(self.valued[VALUED_COLUMNS].reset_index(names="tok"), on="tok"),
                   self.gaps[self.gaps.panel != "composition"], self.gaps[self.gaps.panel == "composition"], self.trends,
                   self.group_trend)
         for name, df in zip(TABLES, tables):
             cache.write_table(df, d / f"{name}.parquet")
         if self.panel_trend is not None:
             cache.write_table(self.panel_trend, d / "fig06_group_trend.parquet")
+        replot.save(P, results_dir, facts=self.facts, n_comp_groups=self.n_comp_groups, seconds=self.seconds)
 
     def at(self, panel, x, scope="valued", subset="all") -> pd.Series:
         """The gap row of one setting."""
@@ -128,6 +132,32 @@ class Result:
     def trend(self, panel, subset="all") -> pd.Series:
         """The trend row of one panel and subset ('within_sign' for the within-sign gap)."""
         return self.trends[(self.trends.panel == panel) & (self.trends.subset == subset)].iloc[0]
+
+
+def load(P: Params, results_dir) -> Result:
+    """The Result `write` wrote to `results_dir`, computing nothing (make plots). The sweep and the valued
+    tokens come back from fig06_valued_deltas (one row per sweep row, the valued token's columns beside it:
+    `valued` keeps those columns, every valued token being in the sweep); the gaps from its two tables
+    (Fig. 6's rows, then 7(b)'s, as gap_table orders them); the subsets by token_subsets."""
+    deltas, gap6, gap7b, trends, group_trend = (replot.table(results_dir, f"{name}.parquet") for name in TABLES)
+    sweep = deltas.drop(columns=VALUED_COLUMNS)
+    valued = deltas.drop_duplicates("tok").sort_values("tok")
+    if not np.array_equal(valued.tok.to_numpy(), np.arange(len(valued))):
+        raise replot.ReplotError(f"06: {results_dir}/fig06_valued_deltas.parquet does not hold every valued token "
+                                 "(a token no setting measured): run the notebook (make fig06) to recompute")
+    valued = valued[VALUED_COLUMNS].reset_index(drop=True)
+    panel = Path(results_dir) / "fig06_group_trend.parquet"
+    kept = replot.restore(P, results_dir)
+    kept["facts"]["sweep"]["per_update"] = per_update(sweep)   # in the sweep's panel order (the JSON sorts keys)
+    return Result(**kept, valued=valued, sweep=sweep,
+                  gaps=pd.concat([gap6, gap7b], ignore_index=True), trends=trends,
+                  subsets=list(token_subsets(valued, P.top_fracs)), group_trend=group_trend,
+                  panel_trend=replot.table(results_dir, panel.name) if panel.exists() else None)
+
+
+def per_update(sw: pd.DataFrame) -> dict:
+    """Per panel of the sweep (in its order): the mean number of valued tokens per update (setting x seed)."""
+    return {p: float(sw[sw.panel == p].groupby(["x", "seed"]).size().mean()) for p in sw.panel.unique()}
 
 
 def resolved(t) -> str:
@@ -261,8 +291,7 @@ def _compute(P: Params, source) -> Result:
     n_steps = sw.groupby(["panel", "x", "seed"]).ngroups
     facts["sweep"] = dict(settings=n_steps, seconds=t_sweep, median_abs_delta=float(sw.delta.abs().median()),
                           stable=float(np.mean(sw.status == "stable")),
-                          per_update={p: float(sw[sw.panel == p].groupby(["x", "seed"]).size().mean())
-                                      for p in sw.panel.unique()})
+                          per_update=per_update(sw))
 
     # the gap per setting for all valued tokens and the top-f% by |Δ̂|, and its trends
     subsets = token_subsets(valued, P.top_fracs)
