@@ -10,6 +10,9 @@ from .. import stats as S
 from .fig03 import Params, Result
 
 
+# the candidate and mask pools (Params.pools) in plain words, for the rows' labels
+POOL_WORDS = {"nonzero": "masks among A ≠ 0 tokens", "positive": "masks among A > 0 rollouts"}
+
 BUILT_IN = ("positive pool: every mask token has A_k > 0 and same-token kernels K_ck > 0, so a mask holding the "
             "candidate's own token must boost it")
 BOOT = dict(estimator="percentile bootstrap over candidates", resampling="candidate")
@@ -132,7 +135,7 @@ def claims(R: Result, P: Params) -> list[C.Claim]:
             (tb, xb), (tr, xr) = br(p, "both", s_), br(p, "random", s_)
             rule = (dict(rule="construction", params=dict(sign=1, why=BUILT_IN)) if p == "positive"
                     else dict(rule="direction", params=dict(sign=1, paper=0.24)))
-            rows.append(C.Claim(f"table1_{p}_{s_}", f"Table 1 ({p} masks, {s_})",
+            rows.append(C.Claim(f"table1_{p}_{s_}", f"Table 1 ({POOL_WORDS[p]}, {s_})",
                                 "Boost Rate same+low-conf. above random", "74–75 / 51 (+0.24)",
                                 *S.bootstrap_gap(xb, xr, P.n_boot, P.seed), n=len(xb) + len(xr),
                                 unit="Boost Rate, both − random", detail=f"both {tb}, random {tr}", **rule, **BOOT))
@@ -145,7 +148,7 @@ def claims(R: Result, P: Params) -> list[C.Claim]:
                 rule = (dict(rule="construction", params=dict(sign=sign, why=BUILT_IN))
                         if p == "positive" and a in ("both", "same")
                         else dict(rule="direction", params=dict(sign=sign, paper=paper)))
-                rows.append(C.Claim(f"table1_{p}_{s_}_{a}_vs_{b}", f"Table 1 ({p} masks, {s_})", stmt,
+                rows.append(C.Claim(f"table1_{p}_{s_}_{a}_vs_{b}", f"Table 1 ({POOL_WORDS[p]}, {s_})", stmt,
                                     f"{paper:+.3f}", *S.bootstrap_mean(d.to_numpy(), P.n_boot, P.seed), n=len(d),
                                     unit=f"Boost Rate, {a} − {b} (paired)", **rule,
                                     detail=f"{a} {br(p, a, s_)[0]}, {b} {br(p, b, s_)[0]}", **BOOT))
@@ -154,12 +157,12 @@ def claims(R: Result, P: Params) -> list[C.Claim]:
         for s_ in ("lm_head", "full"):
             e = sel(p, "random", s_)
             r, lo, hi, n = S.proportion(e > 0)
-            rows.append(C.Claim(f"table1_{p}_{s_}_random_rate", f"Table 1 ({p} masks, {s_})",
+            rows.append(C.Claim(f"table1_{p}_{s_}_random_rate", f"Table 1 ({POOL_WORDS[p]}, {s_})",
                                 "random masks: Boost Rate ≈ 50%", "50.6 / 50.2", r, lo, hi, n=n,
                                 unit="Boost Rate (random)", rule="similar", params=dict(target=0.5, tol=0.1),
                                 detail="tolerance ±10 points", estimator="Clopper–Pearson", resampling="candidate"))
             m, lo, hi = S.bootstrap_stats(e.to_numpy(), {"r": standardized_mean}, P.n_boot, P.seed)["r"]
-            rows.append(C.Claim(f"table1_{p}_{s_}_random_mean", f"Table 1 ({p} masks, {s_})",
+            rows.append(C.Claim(f"table1_{p}_{s_}_random_mean", f"Table 1 ({POOL_WORDS[p]}, {s_})",
                                 "random masks: Mean Boost ≈ 0", "-.0039 / +.0048 (both: +.030)", m, lo, hi, n=len(e),
                                 unit="Mean Boost / mean |δ| (random)", rule="similar", params=dict(target=0, tol=0.1),
                                 detail=f"scale-free (δ's scale depends on model and lr): ≈ 0 read as |mean| within a "
@@ -172,7 +175,7 @@ def claims(R: Result, P: Params) -> list[C.Claim]:
             rule = (dict(rule="construction", params=dict(sign=1, why=SIGNED_BUILT_IN)) if s_ == "lm_head"
                     else dict(rule="direction", params=dict(sign=1, paper=0.24)))
             agree = proxy_agreement(effects, "nonzero", "both", s_)
-            rows.append(C.Claim(f"table1_nonzero_{s_}_signed", f"Table 1 (nonzero masks, {s_})",
+            rows.append(C.Claim(f"table1_nonzero_{s_}_signed", f"Table 1 ({POOL_WORDS['nonzero']}, {s_})",
                                 "sign-aware Boost Rate of same+low-conf. masks above random's", "74–75 / 51 (+0.24)",
                                 *S.bootstrap_gap(xb, xr, P.n_boot, P.seed), n=len(xb) + len(xr),
                                 unit="P[sign δ = sign Σ_{k∈M} A_k], both − random", **rule,
@@ -183,7 +186,7 @@ def claims(R: Result, P: Params) -> list[C.Claim]:
         for s_, e, lo_, hi_ in boost_vs_cos_ends(effects, "nonzero", P.n_cos_bins):  # Fig. 3(b), its two end bins
             rule = (dict(rule="construction", params=dict(sign=1, why=FIRST_ORDER)) if s_ == "lm_head"
                     else dict(rule="direction", params=dict(sign=1)))
-            rows.append(C.Claim(f"fig03b_nonzero_{s_}", f"Fig. 3(b) (nonzero masks, {s_})", "Boost Rate rises with "
+            rows.append(C.Claim(f"fig03b_nonzero_{s_}", f"Fig. 3(b) ({POOL_WORDS['nonzero']}, {s_})", "Boost Rate rises with "
                                 "coupling strength (proxy cosine)", "rises monotonically",
                                 *S.bootstrap_gap(hi_, lo_, P.n_boot, P.seed), n=len(hi_) + len(lo_),
                                 unit="Boost Rate, top − bottom proxy-cosine bin", **rule, **BOOT,
@@ -200,7 +203,7 @@ def claims(R: Result, P: Params) -> list[C.Claim]:
         if len(pairs):
             pairs = pairs.assign(agree=(np.sign(pairs.delta_full) == np.sign(pairs.delta_lm)).astype(float))
             per_cand = pairs.groupby("cand").agree.mean()   # the kinds of one candidate share its batch: one unit
-            rows.append(C.Claim("table1_nonzero_scope_agreement", "Table 1 (nonzero masks)",
+            rows.append(C.Claim("table1_nonzero_scope_agreement", f"Table 1 ({POOL_WORDS['nonzero']})",
                                 "lm_head and full-parameter masked updates agree in sign", "both scopes alike",
                                 *S.bootstrap_mean(per_cand.to_numpy(), P.n_boot, P.seed), n=len(per_cand),
                                 unit="same-sign share of δ (per candidate, over its mask kinds)", rule="direction",
@@ -208,7 +211,7 @@ def claims(R: Result, P: Params) -> list[C.Claim]:
                                 detail=f"{len(pairs)} (candidate, mask kind) pairs measured in both scopes; Pearson r of "
                                 f"δ {np.corrcoef(pairs.delta_full, pairs.delta_lm)[0, 1]:+.2f}", **BOOT))
         tk = topk[(topk.pool == "nonzero") & (topk.scope == "lm_head")].sort_values("k").iloc[-1]
-        rows.append(C.Claim("fig03c_nonzero", "Fig. 3(c) (nonzero masks, lm_head)", "masking top-coupled tokens boosts",
+        rows.append(C.Claim("fig03c_nonzero", f"Fig. 3(c) ({POOL_WORDS['nonzero']}, lm_head)", "masking top-coupled tokens boosts",
                             "rises", tk.mean_boost, tk.mean_boost_lo, tk.mean_boost_hi, n=tk.n,
                             unit=f"Mean Boost at k={tk.k}", rule="direction", params=dict(sign=1),
                             detail=f"Boost Rate {100 * tk.boost_rate:.0f}% [{100 * tk.boost_rate_lo:.0f}, "
@@ -243,7 +246,7 @@ def _missing_claims(R: Result, P: Params) -> list[C.Claim]:
             r = t1.loc[(p, "both", s_)]
             rule = (dict(rule="construction", params=dict(sign=1, why=BUILT_IN)) if p == "positive"
                     else dict(rule="direction", params=dict(sign=1)))  # no paper value: δ's scale is the model's
-            rows.append(C.Claim(f"table1_{p}_{s_}_both_mean", f"Table 1 ({p} masks, {s_})",
+            rows.append(C.Claim(f"table1_{p}_{s_}_both_mean", f"Table 1 ({POOL_WORDS[p]}, {s_})",
                                 "same+low-conf. masks: clearly positive Mean Boost", "+.0301 / +.0306",
                                 r.mean_boost, r.mean_boost_lo, r.mean_boost_hi, n=int(r.n),
                                 unit="Mean Boost (both)", **rule, **BOOT,
@@ -254,7 +257,7 @@ def _missing_claims(R: Result, P: Params) -> list[C.Claim]:
         m, lo, hi = S.bootstrap_stats(x, {"d": median_shift}, P.n_boot, P.seed)["d"]
         rule = (dict(rule="construction", params=dict(sign=1, why=BUILT_IN)) if p == "positive"
                 else dict(rule="direction", params=dict(sign=1)))
-        rows.append(C.Claim(f"fig03a_{p}_right_shift", f"Fig. 3(a) ({p} masks, lm_head)", "coupled (same+low-conf.) "
+        rows.append(C.Claim(f"fig03a_{p}_right_shift", f"Fig. 3(a) ({POOL_WORDS[p]}, lm_head)", "coupled (same+low-conf.) "
                             "masks give a right-shifted masking-effect distribution against random", "right-shifted",
                             m, lo, hi, n=len(x), unit="median δ, both − random (paired)", **rule, **BOOT,
                             detail=f"median δ both {np.median(x[:, 0]):+.2e}, random {np.median(x[:, 1]):+.2e}; "
@@ -270,7 +273,7 @@ def _missing_claims(R: Result, P: Params) -> list[C.Claim]:
             drops = int((np.diff(per_bin.to_numpy()) < 0).sum())
             rule = (dict(rule="construction", params=dict(sign=1, why=FIRST_ORDER)) if s_ == "lm_head"
                     else dict(rule="direction", params=dict(sign=1)))
-            rows.append(C.Claim(f"fig03b_nonzero_{s_}_trend", f"Fig. 3(b) (nonzero masks, {s_})", "Boost Rate increases "
+            rows.append(C.Claim(f"fig03b_nonzero_{s_}_trend", f"Fig. 3(b) ({POOL_WORDS['nonzero']}, {s_})", "Boost Rate increases "
                                 "monotonically with coupling strength (proxy cosine), over every bin", "monotone",
                                 m, lo, hi, n=len(e), unit="OLS slope of 1[δ > 0] on the proxy-cosine bin (0 … "
                                 f"{P.n_cos_bins - 1})", **rule, estimator="cluster bootstrap over candidates (a "
@@ -296,7 +299,7 @@ def _missing_claims(R: Result, P: Params) -> list[C.Claim]:
                      f"at k={k1}")):
                 if what == "rate" and (m.delta_lo > 0).all():
                     continue  # the Boost Rate is 100% at the smallest k already: a rise cannot show, no row
-                rows.append(C.Claim(f"fig03c_{p}_{s_}_{what}_rises", f"Fig. 3(c) ({p} masks, {s_})",
+                rows.append(C.Claim(f"fig03c_{p}_{s_}_{what}_rises", f"Fig. 3(c) ({POOL_WORDS[p]}, {s_})",
                                     f"masking more top-coupled tokens increases {'Mean Boost' if what == 'mean' else 'Boost Rate'}",
                                     "increases", *S.bootstrap_mean(d, P.n_boot, P.seed), n=len(d), unit=unit, **rule,
                                     **BOOT, detail=tail + f" ({len(d)} candidates)"))

@@ -14,6 +14,9 @@ from .fig05 import CONFIDENCE, Params, Result, fig11_reads, heldout_gaps
 # share its context and are not independent); the rows' n counts those groups
 CLUSTER = "percentile cluster bootstrap over query groups (each drawn group brings all its tokens)"
 GROUP = dict(estimator=CLUSTER, resampling="group")
+# the rows' labels in plain words: the two Δ̂ estimators (value.py) and the gap both signs weigh equally
+EST_WORDS = {"exclude": "Δ̂ with o left out of the first draw", "paper": "Eq. 20's Δ̂"}
+BALANCED = "value gap (mean of the A>0 and A<0 gaps)"
 NULL = dict(estimator="paired percentile cluster bootstrap over query groups (each drawn group brings all its tokens; "
             "the real gap and all K shuffled gaps recomputed on every draw)", resampling="group")
 NULL_WORDS = {"pooled": ("fig05_value_gap_vs_null", "both rollout signs pooled as drawn"),
@@ -81,7 +84,7 @@ def claims(R: Result, P: Params) -> list[C.Claim]:
         cm = R.cells[R.cells.estimator == est].set_index(["sign", "status"])["mean"]
         for sign, label in (("pos", "A > 0"), ("neg", "A < 0")):
             r = g.loc[sign]
-            rows.append(C.Claim(f"fig05a_{est}_{sign}", f"Fig. 5(a), {est} estimator",
+            rows.append(C.Claim(f"fig05a_{est}_{sign}", f"Fig. 5(a), {EST_WORDS[est]}",
                                 f"boosted tokens have higher value than suppressed ({label})", "yes",
                                 r.gap, r.lo, r.hi, n=int(r.n_groups), unit="value gap",
                                 rule="direction", params=dict(sign=1), **GROUP,
@@ -101,10 +104,10 @@ def claims(R: Result, P: Params) -> list[C.Claim]:
     if R.heldout is not None and len(R.heldout):  # the referee's control: values on states the step never saw
         g = {r["sign"]: r for r in heldout_gaps(R, P)}
         a = g["all"]
-        rows.append(C.Claim(f"fig05a_{est0}_heldout", f"Fig. 5(a), {est0}, held-out states",
+        rows.append(C.Claim(f"fig05a_{est0}_heldout", f"Fig. 5(a), {EST_WORDS[est0]}, held-out states",
                             "boosted tokens have higher value than suppressed on states the step never saw (a second "
                             "batch, new prompts)", "— (a control)", a["gap"], a["lo"], a["hi"],
-                            n=int(a["n_groups"]), unit="value gap (sign-balanced)",
+                            n=int(a["n_groups"]), unit=BALANCED,
                             rule="direction", params=dict(sign=1), **GROUP,
                             detail=f"{_tokens(int(a['n_boosted'] + a['n_suppressed']), int(a['n_groups']))} (of "
                             f"the held-out batch); A > 0: {g['pos']['gap']:+.3f} [{g['pos']['lo']:+.3f}, "
@@ -114,7 +117,7 @@ def claims(R: Result, P: Params) -> list[C.Claim]:
                             f"(lr {P.lr:g}) on the first batch"))
     b = R.entropy_gap[(R.entropy_gap.estimator == est0) & (R.entropy_gap.sign == "all")]
     pk = R.peak
-    rows.append(C.Claim("fig05b_peak", f"Fig. 5(b), {est0}", "the gap peaks at intermediate entropy", "k ≈ 40%",
+    rows.append(C.Claim("fig05b_peak", f"Fig. 5(b), {EST_WORDS[est0]}", "the gap peaks at intermediate entropy", "k ≈ 40%",
                         pk["all"], pk["all_lo"], pk["all_hi"], n=pk["groups"], unit="top-% of all tokens at the peak",
                         rule="similar", params=dict(target=40, tol=15), estimator="percentile cluster bootstrap over "
                         "query groups (each drawn group brings all its tokens; argmax per replicate; a peak at the "
@@ -129,13 +132,13 @@ def claims(R: Result, P: Params) -> list[C.Claim]:
     d, lo, hi, kp = S.bootstrap_peak_minus_end(v0.delta_hat, v0.sign, v0.status, v0.entropy, P.entropy_k,
                                                min(P.n_boot, 1000), P.seed, clusters=v0.group)
     n_groups0 = int(v0.group.nunique())
-    rows.append(C.Claim("fig05b_peak_minus_end", f"Fig. 5(b), {est0}", "the gap rises, then falls (peak − all tokens)",
+    rows.append(C.Claim("fig05b_peak_minus_end", f"Fig. 5(b), {EST_WORDS[est0]}", "the gap rises, then falls (peak − all tokens)",
                         "falls after ≈ 40%", d, lo, hi, n=n_groups0,
                         unit=f"gap(peak k) − gap(k = {max(P.entropy_k)}%)", rule="direction", params=dict(sign=1),
                         estimator="paired percentile cluster bootstrap over query groups (each drawn group brings all "
                         "its tokens; peak k fixed)", resampling="group",
                         detail=f"{_tokens(len(v0), n_groups0)}; gap(k = {kp:.0f}%) − gap(k = {max(P.entropy_k)}%) "
-                        "of the valued pool, sign-balanced, "
+                        "of the valued pool, the mean of the A>0 and A<0 gaps, "
                         f"on the top-k% highest-entropy tokens; k = {kp:.0f}% is the largest of {len(P.entropy_k)} "
                         "gaps on these same tokens, so the point is biased up"))
     bs = v0[v0.status.isin(["boosted", "suppressed"])]
@@ -143,7 +146,7 @@ def claims(R: Result, P: Params) -> list[C.Claim]:
         X = np.column_stack([(bs.status == "boosted").astype(float), bs.prob, bs.entropy, bs.position,
                              np.where(bs.sign == "pos", 1.0, -1.0)])
         b_, lo, hi, se = S.ols_coef(bs.delta_hat, X, 0)
-        rows.append(C.Claim(f"fig05a_{est0}_ols", f"Fig. 5(a), {est0}, regression control",
+        rows.append(C.Claim(f"fig05a_{est0}_ols", f"Fig. 5(a), {EST_WORDS[est0]}, regression control",
                             "boosted tokens have higher value than suppressed (controlling for p, entropy, position, "
                             "sign)", "yes", b_, lo, hi, n=len(bs), unit="value gap (OLS coefficient of boosted)",
                             rule="direction", params=dict(sign=1), estimator="OLS with HC1 standard errors, t interval",
@@ -153,7 +156,7 @@ def claims(R: Result, P: Params) -> list[C.Claim]:
     cells = id_matched_gaps(v0)
     if cells.token_id.nunique() >= 2:  # the same token id on both sides: frequency and identity cannot make the gap
         m, lo, hi = id_cluster_bootstrap(cells, min(P.n_boot, 2000), P.seed)
-        rows.append(C.Claim(f"fig05a_{est0}_id_matched", f"Fig. 5(a), {est0}, within token id",
+        rows.append(C.Claim(f"fig05a_{est0}_id_matched", f"Fig. 5(a), {EST_WORDS[est0]}, within token id",
                             "boosted tokens have higher value than suppressed tokens of the same id (and sign)", "yes",
                             m, lo, hi, n=cells.token_id.nunique(), unit="value gap, mean over (token id, sign) cells",
                             rule="direction", params=dict(sign=1),
@@ -163,21 +166,21 @@ def claims(R: Result, P: Params) -> list[C.Claim]:
                             f"{int(cells.n_boosted.sum())} boosted and {int(cells.n_suppressed.sum())} suppressed "
                             f"tokens (of {len(v0)}); unweighted mean over cells"))
     for _, r in R.strata[(R.strata.by == "category") & (R.strata.sign == "all")].iterrows():  # by token class
-        nb_ = dict(n=int(r.n_groups), unit="value gap (sign-balanced)", **GROUP,
+        nb_ = dict(n=int(r.n_groups), unit=BALANCED, **GROUP,
                    detail=f"{int(r.n_boosted)} boosted, {int(r.n_suppressed)} suppressed tokens of class "
                    f"{r.level} from {int(r.n_groups)} query groups, groups resampled")
         if r.level == "Template":  # a control: scaffold wording never changes the reward, so no gap is expected
-            rows.append(C.Claim(f"fig05a_{est0}_{r.level}", f"Fig. 5(a), {est0}, {r.level} tokens (control)",
+            rows.append(C.Claim(f"fig05a_{est0}_{r.level}", f"Fig. 5(a), {EST_WORDS[est0]}, {r.level} tokens (control)",
                                 "scaffold (Template) tokens show no value gap", "≈ 0 (control)", r.gap, r.lo, r.hi,
                                 rule="similar", params=dict(target=0, tol=0.1), **nb_))
         else:
-            rows.append(C.Claim(f"fig05a_{est0}_{r.level}", f"Fig. 5(a), {est0}, {r.level} tokens",
+            rows.append(C.Claim(f"fig05a_{est0}_{r.level}", f"Fig. 5(a), {EST_WORDS[est0]}, {r.level} tokens",
                                 f"boosted tokens have higher value than suppressed ({r.level} tokens, both signs)",
                                 "yes", r.gap, r.lo, r.hi, rule="direction", params=dict(sign=1), **nb_))
     for _, r in R.conf_gaps.iterrows():  # the gap within confidence strata (p confounds it)
         label = {"pos": "A > 0", "neg": "A < 0"}[r.sign]
         rows.append(C.Claim(f"fig05a_{est0}_{r.sign}_{'low' if r.confidence == CONFIDENCE[0] else 'high'}conf",
-                            f"Fig. 5(a), {est0}, {r.confidence}",
+                            f"Fig. 5(a), {EST_WORDS[est0]}, {r.confidence}",
                             f"boosted tokens have higher value than suppressed ({label}, {r.confidence})", "yes",
                             r.gap, r.lo, r.hi, n=int(r.n_groups), unit="value gap",
                             rule="direction", params=dict(sign=1), **GROUP,
@@ -199,7 +202,7 @@ def claims(R: Result, P: Params) -> list[C.Claim]:
                   + (f"; up to {top.changed_status:.0%} at step {int(top.step)}"
                      if top.changed_status >= P.nonlinear_share else "") + ")")
         first = run.gap.iloc[0]
-        rows.append(C.Claim(f"fig11_{o}", f"Fig. 11 ({o} lr {c:g}, {est0}, {regime})",
+        rows.append(C.Claim(f"fig11_{o}", f"Fig. 11 ({o} lr {c:g}, {EST_WORDS[est0]}, {regime})",
                             "repeated updates widen the gap", "yes", x.change, x.change_lo, x.change_hi,
                             n=n11, unit=unit, rule="direction", params=dict(sign=1), **PAIRED,
                             detail=f"{_tokens(len(R.pool11), n11)}; {100 * x.changed_status:.0f}% of statuses "
@@ -214,9 +217,9 @@ def claims(R: Result, P: Params) -> list[C.Claim]:
         same = [f"lr {b:g}'s step-1 split is lr {lr_:g}'s step-{k} split (the same gap, interval and counts: "
                 f"plain SGD's first-order step scales with lr), so it has no row of its own"
                 for (oo, b), (a, k) in dup.items() if oo == o and a == lr_]
-        rows.append(C.Claim(f"fig11_step1_{o}_lr{lr_:g}", f"Fig. 11 / 5(a) ({o} lr {lr_:g}, {est0}, step 1)",
+        rows.append(C.Claim(f"fig11_step1_{o}_lr{lr_:g}", f"Fig. 11 / 5(a) ({o} lr {lr_:g}, {EST_WORDS[est0]}, step 1)",
                             "boosted tokens have higher value than suppressed after one step", "yes", r.gap, r.lo,
-                            r.hi, n=n11, unit="value gap (sign-balanced), step 1", rule="direction",
+                            r.hi, n=n11, unit=BALANCED + ", step 1", rule="direction",
                             params=dict(sign=1), **GROUP,
                             detail=f"{int(r.n_boosted)} boosted, {int(r.n_suppressed)} suppressed of the Fig. 11 pool "
                             f"({_tokens(len(R.pool11), n11)})"
@@ -276,7 +279,7 @@ def reading(rows: list[C.Claim], R: Result, P: Params) -> str:
         ci = "" if _nan(r.lo) else f" [{r.lo:+.3f}, {r.hi:+.3f}]"
         return f"{r.measured:+.3f}{ci}, {r.verdict}"
 
-    out = [f"step-1 gap ({est0}): A > 0 {f(f'fig05a_{est0}_pos')}; A < 0 {f(f'fig05a_{est0}_neg')}",
+    out = [f"step-1 gap ({EST_WORDS[est0]}): A > 0 {f(f'fig05a_{est0}_pos')}; A < 0 {f(f'fig05a_{est0}_neg')}",
            f"main-text Â_M (no 1/(1 − p)): A > 0 {f('fig05a_maintext_pos')}; A < 0 {f('fig05a_maintext_neg')}",
            f"rises then falls, gap(peak) − gap(all): {f('fig05b_peak_minus_end')}; peak (% of all tokens): "
            f"{f('fig05b_peak')}"]

@@ -375,7 +375,7 @@ def claims(R: Result, P: Params) -> list[C.Claim]:
                 continue
             stmt = f"the gap grows with {what}"
             extra = f"; |d| = 2 SE needs {t.need_seeds:g} seeds (seeds only)" if np.isfinite(t.se) else ""
-            unit = f"gap({t.to}) − gap({t.frm}), tokens inside every update"
+            unit = f"gap({t.to}) − gap({t.frm}), tokens in every nested sub-batch"
             rows.append(C.Claim(f"fig06_{panel}_{t.subset}", f"{fig}, {t.subset}", stmt, "yes", unit=unit,
                                 rule="direction", params=dict(sign=1),
                                 **two_way(panel, t.subset, t.d_lo, t.d_hi, tokens=n_tok(panel, t.subset),
@@ -406,7 +406,7 @@ def claims(R: Result, P: Params) -> list[C.Claim]:
                     rows.append(C.Claim(f"fig07b_{end}_{t.subset}", f"{fig}, {t.subset}",
                                         f"the gap is smaller when reward is {end} (middle − k = {k})", "yes",
                                         g[f"d_{end}"], g[f"d_{end}_lo"], g[f"d_{end}_hi"], n=int(g.n_groups),
-                                        unit=f"gap(middle) − gap(k = {k}), tokens inside every update",
+                                        unit=f"gap(middle) − gap(k = {k}), tokens in every nested sub-batch",
                                         rule="direction", params=dict(sign=1), **GROUPS,
                                         detail=f"{n_tok(panel, t.subset)} valued tokens from {int(g.n_groups)} query "
                                         f"groups x {int(g.n_seeds)} seeds, both resampled; seeds only: "
@@ -418,7 +418,7 @@ def claims(R: Result, P: Params) -> list[C.Claim]:
                 rows.append(C.Claim(f"fig07b_{end}_negative", f"{fig}, all", f"under {end} reward (k = {k}) the value "
                                     "gap even becomes negative", "diminishes or even becomes negative",
                                     g[f"gap_{end}"], g[f"gap_{end}_lo"], g[f"gap_{end}_hi"], n=int(g.n_groups),
-                                    unit=f"gap(k = {k}), tokens inside every update", rule="direction",
+                                    unit=f"gap(k = {k}), tokens in every nested sub-batch", rule="direction",
                                     params=dict(sign=-1), **GROUPS,
                                     detail=f"{n_tok(panel, 'all')} valued tokens from {int(g.n_groups)} query groups x "
                                     f"{int(g.n_seeds)} seeds, both resampled; the paper hedges ('or even'): a gap "
