@@ -118,7 +118,7 @@ print(f"pool: {len(R.pool11)} tokens ({P.n_pool11} per rollout sign, any status)
 R.last[["gap", "lo", "hi", "change", "change_lo", "change_hi", "changed_status"]].round(3)
 
 # %% [markdown]
-# ## Fig. 5(d) — credit by value: the real step against within-group sign shuffles
+# ## Fig. 15 (beyond the paper) — credit by value: the real step against within-group sign shuffles
 # If GRPO assigns credit, the tokens its step boosts should out-value those it suppresses by more than
 # when the advantages carry no information about the rollouts. On Fig. 11's pool (drawn before any step,
 # whatever its status: Fig. 5's own pool is selected by the real step) the same plain-SGD step is taken
@@ -128,7 +128,7 @@ R.last[["gap", "lo", "hi", "change", "change_lo", "change_hi", "changed_status"]
 
 # %%
 fig = fig05_plots.null(R, P)
-plots.save(fig, "fig05d_value_gap_null", fig_dir)
+plots.save(fig, "fig15_value_gap_null", fig_dir)
 plt.show()
 print(fig05_claims.null_sentence(R, P))
 
@@ -154,7 +154,7 @@ print(f"M = {P.M}; median per-token SE: " + ", ".join(f"{e} {v:.3f}" for e, v in
 # **Reading.** Both estimators target Δ; Eq. 20's 1/(1 − p_t) gives p_t near 1 a heavy-tailed SE at
 # small M: read exclude. §3's Â_M (no 1/(1 − p_t)) weighs value by 1 − p_t. In negative rollouts the
 # step raises the higher-value tokens: the association the paper reads as hidden credit assignment;
-# 5(d) sets it against within-group sign shuffles (no row tests that cancellation causes it). 5(b): a
+# Fig. 15 sets it against within-group sign shuffles (no row tests that cancellation causes it). 5(b): a
 # peak at the valued pool's last k reads 100% (no fall inside the pool). Fig. 11: small-lr SGD stays
 # first-order (a flat gap built in), so the claim reads the smallest lr with `nonlinear_share` of statuses
 # changed between step 1 and step K (else the largest lr, which its label says); a step-1 split equal to

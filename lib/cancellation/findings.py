@@ -84,7 +84,7 @@ def summary_markdown(root=".", registries=README_REGISTRIES) -> str:
              for _, r in read_registry(Path(root) / path).iterrows() if r.claim.startswith(THESIS_PREFIX)]
     thesis = [r for r in every if r.claim[len(THESIS_PREFIX):] in THESIS_README]
     if thesis:  # the paper's thesis itself, row by row: what a reader looks for first
-        lines += ["", "The thesis itself (notebook 04, Algorithm 2 on one batch and θ₀ at a time; "
+        lines += ["", "The thesis itself (notebook 04, Algorithm 2: each batch's updates taken from the same starting policy; "
                   "what would refute it is in each row's rule; every thesis row is in docs/claims.md):", "",
                   "| claim | measured [95% CI] | verdict |", "|---|---|---|"]
         for r in thesis:

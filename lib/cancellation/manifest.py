@@ -85,7 +85,7 @@ FIGURES: list[Figure] = [
          "mass shift per token category, positive-only vs GRPO; the thesis as rows that could fail (shared vs "
          "success-specific tokens, Algorithm 2)",
          dry=dict(fo_tokens=64, n_batches=2, null_shuffles=2)),
-    _fig("05_value_gap", "fig05", ["Fig. 5", "Fig. 11", "Fig. 14"], ["fig05", "fig11", "fig14"], ["fig05", "repeated_deltas", "value_null"],
+    _fig("05_value_gap", "fig05", ["Fig. 5", "Fig. 11", "Fig. 14", "Fig. 15"], ["fig05", "fig11", "fig14", "fig15"], ["fig05", "repeated_deltas", "value_null"],
          "Monte Carlo value of boosted vs suppressed tokens; repeated updates with SGD and Adam",
          dry=dict(M=4, n_per_cell=4, heldout_per_cell=0, n_pool11=4, adam_lrs=[1.0e-6], repeat_steps=3,
                   null_shuffles=2)),

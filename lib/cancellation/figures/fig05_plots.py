@@ -1,5 +1,5 @@
 """Notebook 05's figures, read off a `fig05.Result`: Fig. 5 (a, b), Fig. 14 (beyond the paper: 5(a)'s gap by token
-class and confidence), 5(d) the value gap against its sign-shuffle null, and Fig. 11 (repeated steps)."""
+class and confidence), Fig. 15 the value gap against its sign-shuffle null, and Fig. 11 (repeated steps)."""
 from __future__ import annotations
 
 import numpy as np
@@ -112,7 +112,7 @@ def strata(R: Result, est0: str):
 
 
 def null(R: Result, P: Params):
-    """Fig. 5(d): the value gap after the real SGD step against the gaps after K steps with the advantages
+    """Fig. 15 (beyond the paper): the value gap after the real SGD step against the gaps after K steps with the advantages
     shuffled within groups (Fig. 11's pool): (a) both rollout signs pooled, (b) within sign, averaged."""
     t, tab = R.null_test, R.value_null
     fig, axes = plots.figure(ncols=2, width=plots.WIDTH_2COL * 0.8, height=2.6)

@@ -238,7 +238,7 @@ def _imbalance_rows(R: Result, P: Params) -> list[C.Claim]:
             lr_ = np.log10(scatter_vs_qb(m)[m.strategy == name]).groupby(m.seed).mean()
             rows.append(C.Claim(
                 f"eq14_grad_{name}_vs_QB", fig, stmt, "yes", *ST.t_interval(lr_), n=len(lr_),
-                unit=f"log10 Σ_B (T_B/T)||g_B − g||², {name} / QB", rule="direction", params=dict(sign=1), **T,
+                unit=f"log10 of the mini-batch gradients' scatter around the batch gradient (Eq. 14), {name} / query-preserved (QB)", rule="direction", params=dict(sign=1), **T,
                 detail=f"the mini-batch gradients scatter {10 ** lr_.mean():.2f}× as much around the whole batch's "
                 "as QB's (geometric mean); every gradient at the starting θ on the same batch, only the split "
                 "differs; the scatter is total: it also holds the spread between queries that QB's whole-group "
@@ -260,7 +260,7 @@ def _imbalance_rows(R: Result, P: Params) -> list[C.Claim]:
         rows.append(C.Claim(
             "eq14_shared_random", fig, "random mini-batches add noise along the directions a split query's rollouts "
             "share, which the grouped update cancels", "present", *ST.t_interval(share), n=len(share),
-            unit="Σ_B (T_B/T)||s_B||² / Σ_B (T_B/T)||g_B − g||², random", rule="construction",
+            unit="share of the mini-batch gradients' scatter along directions a split query's rollouts share, random", rule="construction",
             params=dict(sign=1, ref=0.0, why="||s_B||² ≥ 0, > 0 wherever S_B ≠ 0 (s_B = −(1/T_B) Σ_g S_B,g c_g, "
                         "c_g the mean score of group g's rollouts); the size is the finding"), **T, detail=detail))
     return rows
