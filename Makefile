@@ -72,7 +72,7 @@ NOTEBOOKS := $(sort $(wildcard notebooks/[0-9][0-9]_*.py))
 OVERRIDES := $(if $(strip $(P)),--set '$(subst ','\'',$(P))') $(if $(REPLACE),--replace)
 export PYTHONUNBUFFERED := 1
 # glibc malloc: blocks up to 1 GiB stay on the heap when freed, so (positions x 151,936) logits chunks do not fault
-# their pages in afresh on every call (paper-vocab tests, the stand-ins' build; run.MALLOC_ENV). Yours win.
+# their pages in afresh on every call (paper-vocab tests, the stand-ins' build; execute.MALLOC_ENV). Yours win.
 export MALLOC_MMAP_THRESHOLD_ ?= 1073741824
 export MALLOC_TRIM_THRESHOLD_ ?= 1073741824
 

@@ -60,8 +60,8 @@ def model64():
 def canonical_standins():
     """data/standins/ as the paper-smoke and paper-vocab profiles name it, paper-vocab model included
     (idempotent: a no-op once built), so no test depends on another having built it first. Its paths."""
-    from cancellation import run, standins
-    return standins.build(run.ROOT / "data" / "standins")
+    from cancellation import profiles, standins
+    return standins.build(profiles.ROOT / "data" / "standins")
 
 
 @pytest.fixture(scope="session")
@@ -69,10 +69,10 @@ def standin_model():
     """data/standins/model's path, which the sampler's tests and two GPU tests load: found, or built with the
     canonical stand-ins when missing (a fresh clone, a bare GPU machine where gpu-check's standins step did not
     run), never assumed."""
-    from cancellation import run, standins
-    path = run.ROOT / "data" / "standins" / "model"
+    from cancellation import profiles, standins
+    path = profiles.ROOT / "data" / "standins" / "model"
     if not (path / "config.json").exists():
-        standins.build(run.ROOT / "data" / "standins")
+        standins.build(profiles.ROOT / "data" / "standins")
     return str(path)
 
 

@@ -11,6 +11,7 @@
 | profile: nested aliases ("billion laughs")            | refused above 100,000 values; every error line truncated     |
 | seed 10**23, lr 1e300                                 | refused at --check naming the value                          |
 """
+import dataclasses
 import os
 import pickle
 import stat
@@ -355,12 +356,12 @@ LAUGHS = "01_token_flipping:\n  x0: &a0 [lol, lol, lol, lol, lol, lol, lol, lol,
 ])
 def test_bad_profile_is_one_line_naming_file_and_line(tmp_path, monkeypatch, capsys, name, content, expected):
     import re
-    from cancellation import run
+    from cancellation import profiles, run
     params = tmp_path / "params"
     params.mkdir()
     f = params / f"{name}.yaml"
     f.write_bytes(content if isinstance(content, bytes) else content.encode())
-    monkeypatch.setattr(run, "PARAMS", params)
+    monkeypatch.setattr(profiles, "HERE", dataclasses.replace(profiles.HERE, params=params))
     marker = Path("pwned")
     with pytest.raises(SystemExit) as e:
         run.main(["01", "--check", "--profile", name])
@@ -372,20 +373,20 @@ def test_bad_profile_is_one_line_naming_file_and_line(tmp_path, monkeypatch, cap
 
 
 def test_error_lines_are_truncated_and_committed_profiles_load(capsys):
-    from cancellation import run
+    from cancellation import profiles, resolve, run
     run._print_errors(ValueError("x" * 10_000 + "\nshort"))
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 2 and len(err[0]) < 600 and err[0].endswith("[9500 more characters]")
-    for p in run.known_profiles():
-        assert isinstance(run.load_profile(p), dict)
-    with pytest.raises(run.ParameterError, match="duplicate key 'a'"):
-        run._override_value("{a: 1, a: 2}", {})
+    for p in profiles.known_profiles():
+        assert isinstance(profiles.load_profile(p), dict)
+    with pytest.raises(profiles.ParameterError, match="duplicate key 'a'"):
+        resolve._override_value("{a: 1, a: 2}", {})
 
 
 # ------------------------------------------------------------------ POOR: absurd numbers refused at --check
 def test_largest_seed_and_lr_allowed_pass_check(capsys):
-    from cancellation import run
-    p = run.resolve_params(run.find_notebook("01"), "tiny", {"seed": str(2**31 - 1), "lr": "1000", "n_prompts": "4"})
+    from cancellation import profiles, resolve
+    p = resolve.resolve_params(profiles.find_notebook("01"), "tiny", {"seed": str(2**31 - 1), "lr": "1000", "n_prompts": "4"})
     assert p["seed"] == 2**31 - 1 and p["lr"] == 1000.0
     from cancellation import budget
     t = pd.DataFrame({"rollout": [0, 0, 1], "prob": [0.1, 0.2, 0.3], "position": [0, 1, 0]})
@@ -399,13 +400,13 @@ def test_largest_seed_and_lr_allowed_pass_check(capsys):
 def test_profile_yaml_anchors_and_merge_keys_work(tmp_path, monkeypatch, capsys):
     """A standard way to share sizes between sections: an `x-` section holds the anchor, `<<: *name` merges
     it, an explicit key beside the merge wins (YAML's own rule)."""
-    from cancellation import run
+    from cancellation import profiles, resolve
     params = tmp_path / "params"
     params.mkdir()
     (params / "anch.yaml").write_text("common:\n  seed: 3\nx-small: &small\n  n_prompts: 4\n  G: 4\n"
                                       "02_coupling_heatmaps:\n  <<: *small\n  G: 2\n")
-    monkeypatch.setattr(run, "PARAMS", params)
-    got = run.resolve_params(run.find_notebook("02"), "anch")
+    monkeypatch.setattr(profiles, "HERE", dataclasses.replace(profiles.HERE, params=params))
+    got = resolve.resolve_params(profiles.find_notebook("02"), "anch")
     assert got["n_prompts"] == 4 and got["G"] == 2 and got["seed"] == 3
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from cancellation import claims as C
 from cancellation import findings as F
-from cancellation import run
+from cancellation import profiles
 
 ROOT = Path(__file__).resolve().parents[1]
 NAN = math.nan
@@ -108,7 +108,7 @@ def test_committed_readme_table_matches_committed_registry():
         assert C.verdict_of(r) == r.verdict, r.claim
     assert set(reg.verdict) <= set(C.VERDICTS + C.CONTROL_VERDICTS)
     tiny = pd.read_parquet(ROOT / "data" / "results" / "tiny" / "claims.parquet")
-    assert set(tiny.notebook) == {p.stem[:2] for p in run.all_notebooks()}  # every notebook records its claims
+    assert set(tiny.notebook) == {p.stem[:2] for p in profiles.all_notebooks()}  # every notebook records its claims
 
 
 # ------------------------------------------------------------------ robustness: concurrent writers, damaged registry

@@ -1321,13 +1321,12 @@ def test_fig09_rows_only_for_runs_of_their_own_and_the_notebook_says_why():
     """Fig. 9's panel of the profile's own model is Fig. 1's run (its first steps): no row of its own
     (fig01_ab_boosted tests it); tiny-s has a run of its own and a row; notebook 01 prints, from the
     profiles, why two policies cannot test 'across models' and what the paper profile runs."""
-    import yaml
-
+    from cancellation import profiles
     from cancellation.figures import fig01, fig01_claims
     reg = registry()
     assert "fig09_tiny-m" not in reg.index and "fig09_tiny-s" in reg.index
     assert "a GRPO run of its own" in reg.loc["fig09_tiny-s"].detail
-    paper = yaml.safe_load((ROOT / "notebooks" / "params" / "paper.yaml").read_text())
+    paper = profiles.load_profile("paper")   # as notebook 01 reads it
     line = fig01_claims.fig9_scope(fig01.Params(), paper)
     assert "too few to test 'across models'" in line and "tiny-m is Fig. 1's own run" in line
     assert all(m in line for m in paper["common"]["models"]) and f"runs {len(paper['common']['models'])}:" in line

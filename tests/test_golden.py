@@ -13,7 +13,7 @@ import os
 import pytest
 from golden import digest as D
 
-from cancellation import manifest, run
+from cancellation import execute, manifest
 
 PINS = json.loads(D.PINS.read_text())
 
@@ -48,7 +48,7 @@ def test_digest_sees_a_moved_number_and_ignores_row_order():
 
 
 def _recompute_and_compare(nb: str, out_root):
-    run.run_notebook(nb, "tiny", out_root=out_root, log_output=False)
+    execute.run_notebook(nb, "tiny", out_root=out_root, log_output=False)
     res = out_root / "data" / "results" / "tiny"
     pins = PINS["tiny"]
     got = D.tables("tiny", out_root)

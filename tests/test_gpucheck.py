@@ -54,7 +54,7 @@ def test_dry_overrides_per_notebook():
 def test_dry_runs_are_paper_quicks_sections_and_backends():
     """paper-quick's backends (vLLM where its section says so and vllm imports; else hf, with the reason), 07 and
     the vLLM notebooks first; every notebook's dry-run parameters pass the runner's validation."""
-    from cancellation import manifest, run
+    from cancellation import manifest, resolve
     assert gpucheck.DRY_PROFILE == "paper-quick"
     assert gpucheck.dry_order() == ["07", "01", "05", "06", "08", "02", "03", "04"]
     ok = dict(version="0.11", importable=True, error=None)
@@ -69,7 +69,7 @@ def test_dry_runs_are_paper_quicks_sections_and_backends():
     for f in manifest.FIGURES:
         back, why = gpucheck.dry_backend(f.key, None)
         o = gpucheck._dry_overrides(f.key, back if why else None)
-        P = run.resolve_params(ROOT / "notebooks" / f"{f.notebook}.py", "paper-quick", dict(zip(o[1::3], o[2::3])),
+        P = resolve.resolve_params(ROOT / "notebooks" / f"{f.notebook}.py", "paper-quick", dict(zip(o[1::3], o[2::3])),
                                cwd=ROOT, check_paths=True)
         assert P["model_path"] == gpucheck.SHAPE and P["max_new_tokens"] == 128 and P["dtype"] == "float32"
         assert P.get("backend", "hf") == "hf"                         # no vllm here: every one falls back

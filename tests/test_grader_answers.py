@@ -32,7 +32,7 @@ from pathlib import Path
 
 import pytest
 
-from cancellation import extract, grader, run, sources, tasks, value
+from cancellation import extract, grader, profiles, resolve, sources, tasks, value
 
 DATA = Path(__file__).parent / "data" / "graded_responses.jsonl"
 ROWS = [json.loads(line) for line in DATA.read_text(encoding="utf-8").splitlines() if line.strip()]
@@ -233,16 +233,16 @@ def test_every_committed_profiles_gold_audit_still_runs(canonical_standins, tmp_
     """Each profile under notebooks/params: its problem file and held-out files, where the checkout has them
     (data/math/ is the user's download), pass the audit in one line; the stand-ins' golds are all credited."""
     seen = set()
-    for prof in sorted((run.ROOT / "notebooks" / "params").glob("*.yaml")):
-        p = run.resolve_params(run.find_notebook("07"), prof.stem)
+    for prof in sorted((profiles.ROOT / "notebooks" / "params").glob("*.yaml")):
+        p = resolve.resolve_params(profiles.find_notebook("07"), prof.stem)
         for path in [p["problems_path"], *p.get("eval_sets", [])]:
             if not path or "/" not in str(path) or path in seen:
                 continue
             seen.add(path)
-            if not (run.ROOT / path).exists():
+            if not (profiles.ROOT / path).exists():
                 assert str(path).startswith("data/math/"), path
                 continue
-            src = sources.ProblemSource(str(run.ROOT / path))
+            src = sources.ProblemSource(str(profiles.ROOT / path))
             line = src.admit(out_dir=tmp_path)
             assert line.startswith("gold answers: ") and "\n" not in line
             assert line.endswith("each one is rewarded against its own text"), (path, line)

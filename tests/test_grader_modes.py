@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from cancellation import extract, grader, run, sources, tasks, train, value
+from cancellation import execute, extract, grader, profiles, resolve, sources, tasks, train, value
 from cancellation.engine import data as engine_data
 from cancellation.figures import base, fig02, fig05, fig07
 
@@ -96,8 +96,8 @@ def test_unknown_mode_is_one_line_listing_the_valid_ones():
     with pytest.raises(ValueError, match="answer_mode='sentence'"):
         grader.MathVerifier(mode="sentence")
     # from the command line / a profile: the runner's schema refuses it before anything runs
-    with pytest.raises(run.ParameterError) as e:
-        run.resolve_params(run.find_notebook("05"), "tiny", {"answer_mode": "boxd"})
+    with pytest.raises(profiles.ParameterError) as e:
+        resolve.resolve_params(profiles.find_notebook("05"), "tiny", {"answer_mode": "boxd"})
     assert "answer_mode" in str(e.value) and "last_sentence" in str(e.value)
 
 
@@ -105,8 +105,8 @@ def test_the_mode_reaches_every_reward_call(tmp_path):
     f = tmp_path / "p.jsonl"
     f.write_text(json.dumps({"prompt": "7+5?", "answer": "12"}) + "\n")
     # from a profile's parameters to the source the figure builds
-    params = run.resolve_params(run.find_notebook("05"), "tiny", {"answer_mode": "boxed", "problems_path": str(f)})
-    P = fig05.Params(**{k: v for k, v in params.items() if k not in run.INJECTED})
+    params = resolve.resolve_params(profiles.find_notebook("05"), "tiny", {"answer_mode": "boxed", "problems_path": str(f)})
+    P = fig05.Params(**{k: v for k, v in params.items() if k not in profiles.INJECTED})
     src = base.problem_source(P)
     assert src.answer_mode == "boxed" and src.verifier().mode == "boxed"
     # the TRL reward function grades with it
@@ -145,7 +145,7 @@ def test_refuse_is_the_default_and_names_the_count_and_the_file(tmp_path):
     assert ids.read_text().splitlines() == ["problem,answer,why", "1,???,unparseable",
                                            "2,sum_(k=1)^n 1/k,constant"]
     assert isinstance(e.value, sources.ProblemFileError)
-    assert type(e.value).__name__ in run.ONE_LINE_STOPS   # the runner prints it alone, as NoSignal
+    assert type(e.value).__name__ in execute.ONE_LINE_STOPS   # the runner prints it alone, as NoSignal
 
 
 def test_skip_drops_those_problems_and_says_how_many(tmp_path):
@@ -206,7 +206,7 @@ def test_runner_prints_the_refusal_alone_and_promotes_nothing(tmp_path, canonica
     import sys
     f = _golds_file(tmp_path)
     p = subprocess.run([sys.executable, "-m", "cancellation.run", "02", "--profile", "paper-smoke",
-                        "-p", "problems_path", str(f)], capture_output=True, text=True, cwd=run.ROOT)
+                        "-p", "problems_path", str(f)], capture_output=True, text=True, cwd=profiles.ROOT)
     assert p.returncode == 1
     err = [line for line in p.stderr.splitlines() if line.strip()]
     assert err[-1].startswith(f"error: 02_coupling_heatmaps stopped: {f}: 2 of 5 problems have a gold the reward "
@@ -219,11 +219,11 @@ def test_a_profiles_common_answer_mode_reaches_every_notebook(tmp_path, monkeypa
     from test_run import _profile
     _profile(tmp_path, monkeypatch, "common:\n  answer_mode: last_sentence\n  unrewardable_golds: skip\n")
     for nb in ("01", "02", "03", "04", "05", "06", "07", "08"):
-        p = run.resolve_params(run.find_notebook(nb), "mine")
+        p = resolve.resolve_params(profiles.find_notebook(nb), "mine")
         assert (p["answer_mode"], p["unrewardable_golds"]) == ("last_sentence", "skip"), nb
     _profile(tmp_path / "b", monkeypatch, "common:\n  answer_mode: last_line\n")
-    with pytest.raises(run.ParameterError, match="answer_mode"):
-        run.resolve_params(run.find_notebook("01"), "mine")
+    with pytest.raises(profiles.ParameterError, match="answer_mode"):
+        resolve.resolve_params(profiles.find_notebook("01"), "mine")
 
 
 # Styles in which a mode finds an answer candidate at all (the coverage `with_answer` counts; by hand):
@@ -253,7 +253,7 @@ def test_07s_runs_record_coverage_per_iteration_and_report_it(tmp_path):
     src = sources.ProblemSource(str(f))
     cfg = train.TrainConfig(iterations=1, n_prompts=2, G=2, max_new_tokens=96, eval_sets=["easy"], eval_n=2,
                             eval_every=1, source=src, update=grpo.UpdateConfig(n_minibatches=1))
-    model, tok = policy.load_policy(str(run.ROOT / "data/policies/tiny-m"), dtype="float32")
+    model, tok = policy.load_policy(str(profiles.ROOT / "data/policies/tiny-m"), dtype="float32")
     again = rollout.sample(model, tok, cfg.sample_config(model), problems=src.draw(2, rollout.round_seeds(0, 0)[0]),
                            seed=rollout.round_seeds(0, 0)[1])
     want = sum(bool(extract.extract_answers(t, extract.FILE_MODE)) for t in again.texts)

@@ -11,7 +11,7 @@ from dataclasses import make_dataclass
 
 import pytest
 
-from cancellation import cache, plan, run, stage, train
+from cancellation import cache, plan, profiles, resolve, stage, train
 from cancellation.figures import base, fig02, fig05, fig07
 from cancellation.figures.base import param
 from tests.golden import keys as golden
@@ -22,10 +22,10 @@ FIGURE_STAGES = {"01": stage.FIG01_NOISE_FLOOR, "02": stage.FIG02, "03": stage.F
 
 
 def _params(stem: str, profile: str = "tiny", overrides=None):
-    nb = next(p for p in run.all_notebooks() if p.stem.startswith(stem))
+    nb = next(p for p in profiles.all_notebooks() if p.stem.startswith(stem))
     mod = golden.importlib.import_module(f"cancellation.figures.fig{stem}")
-    values = run.resolve_params(nb, profile, overrides)
-    return mod, mod.Params(**{k: v for k, v in values.items() if k not in run.INJECTED})
+    values = resolve.resolve_params(nb, profile, overrides)
+    return mod, mod.Params(**{k: v for k, v in values.items() if k not in profiles.INJECTED})
 
 
 def _pinned(stem: str, st: stage.Stage) -> list:
@@ -103,19 +103,19 @@ def test_a_new_knob_reaches_key_validation_and_plan(monkeypatch):
     original = fig02.Params
 
     monkeypatch.setattr(fig02, "Params", Knob)
-    monkeypatch.setattr(run, "_DEFAULTS", {})      # the runner's defaults are read from the (new) Params
+    monkeypatch.setattr(profiles, "_DEFAULTS", {})      # the runner's defaults are read from the (new) Params
     # the key: every field, the new one included
     P3, P4 = Knob(**dataclasses.asdict(P0)), Knob(**dataclasses.asdict(P0), knob=4)
     k3, k4 = (stage.FIG02.key(**base.inputs(P, source)) for P in (P3, P4))
     assert len({old, k3, k4}) == 3
     assert stage.FIG02.params(**base.inputs(P4, source))["knob"] == 4
     # validation: the rule declared beside the field, for profiles and -p alike
-    assert run.resolve_params(run.find_notebook("02"), "tiny", {"knob": 5})["knob"] == 5
-    with pytest.raises(run.ParameterError, match=r"'knob' = 0.*1"):
-        run.resolve_params(run.find_notebook("02"), "tiny", {"knob": 0})
+    assert resolve.resolve_params(profiles.find_notebook("02"), "tiny", {"knob": 5})["knob"] == 5
+    with pytest.raises(profiles.ParameterError, match=r"'knob' = 0.*1"):
+        resolve.resolve_params(profiles.find_notebook("02"), "tiny", {"knob": 0})
     assert "a new knob" in Knob.docs()["knob"]
     # the planner: plans the new Params as it is (the workload reads what it needs)
-    values = run.resolve_params(run.find_notebook("02"), "tiny", {"knob": 7})
+    values = resolve.resolve_params(profiles.find_notebook("02"), "tiny", {"knob": 7})
     p_new = plan.make(stem, values)
     monkeypatch.setattr(fig02, "Params", original)
     assert p_new.work is not None and p_new.work.blocks == plan.make(stem, {k: v for k, v in values.items()

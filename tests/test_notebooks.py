@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from cancellation import run
+from cancellation import execute, profiles
 
 pytestmark = pytest.mark.slow
 
@@ -20,7 +20,7 @@ def out_root(tmp_path_factory):
 
 
 def _run(ref, out_root):
-    out = run.run_notebook(ref, "smoke", out_root=out_root, log_output=False)
+    out = execute.run_notebook(ref, "smoke", out_root=out_root, log_output=False)
     nb = json.loads(out.read_text())
     errors = [o for c in nb["cells"] for o in c.get("outputs", []) if o.get("output_type") == "error"]
     assert not errors
@@ -32,7 +32,7 @@ def side_by_side(tmp_path_factory):
     """Notebooks 05 and 06 (one CPU thread each) run side by side, as `make figures`'s pool runs them: the
     command line with --cores 2, on a checkout copy (its notebooks, the repository's data by link), so
     that each runs in its own runner process and both write the one claims registry."""
-    repo, root = Path(run.ROOT), tmp_path_factory.mktemp("side_by_side")
+    repo, root = Path(profiles.ROOT), tmp_path_factory.mktemp("side_by_side")
     shutil.copytree(repo / "notebooks", root / "notebooks", ignore=shutil.ignore_patterns("executed"))
     (root / "data").mkdir()
     for d in (repo / "data").iterdir():

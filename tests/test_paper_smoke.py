@@ -8,33 +8,32 @@ import time
 import numpy as np
 import pandas as pd
 import pytest
-import yaml
 
-from cancellation import guard, run
+from cancellation import execute, guard, profiles, resolve
 
-PAPER, SMOKE = run.PARAMS / "paper.yaml", run.PARAMS / "paper-smoke.yaml"
-VOCAB = run.PARAMS / "paper-vocab.yaml"
+PAPER, SMOKE = profiles.HERE.params / "paper.yaml", profiles.HERE.params / "paper-smoke.yaml"
+VOCAB = profiles.HERE.params / "paper-vocab.yaml"
 
 
 @pytest.mark.parametrize("profile", [SMOKE, VOCAB], ids=["paper-smoke", "paper-vocab"])
 def test_stand_in_profiles_mirror_paper_key_for_key(profile):
     """paper-smoke sets exactly paper.yaml's keys; paper-vocab may add a few that bound its run time."""
-    paper, smoke = yaml.safe_load(PAPER.read_text()), yaml.safe_load(profile.read_text())
+    paper, smoke = profiles.load_profile(PAPER.stem), profiles.load_profile(profile.stem)
     assert list(paper) == list(smoke)
     for section in paper:
         if profile == SMOKE:
             assert set(paper[section]) == set(smoke[section]), section
         else:
             assert set(paper[section]) <= set(smoke[section]), section
-    assert {p.stem for p in run.all_notebooks()} == set(paper) - {"common"}
+    assert {p.stem for p in profiles.all_notebooks()} == set(paper) - {"common"}
 
 
 def test_every_paper_parameter_is_declared_by_a_notebook():
     """A `common` key no notebook declares would be dropped silently; a section key is checked by resolve_params."""
-    declared = set().union(*(run.notebook_defaults(nb) for nb in run.all_notebooks()))
-    assert set(yaml.safe_load(PAPER.read_text())["common"]) <= declared
-    for nb in run.all_notebooks():
-        run.resolve_params(nb, "paper")  # raises on an unknown name or a wrong type
+    declared = set().union(*(profiles.notebook_defaults(nb) for nb in profiles.all_notebooks()))
+    assert set(profiles.load_profile(PAPER.stem)["common"]) <= declared
+    for nb in profiles.all_notebooks():
+        resolve.resolve_params(nb, "paper")  # raises on an unknown name or a wrong type
 
 
 @pytest.fixture(scope="module")
@@ -48,14 +47,14 @@ def _run(ref, out_root, profile="paper-smoke", log=None, cache=None):
     profile's raises (knob reach: every forward and update of the notebook obeys the profile).
     With `log`, the guard tallies the positions it sees into that JSON file; with `cache`, the run
     takes that (fresh) cache directory instead of the session's, so every position is computed here."""
-    params = run.resolve_params(run.find_notebook(ref), profile, None, out_root)
+    params = resolve.resolve_params(profiles.find_notebook(ref), profile, None, out_root)
     knobs = {k: params[k] for k in guard.KNOBS if k in params}
     assert "token_chunk" in knobs, f"notebook {ref} declares no token_chunk"
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv(guard.GUARD_ENV, json.dumps(dict(knobs, **({"log": str(log)} if log else {}))))
         if cache:
             mp.setenv("CANCELLATION_CACHE", str(cache))
-        out = run.run_notebook(ref, profile, out_root=out_root, log_output=False)   # the kernel inherits it
+        out = execute.run_notebook(ref, profile, out_root=out_root, log_output=False)   # the kernel inherits it
     nb = json.loads(out.read_text())
     errors = [o for c in nb["cells"] for o in c.get("outputs", []) if o.get("output_type") == "error"]
     assert not errors, errors
@@ -73,7 +72,7 @@ def _timed(ref, out_root, tmp_path, tally=False):
     check_plan_time(ref, time.time() - t, lambda: timed_fresh_run(ref, tmp_path / "retry"))
     if tally:
         from test_plan_tally import check_tally
-        check_tally(ref, run.resolve_params(run.find_notebook(ref), "paper-smoke", None, out_root), log)
+        check_tally(ref, resolve.resolve_params(profiles.find_notebook(ref), "paper-smoke", None, out_root), log)
     return res, figs
 
 
@@ -83,7 +82,7 @@ def _tallied(ref, out_root, tmp_path):
     from test_plan_tally import check_tally
     log = tmp_path / "tally.json"
     res, figs = _run(ref, out_root, log=log, cache=tmp_path / "cache")
-    check_tally(ref, run.resolve_params(run.find_notebook(ref), "paper-smoke", None, out_root), log)
+    check_tally(ref, resolve.resolve_params(profiles.find_notebook(ref), "paper-smoke", None, out_root), log)
     return res, figs
 
 
@@ -179,7 +178,7 @@ def test_paper_profile_can_fill_fig7b_and_trains_at_the_papers_lr():
     """7(b) draws k positives and G_comp − k negatives from one group of comp_G: it must hold G_comp − 1 of each
     (every composition 1..G_comp − 1 of the same queries); the scores h of a 1.7B model do not fit: real steps;
     Fig. 11's Adam repeats and the training runs use the paper's lr 1e-6, not the tiny profile's."""
-    paper = yaml.safe_load(PAPER.read_text())
+    paper = profiles.load_profile(PAPER.stem)
     s = paper["06_sampling_budget"]
     assert s["comp_G"] >= 2 * (s["G_comp"] - 1) and s["G_comp"] >= 16 and s["step_mode"] == "grpo"
     assert paper["05_value_gap"]["adam_lrs"][0] == paper["01_token_flipping"]["lr"] == paper["07_batching"]["lr"] == 1e-6

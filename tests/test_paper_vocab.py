@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from cancellation import run
+from cancellation import profiles
 from test_paper_smoke import _run
 
 # ------------------------------------------------------------------ paper-vocab: Qwen's 151,936-wide head
@@ -29,7 +29,7 @@ FIRST_HALF = ("04", "05", "06", "02")   # about 290 s; the other four about 420 
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("ref", [p.stem[:2] for p in run.all_notebooks() if p.stem[:2] in FIRST_HALF])
+@pytest.mark.parametrize("ref", [p.stem[:2] for p in profiles.all_notebooks() if p.stem[:2] in FIRST_HALF])
 def test_paper_vocab(ref, vocab_root, tmp_path):
     """Every notebook with Qwen3's 151,936-wide LM head under the guard (`check_paper_vocab`)."""
     check_paper_vocab(ref, vocab_root, tmp_path)

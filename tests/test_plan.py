@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 
-from cancellation import plan, policy, run, scale, standins
+from cancellation import execute, plan, policy, profiles, resolve, run, scale, standins
 from test_run import _readme_command, standin_paths  # noqa: F401 - the fixture
 
 # Qwen3-0.6B's hub config.json (the values that shape the model)
@@ -35,7 +35,7 @@ def _meta_model(path):
 
 @pytest.mark.parametrize("which", ["standin", "data/policies/tiny-m", "qwen3-0.6b"])
 def test_shape_counts_the_parameters_of_the_built_model(which, qwen3_06b, tmp_path):
-    path = qwen3_06b if which == "qwen3-0.6b" else run.ROOT / which
+    path = qwen3_06b if which == "qwen3-0.6b" else profiles.ROOT / which
     if which == "standin":   # the config standins.build saves, without its minute of training (another worker's)
         path = tmp_path / "standin"
         standins.build_model(standins.build_tokenizer(), seed=0).config.save_pretrained(path)
@@ -48,7 +48,7 @@ def test_shape_counts_the_parameters_of_the_built_model(which, qwen3_06b, tmp_pa
 
 def test_memory_closed_forms(qwen3_06b):
     """Weights, gradients and Adam state by dtype; the KV cache and logits chunk from the shape."""
-    p = run.resolve_params(run.find_notebook("01"), "paper-smoke", {"model_path": str(qwen3_06b)})
+    p = resolve.resolve_params(profiles.find_notebook("01"), "paper-smoke", {"model_path": str(qwen3_06b)})
     pl = plan.make("01_token_flipping", p, total_memory=10 ** 15)
     n = policy.n_params(_meta_model(qwen3_06b))
     assert pl.mem["weights"] == 4 * n and pl.mem["grads"] == 4 * n and pl.mem["adam"] == 8 * n
@@ -61,7 +61,7 @@ def test_memory_closed_forms(qwen3_06b):
 def test_plan_paper_smoke_prints_memory_and_time(canonical_standins, capsys):
     assert run.main(["all", "--profile", "paper-smoke", "--plan"]) is None
     out = capsys.readouterr().out
-    for nb in run.all_notebooks():
+    for nb in profiles.all_notebooks():
         line = next(ln for ln in out.splitlines() if ln.startswith(f"[plan] {nb.stem}:"))
         assert "peak memory" in line and "(cpu)" in line and " s" in line.split("time")[1], line
 
@@ -75,21 +75,21 @@ def test_plan_paper_runs_nothing_and_names_the_missing_measurement(standin_paths
                           standin_paths["dapo"], "/data/math500.jsonl": standin_paths["math500"]}.items():
         cmd = cmd.replace(path, standin)
     monkeypatch.setattr(plan, "SCALE_DIR", tmp_path)   # no GPU measurement recorded, whatever this machine is
-    before = {p: p.stat().st_mtime_ns for p in (run.ROOT / "data" / "results").rglob("*") if p.is_file()}
+    before = {p: p.stat().st_mtime_ns for p in (profiles.ROOT / "data" / "results").rglob("*") if p.is_file()}
     assert run.main(shlex.split(cmd)[3:] + ["--plan"]) is None
     out = capsys.readouterr().out
-    assert out.count("[plan] ") == len(run.all_notebooks()) + 1   # + the total line
+    assert out.count("[plan] ") == len(profiles.all_notebooks()) + 1   # + the total line
     assert "no time (no measurement for this device kind" in _total(out)
     assert "no measurement for this device kind" in out and "python -m cancellation.scale --device cuda" in out
     assert "params 0.596 B" in out  # Qwen3-0.6B: 596M parameters (tied)
-    assert {p: p.stat().st_mtime_ns for p in (run.ROOT / "data" / "results").rglob("*") if p.is_file()} == before
+    assert {p: p.stat().st_mtime_ns for p in (profiles.ROOT / "data" / "results").rglob("*") if p.is_file()} == before
 
 
-@pytest.mark.skipif(not (run.PARAMS / "paper-vocab.yaml").exists(), reason="no paper-vocab profile")
+@pytest.mark.skipif(not (profiles.HERE.params / "paper-vocab.yaml").exists(), reason="no paper-vocab profile")
 def test_plan_paper_vocab(canonical_standins, capsys):
     assert run.main(["all", "--profile", "paper-vocab", "--plan"]) is None
     out = capsys.readouterr().out
-    assert out.count("[plan] ") == len(run.all_notebooks()) + 1 and _total(out).endswith("on one process")
+    assert out.count("[plan] ") == len(profiles.all_notebooks()) + 1 and _total(out).endswith("on one process")
 
 
 def test_absurd_sizes_refuse_at_check_naming_the_knob(capsys):
@@ -114,7 +114,7 @@ def test_plan_over_device_memory_refuses_unless_overridden(monkeypatch, capsys):
 
 # ------------------------------------------------------------------ plan vs a measured CPU run
 def _git_status(*paths):
-    return subprocess.run(["git", "status", "--porcelain", "--", *paths], cwd=run.ROOT, capture_output=True,
+    return subprocess.run(["git", "status", "--porcelain", "--", *paths], cwd=profiles.ROOT, capture_output=True,
                           text=True, check=True).stdout
 
 
@@ -125,8 +125,8 @@ def check_plan_time(nb: str, first: float, rerun) -> None:
     took 20-22 s for plans of 8-9 s (2026-11-27): the machine, not the plan, was 2.5x slower.
     `first`: the seconds of a run with a cache of its own; `rerun()`: another such run's seconds, the one
     retry (a shared machine's load can double one run's time)."""
-    path = run.find_notebook(nb)
-    pl = plan.make(path.stem, run.resolve_params(path, "paper-smoke"))
+    path = profiles.find_notebook(nb)
+    pl = plan.make(path.stem, resolve.resolve_params(path, "paper-smoke"))
     assert pl.kind == "cpu" and pl.seconds is not None
     pace = scale.time_start("cpu") / plan.load_units("cpu")["units"]["start"]["seconds"]
     expected = pl.seconds * pace
@@ -141,7 +141,7 @@ def timed_fresh_run(nb: str, root) -> float:
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("CANCELLATION_CACHE", str(root / "cache"))
         t = time.time()
-        run.run_notebook(nb, "paper-smoke", out_root=root, log_output=False)
+        execute.run_notebook(nb, "paper-smoke", out_root=root, log_output=False)
         return time.time() - t
 
 
@@ -184,7 +184,7 @@ def test_dry_run_at_qwen3_06b_shape_writes_nothing_canonical(qwen3_06b, tmp_path
     assert rec["planned"]["peak_gib"] > 596e6 * 4 / 2 ** 30        # at least the float32 weights
     assert "[dry-run] 04_category_shift: measured" in out and "planned" in out
     # the path it says it writes is the one it wrote (under the dry-run folder, not notebooks/executed/)
-    assert f"profile=paper-smoke -> {run._show(dry / 'notebooks' / 'executed' / 'paper-smoke')}/" in out
+    assert f"profile=paper-smoke -> {profiles.HERE.show(dry / 'notebooks' / 'executed' / 'paper-smoke')}/" in out
 
 
 # ------------------------------------------------------------------ --device-kind, --procs, paper-quick (issue 36)
@@ -222,7 +222,7 @@ def test_plan_for_another_device_kind_from_this_host():
     """The H100's unit costs and total memory (recorded in its scale file), whatever this host is."""
     units = plan.load_units(H100)
     assert units["total_memory"] > 79 * 2 ** 30
-    p = run.resolve_params(run.find_notebook("04"), "paper-quick")
+    p = resolve.resolve_params(profiles.find_notebook("04"), "paper-quick")
     pl = plan.make("04_category_shift", p, kind=H100)
     assert pl.kind == H100 and pl.total_memory == units["total_memory"] and pl.seconds > 0
     assert pl.seconds == plan.seconds(pl.work, pl.shape, units)[0]
@@ -231,7 +231,7 @@ def test_plan_for_another_device_kind_from_this_host():
 
 
 def test_procs_divide_only_the_splittable_work():
-    p = run.resolve_params(run.find_notebook("06"), "paper-quick")
+    p = resolve.resolve_params(profiles.find_notebook("06"), "paper-quick")
     one = plan.make("06_sampling_budget", p, kind=H100)
     assert one.proc_seconds == pytest.approx(one.seconds) and one.work.parts
     many = {n: plan.make("06_sampling_budget", p, kind=H100, procs=n).proc_seconds for n in (2, 8, 10 ** 6)}
@@ -246,14 +246,13 @@ def test_procs_divide_only_the_splittable_work():
     start = 3 * (units["start"]["seconds"] + one.shape.params * 4 / 1e9) + 2 * plan.VLLM_ENGINE_S
     assert many[10 ** 6] == pytest.approx(one.seconds - part + per_unit + start)
     # a notebook with nothing split (02) takes as long on N processes
-    p2 = run.resolve_params(run.find_notebook("02"), "paper-quick")
+    p2 = resolve.resolve_params(profiles.find_notebook("02"), "paper-quick")
     pl = plan.make("02_coupling_heatmaps", p2, kind=H100, procs=8)
     assert not pl.work.parts and pl.proc_seconds == pytest.approx(pl.seconds)
 
 
 def test_paper_quick_mirrors_paper_key_for_key():
-    import yaml
-    paper, quick = (yaml.safe_load((run.PARAMS / f"{n}.yaml").read_text()) for n in ("paper", "paper-quick"))
+    paper, quick = (profiles.load_profile(n) for n in ("paper", "paper-quick"))   # the runner's reader
     assert list(paper) == list(quick)
     for section in paper:
         assert set(paper[section]) == set(quick[section]), section
@@ -267,7 +266,7 @@ def test_paper_quick_passes_check(tmp_path, capsys):
     math500.write_text(json.dumps({"problem": "1+1=", "answer": "2"}) + "\n")
     assert run.main(["all", "--profile", "paper-quick", "-p", "problems_path", str(problems),
                      "-p", "eval_sets", f"[{math500}]", "--check"]) is None
-    assert capsys.readouterr().out.count('"profile": "paper-quick"') == len(run.all_notebooks())
+    assert capsys.readouterr().out.count('"profile": "paper-quick"') == len(profiles.all_notebooks())
 
 
 def test_paper_quick_plans_under_6_hours_per_process_on_8_h100s_from_this_host(capsys):
@@ -280,7 +279,7 @@ def test_paper_quick_plans_under_6_hours_per_process_on_8_h100s_from_this_host(c
     cap = capsys.readouterr()
     out = cap.out
     lines = [ln for ln in out.splitlines() if ln.startswith("[plan] ") and not ln.startswith("[plan] total")]
-    assert len(lines) == len(run.all_notebooks()) and all(f"of 79 GiB ({H100}); time " in ln for ln in lines), lines
+    assert len(lines) == len(profiles.all_notebooks()) and all(f"of 79 GiB ({H100}); time " in ln for ln in lines), lines
     assert "params 1.72 B" in out
     total = _total(out)
     one = _hours(total.split(": ")[1].split(" on one process")[0])
@@ -302,7 +301,7 @@ def test_paper_quick_plans_under_6_hours_per_process_on_8_h100s_from_this_host(c
     assert _total(capsys.readouterr().out) == total8     # vLLM's share is memory only
     each = _hours(total8.split("; ")[1].split(" per process")[0])
     assert each < one and each <= 6 and "per process on 8 processes" in total8, total8
-    readme = (run.ROOT / "README.md").read_text()   # the plan README pastes is today's
+    readme = (profiles.ROOT / "README.md").read_text()   # the plan README pastes is today's
     assert total8 in readme and f"planned at {total.split(': ')[1].split(' on one')[0]} on one H100" in readme
 
 
@@ -321,7 +320,7 @@ def test_workloads_match_the_pinned_counts():
 def _model_with_config(tmp_path, name, text):
     """A copy of the tiny policy's files whose config.json is `text`."""
     import shutil
-    src = run.ROOT / "data" / "policies" / "tiny-m"
+    src = profiles.ROOT / "data" / "policies" / "tiny-m"
     d = tmp_path / name
     shutil.copytree(src, d)
     (d / "config.json").write_text(text)
@@ -329,7 +328,7 @@ def _model_with_config(tmp_path, name, text):
 
 
 def _tiny_config():
-    return json.loads((run.ROOT / "data" / "policies" / "tiny-m" / "config.json").read_text())
+    return json.loads((profiles.ROOT / "data" / "policies" / "tiny-m" / "config.json").read_text())
 
 
 @pytest.mark.parametrize("case, edit, message", [
@@ -371,7 +370,7 @@ def test_plan_of_a_good_copy_passes(tmp_path, capsys):
 def test_plan_module_has_usage_and_runs_the_runners_plan():
     """`python -m cancellation.plan --help` prints its usage (exit 0); with arguments it is the runner's --plan."""
     import sys
-    ROOT = run.ROOT
+    ROOT = profiles.ROOT
     env = {**os.environ, "PYTHONPATH": str(ROOT / "lib")}
     h = subprocess.run([sys.executable, "-m", "cancellation.plan", "--help"], capture_output=True, text=True, env=env,
                        cwd=ROOT, timeout=120)

@@ -6,14 +6,14 @@ import json
 
 import pytest
 
-from cancellation import plan, run
+from cancellation import plan, profiles, resolve, run
 
 H100, H200 = "nvidia-h100-80gb-hbm3", "nvidia-h200"
 GiB = 2 ** 30
 
 
 def _params(ref: str, profile: str = "paper-quick", **over) -> dict:
-    return {**run.resolve_params(run.find_notebook(ref), profile), **over}
+    return {**resolve.resolve_params(profiles.find_notebook(ref), profile), **over}
 
 
 def _plan(stem: str, profile: str = "paper-quick", kind: str = H100, procs: int = 1, measured_dir=None, **over):

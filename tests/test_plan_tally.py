@@ -26,7 +26,7 @@ import os
 
 import pytest
 
-from cancellation import guard, plan, run
+from cancellation import execute, guard, plan, profiles, resolve
 
 # notebook -> whether its planned head positions must be within 2x of the tally (else: an upper bound)
 NOTEBOOKS = {f"{i:02d}": i == 7 for i in range(1, 9)}
@@ -34,7 +34,7 @@ NOTEBOOKS = {f"{i:02d}": i == 7 for i in range(1, 9)}
 
 def plan_counts(ref: str, params: dict) -> dict:
     """The plan's positions through the head and (as the guard sees them) through the body."""
-    nb = run.find_notebook(ref)
+    nb = profiles.find_notebook(ref)
     p = plan.make(nb.stem, params)
     b = p.work.blocks
     return dict(head=sum(v["head"] for v in b.values()),
@@ -43,12 +43,12 @@ def plan_counts(ref: str, params: dict) -> dict:
 
 
 def tally_run(ref: str, out_root, log, profile: str = "paper-smoke") -> dict:
-    params = run.resolve_params(run.find_notebook(ref), profile, None, out_root)
+    params = resolve.resolve_params(profiles.find_notebook(ref), profile, None, out_root)
     knobs = {k: params[k] for k in guard.KNOBS if k in params}
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv(guard.GUARD_ENV, json.dumps(dict(knobs, log=str(log))))
         mp.setenv("CANCELLATION_CACHE", str(out_root / "cache"))   # every position computed here
-        out = run.run_notebook(ref, profile, out_root=out_root, log_output=False)
+        out = execute.run_notebook(ref, profile, out_root=out_root, log_output=False)
     nb = json.loads(out.read_text())
     errors = [o for c in nb["cells"] for o in c.get("outputs", []) if o.get("output_type") == "error"]
     assert not errors, errors
@@ -85,7 +85,7 @@ def test_workload_within_2x_of_the_tally(ref, canonical_standins, tmp_path):
 def test_07_plans_trl_blocks_on_paper_smoke():
     """07 on TRL plans TRL's blocks (not the small trainer's), one trl_run per strategy x seed and sweep run;
     the CPU's fused head scores every position of the rows, a GPU's (Triton) only the completions."""
-    params = run.resolve_params(run.find_notebook("07"), "paper-smoke")
+    params = resolve.resolve_params(profiles.find_notebook("07"), "paper-smoke")
     p = plan.make("07_batching", params)
     b = p.work.blocks
     n_runs = b["trl_run"]["calls"]

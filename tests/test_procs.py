@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from cancellation import cache, manifest, procs, run
+from cancellation import cache, execute, manifest, procs, profiles, resolve, run
 
 
 # ----------------------------------------------------------------------------- fast: no ranks started
@@ -74,7 +74,7 @@ def test_the_plan_counts_rank_0_beside_the_kernel():
     from cancellation import plan
     kind, gib = "nvidia-h100-80gb-hbm3", 2 ** 30
     for stem, profile in (("05_value_gap", "paper-quick"), ("06_sampling_budget", "paper"), ("05_value_gap", "tiny")):
-        params = run.resolve_params(run.find_notebook(stem[:2]), profile)
+        params = resolve.resolve_params(profiles.find_notebook(stem[:2]), profile)
         one = plan.make(stem, params, kind=kind if profile != "tiny" else None)
         eight = plan.make(stem, params, kind=kind if profile != "tiny" else None, procs=8)
         if params["backend"] == "vllm":   # the device's share per engine: 0.3 x 79.2 GiB on the H100
@@ -86,7 +86,7 @@ def test_the_plan_counts_rank_0_beside_the_kernel():
         # tests/test_plan_gpu0.py)
         gpu0 = sum(eight.card.values()) - sum(one.card.values())
         assert eight.peak - one.peak == copies * copy + gpu0, (stem, profile, (eight.peak - one.peak) / gib, copy / gib)
-    p03 = run.resolve_params(run.find_notebook("03"), "paper-quick")
+    p03 = resolve.resolve_params(profiles.find_notebook("03"), "paper-quick")
     assert plan.make("03_masked_updates", p03, kind=kind, procs=8).peak == plan.make("03_masked_updates", p03, kind=kind).peak
 
 
@@ -123,7 +123,7 @@ TABLES = {"05": ("fig05_token_values", "fig05_cell_means", "fig05_entropy_gap", 
 def _run(ref, root: Path, monkeypatch, n: int):
     monkeypatch.setenv("CANCELLATION_CACHE", str(root / "cache"))   # nothing computed before: every value sampled
     monkeypatch.setenv(procs.PROCS_ENV, str(n))
-    out = run.run_notebook(ref, "smoke", dict(SPLIT[ref]), out_root=root, log_output=False)
+    out = execute.run_notebook(ref, "smoke", dict(SPLIT[ref]), out_root=root, log_output=False)
     return out, next((root / "data" / "results" / "smoke" / "runs").iterdir())
 
 
@@ -147,10 +147,10 @@ def test_compute_on_two_processes_gives_the_same_tables(ref, tmp_path, monkeypat
     """01's Δlog p runs and 04's batches (smoke profile, fresh caches): the figure's compute() on 1 process,
     then on 2 ranks, which train and cache the runs or batches the kernel then reads back; every table the
     notebook writes equal byte for byte. (05 and 06 above go through the runner and the kernel.)"""
-    nb = run.find_notebook(ref)
-    params = run.resolve_params(nb, "smoke", dict(SPLIT[ref]))
+    nb = profiles.find_notebook(ref)
+    params = resolve.resolve_params(nb, "smoke", dict(SPLIT[ref]))
     mod = manifest.get(nb.stem).load()
-    P = mod.Params(**{k: v for k, v in params.items() if k not in run.INJECTED})
+    P = mod.Params(**{k: v for k, v in params.items() if k not in profiles.INJECTED})
     for n in (1, 2):
         d = tmp_path / str(n)
         monkeypatch.setattr(cache, "DEFAULT_DIR", d / "cache")   # this process's cache and the ranks'
@@ -167,7 +167,7 @@ def test_compute_on_two_processes_gives_the_same_tables(ref, tmp_path, monkeypat
 @pytest.mark.slow
 def test_a_killed_rank_stops_the_notebook_with_one_line(tmp_path, monkeypatch):
     monkeypatch.setenv(procs.KILL_ENV, "1")
-    with pytest.raises(run.NotebookFailed) as e:
+    with pytest.raises(execute.NotebookFailed) as e:
         _run("05", tmp_path, monkeypatch, 2)
     msg = str(e.value)
     assert msg == ("05_value_gap stopped: MC continuations (M=4): rank 1 of 2 died (exit code -9 (SIGKILL)); "

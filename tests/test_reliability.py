@@ -23,6 +23,7 @@ One test (or one parametrised row) per case of the issue's "Why" list:
 | truncated claims registry, `claims readme`       | one line naming the file, exit 1, no traceback (test_claims) |
 | relative CANCELLATION_CACHE / installed wheel    | caller's directory / user cache dir, never site-packages (test_packaging) |
 """
+import dataclasses
 import json
 import multiprocessing as mp
 import os
@@ -35,7 +36,7 @@ import pandas as pd
 import pytest
 import torch
 
-from cancellation import cache, grader, policy, run, sources, tasks, train, value
+from cancellation import cache, execute, grader, policy, profiles, resolve, run, sources, tasks, train, value
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -152,15 +153,15 @@ def test_bad_parameter_is_one_line_naming_notebook_parameter_value_and_allowed(n
 
 
 def test_numbers_are_yaml_1_2():
-    nb = run.find_notebook("01")
-    p = run.resolve_params(nb, "tiny", {"steps": "010", "lr": "1e-3", "eps": "1E-7"})
+    nb = profiles.find_notebook("01")
+    p = resolve.resolve_params(nb, "tiny", {"steps": "010", "lr": "1e-3", "eps": "1E-7"})
     assert p["steps"] == 10 and p["lr"] == 1e-3 and p["eps"] == 1e-7  # not octal 8, not the string '1e-3'
-    assert run.yaml_load("[0o17, 0x1f, yes]") == [15, 31, "yes"]
+    assert profiles.yaml_load("[0o17, 0x1f, yes]") == [15, 31, "yes"]
 
 
 def test_run_all_rejects_a_name_before_any_notebook_runs(monkeypatch, capsys):
     ran = []
-    monkeypatch.setattr(run, "run_notebook", lambda *a, **k: ran.append(a))
+    monkeypatch.setattr(execute, "run_notebook", lambda *a, **k: ran.append(a))
     with pytest.raises(SystemExit) as e:
         run.main(["all", "-p", "stepz", "1", "-p", "steps", "1"])
     assert e.value.code == 2 and ran == []
@@ -170,9 +171,9 @@ def test_run_all_rejects_a_name_before_any_notebook_runs(monkeypatch, capsys):
 
 def test_run_all_gives_each_value_to_the_notebooks_that_declare_it(monkeypatch):
     ran = {}
-    monkeypatch.setattr(run, "run_notebook", lambda ref, profile, ov, **k: ran.setdefault(Path(ref).stem, ov))
+    monkeypatch.setattr(execute, "run_notebook", lambda ref, profile, ov, **k: ran.setdefault(Path(ref).stem, ov))
     run.main(["all", "-p", "steps", "1", "-p", "n_pairs", "50"])
-    declares = {nb.stem: run.notebook_defaults(nb) for nb in run.all_notebooks()}
+    declares = {nb.stem: profiles.notebook_defaults(nb) for nb in profiles.all_notebooks()}
     assert set(ran) == set(declares)
     for stem, ov in ran.items():
         assert ov == {k: v for k, v in {"steps": "1", "n_pairs": "50"}.items() if k in declares[stem]}, stem
@@ -180,22 +181,22 @@ def test_run_all_gives_each_value_to_the_notebooks_that_declare_it(monkeypatch):
 
 
 def test_relative_paths_resolve_against_the_callers_directory(tmp_path, monkeypatch, capsys):
-    nb = run.find_notebook("01")
+    nb = profiles.find_notebook("01")
     (tmp_path / "mine").mkdir()
     shutil.copytree(ROOT / "data/policies/tiny-s", tmp_path / "mine/pol")
     _problems(tmp_path / "mine/p.jsonl")
     monkeypatch.chdir(tmp_path)
-    p = run.resolve_params(nb, "tiny", {"model_path": "mine/pol", "problems_path": "mine/p.jsonl"}, check_paths=True)
+    p = resolve.resolve_params(nb, "tiny", {"model_path": "mine/pol", "problems_path": "mine/p.jsonl"}, check_paths=True)
     assert p["model_path"] == str(tmp_path / "mine/pol") and p["problems_path"] == str(tmp_path / "mine/p.jsonl")
     # a path that exists in the repository but not here is an error, not a hub name
-    with pytest.raises(run.ParameterError, match=r"'model_path' = 'data/policies/tiny-s': no such file"):
-        run.resolve_params(nb, "tiny", {"model_path": "data/policies/tiny-s"}, check_paths=True)
-    with pytest.raises(run.ParameterError, match=r"'model_path' = 'mine/nope': no such file"):
-        run.resolve_params(nb, "tiny", {"model_path": "mine/nope"}, check_paths=True)  # 'mine' exists here
-    assert run.resolve_params(nb, "tiny", {"model_path": "Qwen/Qwen3-1.7B-Base"}, check_paths=True)["model_path"] \
+    with pytest.raises(profiles.ParameterError, match=r"'model_path' = 'data/policies/tiny-s': no such file"):
+        resolve.resolve_params(nb, "tiny", {"model_path": "data/policies/tiny-s"}, check_paths=True)
+    with pytest.raises(profiles.ParameterError, match=r"'model_path' = 'mine/nope': no such file"):
+        resolve.resolve_params(nb, "tiny", {"model_path": "mine/nope"}, check_paths=True)  # 'mine' exists here
+    assert resolve.resolve_params(nb, "tiny", {"model_path": "Qwen/Qwen3-1.7B-Base"}, check_paths=True)["model_path"] \
         == "Qwen/Qwen3-1.7B-Base"  # a hub repo id stays one
     # profile and default paths stay repository-relative (the notebooks run there)
-    assert run.resolve_params(nb, "tiny", check_paths=True)["model_path"] == "data/policies/tiny-m"
+    assert resolve.resolve_params(nb, "tiny", check_paths=True)["model_path"] == "data/policies/tiny-m"
 
 
 def test_load_policy_never_sends_a_missing_relative_path_to_the_hub(tmp_path, monkeypatch):
@@ -358,16 +359,16 @@ def probe(tmp_path_factory):
 @pytest.mark.slow
 def test_override_run_writes_its_own_directory_and_records_it(probe):
     nb, out = probe
-    canonical = run.run_notebook(str(nb), "tiny", out_root=out, log_output=False)
+    canonical = execute.run_notebook(str(nb), "tiny", out_root=out, log_output=False)
     assert (out / "figures/tiny/out.txt").read_text() == "1"
-    o = run.run_notebook(str(nb), "tiny", {"steps": "3"}, out_root=out, log_output=False)
-    h = run.overrides_hash({"steps": 3})
+    o = execute.run_notebook(str(nb), "tiny", {"steps": "3"}, out_root=out, log_output=False)
+    h = resolve.overrides_hash({"steps": 3})
     assert o == out / f"notebooks/executed/tiny/runs/{h}/98_probe.ipynb"
     assert (out / f"figures/tiny/runs/{h}/out.txt").read_text() == "3"
     assert (out / "figures/tiny/out.txt").read_text() == "1"  # the canonical outputs are untouched
     meta = json.loads(o.read_text())["metadata"]["cancellation"]
     assert meta["overrides"] == {"steps": 3} and meta["fig_dir"].endswith(f"figures/tiny/runs/{h}")
-    run.run_notebook(str(nb), "tiny", {"steps": "3"}, out_root=out, log_output=False, replace=True)
+    execute.run_notebook(str(nb), "tiny", {"steps": "3"}, out_root=out, log_output=False, replace=True)
     assert (out / "figures/tiny/out.txt").read_text() == "3" and canonical.exists()
     assert _mode(canonical) == cache.FILE_MODE  # not mkstemp's 0600
 
@@ -375,17 +376,17 @@ def test_override_run_writes_its_own_directory_and_records_it(probe):
 @pytest.mark.slow
 def test_failed_run_keeps_the_executed_notebook_and_says_why_in_a_few_lines(probe, capsys, monkeypatch):
     nb, out = probe
-    good = run.run_notebook(str(nb), "tiny", out_root=out, log_output=False, replace=True)
+    good = execute.run_notebook(str(nb), "tiny", out_root=out, log_output=False, replace=True)
     before = good.read_bytes()
-    with pytest.raises(run.NotebookFailed) as e:
-        run.run_notebook(str(nb), "tiny", {"fail": "true"}, out_root=out, log_output=False, replace=True)
+    with pytest.raises(execute.NotebookFailed) as e:
+        execute.run_notebook(str(nb), "tiny", {"fail": "true"}, out_root=out, log_output=False, replace=True)
     msg = str(e.value)
     assert "98_probe failed in cell" in msg and "ValueError: steps must be even for this probe" in msg
     assert "raise ValueError" in msg and len(msg.splitlines()) <= 12
     assert good.read_bytes() == before  # never a half-executed notebook in its place
     assert (good.parent / "98_probe.failed.ipynb").exists() and not list(good.parent.glob(".*tmp*"))
     # the CLI prints that summary and exits 1 (its outputs go under a stand-in repository root)
-    monkeypatch.setattr(run, "ROOT", out)
+    monkeypatch.setattr(profiles, "HERE", dataclasses.replace(profiles.HERE, root=out))
     with pytest.raises(SystemExit) as ex:
         run.main([str(nb), "-p", "fail", "true", "--replace"])
     assert ex.value.code == 1 and "ValueError: steps must be even" in capsys.readouterr().err
@@ -458,19 +459,19 @@ def _snapshot(root):
 @pytest.mark.slow
 def test_a_run_failing_part_way_leaves_every_output_as_it_was(tmp_path):
     root, nb, res = _staged_root(tmp_path)
-    good = run.run_notebook(str(nb), "tiny", out_root=root, log_output=False)
+    good = execute.run_notebook(str(nb), "tiny", out_root=root, log_output=False)
     assert pd.read_parquet(res / "t.parquet").v.tolist() == [1] and (root / "figures/tiny/f.txt").read_text() == "1"
     assert sorted(pd.read_parquet(res / "claims.parquet").notebook) == ["01", "97"]  # the other row survived
     text = good.read_text()
     assert ".run-staging" not in text and str(res) in text  # the record names the final directories
     before = _snapshot(root)
-    with pytest.raises(run.NotebookFailed, match="failed between the tables and the figures"):
-        run.run_notebook(str(nb), "tiny", {"value": "2", "fail_at": "figures"}, out_root=root, log_output=False,
+    with pytest.raises(execute.NotebookFailed, match="failed between the tables and the figures"):
+        execute.run_notebook(str(nb), "tiny", {"value": "2", "fail_at": "figures"}, out_root=root, log_output=False,
                          replace=True)
     assert _snapshot(root) == before  # tables written before the failure were never promoted
     assert (good.parent / "97_staged.failed.ipynb").exists()
     assert [p.name for p in (root / ".run-staging").iterdir() if p.is_dir()] == []
-    run.run_notebook(str(nb), "tiny", out_root=root, log_output=False)  # a rerun: byte-identical notebook
+    execute.run_notebook(str(nb), "tiny", out_root=root, log_output=False)  # a rerun: byte-identical notebook
     assert good.read_text() == text and not (good.parent / "97_staged.failed.ipynb").exists()
 
 
@@ -478,7 +479,7 @@ def _interrupting(*a, **k):
     """papermill.execute_notebook stand-in: writes into the staged directories, then Ctrl-C."""
     params = k["parameters"]
     Path(params["results_dir"]).mkdir(parents=True, exist_ok=True)
-    (run.ROOT / params["results_dir"] / "t.parquet").write_bytes(b"half")
+    (Path(k["cwd"]) / params["results_dir"] / "t.parquet").write_bytes(b"half")   # the kernel runs in the root
     Path(a[1]).write_text(Path(a[0]).read_text())
     raise KeyboardInterrupt
 
@@ -570,21 +571,21 @@ def test_the_runner_leaves_nbclients_teardown_noise_out(caplog):
     everything is as before."""
     import logging
     log, aio = logging.getLogger("papermill"), logging.getLogger("asyncio")
-    aio.removeFilter(run.TEARDOWN_NOISE)   # an earlier in-process run that failed on purpose installed it
+    aio.removeFilter(execute.TEARDOWN_NOISE)   # an earlier in-process run that failed on purpose installed it
     try:
         with caplog.at_level(logging.ERROR):
-            with run._quiet_teardown_noise():
+            with execute._quiet_teardown_noise():
                 log.error("Kernel died while waiting for execute reply.")
                 aio.error("Task exception was never retrieved")
                 log.error("Executing cell 3 failed")
             log.error("Kernel died while waiting for execute reply.")   # after a run that went through
             aio.error("Task exception was never retrieved")
-            with pytest.raises(KeyboardInterrupt), run._quiet_teardown_noise():
+            with pytest.raises(KeyboardInterrupt), execute._quiet_teardown_noise():
                 raise KeyboardInterrupt
             aio.error("Task exception was never retrieved")             # after an interrupted run: dropped
             aio.error("Unclosed event loop")
     finally:
-        aio.removeFilter(run.TEARDOWN_NOISE)
+        aio.removeFilter(execute.TEARDOWN_NOISE)
     assert [r.getMessage() for r in caplog.records] == [
         "Executing cell 3 failed", "Kernel died while waiting for execute reply.",
         "Task exception was never retrieved", "Unclosed event loop"]

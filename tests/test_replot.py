@@ -7,10 +7,10 @@ import time
 import pandas as pd
 import pytest
 
-from cancellation import manifest, run
+from cancellation import execute, manifest, profiles
 from cancellation.figures import replot
 
-ROOT = run.ROOT
+ROOT = profiles.ROOT
 COMPARED = ["claim", "figure", "statement", "paper", "measured", "lo", "hi", "n", "unit", "rule", "verdict", "detail"]
 CASES = [("tiny", f.key) for f in manifest.FIGURES] + [("tiny-table2", "07")]
 
@@ -26,7 +26,7 @@ def test_replot_records_the_committed_claims(tmp_path, profile, key):
     committed = ROOT / "data" / "results" / profile
     shutil.copytree(committed, tmp_path / "data" / "results" / profile)
     t0 = time.time()
-    run.run_notebook(key, profile, out_root=tmp_path, log_output=False, replot=True)
+    execute.run_notebook(key, profile, out_root=tmp_path, log_output=False, replot=True)
     seconds = time.time() - t0
     want = _rows(committed / "claims.parquet", key)
     got = _rows(tmp_path / "data" / "results" / profile / "claims.parquet", key)

@@ -1,39 +1,41 @@
+import dataclasses
 import json
+from pathlib import Path
 
 import pytest
 
-from cancellation import manifest, run
+from cancellation import execute, manifest, pool, profiles, resolve, run
 
 
 def test_profile_parameters_resolve_and_overrides_are_typed():
-    nb = run.find_notebook("01")
-    p = run.resolve_params(nb, "tiny", {"steps": "5", "lr": "1e-3", "models": "[data/policies/tiny-m]"})
+    nb = profiles.find_notebook("01")
+    p = resolve.resolve_params(nb, "tiny", {"steps": "5", "lr": "1e-3", "models": "[data/policies/tiny-m]"})
     assert p["steps"] == 5 and p["lr"] == 1e-3 and p["models"] == ["data/policies/tiny-m"]
     assert p["fig_dir"].startswith("figures/tiny/runs/") and p["profile"] == "tiny"  # overrides: own directory
-    assert run.resolve_params(nb, "tiny", {"steps": "5"}, replace=True)["fig_dir"] == "figures/tiny"
-    assert run.resolve_params(nb, "tiny")["fig_dir"] == "figures/tiny"  # repository-relative: machine-independent
-    assert run.resolve_params(nb, "tiny", {"lr": 1})["lr"] == 1.0  # int accepted for a float
+    assert resolve.resolve_params(nb, "tiny", {"steps": "5"}, replace=True)["fig_dir"] == "figures/tiny"
+    assert resolve.resolve_params(nb, "tiny")["fig_dir"] == "figures/tiny"  # repository-relative: machine-independent
+    assert resolve.resolve_params(nb, "tiny", {"lr": 1})["lr"] == 1.0  # int accepted for a float
 
 
 def test_unknown_parameter_is_rejected_with_a_suggestion():
-    nb = run.find_notebook("01")
-    with pytest.raises(run.ParameterError, match="unknown parameter 'step'. Did you mean 'steps'"):
-        run.resolve_params(nb, "tiny", {"step": "5"})
+    nb = profiles.find_notebook("01")
+    with pytest.raises(profiles.ParameterError, match="unknown parameter 'step'. Did you mean 'steps'"):
+        resolve.resolve_params(nb, "tiny", {"step": "5"})
 
 
 def test_wrong_type_is_rejected():
-    nb = run.find_notebook("01")
-    with pytest.raises(run.ParameterError, match="'steps' must be of type int"):
-        run.resolve_params(nb, "tiny", {"steps": "five"})
-    with pytest.raises(run.ParameterError, match="'steps' must be of type int"):
-        run.resolve_params(nb, "tiny", {"steps": "2.5"})
+    nb = profiles.find_notebook("01")
+    with pytest.raises(profiles.ParameterError, match="'steps' must be of type int"):
+        resolve.resolve_params(nb, "tiny", {"steps": "five"})
+    with pytest.raises(profiles.ParameterError, match="'steps' must be of type int"):
+        resolve.resolve_params(nb, "tiny", {"steps": "2.5"})
 
 
 def test_unknown_notebook_and_profile():
-    with pytest.raises(run.ParameterError, match="known notebooks"):
-        run.find_notebook("99")
-    with pytest.raises(run.ParameterError, match="unknown profile"):
-        run.resolve_params(run.find_notebook("01"), "huge")
+    with pytest.raises(profiles.ParameterError, match="known notebooks"):
+        profiles.find_notebook("99")
+    with pytest.raises(profiles.ParameterError, match="unknown profile"):
+        resolve.resolve_params(profiles.find_notebook("01"), "huge")
 
 
 def test_cli_exits_with_a_clear_message(capsys):
@@ -45,15 +47,15 @@ def test_cli_exits_with_a_clear_message(capsys):
 
 def test_every_profile_section_passes_the_schema():
     for profile in ("tiny", "smoke", "paper", "paper-smoke", "paper-quick"):
-        for nb in run.all_notebooks():
-            run.resolve_params(nb, profile)  # types, ranges, choices, constraints (paths not required to exist)
+        for nb in profiles.all_notebooks():
+            resolve.resolve_params(nb, profile)  # types, ranges, choices, constraints (paths not required to exist)
 
 
 def test_every_parameter_has_a_doc_and_a_rule_where_one_applies():
     """Params is the single source: every declared parameter of every notebook has a one-line doc,
     and the knobs every notebook shares are validated (a rule each)."""
-    for nb in run.all_notebooks():
-        P = run.figure_params(nb)
+    for nb in profiles.all_notebooks():
+        P = profiles.figure_params(nb)
         assert P is not None, f"{nb.name} has no figure module"
         docs, rules = P.docs(), P.rules()
         assert all(docs.get(k) for k in P.defaults()), [k for k in P.defaults() if not docs.get(k)]
@@ -72,37 +74,37 @@ def test_executed_notebooks_keep_results_not_progress_bars(tmp_path):
         {"output_type": "stream", "name": "stdout", "text": ["accuracy 0.50\n"]}]}], "metadata": {}}
     p = tmp_path / "nb.ipynb"
     p.write_text(json.dumps(nb))
-    run._strip_volatile(p)
+    execute._strip_volatile(p)
     kept = json.loads(p.read_text())["cells"][0]["outputs"]
     assert [o["text"] for o in kept] == [["UserWarning: something real\n"], ["accuracy 0.50\n"]]
 
 
 def test_device_is_checked_before_anything_runs():
-    nb = run.find_notebook("01")
+    nb = profiles.find_notebook("01")
     for ok in ("cpu", "cuda", "cuda:0", "cuda:12", "mps"):
-        assert run.resolve_params(nb, "tiny", {"device": ok})["device"] == ok  # syntax only: no GPU needed here
+        assert resolve.resolve_params(nb, "tiny", {"device": ok})["device"] == ok  # syntax only: no GPU needed here
     for bad in ("gpu", "CUDA", "cuda:", "cuda:-1", "cuda0", "cpu "):
-        with pytest.raises(run.ParameterError, match=rf"'device' = '{bad}': not a device; allowed: cpu, cuda"):
-            run.resolve_params(nb, "tiny", {"device": bad})
+        with pytest.raises(profiles.ParameterError, match=rf"'device' = '{bad}': not a device; allowed: cpu, cuda"):
+            resolve.resolve_params(nb, "tiny", {"device": bad})
 
 
 @pytest.mark.parametrize("name", ["../params/tiny", "notebooks/params/tiny", "tiny.yaml", "/tmp/tiny", "schema",
                                   "", "./tiny", "~/tiny"])
 def test_profile_is_the_plain_name_of_a_file_under_notebooks_params(name, capsys):
-    with pytest.raises(run.ParameterError, match="--profile takes the name of a profile in notebooks/params/"):
-        run.load_profile(name)
+    with pytest.raises(profiles.ParameterError, match="--profile takes the name of a profile in notebooks/params/"):
+        profiles.load_profile(name)
     with pytest.raises(SystemExit) as e:
         run.main(["01", "--profile", name, "--check"])
     assert e.value.code == 2 and "known profiles: " in capsys.readouterr().err
 
 
 def _profile(tmp_path, monkeypatch, text):
-    """A profile named `mine` beside copies of the real ones (run.PARAMS points there)."""
+    """A profile named `mine` beside copies of the real ones (profiles.HERE.params points there)."""
     import shutil
     d = tmp_path / "params"
-    shutil.copytree(run.PARAMS, d)
+    shutil.copytree(profiles.HERE.params, d)
     (d / "mine.yaml").write_text(text)
-    monkeypatch.setattr(run, "PARAMS", d)
+    monkeypatch.setattr(profiles, "HERE", dataclasses.replace(profiles.HERE, params=d))
     return d / "mine.yaml"
 
 
@@ -125,15 +127,15 @@ def test_misspelled_profile_keys_and_sections_are_errors_with_a_suggestion(tmp_p
 
 def test_a_common_key_applies_to_the_notebooks_that_declare_it(tmp_path, monkeypatch):
     _profile(tmp_path, monkeypatch, "common:\n  n_pairs: 7\n  seed: 2\n")  # n_pairs: notebook 02 only
-    assert "n_pairs" not in run.resolve_params(run.find_notebook("01"), "mine")
-    assert run.resolve_params(run.find_notebook("02"), "mine")["n_pairs"] == 7
+    assert "n_pairs" not in resolve.resolve_params(profiles.find_notebook("01"), "mine")
+    assert resolve.resolve_params(profiles.find_notebook("02"), "mine")["n_pairs"] == 7
     _profile(tmp_path / "b", monkeypatch, "common:\n  fig_dir: x\n")
-    with pytest.raises(run.ParameterError, match="common: parameter 'fig_dir' is set by the runner"):
-        run.resolve_params(run.find_notebook("01"), "mine")
+    with pytest.raises(profiles.ParameterError, match="common: parameter 'fig_dir' is set by the runner"):
+        resolve.resolve_params(profiles.find_notebook("01"), "mine")
 
 
 # ------------------------------------------------------------------ README's paper command, verbatim
-README = run.ROOT / "README.md"
+README = profiles.ROOT / "README.md"
 
 
 def _readme_command(start: str) -> str:
@@ -175,7 +177,7 @@ def test_readmes_paper_command_passes_check(standin_paths, capsys):
         params.append(obj)
         while i < len(out) and out[i].isspace():
             i += 1
-    assert len(params) == len(run.all_notebooks()) and all(p["profile"] == "paper" for p in params)
+    assert len(params) == len(profiles.all_notebooks()) and all(p["profile"] == "paper" for p in params)
     assert all(p["model_path"] == standin_paths["model"] for p in params if "model_path" in p)
     assert [p["eval_sets"] for p in params if "eval_sets" in p] == [[standin_paths["math500"]]]
     assert all(p["models"] == [standin_paths["model"]] for p in params if "models" in p)
@@ -188,7 +190,7 @@ def test_readmes_paper_quick_block_runs_as_pasted_without_the_install(standin_pa
     import os
     import subprocess
     import sys
-    sys.path.insert(0, str(run.ROOT / "tests"))
+    sys.path.insert(0, str(profiles.ROOT / "tests"))
     from test_gpucheck import _bare_interpreter
     py = _bare_interpreter(tmp_path)   # this environment's packages, not the editable install of cancellation
     assert (py.parent / "python3").exists()
@@ -206,9 +208,9 @@ def test_readmes_paper_quick_block_runs_as_pasted_without_the_install(standin_pa
                                                                                  standin_paths["math500"])
     assert "/data/" not in go and "PYTHONPATH=lib" in go
     for cmd in (plan, go + " --check"):
-        p = subprocess.run(["bash", "-c", cmd], env=env, cwd=run.ROOT, capture_output=True, text=True, timeout=600)
+        p = subprocess.run(["bash", "-c", cmd], env=env, cwd=profiles.ROOT, capture_output=True, text=True, timeout=600)
         assert p.returncode == 0, (cmd, p.stdout[-2000:], p.stderr[-2000:])
-    assert p.stdout.count('"profile": "paper-quick"') == len(run.all_notebooks())
+    assert p.stdout.count('"profile": "paper-quick"') == len(profiles.all_notebooks())
 
 
 # ------------------------------------------------------------------ make P='...' / --set, make help
@@ -227,13 +229,13 @@ def test_set_splits_pairs_on_semicolons_and_each_pair_on_its_first_equals(text, 
 
 @pytest.mark.parametrize("text", ["steps", "=5", "steps=5; lr"])
 def test_set_without_name_equals_value_is_an_error(text):
-    with pytest.raises(run.ParameterError, match="expected NAME=VALUE"):
+    with pytest.raises(profiles.ParameterError, match="expected NAME=VALUE"):
         run.parse_set(text)
 
 
 def _make(*args) -> str:
     import subprocess
-    r = subprocess.run(["make", "--no-print-directory", "-C", str(run.ROOT), *args], capture_output=True, text=True,
+    r = subprocess.run(["make", "--no-print-directory", "-C", str(profiles.ROOT), *args], capture_output=True, text=True,
                        timeout=60)
     assert r.returncode == 0, r.stderr
     return r.stdout
@@ -260,7 +262,7 @@ def test_make_P_reaches_the_runner_whole(tmp_path, capsys):
 def test_make_help_lists_every_target_and_variable():
     import re
     text = _make("help")
-    phony = re.search(r"^\.PHONY:(.*)$", (run.ROOT / "Makefile").read_text(), re.M).group(1).split()
+    phony = re.search(r"^\.PHONY:(.*)$", (profiles.ROOT / "Makefile").read_text(), re.M).group(1).split()
     for target in [t for t in phony] + ["figNN"]:
         assert re.search(rf"^\s*make {re.escape(target)}\b", text, re.M), target
     for var in ("PROFILE=", "P=", "REPLACE=", "B=", "TORCH_SPEC="):
@@ -289,11 +291,11 @@ def _converted_and_parameterized(tmp_path, name):
     src = tmp_path / "97_tiny.py"
     src.write_text(TINY_NB)
     out = tmp_path / name
-    run._prepare(src, out, {"profile": "tiny"})
+    execute._prepare(src, out, {"profile": "tiny"})
     from papermill.iorw import load_notebook_node
     nb = parameterize_notebook(load_notebook_node(str(out)), {"steps": 2, "fig_dir": "/tmp/.run-staging/x.1/f"})
     nbformat.write(nb, out)
-    run._strip_volatile(out, {"/tmp/.run-staging/x.1/f": "figures/tiny"})
+    execute._strip_volatile(out, {"/tmp/.run-staging/x.1/f": "figures/tiny"})
     return out
 
 
@@ -308,19 +310,17 @@ def test_cell_ids_are_deterministic_so_a_rerun_leaves_git_clean(tmp_path):
 
 # ------------------------------------------------------------------ a runner installed outside a checkout
 def test_runner_outside_a_checkout_says_so_and_names_root(tmp_path, monkeypatch, capsys):
-    root = run.ROOT
+    root = profiles.ROOT
     site = tmp_path / "site-packages"
     site.mkdir()
-    for name, value in (("ROOT", site.parent), ("NOTEBOOKS", site.parent / "notebooks"),
-                        ("PARAMS", site.parent / "notebooks/params")):
-        monkeypatch.setattr(run, name, value)  # as if installed: no notebooks/ next to the package
+    monkeypatch.setattr(profiles, "HERE", profiles.Checkout.of(site.parent))  # as if installed: no notebooks/ here
     with pytest.raises(SystemExit) as e:
         run.main(["01", "--check"])
     err = capsys.readouterr().err.strip().splitlines()
     assert e.value.code == 2 and len(err) == 1 and "no notebooks/ directory under" in err[0] and "--root DIR" in err[0]
     run.main(["01", "--check", "--root", str(root)])
     assert json.loads(capsys.readouterr().out)["model_path"] == "data/policies/tiny-m"
-    assert run.ROOT == site.parent  # --root applied to that call only
+    assert profiles.HERE == profiles.Checkout.of(site.parent)  # --root applied to that call only
     with pytest.raises(SystemExit):
         run.main(["01", "--check", "--root", str(tmp_path / "nope")])
     assert "no notebooks/ directory under --root" in capsys.readouterr().err
@@ -329,20 +329,20 @@ def test_runner_outside_a_checkout_says_so_and_names_root(tmp_path, monkeypatch,
 def test_cores_pool_the_cpu_notebooks_and_leave_accelerator_ones_alone():
     """`--cores N`: every run of consecutive CPU notebooks is one pool (each notebook's threads pinned:
     one, 07's two workers x one); with N = 1, or on an accelerator, every notebook is a segment of its own."""
-    paths = run.all_notebooks()
-    tiny = [(nb, run.resolve_params(nb, "tiny")) for nb in paths]
+    paths = profiles.all_notebooks()
+    tiny = [(nb, resolve.resolve_params(nb, "tiny")) for nb in paths]
     stems = lambda groups: [[nb.stem[:2] for nb, _ in g] for g in groups]  # noqa: E731
-    assert [run.cpu_threads(p) for _, p in tiny] == [1, 1, 1, 1, 1, 1, 2, 1]  # 07: 2 workers x 1
+    assert [pool.cpu_threads(p) for _, p in tiny] == [1, 1, 1, 1, 1, 1, 2, 1]  # 07: 2 workers x 1
     every = manifest.keys()
-    assert stems(run.segments(tiny, 1)) == [[s] for s in every]
-    assert stems(run.segments(tiny, 2)) == [every]
+    assert stems(pool.segments(tiny, 1)) == [[s] for s in every]
+    assert stems(pool.segments(tiny, 2)) == [every]
     gpu = [(nb, dict(p, device="cuda")) for nb, p in tiny]
-    assert stems(run.segments(gpu, 64)) == [[s] for s in every]
+    assert stems(pool.segments(gpu, 64)) == [[s] for s in every]
     mixed = tiny[:3] + [gpu[3]] + tiny[4:]
-    assert stems(run.segments(mixed, 2)) == [["01", "02", "03"], ["04"], ["05", "06", "07", "08"]]
+    assert stems(pool.segments(mixed, 2)) == [["01", "02", "03"], ["04"], ["05", "06", "07", "08"]]
     trl = dict(tiny[6][1], engine="trl")   # TRL's trainer is one process whatever `workers` says
-    assert run.cpu_threads(trl) == 1
-    assert run.cpu_threads({"device": "cpu"}) is None   # a notebook that does not pin its threads runs alone
+    assert pool.cpu_threads(trl) == 1
+    assert pool.cpu_threads({"device": "cpu"}) is None   # a notebook that does not pin its threads runs alone
 
 
 def test_the_pool_starts_notebooks_while_their_threads_fit_and_none_after_a_failure(tmp_path, monkeypatch, capsys):
@@ -367,21 +367,21 @@ def test_the_pool_starts_notebooks_while_their_threads_fit_and_none_after_a_fail
             return self.returncode
 
     FAIL = [""]
-    monkeypatch.setattr(run.subprocess, "Popen", Child)
-    monkeypatch.setattr(run.time, "sleep", lambda s: None)
-    monkeypatch.setattr(run, "ROOT", tmp_path)
-    group = [(run.Path(f"{s}.py"), {"threads": 1, "workers": 2 if s.startswith("07") else 1})
+    monkeypatch.setattr(pool.subprocess, "Popen", Child)
+    monkeypatch.setattr(pool.time, "sleep", lambda s: None)
+    monkeypatch.setattr(profiles, "HERE", dataclasses.replace(profiles.HERE, root=tmp_path))
+    group = [(Path(f"{s}.py"), {"threads": 1, "workers": 2 if s.startswith("07") else 1})
              for s in ("01_a", "02_b", "03_c", "07_d", "08_e")]
     a = types.SimpleNamespace(cores=2, profile="tiny", replace=False)
-    assert run._run_pool(group, a, {nb: {} for nb, _ in group}) == 0
+    assert pool.run_pool(group, a, {nb: {} for nb, _ in group}) == 0
     assert starts == ["07_d", "01_a", "02_b", "03_c", "08_e"] and peak[0] == 2   # the widest first
     starts.clear()
     # with the plans' seconds: the widest, then the longest first; no estimate: notebook order, after them
-    assert run._run_pool(group, a, {nb: {} for nb, _ in group}, {"02_b": 30.0, "03_c": 240.0, "07_d": 1.0}) == 0
+    assert pool.run_pool(group, a, {nb: {} for nb, _ in group}, {"02_b": 30.0, "03_c": 240.0, "07_d": 1.0}) == 0
     assert starts == ["07_d", "03_c", "02_b", "01_a", "08_e"]
     starts.clear()
     FAIL[0] = "02_b"
-    assert run._run_pool(group, a, {nb: {} for nb, _ in group}) == 1
+    assert pool.run_pool(group, a, {nb: {} for nb, _ in group}) == 1
     assert starts[:3] == ["07_d", "01_a", "02_b"] and "08_e" not in starts
     err = capsys.readouterr().err
     assert "02_b FAILED (exit 1)" in err and "not started after the failure" in err
@@ -396,21 +396,21 @@ def test_a_kernel_whose_port_was_taken_is_started_again(tmp_path, monkeypatch, c
     import papermill
     calls = []
 
-    def execute(src, out, **kw):
+    def fake_execute(src, out, **kw):
         calls.append(out)
         if len(calls) == 1:
             raise RuntimeError("Kernel died before replying to kernel_info")
         shutil.copy(src, out)   # the second start runs through (a copy of the prepared notebook)
 
-    monkeypatch.setattr(papermill, "execute_notebook", execute)
-    monkeypatch.setattr(run, "_port_taken", lambda klog: True)
-    out = run.run_notebook("02", "smoke", out_root=tmp_path, log_output=False)
+    monkeypatch.setattr(papermill, "execute_notebook", fake_execute)
+    monkeypatch.setattr(execute, "_port_taken", lambda klog: True)
+    out = execute.run_notebook("02", "smoke", out_root=tmp_path, log_output=False)
     assert out.exists() and len(calls) == 2
     assert "another process took the kernel's port as it started; starting it again (1/3)" in capsys.readouterr().out
     calls.clear()
-    monkeypatch.setattr(run, "_port_taken", lambda klog: False)   # a kernel that died of something else
-    with pytest.raises(run.NotebookFailed, match="Kernel died before replying"):
-        run.run_notebook("02", "smoke", out_root=tmp_path / "again", log_output=False)
+    monkeypatch.setattr(execute, "_port_taken", lambda klog: False)   # a kernel that died of something else
+    with pytest.raises(execute.NotebookFailed, match="Kernel died before replying"):
+        execute.run_notebook("02", "smoke", out_root=tmp_path / "again", log_output=False)
     assert len(calls) == 1
 
 
@@ -439,7 +439,7 @@ def test_kernel_starts_with_the_malloc_thresholds_unless_the_user_set_them(tmp_p
     nb.write_text(ENV_NB)
     monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
     monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "12345")
-    run.run_notebook(str(nb), "tiny", out_root=root, log_output=False)
+    execute.run_notebook(str(nb), "tiny", out_root=root, log_output=False)
     assert (root / "data/results/tiny/env.txt").read_text() == f"{1 << 30} 12345"
 
 
@@ -451,14 +451,14 @@ def test_bench_sampler_builds_the_stand_in_model_first(monkeypatch, tmp_path):
     monkeypatch.setattr(standins, "build", lambda out, **kw: calls.append((out, kw)) or {"model": str(tmp_path)})
     assert bench._standin_model() == str(tmp_path)
     (out, kw), = calls
-    assert out == run.ROOT / "data" / "standins" and kw == {"paper_vocab": False}
+    assert out == profiles.ROOT / "data" / "standins" and kw == {"paper_vocab": False}
 
 
 # ------------------------------------------------------------------ side by side: a signal to the runner's PID
 SIDE_BY_SIDE_RUNNER = r'''
 import subprocess, sys, types
 from pathlib import Path
-from cancellation import run
+from cancellation import pool, profiles
 out = Path(sys.argv[1])
 CHILD = """
 import pathlib, signal, sys, time
@@ -472,11 +472,12 @@ signal.signal(signal.SIGTERM, stop)
 time.sleep(120)
 """
 real = subprocess.Popen
-run.subprocess.Popen = lambda cmd, **kw: real([sys.executable, "-c", CHILD, cmd[3], str(out)], **kw)  # cmd[3]: the stem
-run.ROOT, run.STAGGER_S = out, 0.1
+pool.subprocess.Popen = lambda cmd, **kw: real([sys.executable, "-c", CHILD, cmd[3], str(out)], **kw)  # cmd[3]: the stem
+pool.STAGGER_S = 0.1
 group = [(Path("05_value_gap.py"), {"threads": 1}), (Path("06_sampling_budget.py"), {"threads": 1})]
 try:
-    run._run_pool(group, types.SimpleNamespace(cores=2, profile="tiny", replace=False), {nb: {} for nb, _ in group})
+    pool.run_pool(group, types.SimpleNamespace(cores=2, profile="tiny", replace=False), {nb: {} for nb, _ in group},
+                  checkout=profiles.Checkout.of(out))
 except KeyboardInterrupt:
     sys.exit(130)
 '''
@@ -490,7 +491,7 @@ def test_a_signal_to_the_runners_pid_reaches_every_side_by_side_child_once(tmp_p
     import subprocess
     import sys
     import time
-    env = dict(os.environ, PYTHONPATH=str(run.ROOT / "lib"))
+    env = dict(os.environ, PYTHONPATH=str(profiles.ROOT / "lib"))
     # the runner as a terminal starts it, with SIGINT's default disposition: a test process that ran kernels
     # (papermill, jupyter_client) may hold SIGINT ignored, which a child would inherit and keep
     p = subprocess.Popen([sys.executable, "-c", SIDE_BY_SIDE_RUNNER, str(tmp_path)], env=env, start_new_session=True,

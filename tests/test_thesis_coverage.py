@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from cancellation import coverage as cv
-from cancellation import run, thesis
+from cancellation import profiles, resolve, thesis
 
 VERDICT = ("shared_cancellation", "contrast")   # the two rows the thesis verdict is the conjunction of
 HIGH = cv.SCENARIOS["high"]
@@ -17,7 +17,7 @@ REPS = 300
 
 
 def _n_batches(profile: str) -> int:
-    return run.resolve_params(run.find_notebook("04"), profile)["n_batches"]
+    return resolve.resolve_params(profiles.find_notebook("04"), profile)["n_batches"]
 
 
 def _stats(arrs: dict) -> dict:

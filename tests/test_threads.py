@@ -3,7 +3,7 @@
 A float sum can be split differently with another thread count: at 3 threads a float64 Adam step on a
 tiny-m batch moves every parameter tensor by round-off against 1 thread (measured 2026-11-27; at 2 they
 agree). Unpinned, a notebook's numbers would follow the machine's core count, and `make figures`'s pool
-(`run._run_pool`, one thread per notebook) would compute something else than a notebook run alone.
+(`pool.run_pool`, one thread per notebook) would compute something else than a notebook run alone.
 """
 import importlib
 from pathlib import Path

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from cancellation import procs, run, sampler, tasks, train, vllm_seam
+from cancellation import execute, procs, run, sampler, tasks, train, vllm_seam
 
 FAKE_VLLM = Path(__file__).parent / "fake_vllm"
 DOT = tasks.VOCAB.index(".")   # a second stop id, as <|im_end|> beside <|endoftext|>
@@ -185,7 +185,7 @@ def test_the_runner_refuses_too_many_procs_before_any_work(monkeypatch, capsys):
     notebook starts; on the CPU (the same host, a CPU profile) --procs 8 runs as before."""
     cuda_host(monkeypatch, 1)
     ran = []
-    monkeypatch.setattr(run, "run_notebook", lambda nb, *a, **kw: ran.append(Path(nb).stem))
+    monkeypatch.setattr(execute, "run_notebook", lambda nb, *a, **kw: ran.append(Path(nb).stem))
     with pytest.raises(SystemExit) as e:
         run.main(["05", "--profile", "smoke", "-p", "device", "cuda", "--procs", "8"])
     err = capsys.readouterr().err

@@ -55,14 +55,14 @@ import sys
 import time
 from pathlib import Path
 
-from . import manifest
+from . import manifest, profiles
 from .sampling_path import OURS, STATIC, choose, choose_sampler, default_cuda_sampler, sampler_rows, shape_label
 from .shapes import device_kind
 
-# Only the standard library and stdlib-only modules of ours above: on a bare GPU machine (its own python, maybe
-# without pandas, yaml, transformers, ...) gpu-check's first act is to say which modules are missing and which
-# steps that skips (`missing_modules`, NEEDS), then run the rest. torch and every module a step needs are
-# imported inside the functions that use them.
+# Only the standard library and stdlib-only modules of ours above (`profiles` imports pyyaml on its first read): on
+# a bare GPU machine (its own python, maybe without pandas, yaml, transformers, ...) gpu-check's first act is to
+# say which modules are missing and which steps that skips (`missing_modules`, NEEDS), then run the rest. torch
+# and every module a step needs are imported inside the functions that use them.
 
 ROOT = Path(__file__).resolve().parents[2]
 SHAPE = "data/shapes/qwen3-1.7b-base"   # Qwen3-1.7B-Base's config.json: the dry runs' architecture
@@ -80,16 +80,16 @@ def dry_per_notebook() -> dict:
 
 
 def profile_section(nb: str, profile: str = DRY_PROFILE) -> dict:
-    """A notebook's section of notebooks/params/<profile>.yaml over the profile's `common` ({} when absent)."""
+    """A notebook's section of notebooks/params/<profile>.yaml over the profile's `common` ({} when absent), read
+    as the runner reads it (`profiles.load_profile`: YAML 1.2 rules)."""
     f = manifest.find(nb)
-    path = ROOT / "notebooks" / "params" / f"{profile}.yaml"
-    if f is None or not path.exists():
+    checkout = profiles.Checkout.of(ROOT)
+    if f is None or not (checkout.params / f"{profile}.yaml").exists():
         return {}
     try:
-        import yaml
+        cfg = profiles.load_profile(profile, checkout)
     except ImportError:   # a bare machine without pyyaml: no profile to read (the dry runs are skipped there)
         return {}
-    cfg = yaml.safe_load(path.read_text()) or {}
     return {**(cfg.get("common") or {}), **(cfg.get(f.notebook) or {})}
 
 

@@ -42,6 +42,7 @@ from . import manifest, sources, tasks
 from . import workload as W
 from .policy import TOKENIZER_FILES, load_tokenizer
 from .procs import BUILT, FAN_OUTS, ISOLATED, POLICY_RANKS, WHOLE_RUNS
+from .profiles import INJECTED
 from .decode_common import bucket_rows
 from .shapes import Shape, device_kind, device_memory, known_shape
 from .standins import build_tokenizer
@@ -652,7 +653,7 @@ def _fmt_s(s: float) -> str:
 
 def make(stem: str, params: dict, root: Path = ROOT, scale_dir: Path | None = None, total_memory: int | None = None,
          units: dict | None = None, kind: str | None = None, procs: int = 1, measured_dir: Path | None = None) -> Plan:
-    """The plan of one notebook at its resolved parameters (what `run.resolve_params` returns), on this
+    """The plan of one notebook at its resolved parameters (what `resolve.resolve_params` returns), on this
     host's device, or with `kind` on a device of that kind (data/scale/<kind>.json: its unit costs and
     total memory) wherever the plan is made; `procs` processes divide the splittable work. The newest committed
     dry run of the notebook on that kind (`measured_dir`, default <scale dir>/measured) that measured above
@@ -660,7 +661,7 @@ def make(stem: str, params: dict, root: Path = ROOT, scale_dir: Path | None = No
     # each figure declares its own workload beside its compute() (the manifest names the module): a new
     # Params field reaches the plan there
     mod = manifest.get(stem).load()
-    P = mod.Params(**{k: v for k, v in params.items() if k not in ("profile", "fig_dir", "results_dir")})
+    P = mod.Params(**{k: v for k, v in params.items() if k not in INJECTED})   # the runner's names are not Params'
     device = getattr(P, "device", "cpu")
     if kind is None:
         kind = device_kind(device)

@@ -4,14 +4,15 @@
 
 Notebook 07 only (its training runs take hours for `tiny-table2`): the claims come from the tables
 `fig07.result_from_tables` reads back, so a changed claim rule reaches the registry without retraining.
-A top-layer tool: it reads the profile through the runner, as the notebook would.
+A top-layer tool: it resolves the profile as the runner does (`resolve.resolve_params`), as the notebook would.
 """
 from __future__ import annotations
 
 import argparse
 
 from . import claims as C
-from . import run
+from .profiles import HERE, find_notebook
+from .resolve import resolve_params
 from .figures import fig07, fig07_claims
 
 # notebook: (its figure module: Params and result_from_tables, its claims module: claims)
@@ -24,9 +25,9 @@ def main(argv=None):
     ap.add_argument("profile", help="tiny or tiny-table2")
     a = ap.parse_args(argv)
     mod, rows = REREADERS[a.notebook]
-    params = run.resolve_params(run.find_notebook(a.notebook), a.profile)
+    params = resolve_params(find_notebook(a.notebook), a.profile)
     P = mod.Params(**{k: v for k, v in params.items() if k in mod.Params.defaults()})
-    results_dir = run.ROOT / params["results_dir"]
+    results_dir = HERE.root / params["results_dir"]
     C.record(results_dir, a.notebook, rows.claims(mod.result_from_tables(results_dir, P), P))
 
 

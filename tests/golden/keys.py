@@ -27,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-from cancellation import cache, run
+from cancellation import cache, profiles, resolve
 
 FILE = Path(__file__).with_name("keys.json")
 PROFILE = "tiny"
@@ -42,9 +42,9 @@ class Miss(RuntimeError):
 
 def record(stem: str, outer: set[str] = frozenset()) -> dict[str, list[str]]:
     """{stage: sorted distinct keys} of one compute(P) of notebook `stem` on the tiny profile."""
-    nb = next(p for p in run.all_notebooks() if p.stem.startswith(stem))
+    nb = next(p for p in profiles.all_notebooks() if p.stem.startswith(stem))
     mod = importlib.import_module(f"cancellation.figures.fig{stem}")
-    P = mod.Params(**{k: v for k, v in run.resolve_params(nb, PROFILE).items() if k not in run.INJECTED})
+    P = mod.Params(**{k: v for k, v in resolve.resolve_params(nb, PROFILE).items() if k not in profiles.INJECTED})
     seen: dict[str, set] = {}
     orig_key, orig_load, orig_lock, orig_store = cache.key, cache.load, cache.lock, cache._store
 
@@ -93,7 +93,7 @@ def summary(keys: dict[str, list[str]]) -> dict:
 
 def snapshot(stems=None) -> dict:
     out = {}
-    for nb in run.all_notebooks():
+    for nb in profiles.all_notebooks():
         stem = nb.stem[:2]
         if stems and stem not in stems:
             continue

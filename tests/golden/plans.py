@@ -10,7 +10,7 @@ import json
 import sys
 from pathlib import Path
 
-from cancellation import plan, run
+from cancellation import plan, profiles, resolve
 
 FILE = Path(__file__).with_name("plans.json")
 PROFILES = {"tiny": None, "paper-quick": "nvidia-h100-80gb-hbm3", "paper": "nvidia-h100-80gb-hbm3"}
@@ -19,8 +19,8 @@ PROFILES = {"tiny": None, "paper-quick": "nvidia-h100-80gb-hbm3", "paper": "nvid
 def snapshot() -> dict:
     out = {}
     for profile, kind in PROFILES.items():
-        for nb in run.all_notebooks():
-            p = plan.make(nb.stem, run.resolve_params(nb, profile), kind=kind, procs=8)
+        for nb in profiles.all_notebooks():
+            p = plan.make(nb.stem, resolve.resolve_params(nb, profile), kind=kind, procs=8)
             if p.work is None:
                 out[f"{profile}/{nb.stem}"] = None
                 continue
