@@ -26,7 +26,7 @@ def unsolvable(canonical_standins, tmp_path_factory):
 def test_no_reward_stops_with_one_line(nb, unsolvable):
     params = resolve.resolve_params(profiles.find_notebook(nb), "paper-smoke", {"problems_path": str(unsolvable)})
     mod = importlib.import_module(f"cancellation.figures.fig{nb}")
-    P = mod.Params(**{k: v for k, v in params.items() if k not in ("profile", "fig_dir", "results_dir")})
+    P = mod.Params(**{k: v for k, v in params.items() if k not in profiles.INJECTED})
     with pytest.raises(base.NoSignal) as e:
         mod.compute(P)
     msg = str(e.value)

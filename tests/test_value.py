@@ -24,7 +24,7 @@ def last_word_verifier(problem, text):
     return float(bool(words) and words[-1] in S_WORDS)
 
 
-class LastWord(tasks.ProblemSource):
+class LastWord(sources.ProblemSource):
     """Raw prompts rewarded by `last_word_verifier`."""
 
     def verifier(self):

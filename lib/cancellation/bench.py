@@ -31,9 +31,9 @@ from .compute import Compute
 from .decode_hf import generate_transformers
 from .decode_lean import generate_lean
 from .figures import fig01, fig04
+from .grader import MathVerifier   # by name: this module's `grader` is a bench
 from .pack import padded
 from .sampler import generate
-from .grader import MathVerifier   # by name: this module's `grader` is a bench
 
 KNOBS = Compute()   # the default memory knobs of every timed call (a bench times the code, not a profile)
 

@@ -336,7 +336,7 @@ DRY_ROOT = "dry-run"  # under the checkout; git-ignored
 
 def _dry_run(nb: Path, a, overrides: dict, cwd: Path, planned, co: Checkout | None = None):
     """One notebook under --dry-run: random weights and a coin-flip reward in the kernel (environment
-    read by policy.load_policy and problems.ProblemSource), its own cache, every output under dry-run/;
+    read by policy.load_policy and sources.ProblemSource), its own cache, every output under dry-run/;
     wall time and peak memory recorded in dry-run/<profile>/measured.json beside the plan."""
     co = here(co)
     out_root = co.root / DRY_ROOT
