@@ -63,7 +63,7 @@ P = fig01.Params(**params)   # every parameter, its default, doc and allowed ran
 print(plots.use_profile(profile, P), f"{P.steps} Adam steps at lr {P.lr:g}, {P.n_prompts} prompts × {P.G} rollouts, "
       f"{P.n_minibatches} mini-batches per step (the paper: lr 1e-6, 128 × 8, 4 mini-batches)", sep="; ")
 if replot:   # make plots: the Result read back from the tables the last run wrote, nothing computed
-    R = fig01.load(P, replot)
+    R = fig01.load(replot, P)
 else:
     R = fig01.compute(P)         # noise floor, the runs (cached), flip fractions, categories, Fig. 9
     R.write(results_dir, P)
@@ -78,7 +78,7 @@ frac.groupby(["run", "sign", "status"]).fraction.agg(["mean", "std"]).unstack("s
 
 # %%
 fig = fig01_plots.token_flipping(frac, R.token_deltas, P.eps)   # lib/cancellation/figures/fig01_plots.py
-plots.save(fig, "fig01_token_flipping", fig_dir)
+plots.save(fig_dir, "fig01_token_flipping", fig)
 plt.show()
 
 # %% [markdown]
@@ -143,7 +143,7 @@ print(fig01_claims.control_drop(R).detail if R.control is not None else "no cont
 # %%
 fig = fig01_plots.across_models(R.fig9)
 plots.stamp(fig, plots.models_stamp_text(profile, P.models, P.device))   # every policy it plots, not P.model_path's
-plots.save(fig, "fig09_flipping_across_models", fig_dir)
+plots.save(fig_dir, "fig09_flipping_across_models", fig)
 plt.show()
 print(fig01_claims.fig9_scope(P, run.load_profile("paper")))
 R.fig9.groupby(["model", "sign", "status"]).fraction.mean().unstack("status").round(3)

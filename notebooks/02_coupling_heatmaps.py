@@ -46,7 +46,7 @@ logging.basicConfig(level=logging.WARNING)
 P = fig02.Params(**params)   # every parameter, its default, doc and allowed range: lib/cancellation/figures/fig02.py
 plots.use_profile(profile, P)  # every figure saved below is stamped with the profile and policy
 if replot:   # make plots: the Result read back from the tables the last run wrote, nothing computed
-    R = fig02.load(P, replot)
+    R = fig02.load(replot, P)
 else:
     R = fig02.compute(P)         # sampling, kernel, pairs, heatmap and first-order steps (cached)
     R.write(results_dir, P)
@@ -114,7 +114,7 @@ for set_scale, axis, ticks in ((axes[3].set_xscale, axes[3].xaxis, [-1e-2, 0, 1e
     set_scale("symlog", linthresh=1e-6)
     axis.set_major_locator(plt.FixedLocator(ticks))
 fig.tight_layout()
-plots.save(fig, "fig02_coupling", fig_dir)
+plots.save(fig_dir, "fig02_coupling", fig)
 plt.show()
 
 # %% [markdown]

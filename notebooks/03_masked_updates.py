@@ -44,7 +44,7 @@ logging.basicConfig(level=logging.WARNING)
 P = fig03.Params(**params)   # every parameter, its default, doc and allowed range: lib/cancellation/figures/fig03.py
 plots.use_profile(profile, P)  # every figure saved below is stamped with the profile and policy
 if replot:   # make plots: the Result read back from the tables the last run wrote, nothing computed
-    R = fig03.load(P, replot)
+    R = fig03.load(replot, P)
 else:
     R = fig03.compute(P)         # the batch, masked updates, top-coupled masks, Fig. 10 run, Adam step (cached)
     R.write(results_dir, P)
@@ -94,7 +94,7 @@ R.topk[["pool", "k", "scope", "boost_rate", "mean_boost", "n"]]
 # %%
 rows = fig03_claims.claims(R, P)   # the claim rows (recorded at the end): (a) shows 3(a)'s right-shift test
 fig = fig03_plots.masked_updates(R, P, rows)   # lib/cancellation/figures/fig03_plots.py
-plots.save(fig, "fig03_masked_updates", fig_dir)
+plots.save(fig_dir, "fig03_masked_updates", fig)
 plt.show()
 
 # %% [markdown]
@@ -105,7 +105,7 @@ plt.show()
 
 # %%
 fig = fig03_plots.sign_consistency(R)
-plots.save(fig, "fig10_proxy_sign_consistency", fig_dir)
+plots.save(fig_dir, "fig10_proxy_sign_consistency", fig)
 plt.show()
 R.consistency.round(4)
 

@@ -63,7 +63,7 @@ logging.basicConfig(level=logging.WARNING)
 P = fig04.Params(**params)   # every parameter, its default, doc and allowed range: lib/cancellation/figures/fig04.py
 plots.use_profile(profile, P)  # every figure saved below is stamped with the profile and policy
 if replot:   # make plots: the Result read back from the tables the last run wrote, nothing computed
-    R = fig04.load(P, replot)
+    R = fig04.load(replot, P)
 else:
     R = fig04.compute(P)         # Algorithm 2 on every batch (cached per batch), tagging, masses, shifts, settings
     R.write(results_dir, P)
@@ -99,7 +99,7 @@ R.top.round(5)
 
 # %%
 fig = fig04_plots.category_shift(R)   # lib/cancellation/figures/fig04_plots.py
-plots.save(fig, "fig04_category_shift", fig_dir)
+plots.save(fig_dir, "fig04_category_shift", fig)
 plt.show()
 
 # %% [markdown]
@@ -123,7 +123,7 @@ fig04_claims.compare_view(R.compare)
 
 # %%
 fig = fig04_plots.settings_shift(R, P, profile)   # Fig. 13: beyond the paper, stamped with both policies
-plots.save(fig, "fig13_category_shift_settings", fig_dir)
+plots.save(fig_dir, "fig13_category_shift_settings", fig)
 plt.show()
 
 # %% [markdown]
@@ -184,7 +184,7 @@ fig04_claims.null_view(R.thesis_null)
 
 # %%
 fig = fig04_plots.thesis(R, TC)
-plots.save(fig, "fig04_thesis", fig_dir)
+plots.save(fig_dir, "fig04_thesis", fig)
 plt.show()
 
 # %% [markdown]

@@ -58,7 +58,7 @@ logging.basicConfig(level=logging.WARNING)
 P = fig05.Params(**params)   # every parameter, its default, doc and allowed range: lib/cancellation/figures/fig05.py
 plots.use_profile(profile, P)  # every figure saved below is stamped with the profile and policy
 if replot:   # make plots: the Result read back from the tables the last run wrote, nothing computed
-    R = fig05.load(P, replot)
+    R = fig05.load(replot, P)
 else:
     R = fig05.compute(P)         # batch, GRPO steps, Monte Carlo values, gaps (cached; the values per prefix)
     R.write(results_dir, P)
@@ -81,7 +81,7 @@ R.se.round(3)
 print(R.cells.round(3).to_string(index=False), R.gap1.round(3).to_string(index=False), sep="\n\n")
 est0 = P.estimators[0]
 fig = fig05_plots.value_gap(R, P)   # lib/cancellation/figures/fig05_plots.py
-plots.save(fig, "fig05_value_gap", fig_dir)
+plots.save(fig_dir, "fig05_value_gap", fig)
 plt.show()
 
 # %% [markdown]
@@ -93,7 +93,7 @@ plt.show()
 
 # %%
 fig = fig05_plots.strata(R, est0)   # lib/cancellation/figures/fig05_plots.py
-plots.save(fig, "fig14_value_gap_strata", fig_dir)
+plots.save(fig_dir, "fig14_value_gap_strata", fig)
 plt.show()
 R.strata.round(3)
 
@@ -109,7 +109,7 @@ R.strata.round(3)
 
 # %%
 fig = fig05_plots.repeated(R, P)
-plots.save(fig, "fig11_repeated_updates", fig_dir)
+plots.save(fig_dir, "fig11_repeated_updates", fig)
 plt.show()
 print(f"pool: {len(R.pool11)} tokens ({P.n_pool11} per rollout sign, any status); the claim row reads per optimizer: "
       + ", ".join(f"{o} lr {c:g}" + ("" if ok else f" (the largest: no lr had {P.nonlinear_share:.0%} of statuses "
@@ -128,7 +128,7 @@ R.last[["gap", "lo", "hi", "change", "change_lo", "change_hi", "changed_status"]
 
 # %%
 fig = fig05_plots.null(R, P)
-plots.save(fig, "fig15_value_gap_null", fig_dir)
+plots.save(fig_dir, "fig15_value_gap_null", fig)
 plt.show()
 print(fig05_claims.null_sentence(R, P))
 

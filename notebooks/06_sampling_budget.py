@@ -60,7 +60,7 @@ logging.basicConfig(level=logging.WARNING)
 P = fig06.Params(**params)   # every parameter, its default, doc and allowed range: lib/cancellation/figures/fig06.py
 plots.use_profile(profile, P)  # every figure saved below is stamped with the profile and policy
 if replot:   # make plots: the Result read back from the tables the last run wrote, nothing computed
-    R = fig06.load(P, replot)
+    R = fig06.load(replot, P)
 else:
     R = fig06.compute(P)         # batches, plans, Monte Carlo values, the sweep of steps, gaps, trends (cached)
     R.write(results_dir, P)
@@ -83,12 +83,12 @@ R.gaps.pivot_table(index=["panel", "x"], columns=["scope", "subset"], values="ga
 
 # %%
 fig = fig06_plots.sampling_budget(R, P)   # lib/cancellation/figures/fig06_plots.py
-plots.save(fig, "fig06_sampling_budget", fig_dir)
+plots.save(fig_dir, "fig06_sampling_budget", fig)
 plt.show()
 
 # %%
 fig = fig06_plots.reward_composition(R, P)
-plots.save(fig, "fig07b_reward_composition", fig_dir)
+plots.save(fig_dir, "fig07b_reward_composition", fig)
 plt.show()
 
 # %% [markdown]

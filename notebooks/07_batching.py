@@ -58,7 +58,7 @@ from IPython.display import HTML
 logging.basicConfig(level=logging.WARNING)
 P = fig07.Params(**params)   # every parameter, its default, doc and allowed range: lib/cancellation/figures/fig07.py
 if replot:   # make plots: the Result read back from the tables the last run wrote, nothing computed
-    R = fig07.load(P, replot)
+    R = fig07.load(replot, P)
 else:
     R = fig07.compute(P)         # every training run (each cached and checkpointed on its own), then the tables
     R.write(results_dir, P)
@@ -99,7 +99,7 @@ if (sweep := fig07.sweep_shown(R)) is not None:
 light = (f"light run ({len(P.seeds)} seeds x {P.iterations} iterations): a smoke test; the full test is make table2 "
          "(figures/tiny-table2/)") if profile == "tiny" else None
 if (fig := fig07_plots.lr_sweep(R, note=light)) is not None:   # where collapse happens: every run of the sweep
-    plots.save(fig, "table2_lr_sweep", fig_dir)
+    plots.save(fig_dir, "table2_lr_sweep", fig)
     plt.show()
 
 # %% [markdown]
@@ -111,7 +111,7 @@ if (fig := fig07_plots.lr_sweep(R, note=light)) is not None:   # where collapse 
 
 # %%
 fig = fig07_plots.training_curves(R, P.strategies, note=light)   # lib/cancellation/figures/fig07_plots.py
-plots.save(fig, "fig08_training_curves", fig_dir)
+plots.save(fig_dir, "fig08_training_curves", fig)
 plt.show()
 
 # %% [markdown]
@@ -124,7 +124,7 @@ plt.show()
 
 # %%
 fig = fig07_plots.sign_partition(R, P.strategies)
-plots.save(fig, "fig07a_sign_partition", fig_dir)
+plots.save(fig_dir, "fig07a_sign_partition", fig)
 plt.show()
 print(fig07.sign_pure_reading(R), "median mini-batch gradient norm by composition:", R.grad_norm.round(3).to_string(),
       "mean |rho - 1| at the last mini-batch step:", R.drift.round(4).to_string(), sep="\n")

@@ -51,7 +51,7 @@ logging.basicConfig(level=logging.WARNING)
 P = fig08.Params(**params)   # every parameter, its default, doc and allowed range: lib/cancellation/figures/fig08.py
 plots.use_profile(profile, P)  # every figure saved below is stamped with the profile and policy
 if replot:   # make plots: the Result read back from the tables the last run wrote, nothing computed
-    R = fig08.load(P, replot)
+    R = fig08.load(replot, P)
 else:
     R = fig08.compute(P)         # (a) on notebook 01's cached run, (b) kernel and full gradients (cached)
     R.write(results_dir, P)
@@ -125,7 +125,7 @@ for ax, table, val, title in ((axes[1], R.lm.rename(columns={"mean_K": "v"}), "v
     ax.set(title=title, xlabel="p of j (A>0), p of k (A<0)", ylabel="mean, 95% CI (rollouts)")
 axes[1].legend(frameon=False, fontsize=6)
 fig.tight_layout()
-plots.save(fig, "fig12_referee_controls", fig_dir)
+plots.save(fig_dir, "fig12_referee_controls", fig)
 plt.show()
 
 # %% [markdown]

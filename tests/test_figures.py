@@ -89,8 +89,8 @@ def test_stamp_names_the_profile_the_policy_size_and_the_device(tmp_path):
         f"paper profile: {plots.size_text(big)}-parameter policy (Qwen3-1.7B-Base), GPU"
     text = plots.use_profile("tiny", P)
     fig, ax = plots.figure()
-    plots.save(fig, "a", tmp_path)
-    plots.save(fig, "b", tmp_path)
+    plots.save(tmp_path, "a", fig)
+    plots.save(tmp_path, "b", fig)
     assert [t.get_text() for t in fig.texts] == [text]
     assert (tmp_path / "a.png").stat().st_size > 0
     plots.plt.close(fig)

@@ -397,7 +397,7 @@ def test_figures_are_written_atomically(tmp_path):
     matplotlib.use("Agg")
     from cancellation import plots
     fig, ax = plots.figure()
-    paths = plots.save(fig, "f", tmp_path)
+    paths = plots.save(tmp_path, "f", fig)
     assert all(p.stat().st_size > 0 for p in paths) and sorted(os.listdir(tmp_path)) == ["f.pdf", "f.png"]
 
 

@@ -45,13 +45,13 @@ def test_replot_records_the_committed_claims(tmp_path, profile, key):
 def test_replot_refuses_tables_of_other_parameters(tmp_path):
     from cancellation.figures import fig02
     P = fig02.Params(model_path=str(ROOT / "data" / "policies" / "tiny-s"))
-    replot.save(P, tmp_path, edges=[0.0, 1.0])
-    assert replot.restore(P, tmp_path)["edges"] == [0.0, 1.0]
+    replot.save(tmp_path, P, edges=[0.0, 1.0])
+    assert replot.restore(tmp_path, P)["edges"] == [0.0, 1.0]
     Q = fig02.Params(model_path=str(ROOT / "data" / "policies" / "tiny-s"), lr=P.lr * 2)
     with pytest.raises(replot.ReplotError, match="other parameters.*lr"):
-        replot.restore(Q, tmp_path)
+        replot.restore(tmp_path, Q)
     with pytest.raises(replot.ReplotError, match="nothing to replot"):
-        replot.restore(P, tmp_path / "elsewhere")
+        replot.restore(tmp_path / "elsewhere", P)
 
 
 def test_replot_keeps_frames_series_and_arrays(tmp_path):
@@ -61,8 +61,8 @@ def test_replot_keeps_frames_series_and_arrays(tmp_path):
     df = pd.DataFrame({1: [0.5, 1.5], ("a", "b"): [1, 2]}, index=pd.Index(["x", "y"], name="k"))
     s = pd.Series([1.0, 2.0], index=["u", "v"], name="share")
     arr = np.arange(6, dtype=np.float32).reshape(2, 3)
-    replot.save(P, tmp_path, df=df, s=s, arr=arr, facts={"n": np.int64(3), "xs": (1, 2)})
-    got = replot.restore(P, tmp_path)
+    replot.save(tmp_path, P, df=df, s=s, arr=arr, facts={"n": np.int64(3), "xs": (1, 2)})
+    got = replot.restore(tmp_path, P)
     pd.testing.assert_frame_equal(got["df"], df)
     pd.testing.assert_series_equal(got["s"], s)
     assert got["arr"].dtype == arr.dtype and (got["arr"] == arr).all()

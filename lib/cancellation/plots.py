@@ -102,8 +102,9 @@ def figure(ncols: int = 1, nrows: int = 1, width: float = WIDTH_2COL, height: fl
     return plt.subplots(nrows, ncols, figsize=(width, height), **kw)
 
 
-def save(fig, name: str, fig_dir: str | Path) -> list[Path]:
-    """Write `name`.pdf and `name`.png under fig_dir with fixed metadata (byte-stable reruns), stamped with
+def save(fig_dir: str | Path, name: str, fig) -> list[Path]:
+    """Write `name`.pdf and `name`.png under fig_dir (where, then the name, then what: the order of
+    `claims.record(results_dir, notebook, rows)`, `R.write(results_dir, P)` and `figNN.load(results_dir, P)`) with fixed metadata (byte-stable reruns), stamped with
     the profile (use_profile)."""
     stamp(fig)
     out = Path(fig_dir)

@@ -152,7 +152,7 @@ grader.MathVerifier()(tasks.Problem("1 + 1", "2"), "The answer is $\\boxed{2}$."
 fig, ax = plots.figure(ncols=2, nrows=2, width=plots.WIDTH_2COL, height=4.6)
 for a in ax.ravel():
     a.hist(np.random.default_rng(0).normal(size=10000), bins=60)
-plots.save(fig, "start", out)
+plots.save(out, "start", fig)
 """.replace("{modules}", ", ".join(f.module for f in manifest.FIGURES))
 
 

@@ -6,7 +6,7 @@ the same policy (`train.cached_delta_run`: one cache entry per run, shared with 
 the fixed-scaffold control's two runs and one shorter GRPO run per model of Fig. 9, and derives
 the tables: shares of boosted / suppressed / stable tokens per (run, step, sign), their ε
 sensitivity and the categories of the suppressed tokens of positive rollouts. The claim rows are
-`fig01_claims.claims(R, P)`. `load(P, folder)` reads the Result back from the tables (make plots): it keeps
+`fig01_claims.claims(R, P)`. `load(folder, P)` reads the Result back from the tables (make plots): it keeps
 the GRPO run's tokens (fig01_token_deltas) and, of the other runs, only the small things derived from them.
 """
 from __future__ import annotations
@@ -130,12 +130,12 @@ class Result:
         cache.write_table(self.sens, d / "fig01_eps_sensitivity.parquet")
         cache.write_table(self.categories.reset_index(), d / "fig01_suppressed_categories.parquet")
         cache.write_table(self.fig9, d / "fig09_flip_fractions.parquet")
-        replot.save(P, results_dir, probe=self.probe, uncertain=self.uncertain, uncertain_share=self.uncertain_share,
+        replot.save(results_dir, P, probe=self.probe, uncertain=self.uncertain, uncertain_share=self.uncertain_share,
                     sgd_steps=self.sgd_steps, accuracy=self.accuracy, control=self.control,
                     control_accuracy=self.control_accuracy)
 
 
-def load(P: Params, results_dir) -> Result:
+def load(results_dir, P: Params) -> Result:
     """The Result `write` wrote to `results_dir`, computing nothing (make plots)."""
     def table(name):
         return replot.table(results_dir, f"{name}.parquet")
@@ -143,7 +143,7 @@ def load(P: Params, results_dir) -> Result:
                   frac=table("fig01_flip_fractions"), sens=table("fig01_eps_sensitivity"),
                   categories=table("fig01_suppressed_categories").set_index(["policy", "run"]).rename_axis(
                       columns="category"),
-                  fig9=table("fig09_flip_fractions"), eps=P.eps, **replot.restore(P, results_dir))
+                  fig9=table("fig09_flip_fractions"), eps=P.eps, **replot.restore(results_dir, P))
 
 
 def per_step(signed: pd.DataFrame, eps: float, run, status, strata=None, e=None) -> pd.Series:

@@ -66,14 +66,14 @@ class Result:
         """The tidy tables, and for `load` what they do not hold (replot.save)."""
         for name, df in zip(TABLES, (self.pairs, self.heat, self.fidelity, self.terms)):
             cache.write_table(df, Path(results_dir) / f"{name}.parquet")
-        replot.save(P, results_dir, batch=self.batch, absolute=self.absolute, edges=self.edges, scatter=self.scatter)
+        replot.save(results_dir, P, batch=self.batch, absolute=self.absolute, edges=self.edges, scatter=self.scatter)
 
 
-def load(P: Params, results_dir) -> Result:
+def load(results_dir, P: Params) -> Result:
     """The Result `write` wrote to `results_dir`, computing nothing (make plots)."""
     pairs, heat, fidelity, terms = (replot.table(results_dir, f"{name}.parquet") for name in TABLES)
     return Result(pairs=pairs, pair_summary=pair_summary(pairs), heat=heat, fidelity=fidelity, terms=terms,
-                  **replot.restore(P, results_dir))
+                  **replot.restore(results_dir, P))
 
 
 def compute(P: Params) -> Result:

@@ -9,7 +9,7 @@ first-step ratio. The whole result is cached under every parameter and the model
 fingerprints; its expensive stages (the full-parameter δ's: one backward over M's rows per
 candidate; the training run) are also cached on their own under the same key plus every argument
 that shapes them (`compute`: the memory knobs, which can move float round-off), so an interrupted
-run resumes. `load(P, folder)` reads the Result back from the tables `R.write` wrote (make plots);
+run resumes. `load(folder, P)` reads the Result back from the tables `R.write` wrote (make plots);
 `fig03_claims.claims(R, P)` gives the notebook's claim rows, `fig03_plots` draws the figures.
 """
 from __future__ import annotations
@@ -87,15 +87,15 @@ class Result:
         """The tidy tables, and for `load` what they do not hold: the batch's numbers (replot.save)."""
         for field, name in TABLES.items():
             cache.write_table(getattr(self, field), Path(results_dir) / name)
-        replot.save(P, results_dir, batch=self.batch)
+        replot.save(results_dir, P, batch=self.batch)
 
 
-def load(P: Params, results_dir) -> Result:
+def load(results_dir, P: Params) -> Result:
     """The Result `write` wrote to `results_dir`, computing nothing (make plots): the tables read back,
     Table 1, the scope agreement and Fig. 3(b)'s bins derived from the masking effects as compute does."""
     t = {field: replot.table(results_dir, name) for field, name in TABLES.items() if field != "table1"}
     return Result(**t, table1=table1_of(t["effects"], P), scope_agree=scope_agreement(t["effects"]),
-                  boost_vs_cos=_boost_vs_cos(t["effects"], P), **replot.restore(P, results_dir))
+                  boost_vs_cos=_boost_vs_cos(t["effects"], P), **replot.restore(results_dir, P))
 
 
 def compute(P: Params) -> Result:

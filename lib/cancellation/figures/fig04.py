@@ -118,17 +118,17 @@ class Result:
         the main one's, which `per` is, one frame each)."""
         for field, name in TABLES.items():
             cache.write_table(getattr(self, field), Path(results_dir) / name)
-        replot.save(P, results_dir, batches=self.batches, audit=self.audit, mass_trimmed=self.mass_trimmed,
+        replot.save(results_dir, P, batches=self.batches, audit=self.audit, mass_trimmed=self.mass_trimmed,
                     top_labels=self.top_labels, occurrences=self.occurrences,
                     template_confidence=self.template_confidence, settings=self.settings,
                     **{f"setting_shift_{i}": self.setting_shifts[s] for i, s in enumerate(self.settings) if i})
 
 
-def load(P: Params, results_dir) -> Result:
+def load(results_dir, P: Params) -> Result:
     """The Result `write` wrote to `results_dir`, computing nothing (make plots): the tidy tables read back, the
     snapshot restored, the summaries, shifts and totals derived from the mass table as compute derives them."""
     t = {field: replot.table(results_dir, name) for field, name in TABLES.items()}
-    snap = replot.restore(P, results_dir)
+    snap = replot.restore(results_dir, P)
     settings = snap.pop("settings")
     per = categories.paired_shift(t["mass"], UPDATES)
     shifts = {s: per if not i else snap.pop(f"setting_shift_{i}") for i, s in enumerate(settings)}

@@ -132,17 +132,17 @@ class Result:
             cache.write_table(self.heldout[[c for c in VALUE_COLUMNS if c in self.heldout]],
                               d / "fig05_heldout_values.parquet")
         null_run = None if self.null_test is None else {k: self.null_test[k] for k in NULL_RUN}
-        replot.save(P, results_dir, facts=self.facts, counts=self.counts, mc=self.mc, peak=self.peak,
+        replot.save(results_dir, P, facts=self.facts, counts=self.counts, mc=self.mc, peak=self.peak,
                     seconds=self.seconds, null_run=null_run)
 
 
-def load(P: Params, results_dir) -> Result:
+def load(results_dir, P: Params) -> Result:
     """The Result `write` wrote to `results_dir`, computing nothing (make plots): the tables read back, the
     gaps and intervals no table holds derived from them as compute derives them. Its `values`, `heldout` and
     `pool11` (the null's step-0 rows) carry the columns the tables keep (what the claims and figures read)."""
     values, cells, entropy_gap, strata, repeated, value_null, null_tokens = (
         replot.table(results_dir, f"{name}.parquet") for name in TABLES)
-    kept = replot.restore(P, results_dir)
+    kept = replot.restore(results_dir, P)
     heldout = replot.table(results_dir, "fig05_heldout_values.parquet") if P.heldout_per_cell else None
     null_run = kept.pop("null_run")
     null_res = None if null_run is None else dict(null_test(null_tokens, P.n_boot, P.seed),

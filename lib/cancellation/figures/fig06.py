@@ -122,7 +122,7 @@ class Result:
             cache.write_table(df, d / f"{name}.parquet")
         if self.panel_trend is not None:
             cache.write_table(self.panel_trend, d / "fig06_group_trend.parquet")
-        replot.save(P, results_dir, facts=self.facts, n_comp_groups=self.n_comp_groups, seconds=self.seconds)
+        replot.save(results_dir, P, facts=self.facts, n_comp_groups=self.n_comp_groups, seconds=self.seconds)
 
     def at(self, panel, x, scope="valued", subset="all") -> pd.Series:
         """The gap row of one setting."""
@@ -134,7 +134,7 @@ class Result:
         return self.trends[(self.trends.panel == panel) & (self.trends.subset == subset)].iloc[0]
 
 
-def load(P: Params, results_dir) -> Result:
+def load(results_dir, P: Params) -> Result:
     """The Result `write` wrote to `results_dir`, computing nothing (make plots). The sweep and the valued
     tokens come back from fig06_valued_deltas (one row per sweep row, the valued token's columns beside it:
     `valued` keeps those columns, every valued token being in the sweep); the gaps from its two tables
@@ -147,7 +147,7 @@ def load(P: Params, results_dir) -> Result:
                                  "(a token no setting measured): run the notebook (make fig06) to recompute")
     valued = valued[VALUED_COLUMNS].reset_index(drop=True)
     panel = Path(results_dir) / "fig06_group_trend.parquet"
-    kept = replot.restore(P, results_dir)
+    kept = replot.restore(results_dir, P)
     kept["facts"]["sweep"]["per_update"] = per_update(sweep)   # in the sweep's panel order (the JSON sorts keys)
     return Result(**kept, valued=valued, sweep=sweep,
                   gaps=pd.concat([gap6, gap7b], ignore_index=True), trends=trends,

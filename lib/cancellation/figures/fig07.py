@@ -270,7 +270,7 @@ class Result:
             cache.write_table(self.budget, d / "table2_equal_rollouts.csv")
         if self.imbalance is not None:
             cache.write_table(self.imbalance, d / "table2_local_imbalance.csv")
-        replot.save(P, d, runs=self.runs)
+        replot.save(d, P, runs=self.runs)
 
 
 def _sweep_runs(P: Params) -> bool:
@@ -278,7 +278,7 @@ def _sweep_runs(P: Params) -> bool:
     return bool(P.probe_lrs and P.probe_strategies and P.probe_seeds)
 
 
-def load(P: Params, results_dir) -> Result:
+def load(results_dir, P: Params) -> Result:
     """The Result `write` wrote to `results_dir`, computing nothing (make plots): the tidy tables read back
     (their wall-clock seconds rejoined from timing/: `join_seconds`), Table 2, the final accuracies, Fig. 7(a)'s
     numbers and the TRL cross-check derived from them by the functions compute uses (`final_tables`,
@@ -287,7 +287,7 @@ def load(P: Params, results_dir) -> Result:
     `evals` (the runs' raw evaluations with their seconds) is None: nothing after compute reads it (the
     curves hold its accuracies, table2_timing its seconds)."""
     d, t = Path(results_dir), Path(results_dir) / TIMING_DIR
-    kept, tab = replot.restore(P, d), replot.table
+    kept, tab = replot.restore(d, P), replot.table
     curves = tab(d, "fig08_training_curves.parquet")
     iters = join_seconds(tab(d, "fig08_iterations.parquet"), tab(t, "fig08_iterations_seconds.parquet"))
     timing = tab(t, "table2_timing.csv").set_index("strategy")

@@ -81,7 +81,7 @@ class Result:
         tables = (self.freq, self.per_step.reset_index(), self.lm, self.pairs, self.full, self.cells)
         for name, df in zip(TABLES, tables):
             cache.write_table(df, Path(results_dir) / f"{name}.parquet")
-        replot.save(P, results_dir, run=self.run, batch=self.batch, seconds=self.seconds)
+        replot.save(results_dir, P, run=self.run, batch=self.batch, seconds=self.seconds)
 
     def row(self, tokens, stratum, status, measure_name):
         f = self.freq
@@ -89,11 +89,11 @@ class Result:
                  & (f.measure == measure_name)].iloc[0]
 
 
-def load(P: Params, results_dir) -> Result:
+def load(results_dir, P: Params) -> Result:
     """The Result `write` wrote to `results_dir`, computing nothing (make plots): the pooled kernel means
     re-derived from the rollout cells, the full-parameter agreement from the sampled pairs."""
     freq, per_step, lm, pairs, full, cells = (replot.table(results_dir, f"{name}.parquet") for name in TABLES)
-    snap = replot.restore(P, results_dir)
+    snap = replot.restore(results_dir, P)
     corr, sign_agree = agreement(pairs)
     return Result(freq=freq, per_step=per_step.set_index(per_step.columns[0]), lm=lm, pairs=pairs, full=full,
                   cells=cells, mixed_groups=snap["batch"]["mixed_groups"], pooled=pooled(cells, P), corr=corr,

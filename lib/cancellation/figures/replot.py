@@ -1,7 +1,7 @@
 """Replot: redraw a figure from the tables its last run wrote, computing nothing (`make plots`, `run --replot`).
 
 A figure fix (a label, a colour, a panel) or a claim's wording then needs no cold run: the notebook
-reads its Result back from the results folder (`figNN.load(P, folder)`, the inverse of `R.write`),
+reads its Result back from the results folder (`figNN.load(folder, P)`, the inverse of `R.write`),
 redraws every figure and records its claims again from the same numbers.
 
 What the tidy tables do not hold is written beside them by `save`, in `<results>/replot/`:
@@ -63,7 +63,7 @@ def params_of(P) -> dict:
     return json.loads(json.dumps(stage.canonical(P), sort_keys=True, default=str))
 
 
-def save(P, results_dir, **fields) -> None:
+def save(results_dir, P, **fields) -> None:
     """Write the parameters and `fields` (a Result's values no tidy table holds) for `restore`."""
     d = _folder(results_dir)
     d.mkdir(parents=True, exist_ok=True)
@@ -90,7 +90,7 @@ def save(P, results_dir, **fields) -> None:
     cache.atomic_write(d / f"{name}.json", lambda t: Path(t).write_text(text))
 
 
-def restore(P, results_dir) -> dict:
+def restore(results_dir, P) -> dict:
     """The fields `save` wrote, after checking that the tables were computed with these parameters."""
     d = _folder(results_dir)
     name = P.notebook()
