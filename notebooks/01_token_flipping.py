@@ -55,7 +55,7 @@ import logging
 
 import matplotlib.pyplot as plt
 import numpy as np
-from cancellation import claims, plots, run
+from cancellation import claims, plots, profiles
 from cancellation.figures import fig01, fig01_claims, fig01_plots
 
 logging.basicConfig(level=logging.WARNING)
@@ -145,7 +145,7 @@ fig = fig01_plots.across_models(R.fig9)
 plots.stamp(fig, plots.models_stamp_text(profile, P.models, P.device))   # every policy it plots, not P.model_path's
 plots.save(fig_dir, "fig09_flipping_across_models", fig)
 plt.show()
-print(fig01_claims.fig9_scope(P, run.load_profile("paper")))
+print(fig01_claims.fig9_scope(P, profiles.load_profile("paper")))
 R.fig9.groupby(["model", "sign", "status"]).fraction.mean().unstack("status").round(3)
 
 # %% [markdown]

@@ -16,12 +16,8 @@
 # *Paper, §3 and App. E.1 (Algorithm 2).* From one saved checkpoint θ₀ and one rollout batch B,
 # take two single updates: **positive-only** (advantages A·1[r = 1]) and **GRPO** (the original
 # A), each from θ₀ (`grpo.trial_delta`: snapshot, step, measure, restore), and measure
-# Δlog p = log π_θ'(o_t|s_t) − log π_θ₀(o_t|s_t) on the **whole** batch for both. Every response
-# token is tagged Math / Template / Reasoning / Other (`cancellation.categories`: detokenise to
-# words and apply the category table `category_map`, tags mapped back to tokens). On the tiny profile the table is
-# `arithmetic_roles.csv`, which tags by the token's **role** in the arithmetic answer (digits and operators Math,
-# the fixed scaffold wording Template, the step wording Reasoning); the **word / POS** table `category_map.csv`
-# (NLTK part-of-speech tags plus rules: the paper profiles' table) is shown beside it as `compare_map`. Per category we sum the *boosted mass* Σ max(Δ, 0) and the *suppressed mass*
+# Δlog p = log π_θ'(o_t|s_t) − log π_θ₀(o_t|s_t) on the **whole** batch for both. Per category
+# (Math / Template / Reasoning / Other) we sum the *boosted mass* Σ max(Δ, 0) and the *suppressed mass*
 # Σ max(−Δ, 0), and take each category's share of all boosted mass.
 #
 # The paper's claim: compared with positive-only, GRPO "greatly weakens updates on template and
@@ -30,15 +26,15 @@
 #
 # The update is the causal-analysis update of App. D.2/D.3: plain SGD (no momentum), one step on
 # the whole batch, verl's token-mean clipped loss, all parameters, float64 on the tiny profile
-# (Adam's first step is sign descent and would wash out the per-token magnitudes we compare).
-# The experiment is repeated on `n_batches` independent batches (different prompts and sampling
-# seeds); intervals are 95% t-intervals over batches.
+# (Adam's first step is sign descent and would wash out the per-token magnitudes we compare),
+# repeated on `n_batches` independent batches; intervals are 95% t-intervals over batches.
 #
-# **Tagging on the tiny task is by role** (`data/categories/arithmetic_roles.csv`, editable): the
-# digits a column computes, the digit written, carry/borrow amounts and words and the boxed answer
-# are the decisions (Reasoning); operands and operators copied from the prompt are Math; scaffold
-# wording and punctuation are Template. The word table the paper's POS reading uses
-# (`compare_map`) is shown beside it: there, only carry/no/borrow are Reasoning.
+# **Tagging** (`cancellation.categories`: detokenise to words, apply the table `category_map`, map the
+# tags back to tokens). On the tiny task the table tags by **role** (`data/categories/arithmetic_roles.csv`,
+# editable): the digits a column computes, the digit written, carry/borrow amounts and words and the boxed
+# answer are Reasoning; operands and operators copied from the prompt are Math; scaffold wording and
+# punctuation are Template. The **word / POS** table the paper profiles use (`category_map.csv`: NLTK
+# part-of-speech tags plus rules; there only carry/no/borrow are Reasoning) is shown beside it (`compare_map`).
 #
 # **Control** (`control_model_path`): the same batches on a policy pretrained on a *fixed
 # scaffold* (one wording per slot, `tiny-m-fixed`), so the reader can see which verdicts come
@@ -71,10 +67,8 @@ print(fig04.summary(R))
 
 # %% [markdown]
 # ## Tagging check
-# How each token type of the batch was tagged (with the word it belongs to), so a reader can
-# audit the category table. Edit the table (`category_map`; the role table includes the word
-# table `data/categories/category_map.csv`) to change a choice; the cached Δlog p are re-tagged on
-# the next run without recomputing.
+# How each token type was tagged (with its word), to audit the table; edit `category_map` to change a choice
+# (the cached Δlog p are re-tagged on the next run without recomputing).
 
 # %%
 print("\n".join(fig04_claims.audit_lines(R.audit)))
@@ -104,19 +98,16 @@ plt.show()
 
 # %% [markdown]
 # ## What the numbers say
-# The claim holds at this scale if GRPO's share of boosted mass on Template tokens is lower than
-# positive-only's and its share on Reasoning tokens higher, with 95% intervals (over batches) of
-# the paired difference excluding zero. The cell below prints that test.
+# The claim holds if GRPO's boosted-mass share on Template is lower than positive-only's and on Reasoning
+# higher, the 95% intervals (over batches) of the paired difference excluding zero:
 
 # %%
 print("\n".join(fig04_claims.shift_report(R)))
 
 # %% [markdown]
 # ## Which verdicts come from the tagging and which from the scaffold wording
-# The same Δlog p tagged with the word table (`compare_map`), and the same batch seeds on the
-# fixed-scaffold control policy (`control_model_path`, tagged with `category_map`). One row per
-# setting; the columns are the paired shifts of the boosted share (GRPO − positive-only) with
-# 95% t intervals over batches.
+# The same Δlog p tagged with the word table (`compare_map`), and the same batch seeds on the fixed-scaffold
+# control policy; per setting, the paired shifts of the boosted share (GRPO − positive-only), 95% t intervals.
 
 # %%
 fig04_claims.compare_view(R.compare)
@@ -141,26 +132,19 @@ plt.show()
 # one input, which needs no coupling between different states; §2's story is about the others, so the rows
 # below also take shared tokens **at another state than any copy's** apart.
 #
-# **The null.** Every batch's rollouts get their rewards and advantages shuffled within each group,
-# `null_shuffles` = K times (the same multiset per group), and the three single steps (positive-only,
-# negative-only, GRPO) are taken from θ₀ under each shuffle: one backward per rollout at θ₀, then one matrix
-# product and one forward per shuffle and update, the exact step to float round-off (`thesis.null_batch`; the
-# real signs through the same path are checked against the exact step below). Shuffle s of the null is each
-# statistic pooled over every batch under its s-th shuffle, exactly as the real statistic pools them. A
-# statistic that is no different under shuffled signs says nothing about *success*.
+# **The null.** Each batch's rewards and advantages are shuffled within every group `null_shuffles` = K times,
+# and the three single steps are taken from θ₀ under each shuffle (exact to float round-off:
+# `thesis.null_batch`, checked against the exact step below); shuffle s pools every batch's s-th shuffle, as
+# the real statistic pools them. A statistic no different under shuffled signs says nothing about *success*.
 #
-# **The rule, fixed before the run (issue 61).** *Cancellation* is reproduced when, on different-state shared
-# A > 0 tokens, the cancellation's 95% interval lies below 0 and the retained share's below 1 (not reproduced when
-# both lie on the other side). *Success-specific credit* is reproduced when the contrast and the specific
-# amplification, in each pool, lie beyond the central 95% of their null on the paper's side (one-sided permutation
-# p ≤ 0.025, resolution 1/(K+1)); not reproduced when none does. The thesis verdict needs both; a class split
-# with under 20% specific tokens reads "not decidable". Intervals: 95% bootstrap over batches, then groups.
+# **The rule, fixed before the run.** *Cancellation*: on different-state shared A > 0 tokens, the cancellation's
+# 95% interval below 0 and the retained share's below 1. *Success-specific credit*: the contrast and the specific
+# amplification, in each pool, beyond the central 95% of their null on the paper's side (one-sided p ≤ 0.025).
+# The verdict needs both; under 20% specific tokens reads "not decidable". Intervals: bootstrap over batches, then groups.
 
 # %% [markdown]
-# **What each definition can test on this task.** The tiny task writes every rollout from a vocabulary of a few
-# dozen ids, so by the id definition almost every token also occurs in some failed rollout of its group and the
-# "specific" class is a handful of rare ids. The in-context definition separates the classes; the cell below
-# prints the shares and what each can test.
+# **What each definition can test here.** With a vocabulary of a few dozen ids, by the id definition almost every
+# token also occurs in a failed rollout of its group; the in-context definition separates the classes.
 
 # %%
 print("\n".join(fig04_claims.class_lines(R)))
@@ -199,8 +183,7 @@ print("\n".join(fig04_claims.thesis_report(R.thesis, TC)))
 
 # %% [markdown]
 # ## Which part of the thesis the rows support
-# Read off the rows above (never typed by hand): per definition of "shared", the verdict by the rule above, its
-# two parts with their numbers, and the null control; then the refutation and the mechanism.
+# Read off the rows above: per definition of "shared", the verdict, its two parts and the null control.
 
 # %%
 print("\n".join(fig04_claims.thesis_reading(TC)))

@@ -52,7 +52,6 @@ from .dryrun import DRY_RUN_ENV
 from .execute import NotebookFailed, NotebookInterrupted
 from .pool import run_pool, segments
 from .profiles import Checkout, ParameterError, all_notebooks, find_notebook, here, short
-from .profiles import load_profile  # noqa: F401 - notebook 01 reads the paper profile as `run.load_profile`
 from .resolve import per_notebook, resolve_params
 
 

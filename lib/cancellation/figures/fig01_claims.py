@@ -123,7 +123,7 @@ def fig9_own_runs(P: Params) -> list[str]:
 def fig9_scope(P: Params, paper_profile: dict) -> str:
     """One line: which of Fig. 9's policies have a run of their own, and whether that can test "across
     models" (two or more runs of their own besides Fig. 1's: three models, as the paper's Fig. 9);
-    `paper_profile`: the paper profile's YAML (`run.load_profile("paper")`), whose `models` it names."""
+    `paper_profile`: the paper profile's YAML (`profiles.load_profile("paper")`), whose `models` it names."""
     paper_models = {**(paper_profile.get("common") or {}), **(paper_profile.get("01_token_flipping") or {})}.get(
         "models", [])
     own = fig9_own_runs(P)
