@@ -89,7 +89,7 @@ def settings_shift(R: Result, P: Params, profile: str):
     ax.axhline(0, color="k", lw=0.6)
     ax.set_xticks(np.arange(len(shown_cats)), shown_cats)
     ax.set(ylabel="boosted share: GRPO − positive-only",
-           title="extra (not in the paper): the shift by tagging table\nand on the fixed-scaffold control (95% CI)")
+           title="Fig. 13 (beyond the paper): the shift by tagging table\nand on the fixed-scaffold control (95% CI)")
     ax.legend(frameon=False, fontsize=6.5, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=2)
     fig.tight_layout()
     plots.stamp(fig, plots.models_stamp_text(profile, [P.model_path] + ([P.control_model_path] if P.control_model_path
