@@ -1,9 +1,17 @@
 """figures/: the library owns each notebook's cached stages, keyed on every argument they read."""
+from pathlib import Path
+
 import pytest
 
-from cancellation import coupling
+from cancellation import coupling, manifest
 from cancellation.compute import Compute
-from cancellation.figures import fig03
+from cancellation.figures import base, fig03
+
+
+def figure_files() -> list[Path]:
+    """The figures package's files and every manifest figure's (`figNN.py`, `figNN_*.py` beside its module)."""
+    mine = {p for f in manifest.FIGURES for p in Path(f.load().__file__).parent.glob(f"{f.module}*.py")}
+    return sorted(mine | set(Path(base.__file__).parent.glob("*.py")))
 
 
 def _counting(monkeypatch):
@@ -39,8 +47,9 @@ def test_results_hold_data_not_display_lines():
     (`fig02.summary(R)`, `fig07.table2_summary(R, P)`), so a wording change recomputes nothing."""
     import dataclasses
 
-    from cancellation.figures import fig01, fig02, fig04, fig05, fig06, fig07, fig08
-    found = [f"{m.__name__}.Result.{f.name}" for m in (fig01, fig02, fig03, fig04, fig05, fig06, fig07, fig08)
+    mods = [f.load() for f in manifest.FIGURES]   # every figure (tests/test_manifest.py adds a dummy one)
+    assert all(dataclasses.is_dataclass(getattr(m, "Result", None)) for m in mods), [m.__name__ for m in mods]
+    found = [f"{m.__name__}.Result.{f.name}" for m in mods
              for f in dataclasses.fields(m.Result) if f.type in ("str", str)]
     assert not found, found
 
@@ -58,10 +67,8 @@ def test_grading_line_only_for_a_graded_file():
 def test_results_are_built_by_keyword():
     """`Result(...)` calls name every field (12-25 positional arguments were unreadable and broke silently)."""
     import ast
-    from pathlib import Path
 
-    import cancellation
-    found = [f"{p.name}:{n.lineno}" for p in sorted((Path(cancellation.__file__).parent / "figures").glob("*.py"))
+    found = [f"{p.name}:{n.lineno}" for p in figure_files()
              for n in ast.walk(ast.parse(p.read_text()))
              if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "Result" and n.args]
     assert not found, found

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from cancellation import gpucheck, sampling_path
+from cancellation import gpucheck, gpureport, manifest, profiles, resolve, sampling_path
 
 ROOT = Path(__file__).resolve().parents[1]
 FAKE_VLLM = Path(__file__).parent / "fake_vllm"
@@ -54,7 +54,6 @@ def test_dry_overrides_per_notebook():
 def test_dry_runs_are_paper_quicks_sections_and_backends():
     """paper-quick's backends (vLLM where its section says so and vllm imports; else hf, with the reason), 07 and
     the vLLM notebooks first; every notebook's dry-run parameters pass the runner's validation."""
-    from cancellation import manifest, resolve
     assert gpucheck.DRY_PROFILE == "paper-quick"
     assert gpucheck.dry_order() == ["07", "01", "05", "06", "08", "02", "03", "04"]
     ok = dict(version="0.11", importable=True, error=None)
@@ -67,12 +66,18 @@ def test_dry_runs_are_paper_quicks_sections_and_backends():
     assert gpucheck.dry_backend("05", dict(version=None, importable=False, error=None))[1].endswith("(not installed)")
     gpucheck.standin_data()   # the problem files the validation checks exist (as gpu-check writes them)
     for f in manifest.FIGURES:
-        back, why = gpucheck.dry_backend(f.key, None)
-        o = gpucheck._dry_overrides(f.key, back if why else None)
-        P = resolve.resolve_params(ROOT / "notebooks" / f"{f.notebook}.py", "paper-quick", dict(zip(o[1::3], o[2::3])),
-                               cwd=ROOT, check_paths=True)
-        assert P["model_path"] == gpucheck.SHAPE and P["max_new_tokens"] == 128 and P["dtype"] == "float32"
-        assert P.get("backend", "hf") == "hf"                         # no vllm here: every one falls back
+        check_dry_run_params(f)
+
+
+def check_dry_run_params(f):
+    """A figure's dry-run parameters (paper-quick's section, none needed, at DRY_SIZES and the manifest's `dry`)
+    pass the runner's validation in the checkout (profiles.HERE: tests/test_manifest.py's dummy figure's too)."""
+    back, why = gpucheck.dry_backend(f.key, None)
+    o = gpucheck._dry_overrides(f.key, back if why else None)
+    P = resolve.resolve_params(profiles.find_notebook(f.notebook), "paper-quick", dict(zip(o[1::3], o[2::3])),
+                               cwd=profiles.HERE.root, check_paths=True)
+    assert P["model_path"] == gpucheck.SHAPE and P["max_new_tokens"] == 128 and P["dtype"] == "float32"
+    assert P.get("backend", "hf") == "hf"                         # no vllm here: every one falls back
 
 
 def test_markdown_from_a_report():
@@ -94,7 +99,7 @@ def test_markdown_from_a_report():
                                          planned=dict(predicted_seconds=40.0, peak_gib=50.0))),
                       dict(step="dry-05", skipped="budget: 20 s left, estimated 75 s", backend="hf",
                            fallback="falls back to hf: vllm: not importable (not installed)")])
-    md = gpucheck.markdown(rep)
+    md = gpureport.markdown(rep)
     assert "| pytest | ok | 80.0 |" in md and "10 passed in 70.1s" in md
     assert "| units | timed out |" in md
     assert "| analysis_forward | 16 x 1280 | 4 | 62% | 2.00 | 1.25 | 1.60x | 3.1e-06 |" in md
@@ -240,7 +245,7 @@ def test_the_report_says_what_the_machine_has_first():
     assert got["no_such_package_here"] == dict(version=None, importable=False, error=None)
     rep = dict(device=dict(date="2026-11-27", name="X", kind="x", memory_gib=1, torch="t", cuda="12", python="3",
                            driver="550", packages=got), budget_s=1, spent_s=1, steps=[])
-    md = gpucheck.markdown(rep)
+    md = gpureport.markdown(rep)
     assert "**The machine:** driver 550, CUDA 12" in md and "no_such_package_here absent" in md
     assert md.index("**The machine:**") < md.index("| step | status |")
 
@@ -251,7 +256,7 @@ def _fake_env():
 
 def test_the_vllm_row_from_the_fake_vllm(tmp_path):
     """The vllm step's code path end to end against tests/fake_vllm (its speed means nothing): its own process,
-    bench.sampler's row format, and the markdown's numbers are the JSON's. The fake takes a real tiny model
+    bench_sampling.sampler's row format, and the markdown's numbers are the JSON's. The fake takes a real tiny model
     (it loads weights; the real engine takes dummy ones at Qwen3-1.7B's shape)."""
     expr = ("gpucheck.sampler_vllm(model='data/policies/tiny-m', dims=((4, 6), (8, 3)), dtype='float32', "
             "device='cpu')")
@@ -259,7 +264,7 @@ def test_the_vllm_row_from_the_fake_vllm(tmp_path):
     assert r["rc"] == 0, r["output_tail"]
     got = r.pop("json")
     assert got["engine_start_s"] >= 0
-    rows = gpucheck._rows(got["rows"])
+    rows = gpureport.rows(got["rows"])
     assert [(x["shape"], x["way"]) for x in rows] == [("4 x 6", "vLLM 0.0-fake"), ("8 x 3", "vLLM 0.0-fake")]
     assert all(x["tokens_per_s"] > 0 and x["first_call_s"] > 0 for x in rows)
     sampler_rows = [dict(shape="4 x 6", way="ours (static cache, CUDA graph)", tokens_per_s=1000.0, first_call_s=2.0),
@@ -268,7 +273,7 @@ def test_the_vllm_row_from_the_fake_vllm(tmp_path):
                            packages=dict(vllm=dict(version="0.0-fake", importable=True, error=None))),
                budget_s=1, spent_s=1, steps=[dict(step="sampler", rc=0, seconds=1.0, rows=sampler_rows),
                                              dict(step="vllm", rc=0, seconds=1.0, rows=rows)])
-    md = gpucheck.markdown(json.loads(json.dumps(rep)))   # as read back from the JSON file
+    md = gpureport.markdown(json.loads(json.dumps(rep)))   # as read back from the JSON file
     v = rows[0]
     assert (f"| 4 x 6 | vLLM 0.0-fake | {v['tokens_per_s']:,.0f} | {v['first_call_s']:.1f} | "
             f"{100 * v['tokens_per_s'] / 50000.0:.1f}% |") in md
@@ -319,7 +324,7 @@ def test_choose_sampler_rules():
     assert sampling_path.choose_sampler(_rep(fast), vllm_importable=False)["path"] == "transformers"
     slow = {"64 x 512": {ours: 100.0, st: 200.0, "vLLM 0.11": 150.0}}
     assert sampling_path.choose_sampler(_rep(slow))["path"] == "transformers"
-    md = gpucheck.markdown(dict(device=dict(date="d", name="n", kind="k", memory_gib=1, torch="t"), budget_s=1,
+    md = gpureport.markdown(dict(device=dict(date="d", name="n", kind="k", memory_gib=1, torch="t"), budget_s=1,
                                 spent_s=1, steps=[], sampler_choice=sampling_path.choose_sampler(_rep(slow))))
     assert "**Default CUDA sampling path from this run's numbers:** transformers (ours / transformers static" in md
 
@@ -407,7 +412,7 @@ def test_the_report_says_what_auto_picks_per_notebook(tmp_path, monkeypatch):
     nbs = {"02": dict(backend="hf", calls=[{**call, "calls": 2}]), "03": dict(backend="hf", calls=[{**call, "calls": 10}])}
     dev = dict(date="2026-12-01", name="NVIDIA H200", kind="fake-card", memory_gib=139.8, torch="2.11.0")
     rep = gpucheck._write(tmp_path / "gpucheck-fake-card-2026-12-01", dev, 540, 100,
-                          [dict(step="sampler", rc=0, seconds=200.0, rows=gpucheck._rows(raw), notebooks=nbs)])
+                          [dict(step="sampler", rc=0, seconds=200.0, rows=gpureport.rows(raw), notebooks=nbs)])
     assert rep["sampler_choice"]["path"] == "transformers"          # the steady state
     assert rep["sampler_auto"]["02"]["path"] == "ours" and rep["sampler_auto"]["03"]["path"] == "transformers"
     md = (tmp_path / "gpucheck-fake-card-2026-12-01.md").read_text()
@@ -426,6 +431,6 @@ def test_sampler_at_gives_rows_choose_reads(monkeypatch):
     assert [(r[0], r[1]) for r in raw] == [("8 x 8, prompt 64", "ours (static cache, CUDA graph)"),
                                            ("8 x 8, prompt 64", sampling_path.STATIC)]
     assert all(r[2] > 0 and r[3] > 0 for r in raw)
-    c = sampling_path.choose(dict(steps=[dict(step="sampler", rows=gpucheck._rows(raw))]),
+    c = sampling_path.choose(dict(steps=[dict(step="sampler", rows=gpureport.rows(raw))]),
                              [dict(rows=8, new=8, prompt=40, calls=3)])
     assert c["path"] in ("ours", "transformers") and set(c["seconds"]) == {"ours", "transformers"}

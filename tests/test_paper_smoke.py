@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from cancellation import execute, guard, profiles, resolve
+from cancellation import execute, guard, manifest, profiles, resolve
 
 PAPER, SMOKE = profiles.HERE.params / "paper.yaml", profiles.HERE.params / "paper-smoke.yaml"
 VOCAB = profiles.HERE.params / "paper-vocab.yaml"
@@ -17,7 +17,9 @@ VOCAB = profiles.HERE.params / "paper-vocab.yaml"
 
 @pytest.mark.parametrize("profile", [SMOKE, VOCAB], ids=["paper-smoke", "paper-vocab"])
 def test_stand_in_profiles_mirror_paper_key_for_key(profile):
-    """paper-smoke sets exactly paper.yaml's keys; paper-vocab may add a few that bound its run time."""
+    """paper-smoke sets exactly paper.yaml's keys; paper-vocab may add a few that bound its run time. A figure's
+    section is optional (the defaults and `common` apply): each section names a manifest figure, and a figure
+    given a section in paper.yaml gets one with the same keys in paper-smoke.yaml and paper-vocab.yaml."""
     paper, smoke = profiles.load_profile(PAPER.stem), profiles.load_profile(profile.stem)
     assert list(paper) == list(smoke)
     for section in paper:
@@ -25,14 +27,15 @@ def test_stand_in_profiles_mirror_paper_key_for_key(profile):
             assert set(paper[section]) == set(smoke[section]), section
         else:
             assert set(paper[section]) <= set(smoke[section]), section
-    assert {p.stem for p in profiles.all_notebooks()} == set(paper) - {"common"}
+    assert set(paper) - {"common"} <= {f.notebook for f in manifest.FIGURES}
 
 
 def test_every_paper_parameter_is_declared_by_a_notebook():
     """A `common` key no notebook declares would be dropped silently; a section key is checked by resolve_params."""
-    declared = set().union(*(profiles.notebook_defaults(nb) for nb in profiles.all_notebooks()))
+    notebooks = [profiles.find_notebook(f.notebook) for f in manifest.FIGURES]
+    declared = set().union(*(profiles.notebook_defaults(nb) for nb in notebooks))
     assert set(profiles.load_profile(PAPER.stem)["common"]) <= declared
-    for nb in profiles.all_notebooks():
+    for nb in notebooks:   # a figure without a section of its own: the defaults and `common`
         resolve.resolve_params(nb, "paper")  # raises on an unknown name or a wrong type
 
 

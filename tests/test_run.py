@@ -45,16 +45,22 @@ def test_cli_exits_with_a_clear_message(capsys):
     assert "Did you mean 'steps'" in capsys.readouterr().err
 
 
+def figure_notebooks() -> list:
+    """Every manifest figure's notebook in the checkout (profiles.HERE: tests/test_manifest.py adds a dummy one)."""
+    return [profiles.find_notebook(f.notebook) for f in manifest.FIGURES]
+
+
 def test_every_profile_section_passes_the_schema():
+    """Every figure resolves under every profile, with or without a section of its own there."""
     for profile in ("tiny", "smoke", "paper", "paper-smoke", "paper-quick"):
-        for nb in profiles.all_notebooks():
+        for nb in figure_notebooks():
             resolve.resolve_params(nb, profile)  # types, ranges, choices, constraints (paths not required to exist)
 
 
 def test_every_parameter_has_a_doc_and_a_rule_where_one_applies():
     """Params is the single source: every declared parameter of every notebook has a one-line doc,
     and the knobs every notebook shares are validated (a rule each)."""
-    for nb in profiles.all_notebooks():
+    for nb in figure_notebooks():
         P = profiles.figure_params(nb)
         assert P is not None, f"{nb.name} has no figure module"
         docs, rules = P.docs(), P.rules()
@@ -177,7 +183,7 @@ def test_readmes_paper_command_passes_check(standin_paths, capsys):
         params.append(obj)
         while i < len(out) and out[i].isspace():
             i += 1
-    assert len(params) == len(profiles.all_notebooks()) and all(p["profile"] == "paper" for p in params)
+    assert len(params) == len(manifest.FIGURES) and all(p["profile"] == "paper" for p in params)
     assert all(p["model_path"] == standin_paths["model"] for p in params if "model_path" in p)
     assert [p["eval_sets"] for p in params if "eval_sets" in p] == [[standin_paths["math500"]]]
     assert all(p["models"] == [standin_paths["model"]] for p in params if "models" in p)
@@ -210,7 +216,7 @@ def test_readmes_paper_quick_block_runs_as_pasted_without_the_install(standin_pa
     for cmd in (plan, go + " --check"):
         p = subprocess.run(["bash", "-c", cmd], env=env, cwd=profiles.ROOT, capture_output=True, text=True, timeout=600)
         assert p.returncode == 0, (cmd, p.stdout[-2000:], p.stderr[-2000:])
-    assert p.stdout.count('"profile": "paper-quick"') == len(profiles.all_notebooks())
+    assert p.stdout.count('"profile": "paper-quick"') == len(manifest.FIGURES)
 
 
 # ------------------------------------------------------------------ make P='...' / --set, make help
@@ -329,7 +335,7 @@ def test_runner_outside_a_checkout_says_so_and_names_root(tmp_path, monkeypatch,
 def test_cores_pool_the_cpu_notebooks_and_leave_accelerator_ones_alone():
     """`--cores N`: every run of consecutive CPU notebooks is one pool (each notebook's threads pinned:
     one, 07's two workers x one); with N = 1, or on an accelerator, every notebook is a segment of its own."""
-    paths = profiles.all_notebooks()
+    paths = figure_notebooks()
     tiny = [(nb, resolve.resolve_params(nb, "tiny")) for nb in paths]
     stems = lambda groups: [[nb.stem[:2] for nb, _ in g] for g in groups]  # noqa: E731
     assert [pool.cpu_threads(p) for _, p in tiny] == [1, 1, 1, 1, 1, 1, 2, 1]  # 07: 2 workers x 1
@@ -446,10 +452,10 @@ def test_kernel_starts_with_the_malloc_thresholds_unless_the_user_set_them(tmp_p
 def test_bench_sampler_builds_the_stand_in_model_first(monkeypatch, tmp_path):
     """`make bench B=sampler` on a fresh clone: the CPU bench builds data/standins/ (without the slow
     paper-vocab model) instead of failing on a missing directory; a built one is reused (build is idempotent)."""
-    from cancellation import bench, standins
+    from cancellation import bench_sampling, standins
     calls = []
     monkeypatch.setattr(standins, "build", lambda out, **kw: calls.append((out, kw)) or {"model": str(tmp_path)})
-    assert bench._standin_model() == str(tmp_path)
+    assert bench_sampling.standin_model() == str(tmp_path)
     (out, kw), = calls
     assert out == profiles.ROOT / "data" / "standins" and kw == {"paper_vocab": False}
 
