@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from cancellation import execute, extract, grader, profiles, resolve, sources, tasks, train, value
+from cancellation import execute, extract, grader, manifest, profiles, resolve, sources, tasks, train, value
 from cancellation.engine import data as engine_data
 from cancellation.figures import base, fig02, fig05, fig07
 
@@ -218,7 +218,7 @@ def test_runner_prints_the_refusal_alone_and_promotes_nothing(tmp_path, canonica
 def test_a_profiles_common_answer_mode_reaches_every_notebook(tmp_path, monkeypatch):
     from test_run import _profile
     _profile(tmp_path, monkeypatch, "common:\n  answer_mode: last_sentence\n  unrewardable_golds: skip\n")
-    for nb in ("01", "02", "03", "04", "05", "06", "07", "08"):
+    for nb in manifest.keys():
         p = resolve.resolve_params(profiles.find_notebook(nb), "mine")
         assert (p["answer_mode"], p["unrewardable_golds"]) == ("last_sentence", "skip"), nb
     _profile(tmp_path / "b", monkeypatch, "common:\n  answer_mode: last_line\n")

@@ -26,10 +26,10 @@ import os
 
 import pytest
 
-from cancellation import execute, guard, plan, profiles, resolve
+from cancellation import execute, guard, manifest, plan, profiles, resolve
 
 # notebook -> whether its planned head positions must be within 2x of the tally (else: an upper bound)
-NOTEBOOKS = {f"{i:02d}": i == 7 for i in range(1, 9)}
+NOTEBOOKS = {f.key: f.key == "07" for f in manifest.FIGURES}
 
 
 def plan_counts(ref: str, params: dict) -> dict:

@@ -6,14 +6,14 @@ agree). Unpinned, a notebook's numbers would follow the machine's core count, an
 (`pool.run_pool`, one thread per notebook) would compute something else than a notebook run alone.
 """
 import importlib
-from pathlib import Path
 
 import pytest
 import torch
 
+from cancellation import manifest
 from cancellation.figures import base
 
-FIGURES = sorted(f"cancellation.figures.{p.stem}" for p in (Path(base.__file__).parent).glob("fig[0-9][0-9].py"))
+FIGURES = [f"{f.package}.{f.module}" for f in manifest.FIGURES]
 
 
 class _Stop(Exception):

@@ -16,8 +16,9 @@ panels of several paper figures (notebook 06 makes Fig. 6 and Fig. 7(b)); `owner
 notebook wrote a file, from `outputs` here. Panels beyond the paper carry the next free number
 (Fig. 12).
 
-Adding a figure: a module in `cancellation/figures/`, its notebook, and one entry below
-(docs/architecture.md, "How to add a figure"); `tests/test_manifest.py` adds a dummy one that way.
+Adding a figure: a module in `cancellation/figures/`, its notebook, and one entry below (and its stages in
+`stage.py` if it caches any; docs/architecture.md, "How to add a figure"). The tests that loop over figures read
+FIGURES; `tests/test_manifest.py` adds a dummy one that way and runs those checks, a run and a replot on it.
 """
 from __future__ import annotations
 
