@@ -126,7 +126,7 @@ figures: env $(POLICIES) $(if $(filter paper-smoke paper-vocab,$(PROFILE)),stand
 
 plots: env  ## every figure redrawn from the committed tables (no computation), then README's claims
 	$(PY) -m cancellation.run $(or $(NB),all) --profile $(PROFILE) --replot $(OVERRIDES)
-	$(if $(and $(filter tiny,$(PROFILE)),$(filter-out 01 02 03 04 05 06 08,$(or $(NB),all))),\
+	$(if $(and $(filter tiny,$(PROFILE)),$(filter all 07 07_batching,$(or $(NB),all))),\
 	  $(PY) -m cancellation.run 07 --profile tiny-table2 --replot $(OVERRIDES))
 	$(MAKE) claims
 
