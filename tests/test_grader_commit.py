@@ -235,14 +235,14 @@ def test_a_200kb_response_is_graded_in_under_half_a_second():
 def test_the_grader_bench_prints_recall_precision_and_speed_per_mode(tmp_path, capsys):
     import json
 
-    from cancellation import bench
+    from cancellation import bench_measure
     rows = [{"id": 1, "gold": "5", "label": 1, "response": "Answer: 5"},
             {"id": 2, "gold": "5", "label": 0, "response": "Answer: 5, 7"},
             {"id": 3, "gold": "7", "label": 1, "response": "So \\boxed{7}."},
             {"id": 4, "gold": "7", "label": 0, "response": "Answer: 8"}]
     f = tmp_path / "rows.jsonl"
     f.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    bench.grader(repeats=1, rows=str(f))
+    bench_measure.grader(repeats=1, rows=str(f))
     out = {line.split()[0]: line.split()[1:3] for line in capsys.readouterr().out.splitlines()[2:]}
     # by hand: answer_line credits row 1 only, boxed row 3 only, answer_line+boxed both, none of the wrong ones
     assert out["answer_line"] == ["0.500", "1.000"] and out["boxed"] == ["0.500", "1.000"]

@@ -4,7 +4,7 @@ floats; the tokens and the generator's state stay those of the sampler without t
 import pytest
 import torch
 
-from cancellation import bench, decode_common, decode_lean, policy, rollout, sampler
+from cancellation import bench_sampling, decode_common, decode_lean, policy, rollout, sampler
 from cancellation.compute import Compute
 
 KNOBS = Compute()
@@ -46,10 +46,10 @@ def _lean(model, ids, mask, T, stop, pad, seed, live_rows=True):
 @pytest.mark.parametrize("seed", [0, 3])
 def test_live_rows_draw_todays_tokens_at_the_notebook_shapes(tiny, seed, monkeypatch):
     """tiny-m in float64 and float32, 64 rows of rendered prompts (8 problems x 8, left-padded, as
-    bench._cpu_prompts builds them), up to 96 new tokens: the same tokens and generator state with the
+    bench_sampling.cpu_prompts builds them), up to 96 new tokens: the same tokens and generator state with the
     lever as without it; and the lever ran (rows narrowed) wherever the probe accepted a row count."""
     model, tok = tiny
-    ids, mask = bench._cpu_prompts("tiny", model, tok, 64)
+    ids, mask = bench_sampling.cpu_prompts("tiny", model, tok, 64)
     stop = rollout.stop_ids(tok, model)
     narrowed = _count_calls(monkeypatch, "narrow")
     a, ga = _lean(model, ids, mask, 96, stop, tok.pad_token_id, seed, live_rows=False)
@@ -64,7 +64,7 @@ def test_live_rows_draw_todays_tokens_at_the_notebook_shapes(tiny, seed, monkeyp
 def test_live_rows_draw_the_dynamic_cache_loops_tokens(tiny):
     """The lever against the reference, the body's module forward over a DynamicCache (lean=False)."""
     model, tok = tiny
-    ids, mask = bench._cpu_prompts("tiny", model, tok, 64)
+    ids, mask = bench_sampling.cpu_prompts("tiny", model, tok, 64)
     stop = rollout.stop_ids(tok, model)
     ga, gb = torch.Generator().manual_seed(1), torch.Generator().manual_seed(1)
     a = sampler.generate(model, ids, mask, 96, 1.0, stop, tok.pad_token_id, generator=ga, lean=False,
@@ -93,7 +93,7 @@ def test_guard_falls_back_when_the_probe_reports_a_mismatch(monkeypatch):
     """A probe that finds other floats on fewer rows: no row count is trusted, every op keeps all rows
     (only the attention leaves stopped rows out, as before the lever), the same tokens."""
     model, tok = policy.load_policy("data/policies/tiny-m", dtype="float64")
-    ids, mask = bench._cpu_prompts("tiny", model, tok, 64)
+    ids, mask = bench_sampling.cpu_prompts("tiny", model, tok, 64)
     stop = rollout.stop_ids(tok, model)
     probed = []
     monkeypatch.setattr(decode_lean, "_STABLE_ROWS", {})
@@ -114,7 +114,7 @@ def test_rows_round_up_to_the_counts_the_probe_accepts(monkeypatch):
     """A CPU whose kernels keep rows only in blocks of 8 (say): the step narrows to multiples of 8 only,
     the same tokens."""
     model, tok = policy.load_policy("data/policies/tiny-m", dtype="float32")
-    ids, mask = bench._cpu_prompts("tiny", model, tok, 64)
+    ids, mask = bench_sampling.cpu_prompts("tiny", model, tok, 64)
     stop = rollout.stop_ids(tok, model)
     monkeypatch.setattr(decode_lean, "_STABLE_ROWS", {})
     monkeypatch.setattr(decode_lean, "rows_probe", lambda m, B, r: r % 8 == 0)
@@ -159,7 +159,7 @@ def test_narrowed_step_gives_the_probes_verdict(tiny):
     step's bit for bit (rendered prompts, an attention mask)."""
     from transformers import DynamicCache
     model, tok = tiny
-    ids, mask = bench._cpu_prompts("tiny", model, tok, 16)
+    ids, mask = bench_sampling.cpu_prompts("tiny", model, tok, 16)
     B, P = ids.shape
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
     toks = torch.randint(3, 50, (B, 6), generator=torch.Generator().manual_seed(2))

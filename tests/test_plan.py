@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 
-from cancellation import execute, plan, policy, profiles, resolve, run, scale, standins
+from cancellation import execute, measured, plan, policy, profiles, resolve, run, scale, standins
 from test_run import _readme_command, standin_paths  # noqa: F401 - the fixture
 
 # Qwen3-0.6B's hub config.json (the values that shape the model)
@@ -74,7 +74,7 @@ def test_plan_paper_runs_nothing_and_names_the_missing_measurement(standin_paths
     for path, standin in {"/models/Qwen3-1.7B-Base": str(qwen3_06b), "/data/dapo-math-17k.parquet":
                           standin_paths["dapo"], "/data/math500.jsonl": standin_paths["math500"]}.items():
         cmd = cmd.replace(path, standin)
-    monkeypatch.setattr(plan, "SCALE_DIR", tmp_path)   # no GPU measurement recorded, whatever this machine is
+    monkeypatch.setattr(measured, "SCALE_DIR", tmp_path)   # no GPU measurement recorded, whatever this machine is
     before = {p: p.stat().st_mtime_ns for p in (profiles.ROOT / "data" / "results").rglob("*") if p.is_file()}
     assert run.main(shlex.split(cmd)[3:] + ["--plan"]) is None
     out = capsys.readouterr().out
@@ -128,12 +128,12 @@ def check_plan_time(nb: str, first: float, rerun) -> None:
     path = profiles.find_notebook(nb)
     pl = plan.make(path.stem, resolve.resolve_params(path, "paper-smoke"))
     assert pl.kind == "cpu" and pl.seconds is not None
-    pace = scale.time_start("cpu") / plan.load_units("cpu")["units"]["start"]["seconds"]
+    pace = scale.time_start("cpu") / measured.load_units("cpu")["units"]["start"]["seconds"]
     expected = pl.seconds * pace
-    measured = [first]
-    if not expected / 2 <= measured[-1] <= 2 * expected:
-        measured.append(rerun())
-    assert expected / 2 <= measured[-1] <= 2 * expected, (measured, pl.seconds, pace, pl.by_block)
+    runs = [first]
+    if not expected / 2 <= runs[-1] <= 2 * expected:
+        runs.append(rerun())
+    assert expected / 2 <= runs[-1] <= 2 * expected, (runs, pl.seconds, pace, pl.by_block)
 
 
 def timed_fresh_run(nb: str, root) -> float:
@@ -208,7 +208,7 @@ def test_unknown_device_kind_exits_2_listing_the_known_kinds(capsys):
     err = capsys.readouterr().err
     assert e.value.code == 2 and err.count("error: ") == 1
     assert "unknown device kind 'nvidia-a100'" in err and "data/scale/nvidia-a100.json" in err
-    assert f"known kinds: {', '.join(plan.known_kinds())}" in err and "cpu" in err and H100 in err
+    assert f"known kinds: {', '.join(measured.known_kinds())}" in err and "cpu" in err and H100 in err
 
 
 @pytest.mark.parametrize("argv, what", [(["--device-kind", H100], "--device-kind"), (["--procs", "2", "--cores", "2"], "--procs")])
@@ -220,7 +220,7 @@ def test_device_kind_and_procs_plan_only(argv, what, capsys):
 
 def test_plan_for_another_device_kind_from_this_host():
     """The H100's unit costs and total memory (recorded in its scale file), whatever this host is."""
-    units = plan.load_units(H100)
+    units = measured.load_units(H100)
     assert units["total_memory"] > 79 * 2 ** 30
     p = resolve.resolve_params(profiles.find_notebook("04"), "paper-quick")
     pl = plan.make("04_category_shift", p, kind=H100)
@@ -237,7 +237,7 @@ def test_procs_divide_only_the_splittable_work():
     many = {n: plan.make("06_sampling_budget", p, kind=H100, procs=n).proc_seconds for n in (2, 8, 10 ** 6)}
     assert one.seconds > many[2] > many[8] > many[10 ** 6]
     # with a process per unit, each part costs one unit's share; the rest (start, the base batch) in full
-    units = plan.load_units(H100)["units"]
+    units = measured.load_units(H100)["units"]
     part = sum(sum(plan._block_seconds(x["blocks"], one.shape, units).values()) for x in one.work.parts)
     per_unit = sum(sum(plan._block_seconds(x["blocks"], one.shape, units).values()) / x["units"]
                    for x in one.work.parts)

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from cancellation import plan, profiles, resolve, run
+from cancellation import measured, plan, profiles, resolve, run
 
 H100, H200 = "nvidia-h100-80gb-hbm3", "nvidia-h200"
 GiB = 2 ** 30
@@ -52,7 +52,7 @@ def test_cuda_contexts_per_process_on_gpu_0():
     assert seven.card == {"cuda_contexts": 3 * c} and "(the kernel, rank 0, its isolated child)" in "\n".join(seven.lines())
     assert _plan("05_value_gap", profile="tiny", kind=None, procs=8).card == {}      # CPU ranks
     # a measured context (a scale file's cuda_context_bytes) replaces the estimate
-    units = dict(plan.load_units(H100), cuda_context_bytes=3 * 2 ** 28)
+    units = dict(measured.load_units(H100), cuda_context_bytes=3 * 2 ** 28)
     p = plan.make("05_value_gap", _params("05"), kind=H100, units=units, procs=8)
     assert p.card["cuda_contexts"] == 2 * 3 * 2 ** 28 and f"measured on {H100}" in "\n".join(p.lines())
 
@@ -77,7 +77,7 @@ def test_fan_outs_launch_load_and_engine_per_process():
     vLLM engine start (a stated 60 s); measured units replace each; one process pays none."""
     P = _params("05")
     one, eight = _plan("05_value_gap"), _plan("05_value_gap", procs=8)
-    u = plan.load_units(H100)
+    u = measured.load_units(H100)
     calls = len(P["estimators"]) + 1 + (1 if P["heldout_per_cell"] else 0)
     each = u["units"]["start"]["seconds"] + eight.shape.params * 4 / 1e9 + 60.0
     closed = plan.seconds_per_process(eight.work, eight.shape, u, 8, eight.stem)
@@ -107,7 +107,7 @@ def _report(d, kind: str, date: str, stem: str, seconds: float, gib: float, plan
     f = d / f"gpucheck-{kind}-{date}.json"
     f.write_text(json.dumps({"device": {"kind": kind}, "steps": [{"step": "pytest", "rc": 0},
                                                                 {"step": f"dry-{stem[:2]}", "measured": row}]}))
-    plan.dry_runs.cache_clear()
+    measured.dry_runs.cache_clear()
     return f
 
 
@@ -145,7 +145,7 @@ def test_a_measured_factor_moves_the_plan_by_exactly_that_factor(tmp_path):
     assert half.factor["memory"] == pytest.approx(1.5) and half.factor["seconds"] == 1.0
     assert half.seconds == pytest.approx(base.seconds) and "measured above plan: memory x1.50, carried" in \
         "\n".join(half.lines())
-    plan.dry_runs.cache_clear()
+    measured.dry_runs.cache_clear()
 
 
 def test_the_committed_h200_dry_runs_carry_their_factors():

@@ -23,7 +23,7 @@ def _prompts(tok, n=6, G=2):
     """Rendered arithmetic prompts of unequal lengths (left-padded), G rollouts each."""
     source = sources.ProblemSource()
     seqs = rollout.encode_prompts(tok, [source.render(p, tok) for p in source.draw(n, 0)])
-    ids, mask = rollout._left_pad(seqs, tok.pad_token_id)
+    ids, mask = rollout.left_pad(seqs, tok.pad_token_id)
     assert n == 1 or (mask == 0).any()   # some rows are padded: the transformers path must read the mask
     return ids.repeat_interleave(G, 0), mask.repeat_interleave(G, 0)
 
@@ -196,7 +196,7 @@ def test_auto_is_ours_where_a_shape_was_not_measured(card, capsys):
     h200 = json.loads((sampling_path.ROOT / "data/scale/measured/gpucheck-nvidia-h200-2026-11-26.json").read_text())
     assert sampling_path.choose(h200, _calls(40))["path"] == "ours"
     assert sampling_path.choose(None, _calls(40))["why"] == "no gpu-check report of this device kind"
-    assert sampling_path.parse_shape("64 x 512") == (64, 512, 64)      # the old rows: bench.sampler's 64-token prompts
+    assert sampling_path.parse_shape("64 x 512") == (64, 512, 64)      # the old rows: bench_sampling.sampler's 64-token prompts
     assert sampling_path.parse_shape("32 x 1024, prompt 512") == (32, 1024, 512)
 
 

@@ -28,7 +28,7 @@ OLD = {  # purpose -> the expression each call site held before seeds.py
     "topk_candidates": lambda s, i: s + 1,                # fig03.topk_table
     "balanced_gap": lambda s, i: s + 1,                   # value.sign_gaps
     "tiny_eval": lambda s, i: s + i,                      # tiny.pretrain
-    "thesis_random_mask": lambda s, i: s * 1000 + 17 + i,  # fig04._thesis_updates (s: the batch seed)
+    "thesis_random_mask": lambda s, i: s * 1000 + 17 + i,  # fig04.thesis_updates (s: the batch seed)
     "thesis_fo_tokens": lambda s, i: s * 1000 + 43,       # fig04._first_order
     "thesis_null": lambda s, i: s * 1000 + 53,            # the sign-shuffle null (bench thesis_null)
 }

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from cancellation import claims as C
-from cancellation import coupling, grpo, measure, thesis
+from cancellation import coupling, grpo, measure, thesis, thesis_null
 from cancellation.compute import Compute
 
 KNOBS = Compute()   # the default memory knobs, passed whole to every model call
@@ -435,12 +435,12 @@ def test_null_values_are_the_real_statistics_of_each_shuffle_by_loops():
     on the table whose signs and Δ are shuffle s's, for every definition (ids, context k = 1..4, state), view of the
     shared class and pool; shuffle 0 is the real signs."""
     t = _tokens(seed=4, vocab=3, L=5, K=2)
-    nc = thesis.null_cells(t, 2, [0.5])
-    V = thesis.null_values(nc)
+    nc = thesis_null.null_cells(t, 2, [0.5])
+    V = thesis_null.null_values(nc)
     checked = 0
     for s in (0, 1, 2):
         u = t if s == 0 else _as_real(t, s)
-        for defn, k in thesis.NULL_DEFNS:
+        for defn, k in thesis_null.NULL_DEFNS:
             c = thesis.cells(u, [0.5], max(k, 1))
             cdefn = defn if defn != "context" else "context"
             for r in V[(V.shuffle == s) & (V.defn == defn) & (V.k == k)].itertuples():
@@ -457,7 +457,7 @@ def test_null_bands_p_values_by_a_loop():
         for pool in ("pos", "neg"):
             rows.append(dict(defn="ids", k=0, states="all", pool=pool, statistic="contrast", shuffle=s,
                              value=float(rng.normal()) if s else (-3.0 if pool == "pos" else -0.2)))
-    B = thesis.null_bands(pd.DataFrame(rows)).set_index("pool")
+    B = thesis_null.null_bands(pd.DataFrame(rows)).set_index("pool")
     for pool, side in (("pos", -1), ("neg", 1)):
         real = B.loc[pool, "real"]
         null = [r["value"] for r in rows if r["pool"] == pool and r["shuffle"] > 0]

@@ -36,7 +36,7 @@ imports and was fastest at every shape; else transformers'; `default_cuda_sample
 newest other report of a kind), and what `hf_sampler: auto` resolves to per notebook on this kind
 (`sampling_path.choose`: end to end at the notebook's shapes and call counts, first calls included).
 
-Writes one JSON and one markdown report, `<out>/gpucheck-<kind>-<date>.{json,md}` (default out:
+Writes one JSON and one markdown report (`gpureport`), `<out>/gpucheck-<kind>-<date>.{json,md}` (default out:
 data/scale/measured/). Without a CUDA device it prints one line and exits 2.
 
 On a bare GPU machine (its own torch, no .venv, no network): `make gpu-check PY=python3`, or from the
@@ -55,8 +55,8 @@ import sys
 import time
 from pathlib import Path
 
-from . import manifest, profiles
-from .sampling_path import OURS, STATIC, choose, choose_sampler, default_cuda_sampler, sampler_rows, shape_label
+from . import gpureport, manifest, profiles
+from .sampling_path import OURS, STATIC, default_cuda_sampler, shape_label
 from .shapes import device_kind
 
 # Only the standard library and stdlib-only modules of ours above (`profiles` imports pyyaml on its first read): on
@@ -194,11 +194,11 @@ def est_dry(nb: str) -> int:
     return f.dry_seconds if f is not None and f.dry_seconds else EST["dry"]
 
 
-# bench.sampler's part of the sampler step: transformers' dynamic-cache generate only at 256 x 256 (at 64 x 512 it
+# bench_sampling.sampler's part of the sampler step: transformers' dynamic-cache generate only at 256 x 256 (at 64 x 512 it
 # takes 76 s of an H100's time); static cache + compile not at its 64 x 512 (it was timed there on the H200,
 # 2026-11-26): `sampler_at` times it, and ours, at the notebooks' own shapes instead
 SAMPLER_KW = dict(dynamic="256x256", compile=False)
-SAMPLER_DIMS = ((64, 512), (256, 256))   # bench.sampler's shapes on a GPU: rows x new tokens after 64-token prompts
+SAMPLER_DIMS = ((64, 512), (256, 256))   # bench_sampling.sampler's shapes on a GPU: rows x new tokens after 64-token prompts
 # The sampler step's seconds for the notebooks' shapes (`sampler_at`): it starts no new shape past them
 # (the first is always timed); one shape of 32 x 1,024 is about 100 s on an H200 (both ways, compile included)
 SAMPLER_NOTEBOOKS_S = 120
@@ -247,7 +247,7 @@ def sampler_at(dims, device: str = "cuda", budget_s: float = SAMPLER_NOTEBOOKS_S
     notebooks' own call, `decode_hf.generate_transformers`) at each (rows, new tokens, prompt tokens) of `dims`: Qwen3-1.7B's shape, bfloat16, random weights and
     prompts, no stop ids (every row to the cap). Each way's first call (capture or compile, and the call) and
     its second (steady tokens/s). Starts no new shape after `budget_s` (the first always runs). Returns
-    bench.sampler's rows: [(shape 'rows x new, prompt P', way, tokens/s, first call s)]."""
+    bench_sampling.sampler's rows: [(shape 'rows x new, prompt P', way, tokens/s, first call s)]."""
     import torch
 
     from . import scale, sampler
@@ -271,8 +271,8 @@ def sampler_at(dims, device: str = "cuda", budget_s: float = SAMPLER_NOTEBOOKS_S
                 STATIC: lambda: sampler.generate(model, ids, mask, new, 1.0, [-1], 0, generator=g, path="transformers",
                                                  token_chunk=chunk)}
         for way, fn in ways.items():
-            first = scale._timed(fn, device)[0]
-            steady = scale._timed(fn, device)[0]
+            first = scale.timed(fn, device)[0]
+            steady = scale.timed(fn, device)[0]
             out.append((shape_label(rows, new, prompt), way, rows * new / steady, first))
             print(f"  {shape_label(rows, new, prompt)}  {way}: {rows * new / steady:,.0f} tokens/s (first call "
                   f"{first:.1f} s)", flush=True)
@@ -281,12 +281,12 @@ def sampler_at(dims, device: str = "cuda", budget_s: float = SAMPLER_NOTEBOOKS_S
 
 
 def sampler_step() -> dict:
-    """The sampler step: bench.sampler's table (SAMPLER_KW) and ours beside transformers' static cache + compile
+    """The sampler step: bench_sampling.sampler's table (SAMPLER_KW) and ours beside transformers' static cache + compile
     at the notebooks' own shapes (`notebook_shapes` of DRY_PROFILE, `measure_dims`, `sampler_at`). Returns
-    {"rows": bench.sampler's rows and sampler_at's, "notebooks": notebook_shapes()} ("notebooks_error": why
+    {"rows": bench_sampling.sampler's rows and sampler_at's, "notebooks": notebook_shapes()} ("notebooks_error": why
     there are none)."""
-    from . import bench
-    rows = [tuple(r) for r in bench.sampler(**SAMPLER_KW)]
+    from . import bench_sampling
+    rows = [tuple(r) for r in bench_sampling.sampler(**SAMPLER_KW)]
     try:
         shapes, err = notebook_shapes(), None
     except Exception as e:   # noqa: BLE001 - the table above still counts
@@ -313,10 +313,10 @@ BENCH_VLLM_SHARE = 0.5
 
 def sampler_vllm(model: str = SHAPE, dims=SAMPLER_DIMS, dtype: str = "bfloat16", prompt: int = 64,
                  device: str = "cuda", share: float = BENCH_VLLM_SHARE) -> dict:
-    """vLLM's tokens/s beside `bench.sampler`'s: the same random prompts (64 tokens, drawn as bench.sampler draws
+    """vLLM's tokens/s beside `bench_sampling.sampler`'s: the same random prompts (64 tokens, drawn as bench_sampling.sampler draws
     them), rows x new tokens, dtype and sampling law (temperature 1, no top-p / top-k, no stop ids, every row to
     the cap). The engine holds dummy (random) weights of `model`'s config.json and no tokenizer (token ids in).
-    Returns {"rows": [(shape, way, tokens/s, first call s)], "engine_start_s"} as bench.sampler's rows (tokens/s
+    Returns {"rows": [(shape, way, tokens/s, first call s)], "engine_start_s"} as bench_sampling.sampler's rows (tokens/s
     over the tokens returned, the second call), or {"error": "<why vllm does not import>"}."""
     import torch
 
@@ -378,7 +378,7 @@ def profile_decode(rows: int = 64, prompt: int = 64, new: int = 32, top: int = 1
     cuda = device.startswith("cuda")
     if cuda:
         run(True)                        # capture once
-    t = scale._best(lambda: run(cuda), device, reps=3)
+    t = scale.best_time(lambda: run(cuda), device, reps=3)
     run(False)
     with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
         run(False)
@@ -554,16 +554,16 @@ def run_check(budget: float, out: Path, notebooks: list[str], skip: set[str], t0
         elif name == "sampler":
             r = _json_step(name, "gpucheck.sampler_step()", out / f".{kind}.sampler.json", limit)
             got = r.pop("json", None)
-            if isinstance(got, dict):   # bench.sampler's rows and the notebooks' shapes (sampler_step)
-                r["rows"] = _rows(got.get("rows") or [])
+            if isinstance(got, dict):   # bench_sampling.sampler's rows and the notebooks' shapes (sampler_step)
+                r["rows"] = gpureport.rows(got.get("rows") or [])
                 r.update({k: got[k] for k in ("notebooks", "notebooks_error") if k in got})
             elif got is not None:
-                r["rows"] = _rows(got)
+                r["rows"] = gpureport.rows(got)
         elif name == "vllm":
             r = _json_step(name, "gpucheck.sampler_vllm()", out / f".{kind}.vllm.json", limit)
             got = r.pop("json", None) or {}
             if got.get("rows"):
-                r["rows"], r["engine_start_s"] = _rows(got["rows"]), got.get("engine_start_s")
+                r["rows"], r["engine_start_s"] = gpureport.rows(got["rows"]), got.get("engine_start_s")
             if got.get("error"):
                 r["error"] = f"vllm: not importable ({got['error']})"
         elif name == "profile":
@@ -603,135 +603,10 @@ def run_check(budget: float, out: Path, notebooks: list[str], skip: set[str], t0
     return report
 
 
-def _rows(raw) -> list[dict]:
-    """bench.sampler's (shape, way, tokens/s, first call s) tuples as the report's rows (NaN first call: None)."""
-    return [dict(shape=d, way=w, tokens_per_s=t, first_call_s=None if f is None or f != f else f) for d, w, t, f in raw]
-
-
 def _write(stem: Path, dev: dict, budget: float, spent: float, steps: list[dict]) -> dict:
-    report = dict(device=dev, budget_s=budget, spent_s=round(spent, 1), dry_profile=DRY_PROFILE, dry_sizes=DRY_SIZES,
-                  dry_per_notebook=dry_per_notebook(), steps=steps)
-    if sampler_rows(report):
-        report["sampler_choice"] = choose_sampler(report)
-    nbs = next((s.get("notebooks") for s in steps if s.get("step") == "sampler" and s.get("notebooks")), None)
-    if nbs:   # what `hf_sampler: auto` resolves to per notebook on this kind from this report (sampling_path.choose)
-        report["sampler_auto"] = {nb: {**choose(report, v["calls"]), "backend": v["backend"]} for nb, v in nbs.items()}
-    report["sampler_choice_committed"] = default_cuda_sampler(dev["kind"], exclude=stem.with_suffix(".json"))
-    tmp = stem.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(report, indent=1, default=str) + "\n")
-    tmp.replace(stem.with_suffix(".json"))
-    stem.with_suffix(".md").write_text(markdown(report))
-    return report
-
-
-def markdown(report: dict) -> str:
-    """The report as markdown: one status table, then each step's numbers."""
-    d = report["device"]
-    lines = [f"# gpu-check, {d['date']}: {d['name']} ({d['kind']}, {d['memory_gib']} GiB), torch {d['torch']}",
-             "", f"Budget {report['budget_s']:.0f} s, spent {report['spent_s']:.0f} s. "
-             "Written by `python -m cancellation.gpucheck` (`make gpu-check`).", "",
-             *([f"Calls: {'; '.join(report['calls'])}.", ""] if report.get("calls") else []),
-             *(["**The machine:** driver " + str(d.get("driver")) + f", CUDA {d.get('cuda')}, Python {d.get('python')}; "
-                + ", ".join(f"{k} {v['version'] or 'absent'}" + ("" if v["importable"] or not v["version"] else
-                                                                 " (does not import)")
-                            for k, v in d["packages"].items()), ""] if d.get("packages") else []),
-             "| step | status | seconds |", "|---|---|---|"]
-    for s in report["steps"]:
-        status = f"skipped ({s['skipped']})" if "skipped" in s else ("ok" if s["rc"] == 0 else
-                                                                     "timed out" if s["rc"] == 124 else f"failed (rc {s['rc']})")
-        lines.append(f"| {s['step']} | {status} | {s.get('seconds', '')} |")
-    for s in report["steps"]:
-        if s.get("step") == "pytest" and "output_tail" in s:
-            last = [x for x in s["output_tail"].splitlines() if x.strip()][-1:] or [""]
-            lines += ["", f"**pytest -m gpu:** {last[0]}"]
-        if s.get("step") in ("sampler", "vllm") and not any(x.startswith("**Sampler,") for x in lines) and (
-                sampler_rows(report) or s.get("step") == "vllm"):   # one table: both steps' rows, or why vllm has none
-            lines += ["", *_sampler_table(report)]
-        if s.get("profile"):
-            pr = s["profile"]
-            lines += ["", f"**One decode step, {pr['rows']} rows, prompt {pr['prompt']}, {pr['new']} new tokens** "
-                      f"(captured graph {pr['captured_ms_per_step']:.2f} ms/step = {pr['tokens_per_s_captured']:,.0f} "
-                      f"tokens/s; the same step eagerly: {pr['eager_cuda_ms_per_step']:.2f} ms of kernels/step):", "",
-                      "| kernel | calls | ms per step | share |", "|---|---|---|---|"]
-            for k in pr["kernels"]:
-                lines.append(f"| `{k['name']}` | {k['calls']} | {k['ms']:.3f} | {100 * k['share']:.1f}% |")
-        if s.get("units"):
-            u = s["units"]
-            lines += ["", f"**Unit costs at Qwen3-1.7B's shape** (`{s.get('file', '')}`):", "",
-                      "| block | s per 1k parameter-tokens x 1e9 params | s per call |", "|---|---|---|"]
-            for k, v in u.items():
-                if "s_per_param_token" in v:
-                    lines.append(f"| {k} | {v['s_per_param_token'] * 1e12:.3g} | {v['s_per_call']:.3g} |")
-            if "start" in u:
-                lines.append(f"| notebook start | | {u['start']['seconds']:.1f} |")
-        if s.get("trim"):
-            lines += ["", "**trim_padding at Qwen3-1.7B's shape**, float32, random weights, responses stopping at lengths "
-                      "spread from 1/8 of the cap to the cap (`scale.trim_probe`):", "",
-                      "| block | rows x columns | chunk_rows | positions run | full (s) | trimmed (s) | speed-up | max abs diff |",
-                      "|---|---|---|---|---|---|---|---|"]
-            for r in s["trim"]:
-                lines.append(f"| {r['block']} | {r['rows']} x {r['columns']} | {r['chunk_rows']} | "
-                             f"{r['positions_share']:.0%} | {r['seconds_full']:.2f} | {r['seconds_trim']:.2f} | "
-                             f"{r['speedup']:.2f}x | {r['max_abs_diff']:.1e} |")
-    dry = [s for s in report["steps"] if s.get("step", "").startswith("dry-")]
-    if dry:
-        sizes = ", ".join(f"{k} {v}" for k, v in report.get("dry_sizes", DRY_SIZES).items()
-                          if k not in ("model_path", "device"))
-        extra = "; ".join(f"{nb}: " + ", ".join(f"{k} {v}" for k, v in kv.items())
-                          for nb, kv in report.get("dry_per_notebook", dry_per_notebook()).items())
-        lines += ["", f"**Dry runs at Qwen3-1.7B's shape** (`--dry-run`, profile {report.get('dry_profile', 'paper-vocab')}, "
-                  f"{sizes}; {extra}):", "",
-                  "| notebook | backend | measured: time, peak GPU | planned: time, peak | measured / planned |",
-                  "|---|---|---|---|---|"]
-        for s in dry:
-            m = s.get("measured")
-            back = s.get("backend", "") + (f" ({s['fallback']})" if s.get("fallback") else "")
-            if not m:
-                why = s.get("skipped") or f"rc {s.get('rc')}"
-                lines.append(f"| {s['step'][4:]} | {back} | not measured ({why}) | | |")
-                continue
-            p = m.get("planned") or {}
-            t, g = m["measured_seconds"], m.get("peak_cuda_gib") or float("nan")
-            pt, pg = p.get("predicted_seconds"), p.get("peak_gib")
-            ratio = f"{t / pt:.2f}x, {g / pg:.2f}x" if pt and pg else ""
-            lines.append(f"| {m['notebook']} | {back} | {t:.0f} s, {g:.1f} GiB | "
-                         + (f"{pt:.0f} s, {pg:.1f} GiB" if pt and pg else "no plan") + f" | {ratio} |")
-    for key, where in (("sampler_choice", "this run's numbers"), ("sampler_choice_committed", None)):
-        c = report.get(key)
-        if c:
-            src = where or (f"the newest other report of this kind (`{c['report']}`)" if c.get("report") else
-                            "no other report of this kind")
-            lines += ["", f"**Default CUDA sampling path from {src}:** {c['path']} ({c['why']})."]
-    if report.get("sampler_auto"):   # the choice `hf_sampler: auto` makes: end to end, per notebook
-        lines += ["", f"**`hf_sampler: auto` per notebook, end to end at its {report.get('dry_profile', DRY_PROFILE)} "
-                  "shapes and call counts** (first calls included; `sampling_path.choose`; the steady-state line "
-                  "above is tokens/s only):", "", "| notebook | backend | hf path | why |", "|---|---|---|---|"]
-        for nb, c in report["sampler_auto"].items():
-            lines.append(f"| {nb} | {c.get('backend', '')} | {c['path']} | {c['why']} |")
-    return "\n".join(lines) + "\n"
-
-
-def _sampler_table(report: dict) -> list[str]:
-    """The sampler table: the sampler step's rows and the vllm step's, by shape, each beside its shape's
-    weight-read limit; a vllm step that measured nothing as one row saying why."""
-    rows = sampler_rows(report)
-    limit = {r["shape"]: r["tokens_per_s"] for r in rows if r["way"] == "weight-read limit"}
-    lines = ["**Sampler, Qwen3-1.7B shape, bfloat16, random weights, no stop ids** (`bench sampler`; vLLM: "
-             "`gpucheck.sampler_vllm`, the same prompts and sizes):", "",
-             "| rows x new | way | tokens/s | first call (s) | of the weight-read limit |", "|---|---|---|---|---|"]
-    shapes = list(dict.fromkeys(r["shape"] for r in rows))
-    for sh in shapes:
-        mine = [r for r in rows if r["shape"] == sh]
-        for r in sorted(mine, key=lambda r: r["way"] == "weight-read limit"):
-            f = "" if r["first_call_s"] is None else f"{r['first_call_s']:.1f}"
-            share = "" if r["way"] == "weight-read limit" or sh not in limit else \
-                f"{100 * r['tokens_per_s'] / limit[sh]:.1f}%"
-            lines.append(f"| {r['shape']} | {r['way']} | {r['tokens_per_s']:,.0f} | {f} | {share} |")
-    v = next((s for s in report.get("steps", []) if s.get("step") == "vllm"), None)
-    if v is not None and not v.get("rows"):
-        why = v.get("skipped") or v.get("error") or ("timed out" if v.get("rc") == 124 else f"failed (rc {v.get('rc')})")
-        lines.append(f"| {', '.join(shapes)} | {why if why.startswith('vllm') else 'vllm: ' + why} | | | |")
-    return lines
+    """The report so far (`gpureport.write`: <stem>.json and <stem>.md)."""
+    return gpureport.write(stem, dict(device=dev, budget_s=budget, spent_s=round(spent, 1), dry_profile=DRY_PROFILE,
+                                      dry_sizes=DRY_SIZES, dry_per_notebook=dry_per_notebook(), steps=steps))
 
 
 def main(argv=None):

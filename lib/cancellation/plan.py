@@ -20,17 +20,15 @@ On CUDA the peak is what the first GPU holds (`card_terms`): beside those terms,
 it (the kernel's; with --procs N rank 0's, and its isolated child's), and rank 0's float policy beside its
 sampler. With --procs N each process's time adds every fan-out's launch, model load and vLLM engine start
 (`fan_out_seconds`). A notebook whose newest committed dry run on this device kind (data/scale/measured/)
-measured above its plan carries that factor (`measured_factor`) until a newer dry run replaces it.
+measured above its plan carries that factor (`measured.measured_factor`) until a newer dry run replaces it.
 
 `check(plans, device)` turns a plan over the device's memory into one error line naming the
 knob to turn; the runner refuses to start on it (exit 2) unless --no-plan-check.
 """
 from __future__ import annotations
 
-import functools
 import json
 import os
-import re
 import subprocess
 import sys
 import threading
@@ -38,7 +36,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import manifest, sources, tasks
+from . import manifest, measured, sources, tasks
 from . import workload as W
 from .policy import TOKENIZER_FILES, load_tokenizer
 from .procs import BUILT, FAN_OUTS, ISOLATED, POLICY_RANKS, WHOLE_RUNS
@@ -49,7 +47,6 @@ from .standins import build_tokenizer
 from .workload import BYTES, Sizes, Work, ceil
 
 ROOT = Path(__file__).resolve().parents[2]
-SCALE_DIR = ROOT / "data" / "scale"
 GiB = 2 ** 30
 
 
@@ -259,25 +256,6 @@ def memory(P, shape: Shape, w: Work, device_total: int | None = None) -> dict:
     return terms
 
 
-# ----------------------------------------------------------------------------- units and devices
-def load_units(kind: str, scale_dir: Path | None = None) -> dict | None:
-    f = Path(scale_dir or SCALE_DIR) / f"{kind}.json"
-    return json.loads(f.read_text()) if f.is_file() else None
-
-
-def known_kinds(scale_dir: Path | None = None) -> list[str]:
-    """The device kinds with measured unit costs (data/scale/<kind>.json): what --device-kind takes."""
-    return sorted(p.stem for p in Path(scale_dir or SCALE_DIR).glob("*.json"))
-
-
-def kind_memory(kind: str, units: dict | None) -> int | None:
-    """Bytes a device of this kind has: its scale file's `total_memory` (a GPU's, recorded where it was
-    measured), else for 'cpu' this host's RAM; None when nothing says."""
-    if units and units.get("total_memory"):
-        return int(units["total_memory"])
-    return device_memory("cpu") if kind == "cpu" else None
-
-
 # A block a device kind's file has no measurement for (TRL's, measured on the CPU stand-ins only so far)
 # is timed with the unit of the block it stands in for, and the plan says so; one with no stand-in is
 # left out of the time, and the plan says that too (`unmeasured`): never a number typed here.
@@ -457,73 +435,6 @@ def fan_out_seconds(stem: str, P, w: Work, shape: Shape, units: dict, procs: int
     return calls * (c["launch"][0] + c["load"][0]) + engines * c.get("engine", (0.0, ""))[0]
 
 
-# ----------------------------------------------------------------------------- measured above plan
-MEASURED = "measured"   # under the scale directory: gpu-check's reports, gpucheck-<kind>-YYYY-MM-DD.json
-REPORT = re.compile(r"gpucheck-(.+)-(\d{4}-\d{2}-\d{2})\.json")
-
-
-def _tracked(where: Path) -> set | None:
-    """The files git tracks under `where` (None: git cannot tell, e.g. not a checkout)."""
-    try:
-        p = subprocess.run(["git", "ls-files", "--", "."], cwd=where, capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return {(where / x).resolve() for x in p.stdout.split()} if p.returncode == 0 else None
-
-
-def _records(doc) -> list[dict]:
-    """The dry-run rows of a gpu-check report: its dry-run steps' `measured` (the runner's --dry-run record)."""
-    steps = doc.get("steps") if isinstance(doc, dict) else None
-    rows = [s.get("measured") for s in steps if isinstance(s, dict)] if isinstance(steps, list) else []
-    return [r for r in rows if isinstance(r, dict) and isinstance(r.get("planned"), dict) and r.get("notebook")]
-
-
-@functools.lru_cache(maxsize=8)
-def dry_runs(where: Path) -> dict:
-    """(device kind, notebook) -> the newest committed gpu-check dry run of it under `where` (the dry-run steps of
-    data/scale/measured/gpucheck-<kind>-<date>.json, by the date in the name): its date, report, sizes and measured /
-    planned time and (on a GPU) peak memory, both against the plan's closed forms the report recorded. A report
-    git does not track there is left out (when git can tell): a factor lasts until a committed measurement replaces
-    it (sampling_path.newest_report, which picks the sampler, reads an uncommitted report too, and says so)."""
-    where = Path(where)
-    if not where.is_dir():
-        return {}
-    tracked = _tracked(where)
-    out = {}
-    for f in sorted(where.glob("gpucheck-*.json")):
-        name = REPORT.fullmatch(f.name)
-        if name is None or (tracked is not None and f.resolve() not in tracked):
-            continue
-        try:
-            rows = _records(json.loads(f.read_text()))
-        except (OSError, ValueError):
-            continue
-        date = name.group(2)
-        for r in rows:
-            pl = r["planned"]
-            kind = pl.get("device_kind")
-            t, pt = r.get("measured_seconds"), pl.get("predicted_seconds")
-            g, pg = r.get("peak_cuda_gib"), pl.get("peak_gib")
-            rec = dict(date=date, report=str(f.relative_to(ROOT)) if f.resolve().is_relative_to(ROOT) else str(f),
-                       sizes=r.get("overrides") or {},
-                       seconds=t / pt if t and pt else None, memory=g / pg if g and pg else None)
-            key = (kind, r["notebook"])
-            if key not in out or (date, rec["report"]) >= (out[key]["date"], out[key]["report"]):
-                out[key] = rec
-    return out
-
-
-def measured_factor(stem: str, kind: str, where: Path | None = None) -> dict | None:
-    """The factors a plan of `stem` on `kind` carries: its newest committed dry run's measured / planned time and
-    memory where above 1 (1.0 where at or below: the plan held), with the report and its date; None when no dry
-    run of it on this kind was committed, or none measured above plan."""
-    rec = dry_runs(Path(where) if where is not None else SCALE_DIR / MEASURED).get((kind, stem))
-    if rec is None:
-        return None
-    f = dict(rec, memory=max(rec["memory"] or 1.0, 1.0), seconds=max(rec["seconds"] or 1.0, 1.0))
-    return f if f["memory"] > 1 or f["seconds"] > 1 else None
-
-
 # ----------------------------------------------------------------------------- a plan
 UNSCALED = ("vllm", "ranks")   # memory terms a measured factor leaves as they are (Plan.terms)
 
@@ -667,11 +578,11 @@ def make(stem: str, params: dict, root: Path = ROOT, scale_dir: Path | None = No
         kind = device_kind(device)
         total = total_memory if total_memory is not None else device_memory(device)
     else:
-        units = units if units is not None else load_units(kind, scale_dir)
+        units = units if units is not None else measured.load_units(kind, scale_dir)
         if units is None:
-            raise ValueError(f"unknown device kind {kind!r}: no {Path(scale_dir or SCALE_DIR) / (kind + '.json')}; known kinds: "
-                             f"{', '.join(known_kinds(scale_dir))}")
-        total = total_memory if total_memory is not None else kind_memory(kind, units)
+            raise ValueError(f"unknown device kind {kind!r}: no {Path(scale_dir or measured.SCALE_DIR) / (kind + '.json')}; known kinds: "
+                             f"{', '.join(measured.known_kinds(scale_dir))}")
+        total = total_memory if total_memory is not None else measured.kind_memory(kind, units)
     shape = shape_of(P.model_path, root)
     plan = Plan(stem, device, kind, shape, None, total_memory=total, procs=max(int(procs), 1), dtype=P.dtype)
     if shape is None:
@@ -684,11 +595,11 @@ def make(stem: str, params: dict, root: Path = ROOT, scale_dir: Path | None = No
     plan.mem = memory(P, shape, plan.work, plan.total_memory)
     if _fanned(stem, plan.work, plan.procs):
         plan.mem["ranks"] = rank_memory(P, shape, plan.mem, plan.procs, whole=stem in WHOLE_RUNS)
-    units = units if units is not None else load_units(kind, scale_dir)
+    units = units if units is not None else measured.load_units(kind, scale_dir)
     plan.context = context_bytes(units)
     plan.card = card_terms(P, shape, plan.work, plan.mem, plan.procs, stem, plan.context[0])
-    plan.factor = measured_factor(stem, kind, measured_dir if measured_dir is not None
-                                  else Path(scale_dir or SCALE_DIR) / MEASURED)
+    plan.factor = measured.measured_factor(stem, kind, measured_dir if measured_dir is not None
+                                           else Path(scale_dir or measured.SCALE_DIR) / measured.MEASURED)
     ft = plan.factor["seconds"] if plan.factor else 1.0
     if units is None:
         plan.why_no_time = (f"no measurement for this device kind ({kind}); run `python -m cancellation.scale "
@@ -763,7 +674,7 @@ if __name__ == "__main__":   # the runner's --plan, with its argument checks and
 
     _argv = sys.argv[1:]
     if not _argv or _argv[0] in ("-h", "--help") or "--help" in _argv or "-h" in _argv:
-        print(USAGE.format(kinds=", ".join(known_kinds()) or "none measured"))
+        print(USAGE.format(kinds=", ".join(measured.known_kinds()) or "none measured"))
         sys.exit(0)
     _nbs = ["all"] if _argv[0].startswith("-") else []
     sys.exit(subprocess.call([sys.executable, "-m", "cancellation.run", *_nbs, *_argv, "--plan"]))

@@ -191,7 +191,7 @@ def assemble(tokenizer, problems, prompt_ids, prompt_mask, new_tokens, G: int, v
     """
     verifier = verifier or tasks.verify
     stop = [tokenizer.eos_token_id] if stop is None else list(stop)
-    pad = _pad_id(tokenizer, stop)
+    pad = pad_token_id(tokenizer, stop)
     B, T = new_tokens.shape
     is_stop = torch.isin(new_tokens, torch.as_tensor(stop, dtype=torch.long))
     after_stop = (is_stop.cumsum(1) - is_stop.long()) > 0
@@ -208,7 +208,8 @@ def assemble(tokenizer, problems, prompt_ids, prompt_mask, new_tokens, G: int, v
                         reward=reward, advantage=group_advantages(reward, group), problems=list(problems), texts=texts)
 
 
-def _pad_id(tokenizer, stop) -> int:
+def pad_token_id(tokenizer, stop) -> int:
+    """The id that pads a batch: the tokenizer's pad token, else the first stop id."""
     return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stop[0]
 
 
@@ -218,7 +219,8 @@ def encode_prompts(tokenizer, texts) -> list[list[int]]:
     return [list(ids) for ids in tokenizer(list(texts), add_special_tokens=False)["input_ids"]]
 
 
-def _left_pad(seqs, pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+def left_pad(seqs, pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, attention mask) of token id lists left-padded with `pad` to the longest (the samplers' prompt layout)."""
     P = max(map(len, seqs))
     ids = torch.full((len(seqs), P), pad, dtype=torch.long)
     mask = torch.zeros((len(seqs), P), dtype=torch.long)
@@ -241,8 +243,8 @@ def sample(sampler, tokenizer, cfg: SampleConfig, problems=None, seed: int | Non
         raise ValueError("sample: no problems to sample from")
     prompts = encode_prompts(tokenizer, [cfg.source.render(p, tokenizer) for p in problems])
     stop = stop_ids(tokenizer, getattr(sampler, "hf_model", sampler))
-    pad = _pad_id(tokenizer, stop)
-    ids, mask = _left_pad(prompts, pad)
+    pad = pad_token_id(tokenizer, stop)
+    ids, mask = left_pad(prompts, pad)
     ids, mask = ids.repeat_interleave(cfg.G, 0), mask.repeat_interleave(cfg.G, 0)
     lengths = None
     if cfg.backend == "vllm":

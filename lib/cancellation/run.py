@@ -47,7 +47,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import cache, execute, procs, staging
+from . import cache, execute, measured, procs, staging
 from .dryrun import DRY_RUN_ENV
 from .execute import NotebookFailed, NotebookInterrupted
 from .pool import run_pool, segments
@@ -312,13 +312,12 @@ def _print_absent(lines: list[str]):
 
 def _plan_flags_error(a, co: Checkout | None = None) -> str | None:
     """--device-kind and --procs plan only; an unknown kind names the known ones."""
-    from cancellation import plan
     kind = getattr(a, "device_kind", None)
     if a.procs < 1:
         return f"--procs {a.procs}: expected a number of processes >= 1"
-    if kind is not None and kind not in plan.known_kinds():
-        return (f"unknown device kind {kind!r} (no {here(co).show(plan.SCALE_DIR / (kind + '.json'))}); known kinds: "
-                f"{', '.join(plan.known_kinds())} (measure one with `python -m cancellation.scale --device cuda "
+    if kind is not None and kind not in measured.known_kinds():
+        return (f"unknown device kind {kind!r} (no {here(co).show(measured.SCALE_DIR / (kind + '.json'))}); known kinds: "
+                f"{', '.join(measured.known_kinds())} (measure one with `python -m cancellation.scale --device cuda "
                 f"--out data/scale/<kind>.json` on it)")
     if not a.plan and kind is not None:
         return "--device-kind plans for a device other than this host's: use it with --plan"

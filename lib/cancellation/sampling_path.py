@@ -127,11 +127,11 @@ def default_cuda_sampler(kind: str, where: Path | None = None,
 # --------------------------------------------------------------------------- end to end, per notebook (issue 63, 7)
 WAYS = {"ours": OURS, "transformers": STATIC}   # the hf backend's paths -> the report's way (ours: a prefix)
 WHO = {"ours": "ours", "transformers": "transformers' static cache + compile"}
-BENCH_PROMPT = 64   # the prompt of a report row whose shape names none ("64 x 512": bench.sampler's 64 tokens)
+BENCH_PROMPT = 64   # the prompt of a report row whose shape names none ("64 x 512": bench_sampling.sampler's 64 tokens)
 
 
 def shape_label(rows: int, new: int, prompt: int | None = None) -> str:
-    """A sampling shape as a report row names it: 'rows x new' (bench.sampler's 64-token prompts) or
+    """A sampling shape as a report row names it: 'rows x new' (bench_sampling.sampler's 64-token prompts) or
     'rows x new, prompt P'."""
     return f"{rows} x {new}" + ("" if prompt is None else f", prompt {prompt}")
 

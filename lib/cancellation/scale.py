@@ -64,7 +64,7 @@ def synthetic_batch(n_prompts: int, G: int, prompt: int, response: int, vocab: i
                                 rollout.group_advantages(reward, group))
 
 
-def _timed(fn, device):
+def timed(fn, device):
     """(seconds, peak GiB allocated during fn, result)."""
     if device == "cuda":
         torch.cuda.synchronize()
@@ -108,7 +108,7 @@ def probe(shape: str, device: str = "cuda", n_prompts: int = 4, G: int = 8, prom
     stats = lambda: measure.token_stats(model, batch, cc)  # noqa: E731
     if "analysis" in steps:
         stats()
-        secs, peak, _ = _timed(stats, device)
+        secs, peak, _ = timed(stats, device)
         add("analysis_forward", secs, peak, n_tok)
     old = stats().logp if {"adam_full", "sgd_lm_head"} & set(steps) else None   # θ_old of the steps
     for name, cfg in (("adam_full", cc.update(optimizer="adam", lr=1e-6, scope="full")),
@@ -118,7 +118,7 @@ def probe(shape: str, device: str = "cuda", n_prompts: int = 4, G: int = 8, prom
         opt = grpo.make_optimizer(model, cfg)
         step = lambda opt=opt, cfg=cfg: grpo.grpo_step(model, batch, cfg, optimizer=opt, old_logp=old)
         step()                                    # warm-up (allocates Adam state)
-        secs, peak, _ = _timed(step, device)
+        secs, peak, _ = timed(step, device)
         add(f"grpo_step_{name}", secs, peak, n_tok)
         del opt
     if "sample" in steps:
@@ -132,7 +132,7 @@ def probe(shape: str, device: str = "cuda", n_prompts: int = 4, G: int = 8, prom
                                  token_chunk=cc.token_chunk, path="auto")  # noqa: E731
         with torch.no_grad():
             run(8)
-            secs, peak, out = _timed(lambda: run(sample_tokens), device)
+            secs, peak, out = timed(lambda: run(sample_tokens), device)
         add("hf_sample_bf16", secs, peak, out.numel(), rows=sample_rows)
     return rows
 
@@ -188,7 +188,7 @@ def trim_probe(shape: str = "qwen3-1.7b", device: str = "cuda", n_prompts: int =
                             lambda a, b: float((a - b).abs().max())),
                            ("grpo_step_sgd_full", step,
                             lambda a, b: max(float((x - y).abs().max()) for x, y in zip(a, b)))):
-        t_full, t_cut = _best(lambda: fn(full), device), _best(lambda: fn(cut), device)
+        t_full, t_cut = best_time(lambda: fn(full), device), best_time(lambda: fn(cut), device)
         d = diff(fn(full), fn(cut))
         rows.append(dict(shape=shape, device=device, block=name, rows=B, columns=L, chunk_rows=full.chunk_rows,
                          positions_share=positions / (B * L), seconds_full=t_full, seconds_trim=t_cut,
@@ -199,10 +199,10 @@ def trim_probe(shape: str = "qwen3-1.7b", device: str = "cuda", n_prompts: int =
     return rows
 
 
-def _best(fn, device, reps: int = 3) -> float:
+def best_time(fn, device, reps: int = 3) -> float:
     """The fastest of `reps` timed calls after one warm-up (the machine is shared: the minimum is the cost)."""
     fn()
-    return min(_timed(fn, device)[0] for _ in range(reps))
+    return min(timed(fn, device)[0] for _ in range(reps))
 
 
 def time_start(device: str) -> float:
@@ -269,13 +269,13 @@ def _time_blocks(model, z: dict, device: str, dtype: str, seed: int, only=None, 
         for b in batches:
             fn(b)
     for name, fn in blocks.items():
-        out[name] = [(_best(lambda: fn(b), device), z["rows"] * (z["prompt"] + r) * shape.body
+        out[name] = [(best_time(lambda: fn(b), device), z["rows"] * (z["prompt"] + r) * shape.body
                       + z["rows"] * r * shape.head, calls) for b, r in zip(batches, z["responses"])]
     if only is None:
         opt = torch.optim.Adam(model.parameters(), lr=0.0)  # touches every parameter and both moments per step
         for p in model.parameters():
             p.grad = torch.zeros_like(p)
-        out["adam_update"] = _best(opt.step, device, reps=3) / shape.params
+        out["adam_update"] = best_time(opt.step, device, reps=3) / shape.params
         del opt
         model.zero_grad(set_to_none=True)
     if only is None or "sample" in only:
@@ -284,7 +284,7 @@ def _time_blocks(model, z: dict, device: str, dtype: str, seed: int, only=None, 
         for rows in z["sample_rows"]:
             ids = batches[0].input_ids[:1, :z["prompt"]].repeat(rows, 1).to(device)
             with torch.no_grad():
-                t = _best(lambda: generate(sm, ids, torch.ones_like(ids), new, 1.0, [-1], 0, generator=gen,
+                t = best_time(lambda: generate(sm, ids, torch.ones_like(ids), new, 1.0, [-1], 0, generator=gen,
                                            token_chunk=tc, path="auto"), device)   # the notebooks' path here
             pts.append((t, rows * (z["prompt"] + new) * shape.body + rows * new * shape.head, new))
         out["sample"] = pts
@@ -298,7 +298,7 @@ def _time_blocks(model, z: dict, device: str, dtype: str, seed: int, only=None, 
         b = synthetic_batch(1, max(n // 64, 1), 1, 64, V, seed)
         f = coupling.features(model, b, cc.stats(model, b, hidden=True), vocab_chunk=z["vocab_chunk"])
         c = min(1024, len(f))
-        t = _best(lambda: coupling.kernel_matvec(f, f.A, chunk=c, vocab_chunk=z["vocab_chunk"]), device)
+        t = best_time(lambda: coupling.kernel_matvec(f, f.A, chunk=c, vocab_chunk=z["vocab_chunk"]), device)
         pts.append((t, len(f) ** 2 * V * (1 + 2 * shape.hidden / c), (-(-len(f) // c)) ** 2))
     out["kernel"] = pts
     return out
@@ -360,12 +360,12 @@ def _trl_points(model, batches, z, device, seed, shape, only) -> dict:
         return run
 
     if only is None or "trl_logp" in only:
-        out["trl_logp"] = [(_best(fused(b, False), device), len(b.input_ids) * b.input_ids.shape[1] * shape.body
+        out["trl_logp"] = [(best_time(fused(b, False), device), len(b.input_ids) * b.input_ids.shape[1] * shape.body
                             + head(b) * shape.head, -(-len(b.input_ids) // cr)) for b in batches]
     if only is None or "trl_step" in only:
         model.gradient_checkpointing_enable()
         model.train()
-        out["trl_step"] = [(_best(fused(b, True), device), len(b.input_ids) * b.input_ids.shape[1] * shape.body
+        out["trl_step"] = [(best_time(fused(b, True), device), len(b.input_ids) * b.input_ids.shape[1] * shape.body
                             + head(b) * shape.head, -(-len(b.input_ids) // cr)) for b in batches]
         model.gradient_checkpointing_disable()
         model.eval()
@@ -377,7 +377,7 @@ def _trl_points(model, batches, z, device, seed, shape, only) -> dict:
             ids = batches[0].input_ids[:1, :z["prompt"]].repeat(rows, 1).to(device)
             torch.manual_seed(seed)
             with torch.no_grad():
-                t = _best(lambda: model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
+                t = best_time(lambda: model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
                                                  generation_config=gc), device)
             pts.append((t, rows * (z["prompt"] + new) * shape.body + rows * new * shape.head, new))
         out["trl_generate"] = pts

@@ -41,7 +41,7 @@ from . import cache, extract, grader, grpo, measure, procs, seeds, stage, tasks
 from . import stats as _stats
 from .decode_static import generate_static
 from .guard import check_update, knob
-from .rollout import _left_pad, stop_ids
+from .rollout import left_pad, stop_ids
 from .sampler import load_sampler
 from .vllm_seam import sample_vllm_continuations
 
@@ -100,7 +100,7 @@ def sample_continuations(model, prefixes, M: int, budgets, eos_id, pad_id: int, 
     bans = bans if bans is not None else [None] * P
     dev = next(model.parameters()).device
     stop = [eos_id] if isinstance(eos_id, int) else list(eos_id)
-    ids, am = _left_pad([list(p) for p in prefixes], pad_id)
+    ids, am = left_pad([list(p) for p in prefixes], pad_id)
     T = max(budgets)
     # uniforms per prefix from its own generator: samples independent of the batch composition
     U = torch.stack([torch.rand(T, M, generator=torch.Generator(device=dev).manual_seed(s), dtype=torch.float64,

@@ -20,7 +20,7 @@ Three pieces (issue 12), each usable on its own:
 engine/recorder.py keeps the per-step record (loss, clipfrac, grad norm, time) that
 engine/runner.py's `train_trl` returns next to the strategy's record; `small_trainer_frames`
 reads a TRL run as the small trainer's (`train.train_run`) frames. The monitor's overhead
-benchmark is `bench.bench_monitor` (`make bench B=monitor`).
+benchmark is `bench_sampling.bench_monitor` (`make bench B=monitor`).
 
 Every public name is resolved lazily (module `__getattr__`), so `import cancellation.engine`
 imports neither TRL nor transformers; `from cancellation.engine import X` imports X's module.

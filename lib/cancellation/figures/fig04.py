@@ -26,7 +26,7 @@ import pandas as pd
 import torch
 from tqdm import tqdm
 
-from .. import cache, categories, coupling, grpo, measure, policy, procs, rollout, seeds, stage, thesis
+from .. import cache, categories, coupling, grpo, measure, policy, procs, rollout, seeds, stage, thesis, thesis_null
 from .. import workload as W
 from . import base, replot
 from .base import param
@@ -181,7 +181,7 @@ def batch_table(P: Params, model, tok, batch, i: int, bseed: int, main: bool, sh
         cfg = cc.update(optimizer="sgd", lr=P.lr, scope=P.scope, reweight=rw)
         df[f"delta_{rw}"] = trials.delta(cfg)[m].double().cpu().numpy()
     if main:  # the thesis rows' updates (lib/cancellation/thesis.py), each from θ₀ too, and Eq. 9's terms
-        _thesis_updates(P, cc, batch, trials, df, bseed)
+        thesis_updates(P, cc, batch, trials, df, bseed)
         _first_order(P, cc, model, batch, trials.before, df, bseed)
     # θ₀ must come back exactly for the second update (Algorithm 2, line 10): 0.0 (grpo.Trials.restore_error)
     df["restore_error"] = trials.restore_error()
@@ -189,7 +189,7 @@ def batch_table(P: Params, model, tok, batch, i: int, bseed: int, main: bool, sh
     return df
 
 
-def _thesis_updates(P: Params, cc, batch, trials, df: pd.DataFrame, bseed: int) -> None:
+def thesis_updates(P: Params, cc, batch, trials, df: pd.DataFrame, bseed: int) -> None:
     """The thesis rows' steps from θ₀ on one batch (`trials`: grpo.Trials), as columns of its token table
     `df`: negative-only; GRPO with the opposite-sign copies masked and with `n_random_masks` random masks disjoint
     from them, of the same size per group and confidence bin where the non-copies allow (their mean); and the null:
@@ -232,7 +232,7 @@ def _first_order(P: Params, cc, model, batch, before, df: pd.DataFrame, bseed: i
         df[k] = col
 
 
-def _loader(P: Params):
+def policy_loader(P: Params):
     """load(path) -> (model, tokenizer) in P's dtype and device, one model in memory at a time."""
     loaded = {}
 
@@ -268,7 +268,7 @@ def _rank_batches(P: Params, units: list, local_rank) -> list:
     caches it), a policy's batches together (one model load each)."""
     base.pin_threads(P)
     torch.manual_seed(P.seed)
-    source, load = base.problem_source(P), _loader(P)
+    source, load = base.problem_source(P), policy_loader(P)
     for path in dict.fromkeys(p for p, _ in units):
         for p, i in units:
             if p == path:
@@ -282,7 +282,7 @@ def compute(P: Params) -> Result:
     source = base.problem_source(P)
     facts = {"policies": []}
     fan_out_batches(P, source)   # before this kernel loads a model: on a GPU, rank 0 has the first card to itself
-    load = _loader(P)
+    load = policy_loader(P)
 
     def batches(path, what):
         """All batches of one policy, tagged; batches without a mixed-reward group are left out."""
@@ -347,9 +347,9 @@ def compute(P: Params) -> Result:
     null_cells, draws, bands = (pd.DataFrame() for _ in range(3))
     if P.null_shuffles:
         t0 = time.time()
-        null_cells = thesis.null_cells(tokens, P.null_shuffles, P.conf_bins)
-        draws = thesis.null_values(null_cells)
-        bands = thesis.null_bands(draws).assign(chosen=lambda d: (d.defn != "context") | (d.k == k))
+        null_cells = thesis_null.null_cells(tokens, P.null_shuffles, P.conf_bins)
+        draws = thesis_null.null_values(null_cells)
+        bands = thesis_null.null_bands(draws).assign(chosen=lambda d: (d.defn != "context") | (d.k == k))
         facts.update(null_check=float(tokens.null_check.max()), null_seconds=time.time() - t0)
     return Result(batches=facts, audit=audit, mass=mass, mass_trimmed=categories.update_mass(tokens, UPDATES, P.eps, TRIM),
                   summary_table=summary, per=per, shift=shift, table=table, top=top, top_labels=top_labels,

@@ -376,7 +376,7 @@ def thesis_claims(T: pd.DataFrame, fidelity: pd.DataFrame | None = None, k: int 
     """The cancellation hypothesis (App. E.1 protocol, thesis.py), decided by issue 61's rule: per definition of
     'shared' (ids; in context) and pool, the class rows (shared cancellation and retained share, on all shared
     tokens and on those at another state than any copy's; specific amplification; the matched contrast), the
-    contrast and amplification against their sign-shuffle null (`bands`: thesis.null_bands), the verdict (two
+    contrast and amplification against their sign-shuffle null (`bands`: thesis_null.null_bands), the verdict (two
     parts: cancellation on different-state shared A>0 tokens; success-specific credit against the null) and the
     alternative reading, each a verdict of its parts with no number of its own; the null control (does the
     shuffled null pass the cancellation test?); the frequency split; on the ids definition the copies mask against
