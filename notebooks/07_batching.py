@@ -62,7 +62,7 @@ if replot:   # make plots: the Result read back from the tables the last run wro
 else:
     R = fig07.compute(P)         # every training run (each cached and checkpointed on its own), then the tables
     R.write(results_dir, P)
-print(plots.use_profile(profile, P), fig07.summary(R), sep="\n")   # the profile stamp every figure below carries
+print(plots.use_profile(profile, P), fig07_claims.summary(R), sep="\n")   # the profile stamp every figure below carries
 R.timing.round(2)  # where the time goes, seconds as measured when each run was computed (RB's extra rounds included)
 
 # %% [markdown]
@@ -71,10 +71,10 @@ R.timing.round(2)  # where the time goes, seconds as measured when each run was 
 # The last columns count rollouts: sampled, and (RB only) discarded for age and used later (delayed).
 
 # %%
-print(fig07.table2_summary(R, P))
+print(fig07_claims.table2_summary(R, P))
 if profile == "tiny":
-    print(fig07.LIGHT_RUN_NOTE)
-HTML(fig07.table2_html(R))
+    print(fig07_claims.LIGHT_RUN_NOTE)
+HTML(fig07_claims.table2_html(R))
 
 # %% [markdown]
 # ## The same rollout budget
@@ -83,7 +83,7 @@ HTML(fig07.table2_html(R))
 # fewer steps: final average held-out accuracy per seed, beside random's on the same seed.
 
 # %%
-print(fig07.equal_rollouts(R))
+print(fig07_claims.equal_rollouts(R))
 
 # %% [markdown]
 # ## Stability sweep
@@ -92,7 +92,7 @@ print(fig07.equal_rollouts(R))
 # The figure (`table2_lr_sweep`, named after the table it plots) shows every run of the sweep.
 
 # %%
-if (sweep := fig07.sweep_shown(R)) is not None:
+if (sweep := fig07_claims.sweep_shown(R)) is not None:
     print(f"start: average {R.start:.1f}%; seeds {P.probe_seeds}; final average ± 95% t half-width over seeds")
     display(sweep)
 # the light run says so on its figures (tiny is a smoke test; tiny-table2, `make table2`, is the test)
@@ -126,7 +126,7 @@ plt.show()
 fig = fig07_plots.sign_partition(R, P.strategies)
 plots.save(fig_dir, "fig07a_sign_partition", fig)
 plt.show()
-print(fig07.sign_pure_reading(R), "median mini-batch gradient norm by composition:", R.grad_norm.round(3).to_string(),
+print(fig07_claims.sign_pure_reading(R), "median mini-batch gradient norm by composition:", R.grad_norm.round(3).to_string(),
       "mean |rho - 1| at the last mini-batch step:", R.drift.round(4).to_string(), sep="\n")
 
 # %% [markdown]
@@ -148,7 +148,7 @@ print(fig07.imbalance_table(R).round(3).to_string() if R.imbalance is not None e
 # this call (vLLM colocated; `accelerate launch --config_file configs/accelerate_multi.yaml` across GPUs).
 
 # %%
-print(fig07.cross_check(R, P))
+print(fig07_claims.cross_check(R, P))
 
 # %% [markdown]
 # ## What the numbers say
@@ -159,6 +159,6 @@ print(fig07.cross_check(R, P))
 # A claim whose rule cannot pass at this profile's runs is not recorded; the lines below say which.
 
 # %%
-print(fig07.versus_random(R, P), f"best average: {R.table2.set_index('strategy')['average_mean'].idxmax()}",
+print(fig07_claims.versus_random(R, P), f"best average: {R.table2.set_index('strategy')['average_mean'].idxmax()}",
       fig07_claims.undecidable(R, P), sep="\n")
 claims.record(results_dir, "07", fig07_claims.claims(R, P));

@@ -150,43 +150,47 @@ def test_table2_shown_reads_as_a_table_and_the_prose_follows_the_numbers():
 
     import pandas as pd
 
-    from cancellation.figures import fig07
+    from cancellation.figures import fig07, fig07_claims
     t = pd.DataFrame({"strategy": ["random", "RB"], "QB": [False, False], "RB": [False, True],
                       "easy_mean": [50.0, 60.0], "easy_ci95": [1.0, 2.0], "rollouts_sampled": [1024.0, 3993.6],
                       "rollouts_discarded": [None, 10.0], "rollouts_delayed": [None, 5.0],
                       "optimizer_steps": [64.0, 51.5]})
     R = SimpleNamespace(table2=t, cols=["easy"])
-    shown = fig07.table2_shown(R)
+    shown = fig07_claims.table2_shown(R)
     assert shown.QB.tolist() == ["", ""] and shown.RB.tolist() == ["", "✓"]
     assert shown["optimizer steps"].tolist() == ["64", "51.5"]
     assert fig07.rollout_ratio(R).round(2).tolist() == [1.0, 3.9]
     gn = pd.DataFrame({"mixed": [0.233, None, 0.3], "one sign": [0.306, 0.222, 0.169]},
                       index=["random", "sign_partitioned", "QB"])
-    line = fig07.sign_pure_reading(SimpleNamespace(grad_norm=gn))
+    line = fig07_claims.sign_pure_reading(SimpleNamespace(grad_norm=gn))
     assert "sign_partitioned 0.222 (smaller than random's)" in line and "QB 0.169 (smaller" in line
     assert line.endswith("sign-pure is smaller, not what the cancellation reading expects")
     gn["one sign"] = [0.306, 0.5, 0.4]
-    assert fig07.sign_pure_reading(SimpleNamespace(grad_norm=gn)).endswith("larger, as the cancellation reading expects")
+    assert fig07_claims.sign_pure_reading(SimpleNamespace(grad_norm=gn)).endswith("larger, as the cancellation reading expects")
 
 
 def test_fig07_figures_redraw_from_the_committed_tables():
-    """fig07_plots.from_tables rebuilds what Fig. 7(a) and Fig. 8 plot: Table 2's final accuracy per set equals the
-    mean over seeds of the committed curves at the last iteration; the mini-batches get their composition."""
+    """fig07.load (make plots' path) rebuilds what Fig. 7(a) and Fig. 8 plot from the committed tables: Table 2's
+    final accuracy per set equals the mean over seeds of the committed curves at the last iteration (it is computed
+    from them, not read from the rounded CSV); the mini-batches get their composition."""
     from pathlib import Path
 
     import matplotlib
     import pandas as pd
 
-    from cancellation import plots
+    from cancellation import plots, profiles, resolve
     from cancellation.figures import fig07, fig07_plots
     matplotlib.use("Agg")
     d = Path(__file__).resolve().parents[1] / "data" / "results" / "tiny"
     curves = pd.read_parquet(d / "fig08_training_curves.parquet")
-    P = fig07.Params(iterations=int(curves.iteration.max()), seeds=sorted(curves.seed.unique().tolist()))
-    R = fig07_plots.from_tables(d, P)
+    params = resolve.resolve_params(profiles.find_notebook("07"), "tiny")   # the profile's P, as the runner's
+    P = fig07.Params(**{k: v for k, v in params.items() if k in fig07.Params.defaults()})
+    R = fig07.load(d, P)
     final = curves[curves.iteration == curves.iteration.max()].groupby(["strategy", "set"]).accuracy.mean()
     got = R.agg.set_index(["strategy", "set"])["mean"]
-    assert (got - final.reindex(got.index)).abs().max() < 1e-4   # Table 2 keeps 3 decimals of a percentage
+    assert (got - final.reindex(got.index)).abs().max() < 1e-12
+    t2 = pd.read_csv(d / "table2_batching.csv")   # the committed Table 2: the same numbers, rounded to 3 decimals
+    assert (R.table2.set_index("strategy").average_mean - t2.set_index("strategy").average_mean).abs().max() < 1e-3
     mb = R.minibatches
     assert ((mb.composition == "mixed") == ((mb.n_pos > 0) & (mb.n_neg > 0))).all()
     for fig in (fig07_plots.training_curves(R, P.strategies), fig07_plots.sign_partition(R, P.strategies)):

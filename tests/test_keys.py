@@ -11,7 +11,7 @@ from dataclasses import make_dataclass
 
 import pytest
 
-from cancellation import cache, plan, profiles, resolve, stage, train
+from cancellation import cache, engine, plan, profiles, resolve, stage, train
 from cancellation.figures import base, fig02, fig05, fig07
 from cancellation.figures.base import param
 from tests.golden import keys as golden
@@ -55,8 +55,8 @@ def test_batching_run_keys_as_pinned():
                                                        P.threads)) for j in jobs}
     assert golden.summary({"train_run": sorted(want)})["train_run"] == PINNED["07/warm"]["train_run"]
     if P.trl_strategies:
-        trl = {stage.TRAIN_TRL.key(**fig07._trl_inputs(P, source, n, s, P.lr)) for n in P.trl_strategies
-               for s in P.trl_seeds}
+        trl = {stage.TRAIN_TRL.key(**engine.run_inputs(fig07.trl_setup(P), *fig07._trl_job(P, source, n, s, P.lr)))
+               for n in P.trl_strategies for s in P.trl_seeds}
         assert trl <= set(_pinned("07", stage.TRAIN_TRL))
     if P.imbalance_plans:
         assert stage.LOCAL_IMBALANCE.key(**fig07._imbalance_inputs(P, source)[0]) in _pinned("07", stage.LOCAL_IMBALANCE)

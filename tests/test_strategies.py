@@ -9,7 +9,7 @@ import matplotlib
 import pandas as pd
 import pytest
 
-from cancellation import batching, grpo, plots, rollout, sources, strategies, train
+from cancellation import batching, engine, grpo, plots, rollout, sources, strategies, train
 from cancellation.compute import Compute
 from cancellation.engine import data
 from cancellation.figures import base, fig07, fig07_claims
@@ -114,7 +114,7 @@ def test_params_passed_whole_give_the_hand_copied_config(over):
             assert new == old and train.run_params(new) == train.run_params(old)
             assert new.eval_sets is not P.eval_sets   # a copy: the run never aliases the notebook's list
     run = fig07._config(P, source, "QB+RB", 1, 2e-4)
-    assert fig07._trl_arguments(run) == dict(
+    assert engine.trl_arguments(run) == dict(
         iterations=P.iterations, n_prompts=P.n_prompts, G=P.G, n_minibatches=P.n_minibatches, lr=2e-4,
         max_new_tokens=P.max_new_tokens, temperature=P.temperature, tau=P.tau, max_rounds=P.max_rounds,
         max_age=P.max_age, seed=1, use_vllm=P.backend == "vllm", eval_every=P.eval_every)
@@ -173,10 +173,10 @@ def test_an_eighth_strategy_trains_and_fills_notebook_07s_tables_and_figures(eig
     t2 = R.table2.set_index("strategy")
     assert list(t2.index) == ["random", eighth]
     assert t2.loc[eighth, ["QB", "RB"]].tolist() == [True, False]
-    shown = fig07.table2_shown(R).set_index("strategy")
+    shown = fig07_claims.table2_shown(R).set_index("strategy")
     assert shown.loc[eighth, "rollouts (sampled / discarded / delayed)"].count("/") == 2   # a buffered row
-    assert eighth in fig07.versus_random(R, P) and fig07.table2_summary(R, P)
-    assert fig07._fewer_steps_cause(eighth, P).startswith("the whole-run sampling budget")
+    assert eighth in fig07_claims.versus_random(R, P) and fig07_claims.table2_summary(R, P)
+    assert fig07_claims._fewer_steps_cause(eighth, P).startswith("the whole-run sampling budget")
     assert eighth in fig07_claims.nonzero_share(R.iters).index
     matplotlib.use("Agg")
     fig, ax = plots.figure()

@@ -3,7 +3,8 @@
     python -m cancellation.rerecord 07 tiny-table2
 
 Notebook 07 only (its training runs take hours for `tiny-table2`): the claims come from the tables
-`fig07.result_from_tables` reads back, so a changed claim rule reaches the registry without retraining.
+`fig07.load` reads back (the Result `R.write` wrote, as `make plots` reads it), so a changed claim rule
+reaches the registry without retraining.
 A top-layer tool: it resolves the profile as the runner does (`resolve.resolve_params`), as the notebook would.
 """
 from __future__ import annotations
@@ -15,7 +16,7 @@ from .profiles import HERE, find_notebook
 from .resolve import resolve_params
 from .figures import fig07, fig07_claims
 
-# notebook: (its figure module: Params and result_from_tables, its claims module: claims)
+# notebook: (its figure module: Params and load, its claims module: claims)
 REREADERS = {"07": (fig07, fig07_claims)}
 
 
@@ -28,7 +29,7 @@ def main(argv=None):
     params = resolve_params(find_notebook(a.notebook), a.profile)
     P = mod.Params(**{k: v for k, v in params.items() if k in mod.Params.defaults()})
     results_dir = HERE.root / params["results_dir"]
-    C.record(results_dir, a.notebook, rows.claims(mod.result_from_tables(results_dir, P), P))
+    C.record(results_dir, a.notebook, rows.claims(mod.load(results_dir, P), P))
 
 
 if __name__ == "__main__":

@@ -19,7 +19,9 @@ Three pieces (issue 12), each usable on its own:
 
 engine/recorder.py keeps the per-step record (loss, clipfrac, grad norm, time) that
 engine/runner.py's `train_trl` returns next to the strategy's record; `small_trainer_frames`
-reads a TRL run as the small trainer's (`train.train_run`) frames. The monitor's overhead
+reads a TRL run as the small trainer's (`train.train_run`) frames. engine/runs.py runs them as notebook 07
+does: keyed, cached and checkpointed like the small trainer's runs (`cached_run`, `run_frames`: a `TrlSetup`
+beside the run's `train.TrainConfig`), over `--procs N` ranks (`run_many`). The monitor's overhead
 benchmark is `bench_sampling.bench_monitor` (`make bench B=monitor`).
 
 Every public name is resolved lazily (module `__getattr__`), so `import cancellation.engine`
@@ -38,6 +40,8 @@ _WHERE = {
     "summarize": "monitor", "read_parquet": "monitor", "_own_forward": "monitor",
     "StepRecorder": "recorder",
     "train_trl": "runner", "last_checkpoint": "runner", "small_trainer_frames": "runner", "SMALL_FRAMES": "runner", "TRL_FRAME_NOTES": "runner",
+    "TrlSetup": "runs", "trl_arguments": "runs", "run_inputs": "runs", "is_cached": "runs", "cached_run": "runs",
+    "run_frames": "runs", "run_many": "runs",
 }
 
 __all__ = [n for n in _WHERE if not n.startswith("_")]

@@ -7,13 +7,14 @@ policy's content hash, dtype, device, threads and the run's config: `train.cache
 `train_trl` for a TRL run) and checkpointed every iteration, so runs are shared between the
 strategies' table and the sweep, an interrupted notebook resumes, and changing any parameter
 of a run recomputes it; the aggregation on top is cheap and recomputed every time (the wall
-time it reports is this session's). `fig07_claims.claims(R, P)` gives the notebook's claim rows.
+time it reports is this session's). The TRL runs are `engine.runs`' (`cached_run`, `run_many`), described by
+the small trainer's config of the same run (`_config`) and `trl_setup(P)`. `fig07_claims.claims(R, P)` gives the
+notebook's claim rows, and `fig07_claims` writes what it prints (`summary`, `table2_summary`, ...).
 """
 from __future__ import annotations
 
 import dataclasses
-import os
-import shutil
+import functools
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,10 +24,9 @@ import pandas as pd
 import torch
 from scipy import stats
 
-from .. import cache, eq14, extract, policy, procs, rollout, stage, strategies, tasks, train
+from .. import cache, eq14, extract, policy, rollout, stage, strategies, tasks, train
 from .. import engine as rl_engine
 from .. import workload as W
-from .. import stats as ST
 from . import base, replot
 from .base import param
 
@@ -113,28 +113,6 @@ def _trl_runs_all(names) -> bool:
     return all(strategies.STRATEGIES[n].trl for n in names if n in strategies.STRATEGIES)
 
 
-LIGHT_RUN_NOTE = ("The light run of `make figures`. The full test (10 seeds x 64 iterations, avg@4 on 256 problems per "
-                  "set) is `make table2`: notebooks/executed/tiny-table2/, its claims marked (`make table2`) in "
-                  "docs/claims.md.")
-
-
-def table2_shown(R) -> pd.DataFrame:
-    """Table 2 as displayed: mean ± 95% half-width per set, rollouts (sampled / discarded / delayed for a buffered
-    strategy), optimizer steps."""
-    t = R.table2
-    shown = t[["strategy"]].copy()
-    for c in ("QB", "RB"):   # the strategy's parts: a tick where it has one
-        shown[c] = t[c].map({True: "✓", False: ""})
-    for c in R.cols:
-        shown[c] = [f"{m:.1f} ± {h:.1f}" for m, h in zip(t[f"{c}_mean"], t[f"{c}_ci95"])]
-    buffered = [strategies.STRATEGIES[s].buffered for s in t.strategy]
-    shown["rollouts (sampled / discarded / delayed)"] = [
-        f"{s:.0f} / {d:.0f} / {y:.0f}" if r else f"{s:.0f}" for s, d, y, r in
-        zip(t.rollouts_sampled, t.rollouts_discarded.fillna(0), t.rollouts_delayed.fillna(0), buffered)]
-    shown["optimizer steps"] = [f"{v:.0f}" if float(v).is_integer() else f"{v:.1f}" for v in t.optimizer_steps]
-    return shown
-
-
 def with_composition(mbs: pd.DataFrame) -> pd.DataFrame:
     """The mini-batch table with `composition`: 'mixed' when it holds rollouts of both advantage signs, else
     'one sign'."""
@@ -146,50 +124,6 @@ def rollout_ratio(R) -> pd.Series:
     baseline's (random's); NaN without a random row."""
     t = R.table2.set_index("strategy").rollouts_sampled
     return t / t["random"] if "random" in t.index else t * np.nan
-
-
-def comparison_word(a: float, b: float, rel_tol: float = 0.02) -> str:
-    """'larger', 'smaller' or 'about the same as' for a against b (within rel_tol of b: the same)."""
-    if abs(a - b) <= rel_tol * abs(b):
-        return "about the same as"
-    return "larger than" if a > b else "smaller than"
-
-
-def sign_pure_reading(R) -> str:
-    """Fig. 7(a)'s middle panel in words, from the medians it plots: a sign-pure mini-batch has nothing to cancel
-    against, so the cancellation reading expects its gradient to be larger than a mixed one's; says whether it is."""
-    gn = R.grad_norm
-    if gn.empty or "one sign" not in gn or "mixed" not in gn or "random" not in gn.index:
-        return "no sign-pure vs mixed comparison (a strategy or composition is missing)"
-    pure = gn["one sign"].drop("random").dropna()
-    pure = pure[pure > 0]   # a one-sign mini-batch of only A = 0 rollouts has no gradient
-    ref = float(gn.loc["random", "mixed"])
-    if pure.empty:
-        return "no strategy has sign-pure mini-batches with a gradient"
-    parts = [f"{k} {v:.3f} ({comparison_word(v, ref)} random's)" for k, v in pure.items()]
-    word = {comparison_word(v, ref).split()[0] for v in pure}
-    verdict = ("larger, as the cancellation reading expects" if word == {"larger"} else
-               "smaller, not what the cancellation reading expects" if word == {"smaller"} else "mixed")
-    return (f"median gradient norm of sign-pure mini-batches: {', '.join(parts)}; random's mixed mini-batches "
-            f"{ref:.3f}: sign-pure is {verdict}")
-
-
-def table2_html(R) -> str:
-    """Table 2 as shown, as HTML with a fixed id (a pandas Styler prints a new id and memory address on every
-    run, so the executed notebook would change with each rerun)."""
-    return table2_shown(R).style.hide(axis="index").set_uuid("table2").to_html()
-
-
-def sweep_shown(R) -> pd.DataFrame | None:
-    """The lr sweep as displayed (None without one): final average ± 95% t half-width over seeds, runs
-    collapsed, optimizer steps."""
-    if R.probe_evals is None or R.sweep.empty:
-        return None
-    return R.sweep.groupby(["strategy", "lr"]).agg(
-        final_avg=("final", lambda x: f"{100 * x.mean():.1f} ± {100 * ST.t_interval(x)[2] - 100 * x.mean():.1f}"
-                   if len(x) > 1 else f"{100 * x.mean():.1f}"),
-        collapsed=("collapsed", lambda x: f"{int(x.sum())}/{len(x)}"),
-        optimizer_steps=("optimizer_steps", "mean")).unstack("strategy")
 
 
 TIMING_DIR = "timing"   # <results_dir>/timing/: the runs' wall-clock seconds, which change with every cold run
@@ -218,8 +152,8 @@ def join_seconds(results: pd.DataFrame, seconds: pd.DataFrame) -> pd.DataFrame:
 @dataclass
 class Result:
     """What Fig. 7(a), Fig. 8 and Table 2 plot and read."""
-    runs: dict                   # how many runs, this session's seconds, threads, engine (`summary(R)`; Table 2's
-                                 # lines: `table2_summary(R, P)`)
+    runs: dict                   # how many runs, this session's seconds, threads, engine (`fig07_claims.summary(R)`;
+                                 # Table 2's lines: `fig07_claims.table2_summary(R, P)`)
     set_names: list              # held-out sets as displayed (a file by its stem)
     cols: list                   # set_names + ['average']
     evals: pd.DataFrame | None   # per (strategy, seed, iteration, set): accuracy, seconds (None when `load`ed:
@@ -325,85 +259,31 @@ def _small_runs(P: Params, source, jobs):
     an interruption resumes; `workers` processes compute the missing ones), one per (name, seed, lr[,
     run_rounds]). The same pool computes the TRL cross-check runs and Eq. 14's table, which the
     notebook then reads from the cache (one process would leave the other cores idle meanwhile)."""
-    def is_cached(st: stage.Stage, inputs: dict):
-        return lambda: st.is_cached(**inputs)
-
-    extra = []
+    extra, setup = [], trl_setup(P)
     for name in P.trl_strategies:
         for s in P.trl_seeds:
-            extra.append((f"TRL {name} seed {s}", is_cached(stage.TRAIN_TRL, _trl_inputs(P, source, name, s, P.lr)),
-                          _trl_out, (P, source, name, s, P.lr)))
+            job = (setup, *_trl_job(P, source, name, s, P.lr))
+            extra.append((f"TRL {name} seed {s}", functools.partial(rl_engine.is_cached, *job), rl_engine.cached_run,
+                          job))
     if P.imbalance_plans:
-        extra.append(("Eq. 14", is_cached(stage.LOCAL_IMBALANCE, _imbalance_inputs(P, source)[0]), local_imbalance,
-                      (P, source)))
+        extra.append(("Eq. 14", functools.partial(stage.LOCAL_IMBALANCE.is_cached, **_imbalance_inputs(P, source)[0]),
+                      local_imbalance, (P, source)))
     outs = train.cached_train_many(P.model_path, [_config(P, source, *j) for j in jobs],
                                    workers=P.workers, dtype=P.dtype, device=P.device, threads=P.threads, extra=extra)
     return [{k: df.assign(strategy=j[0], seed=j[1]) for k, df in out.items()} for j, out in zip(jobs, outs)]
 
 
-def _trl_inputs(P: Params, source, name, seed, lr) -> dict:
-    """The inputs of one TRL run (stage.TRAIN_TRL): the policy's content hash, dtype, device and the run's config;
-    the micro-batch rows only when token_chunk binds (accumulated micro-batches; else the key is as before)."""
-    binds = rl_engine.micro_batch(P.n_prompts, P.G, P.n_minibatches, P.max_new_tokens, P.token_chunk) \
-        < P.n_prompts * P.G // P.n_minibatches
-    return dict(model=policy.fingerprint(P.model_path), dtype=P.dtype, device=P.device, strategy=name,
-                run=_config(P, source, name, seed, lr),
-                trl_micro_rows=rl_engine.micro_rows(P.max_new_tokens, P.token_chunk) if binds else None)
+def trl_setup(P: Params):
+    """What P's TRL runs need beside their configs (`engine.TrlSetup`): the policy, dtype, device, threads,
+    gradient checkpointing, the Compute knobs and the checkpoint cadence."""
+    return rl_engine.TrlSetup(model_path=P.model_path, dtype=P.dtype, device=P.device, threads=P.threads,
+                              gradient_checkpointing=P.gradient_checkpointing, compute=P.compute(),
+                              save_every=P.trl_checkpoint_every)
 
 
-def _trl_arguments(run: train.TrainConfig) -> dict:
-    """`engine.train_trl`'s arguments for the run that small-trainer config `run` describes (the config a TRL run's
-    cache key holds, so key and run have one source): the same batch shape, lr, sampling, RB / DS knobs, seed,
-    evaluation cadence and backend. TRL has no whole-run budget (`run_rounds`)."""
-    return dict(iterations=run.iterations, n_prompts=run.n_prompts, G=run.G, n_minibatches=run.update.n_minibatches,
-                lr=run.update.lr, max_new_tokens=run.max_new_tokens, temperature=run.temperature, tau=run.tau,
-                max_rounds=run.max_rounds, max_age=run.max_age, seed=run.seed, use_vllm=run.backend == "vllm",
-                eval_every=run.eval_every)
-
-
-def _trl_out(P: Params, source, name, seed, lr):
-    """One cached TRL run (engine.train_trl): the raw frames plus the per-step record."""
-    inputs = _trl_inputs(P, source, name, seed, lr)
-    run = inputs["run"]
-    out_dir = cache.DEFAULT_DIR / "ckpt" / "trl" / stage.TRAIN_TRL.key(**inputs)  # one per run: runs may overlap
-    out_dir.mkdir(parents=True, exist_ok=True)
-
-    def compute():
-        m, tk = policy.load_policy(P.model_path, dtype=P.dtype, device=P.device)
-        out = rl_engine.train_trl(
-            P.model_path, run.source, name, output_dir=str(out_dir), model=m, tokenizer=tk, **_trl_arguments(run),
-            dtype=P.dtype, gradient_checkpointing=P.gradient_checkpointing, compute=P.compute(),
-            eval_fn=lambda mm, tt: train.evaluate_run(mm, tt, run), save_every=P.trl_checkpoint_every, resume=True)
-        return {k: out[k] for k in ("evals", "iterations", "minibatches", "monitor", "steps", "eval_times")}
-
-    out = stage.TRAIN_TRL.cached(compute, **inputs)
-    for ckpt in out_dir.glob("checkpoint-*"):   # the run is cached: its checkpoints have served
-        shutil.rmtree(ckpt, ignore_errors=True)
-    return out
-
-
-def _trl_run(P: Params, source, name, seed, lr):
-    """A TRL run as the small trainer's three frames (engine.small_trainer_frames)."""
-    out = _trl_out(P, source, name, seed, lr)
-    frames = rl_engine.small_trainer_frames(out, P.n_minibatches)
-    frames["monitor"] = out["monitor"]
-    return {k: df.assign(strategy=name, seed=seed) for k, df in frames.items()}
-
-
-def _trl_runs(shared, units, local_rank=None) -> list:
-    """`procs.fan_out`'s worker: the TRL runs `units` ((strategy, seed, lr) each). In a rank each run trains in a
-    child process outside the ranks' group (`procs.isolated`: TRL's Accelerator sees one process), so a run is
-    the one-process run whatever N is."""
-    P, source = shared
-    if os.environ.get(procs.RANK_ENV):
-        return [procs.isolated("cancellation.figures.fig07:_trl_run_pinned", P, source, *u) for u in units]
-    return [_trl_run(P, source, *u) for u in units]
-
-
-def _trl_run_pinned(P: Params, source, name, seed, lr):
-    """`_trl_run` in a fresh process: torch's threads pinned first, as compute() pins the kernel's."""
-    base.pin_threads(P)
-    return _trl_run(P, source, name, seed, lr)
+def _trl_job(P: Params, source, name, seed, lr) -> tuple:
+    """One TRL run of P (`engine.runs`): its strategy and the small trainer's config of the same run."""
+    return name, _config(P, source, name, seed, lr)
 
 
 def admit_eval_sets(P: Params, source) -> None:
@@ -430,8 +310,8 @@ def compute(P: Params) -> Result:
     budget_jobs = [(name, s, P.lr, P.iterations) for name in P.budget_strategies for s in P.seeds]
     budget = []
     if P.engine == "trl":   # --procs N: whole runs over N ranks, each trained on one process (the same tables)
-        every = procs.fan_out("cancellation.figures.fig07:_trl_runs", (P, source), jobs + probe_jobs,
-                              cuda=str(P.device).startswith("cuda"), what="TRL runs (strategy x seed)")
+        every = rl_engine.run_many(trl_setup(P), [_trl_job(P, source, *j) for j in jobs + probe_jobs],
+                                   what="TRL runs (strategy x seed)")
         runs, probe = every[:len(jobs)], every[len(jobs):]
     else:  # one pool for all, so the workers stay busy
         every = _small_runs(P, source, jobs + probe_jobs + budget_jobs)
@@ -522,40 +402,6 @@ def ci(x):
     return float(stats.t.ppf(0.975, len(x) - 1) * x.std(ddof=1) / np.sqrt(len(x))) if len(x) > 1 else float("nan")
 
 
-def summary(R: Result) -> str:
-    """The runs: how many, this session's seconds, threads (engine 'trl': how its frames differ)."""
-    r = R.runs
-    if not r:
-        return ""
-    out = (f"{r['runs']} runs ({r['strategies']} strategies x seeds {r['seeds']}, {r['sweep']} sweep runs, "
-           f"{r['budget']} equal-rollout-budget runs), {r['seconds']:.0f} s in this session "
-           f"(0 s means every run came from the cache), torch threads {r['threads']}")
-    if r["engine"] == "trl":
-        out += ("\nengine = 'trl': every run below (Fig. 8, Table 2, Fig. 7(a), the lr sweep) is TRL's "
-                "GRPOTrainer (engine.train_trl), read back through engine.small_trainer_frames into the small "
-                "trainer's frames. Differences from the small trainer's columns:\n- " + "\n- ".join(rl_engine.TRL_FRAME_NOTES))
-    return out
-
-
-def table2_summary(R: Result, P: Params) -> str:
-    """The starting accuracy, run size, evaluation noise, optimizer steps per run (and why some took fewer),
-    and the reward's coverage of a problem file."""
-    table2 = R.table2
-    causes = {}   # why a strategy took fewer steps than the most: each cause, with the strategies it applies to
-    for s in table2.strategy[table2.optimizer_steps < table2.optimizer_steps.max()]:
-        causes.setdefault(_fewer_steps_cause(s, P), []).append(s)
-    why = "; ".join(f"{', '.join(names)}: {cause}" for cause, names in causes.items())
-    note = (f"start (every run's iteration 0): average accuracy {R.start:.1f}%; {len(P.seeds)} seeds {P.seeds}, "
-            f"{P.iterations} iterations x {P.n_minibatches} Adam steps, lr {P.lr:g}; evaluation avg@{P.eval_samples} "
-            f"on {P.eval_n} problems per set (binomial SE of one run's score on one set up to "
-            f"{100 * 0.5 / np.sqrt(P.eval_n * P.eval_samples):.1f} pts)\n"
-            "optimizer steps per run " + ("equal across strategies" if table2.optimizer_steps.nunique() == 1 else
-                                          f"differ across strategies ({why})")
-            + ": " + ", ".join(f"{s} {v:g}" for s, v in zip(table2.strategy, table2.optimizer_steps)))
-    coverage = coverage_line(R.iters, P)
-    return note + ("\n" + coverage if coverage else "")
-
-
 def coverage_line(iters: pd.DataFrame, P: Params) -> str:
     """One line on the reward's coverage over the runs' sampled responses (a problem file; '' for the
     generated task): how many of the `graded` held an answer the extraction mode finds (`with_answer`, per
@@ -568,18 +414,6 @@ def coverage_line(iters: pd.DataFrame, P: Params) -> str:
     mode = extract.FILE_MODE if P.answer_mode == "auto" else P.answer_mode
     return (f"answer coverage (answer_mode {mode}): {n} of {total} sampled responses ({100 * n / max(total, 1):.1f}%) "
             "hold an answer the reward can grade; the rest count as wrong")
-
-
-def _fewer_steps_cause(name: str, P: Params) -> str:
-    """Why strategy `name` can take fewer optimizer steps than the others."""
-    s = strategies.STRATEGIES[name]
-    if s.buffered:
-        return ("the whole-run sampling budget (run_rounds) ran out before every iteration had released a batch; "
-                "a larger run_rounds equalises them" if P.run_rounds else
-                "the buffer released no batch within max_rounds on some iterations; run_rounds > 0 keeps it sampling")
-    if s.filtered:
-        return "no step on an iteration whose batch held only zero-variance (A = 0) groups"
-    return "no step on some iterations"
 
 
 def _tables(P: Params, runs, probe) -> Result:
@@ -674,10 +508,10 @@ def minibatch_tables(mbs: pd.DataFrame) -> dict:
 
 def _cross_check(P: Params, source, R: Result) -> None:
     """Engine 'small': the same strategies on TRL (the same cached runs the engine='trl' path uses)."""
-    trl_runs = []
+    trl_runs, setup = [], trl_setup(P)
     for name in P.trl_strategies:
         for s in P.trl_seeds:
-            out = _trl_out(P, source, name, s, P.lr)
+            out = rl_engine.cached_run(setup, *_trl_job(P, source, name, s, P.lr))
             trl_runs.append({k: out[k].assign(strategy=name, seed=s) for k in ("evals", "monitor")})
     te = pd.concat([r["evals"] for r in trl_runs], ignore_index=True)
     tm = pd.concat([r["monitor"] for r in trl_runs], ignore_index=True)
@@ -698,68 +532,6 @@ def cross_check_tables(P: Params, curves: pd.DataFrame, te: pd.DataFrame, tm: pd
                 trl_monitor_shares=shares)
 
 
-def versus_random(R: Result, P: Params) -> str:
-    """Each strategy's final average against the baseline, seed by seed, and its collapsed runs."""
-    fa, lines = R.final_avg, []
-    for name in P.strategies:
-        d = 100 * (fa[name] - fa["random"]) if "random" in fa else pd.Series(dtype=float)
-        collapsed = int((fa[name] < 0.5 * R.start / 100).sum())
-        lines.append(f"{name:>16}: final average {100 * fa[name].mean():5.1f}% (per seed "
-                     + ", ".join(f"{100 * v:.1f}" for v in fa[name]) + f"), vs random {d.mean():+5.1f} pts "
-                     f"(per seed " + ", ".join(f"{v:+.1f}" for v in d) + f"), collapsed runs {collapsed}/{len(P.seeds)}")
-    return "\n".join(lines)
-
-
-def equal_rollouts(R: Result) -> str:
-    """The equal-rollout-budget arm as text: final average (%) per seed beside random's, then the
-    rollouts sampled and optimizer steps of each strategy (mean over seeds)."""
-    if R.budget is None:
-        return "no equal-rollout-budget runs (budget_strategies is empty)"
-    b = R.budget.pivot(index="seed", columns="strategy", values="final").mul(100)
-    b.insert(0, "random", 100 * R.final_avg["random"].reindex(b.index))
-    t2 = R.table2.set_index("strategy")
-    cost = R.budget.groupby("strategy", sort=False)[["rollouts_sampled", "optimizer_steps"]].mean()
-    cost.loc["random"] = t2.loc["random", ["rollouts_sampled", "optimizer_steps"]]
-    return ("final average held-out accuracy (%), equal rollout budget:\n" + b.round(1).to_string()
-            + "\n\nper run (mean over seeds):\n" + cost.round(0).to_string())
-
-
-def cross_check(R: Result, P: Params) -> str:
-    """The small trainer against TRL on the same strategies (engine 'small'), as text."""
-    if P.engine == "trl":
-        return ("engine = 'trl': the runs above are already TRL's; the small trainer is not run, so there is no "
-                "small-vs-TRL cross-check on this profile (run the tiny profile for it).")
-    if R.trl_vs_small is None:
-        return "no TRL cross-check (trl_strategies is empty)"
-    return ("average held-out accuracy, small trainer vs TRL (same strategy, seed, batch shape, lr):\n"
-            + (R.trl_vs_small * 100).round(1).to_string()
-            + "\ncancellation monitor on the TRL runs (mean share per optimizer step):\n"
-            + R.trl_monitor_shares.round(3).to_string())
-
-
-def result_from_tables(results_dir, P: Params) -> Result:
-    """The part of a Result that `claims` reads, rebuilt from the tables `Result.write` committed
-    (final accuracies, the start, iterations, Table 2 and the lr sweep): a registry's notebook-07 rows
-    are re-derived without retraining (`python -m cancellation.rerecord 07 PROFILE`)."""
-    d = Path(results_dir)
-    curves = pd.read_parquet(d / "fig08_training_curves.parquet")
-    iters = pd.read_parquet(d / "fig08_iterations.parquet")
-    mbs = pd.read_parquet(d / "fig07a_minibatches.parquet") if (d / "fig07a_minibatches.parquet").exists() else None
-    table2 = pd.read_csv(d / "table2_batching.csv")
-    sweep = pd.read_csv(d / "table2_lr_sweep.csv") if (d / "table2_lr_sweep.csv").exists() else pd.DataFrame()
-    budget = pd.read_csv(d / "table2_equal_rollouts.csv") if (d / "table2_equal_rollouts.csv").exists() else None
-    imb = pd.read_csv(d / "table2_local_imbalance.csv") if (d / "table2_local_imbalance.csv").exists() else None
-    final = curves[curves.iteration == P.iterations]
-    fa = final[final.set == "average"].pivot(index="seed", columns="strategy", values="accuracy")
-    start = 100 * curves[(curves.iteration == 0) & (curves.set == "average")].accuracy.mean()
-    return Result(runs={}, set_names=[], cols=[], evals=pd.DataFrame(), iters=iters,
-                  minibatches=mbs if mbs is not None else pd.DataFrame(), curves=curves, timing=pd.DataFrame(),
-                  agg=pd.DataFrame(), table2=table2, start=start, final_avg=fa,
-                  probe_evals=None, sweep=sweep, grad_norm=pd.DataFrame(),
-                  drift=pd.Series(dtype=float), budget=budget, imbalance=imb)
-
-
-# ----------------------------------------------------------------------------- the planner's workload
 def workload(P: Params, shape, z: W.Sizes) -> W.Work:
     """What the planner counts for this notebook at P (read off compute(); approximations stated)."""
     w, rows, cr = W.Work(), P.n_prompts * P.G, P.chunk_rows

@@ -1,6 +1,9 @@
 """Notebook 07's claim rows (Table 2, the lr sweep, the fair controls, Eq. 14, §4's drift and cross-sign
-coupling), read off a `fig07.Result`: `claims(R, P)` gives the rows whose rule can pass at the profile's n,
-`undecidable(R, P)` says which were left out and why. The runs and tables live in `fig07.py`.
+coupling) and its reading, read off a `fig07.Result`: `claims(R, P)` gives the rows whose rule can pass at the
+profile's n, `undecidable(R, P)` says which were left out and why; the text the notebook prints (`summary`,
+`table2_summary`, `table2_shown` / `table2_html`, `sweep_shown`, `sign_pure_reading`, `equal_rollouts`,
+`cross_check`, `versus_random`) is written here from the Result's numbers, so a wording change recomputes
+nothing. The runs and tables live in `fig07.py`.
 """
 from __future__ import annotations
 
@@ -8,9 +11,10 @@ import numpy as np
 import pandas as pd
 
 from .. import claims as C
+from .. import engine as rl_engine
 from .. import stats as ST
 from .. import strategies
-from .fig07 import Params, Result, scatter_vs_qb
+from .fig07 import Params, Result, coverage_line, scatter_vs_qb
 
 
 PAIRED_T = dict(estimator="paired t over seeds", resampling="seed")
@@ -291,3 +295,155 @@ def cross_sign_row(m: pd.DataFrame, fig: str) -> list[C.Claim]:
         detail="share kept inside mini-batches, mean over seeds and draws (whole batch / within query groups): "
         + ", ".join(f"{s} {r.cross_sign:.3f} / {r.cross_sign_group:.3f}" for s, r in keep.iterrows())
         + "; the training result of breaking it is table2_sign_partitioned")]
+
+
+# ----------------------------------------------------------------------------- the reading (what the notebook prints)
+LIGHT_RUN_NOTE = ("The light run of `make figures`. The full test (10 seeds x 64 iterations, avg@4 on 256 problems per "
+                  "set) is `make table2`: notebooks/executed/tiny-table2/, its claims marked (`make table2`) in "
+                  "docs/claims.md.")
+
+
+def table2_shown(R) -> pd.DataFrame:
+    """Table 2 as displayed: mean ± 95% half-width per set, rollouts (sampled / discarded / delayed for a buffered
+    strategy), optimizer steps."""
+    t = R.table2
+    shown = t[["strategy"]].copy()
+    for c in ("QB", "RB"):   # the strategy's parts: a tick where it has one
+        shown[c] = t[c].map({True: "✓", False: ""})
+    for c in R.cols:
+        shown[c] = [f"{m:.1f} ± {h:.1f}" for m, h in zip(t[f"{c}_mean"], t[f"{c}_ci95"])]
+    buffered = [strategies.STRATEGIES[s].buffered for s in t.strategy]
+    shown["rollouts (sampled / discarded / delayed)"] = [
+        f"{s:.0f} / {d:.0f} / {y:.0f}" if r else f"{s:.0f}" for s, d, y, r in
+        zip(t.rollouts_sampled, t.rollouts_discarded.fillna(0), t.rollouts_delayed.fillna(0), buffered)]
+    shown["optimizer steps"] = [f"{v:.0f}" if float(v).is_integer() else f"{v:.1f}" for v in t.optimizer_steps]
+    return shown
+
+
+def comparison_word(a: float, b: float, rel_tol: float = 0.02) -> str:
+    """'larger', 'smaller' or 'about the same as' for a against b (within rel_tol of b: the same)."""
+    if abs(a - b) <= rel_tol * abs(b):
+        return "about the same as"
+    return "larger than" if a > b else "smaller than"
+
+
+def sign_pure_reading(R) -> str:
+    """Fig. 7(a)'s middle panel in words, from the medians it plots: a sign-pure mini-batch has nothing to cancel
+    against, so the cancellation reading expects its gradient to be larger than a mixed one's; says whether it is."""
+    gn = R.grad_norm
+    if gn.empty or "one sign" not in gn or "mixed" not in gn or "random" not in gn.index:
+        return "no sign-pure vs mixed comparison (a strategy or composition is missing)"
+    pure = gn["one sign"].drop("random").dropna()
+    pure = pure[pure > 0]   # a one-sign mini-batch of only A = 0 rollouts has no gradient
+    ref = float(gn.loc["random", "mixed"])
+    if pure.empty:
+        return "no strategy has sign-pure mini-batches with a gradient"
+    parts = [f"{k} {v:.3f} ({comparison_word(v, ref)} random's)" for k, v in pure.items()]
+    word = {comparison_word(v, ref).split()[0] for v in pure}
+    verdict = ("larger, as the cancellation reading expects" if word == {"larger"} else
+               "smaller, not what the cancellation reading expects" if word == {"smaller"} else "mixed")
+    return (f"median gradient norm of sign-pure mini-batches: {', '.join(parts)}; random's mixed mini-batches "
+            f"{ref:.3f}: sign-pure is {verdict}")
+
+
+def table2_html(R) -> str:
+    """Table 2 as shown, as HTML with a fixed id (a pandas Styler prints a new id and memory address on every
+    run, so the executed notebook would change with each rerun)."""
+    return table2_shown(R).style.hide(axis="index").set_uuid("table2").to_html()
+
+
+def sweep_shown(R) -> pd.DataFrame | None:
+    """The lr sweep as displayed (None without one): final average ± 95% t half-width over seeds, runs
+    collapsed, optimizer steps."""
+    if R.probe_evals is None or R.sweep.empty:
+        return None
+    return R.sweep.groupby(["strategy", "lr"]).agg(
+        final_avg=("final", lambda x: f"{100 * x.mean():.1f} ± {100 * ST.t_interval(x)[2] - 100 * x.mean():.1f}"
+                   if len(x) > 1 else f"{100 * x.mean():.1f}"),
+        collapsed=("collapsed", lambda x: f"{int(x.sum())}/{len(x)}"),
+        optimizer_steps=("optimizer_steps", "mean")).unstack("strategy")
+
+
+def versus_random(R: Result, P: Params) -> str:
+    """Each strategy's final average against the baseline, seed by seed, and its collapsed runs."""
+    fa, lines = R.final_avg, []
+    for name in P.strategies:
+        d = 100 * (fa[name] - fa["random"]) if "random" in fa else pd.Series(dtype=float)
+        collapsed = int((fa[name] < 0.5 * R.start / 100).sum())
+        lines.append(f"{name:>16}: final average {100 * fa[name].mean():5.1f}% (per seed "
+                     + ", ".join(f"{100 * v:.1f}" for v in fa[name]) + f"), vs random {d.mean():+5.1f} pts "
+                     f"(per seed " + ", ".join(f"{v:+.1f}" for v in d) + f"), collapsed runs {collapsed}/{len(P.seeds)}")
+    return "\n".join(lines)
+
+
+def equal_rollouts(R: Result) -> str:
+    """The equal-rollout-budget arm as text: final average (%) per seed beside random's, then the
+    rollouts sampled and optimizer steps of each strategy (mean over seeds)."""
+    if R.budget is None:
+        return "no equal-rollout-budget runs (budget_strategies is empty)"
+    b = R.budget.pivot(index="seed", columns="strategy", values="final").mul(100)
+    b.insert(0, "random", 100 * R.final_avg["random"].reindex(b.index))
+    t2 = R.table2.set_index("strategy")
+    cost = R.budget.groupby("strategy", sort=False)[["rollouts_sampled", "optimizer_steps"]].mean()
+    cost.loc["random"] = t2.loc["random", ["rollouts_sampled", "optimizer_steps"]]
+    return ("final average held-out accuracy (%), equal rollout budget:\n" + b.round(1).to_string()
+            + "\n\nper run (mean over seeds):\n" + cost.round(0).to_string())
+
+
+def cross_check(R: Result, P: Params) -> str:
+    """The small trainer against TRL on the same strategies (engine 'small'), as text."""
+    if P.engine == "trl":
+        return ("engine = 'trl': the runs above are already TRL's; the small trainer is not run, so there is no "
+                "small-vs-TRL cross-check on this profile (run the tiny profile for it).")
+    if R.trl_vs_small is None:
+        return "no TRL cross-check (trl_strategies is empty)"
+    return ("average held-out accuracy, small trainer vs TRL (same strategy, seed, batch shape, lr):\n"
+            + (R.trl_vs_small * 100).round(1).to_string()
+            + "\ncancellation monitor on the TRL runs (mean share per optimizer step):\n"
+            + R.trl_monitor_shares.round(3).to_string())
+
+
+def summary(R: Result) -> str:
+    """The runs: how many, this session's seconds, threads (engine 'trl': how its frames differ)."""
+    r = R.runs
+    if not r:
+        return ""
+    out = (f"{r['runs']} runs ({r['strategies']} strategies x seeds {r['seeds']}, {r['sweep']} sweep runs, "
+           f"{r['budget']} equal-rollout-budget runs), {r['seconds']:.0f} s in this session "
+           f"(0 s means every run came from the cache), torch threads {r['threads']}")
+    if r["engine"] == "trl":
+        out += ("\nengine = 'trl': every run below (Fig. 8, Table 2, Fig. 7(a), the lr sweep) is TRL's "
+                "GRPOTrainer (engine.train_trl), read back through engine.small_trainer_frames into the small "
+                "trainer's frames. Differences from the small trainer's columns:\n- " + "\n- ".join(rl_engine.TRL_FRAME_NOTES))
+    return out
+
+
+def table2_summary(R: Result, P: Params) -> str:
+    """The starting accuracy, run size, evaluation noise, optimizer steps per run (and why some took fewer),
+    and the reward's coverage of a problem file."""
+    table2 = R.table2
+    causes = {}   # why a strategy took fewer steps than the most: each cause, with the strategies it applies to
+    for s in table2.strategy[table2.optimizer_steps < table2.optimizer_steps.max()]:
+        causes.setdefault(_fewer_steps_cause(s, P), []).append(s)
+    why = "; ".join(f"{', '.join(names)}: {cause}" for cause, names in causes.items())
+    note = (f"start (every run's iteration 0): average accuracy {R.start:.1f}%; {len(P.seeds)} seeds {P.seeds}, "
+            f"{P.iterations} iterations x {P.n_minibatches} Adam steps, lr {P.lr:g}; evaluation avg@{P.eval_samples} "
+            f"on {P.eval_n} problems per set (binomial SE of one run's score on one set up to "
+            f"{100 * 0.5 / np.sqrt(P.eval_n * P.eval_samples):.1f} pts)\n"
+            "optimizer steps per run " + ("equal across strategies" if table2.optimizer_steps.nunique() == 1 else
+                                          f"differ across strategies ({why})")
+            + ": " + ", ".join(f"{s} {v:g}" for s, v in zip(table2.strategy, table2.optimizer_steps)))
+    coverage = coverage_line(R.iters, P)
+    return note + ("\n" + coverage if coverage else "")
+
+
+def _fewer_steps_cause(name: str, P: Params) -> str:
+    """Why strategy `name` can take fewer optimizer steps than the others."""
+    s = strategies.STRATEGIES[name]
+    if s.buffered:
+        return ("the whole-run sampling budget (run_rounds) ran out before every iteration had released a batch; "
+                "a larger run_rounds equalises them" if P.run_rounds else
+                "the buffer released no batch within max_rounds on some iterations; run_rounds > 0 keeps it sampling")
+    if s.filtered:
+        return "no step on an iteration whose batch held only zero-variance (A = 0) groups"
+    return "no step on some iterations"

@@ -1,7 +1,7 @@
 """Notebook 07's figures: Fig. 8 (training curves) and Fig. 7(a) (what sign partitioning does).
 
 Both read only what `fig07.Result.write` commits (curves, iterations, mini-batches, Table 2), so
-`from_tables` rebuilds what they plot from data/results/<profile>/ without retraining.
+`fig07.load(results_dir, P)` rebuilds what they plot from data/results/<profile>/ without retraining.
 """
 from __future__ import annotations
 
@@ -158,16 +158,3 @@ def sign_partition(R, strategies: list):
     axes[2].legend(frameon=False, fontsize=6)
     fig.tight_layout()
     return fig
-
-
-def from_tables(results_dir, P):
-    """What the two figures read, from the committed tables: fig07.result_from_tables plus the held-out sets,
-    Table 2's final accuracies per set (its mean and 95% half-width columns), the mini-batches' composition."""
-    R = fig07.result_from_tables(results_dir, P)
-    R.set_names = [s for s in R.curves.set.unique() if s != "average"]
-    R.cols = R.set_names + ["average"]
-    t = R.table2.set_index("strategy")
-    R.agg = pd.DataFrame([dict(strategy=s, set=c, mean=t.loc[s, f"{c}_mean"] / 100, ci=t.loc[s, f"{c}_ci95"] / 100)
-                          for s in t.index for c in R.cols])
-    R.minibatches = fig07.with_composition(R.minibatches)
-    return R
