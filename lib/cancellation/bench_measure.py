@@ -85,7 +85,7 @@ def pack(repeats: int = 3, threads: int = 1, batches: str = "0,1"):
     training dtype), whose weight gradients the pack sums in the padded layout where this CPU needs it."""
     P = fig01.Params()
     model, tok = policy.load_policy(P.model_path, dtype=P.dtype)
-    scfg = fig01.base.sample_config(P, fig01.base.problem_source(P))
+    scfg = fig01.run_config(P, fig01.base.problem_source(P)).sample_config()   # its rounds' SampleConfig
     cfg = P.compute().update(optimizer="adam", lr=P.lr, n_minibatches=P.n_minibatches)
     before_threads = torch.get_num_threads()
     torch.set_num_threads(threads)

@@ -138,10 +138,10 @@ DEFAULT_PROMPT = {"generated": 48, "file": 256}  # only when the tokenizer or th
 def prompt_lengths(P, root: Path = ROOT) -> tuple[int, int, str]:
     """(mean, max) prompt tokens of the notebook's problems, rendered as its runs render them (first
     512 problems of a file; 256 generated ones), and how they were found."""
-    path = getattr(P, "problems_path", "")
+    path = P.problems_path
     try:
         tok = tokenizer_for(_local(P.model_path, root))
-        src = sources.ProblemSource(path=_local(path, root) if path else "", prompt_format=getattr(P, "prompt_format", "auto"))
+        src = sources.ProblemSource(path=_local(path, root) if path else "", prompt_format=P.prompt_format)
         probs = src.load()[:512] if path else tasks.sample_problems(256, seed=0)
         n = [len(tok(src.render(p, tok), add_special_tokens=False)["input_ids"]) for p in probs]
         return int(round(sum(n) / len(n))), max(n), "tokenized"
@@ -320,7 +320,7 @@ def rank_memory(P, shape: Shape, mem: dict, procs: int, whole: bool = False) -> 
     the CPU every rank shares the host's memory: procs copies. `whole` (procs.WHOLE_RUNS: 01's runs, 04's
     batches, 07's TRL runs): each rank does whole units, each as the one-process plan does, while the kernel
     holds no model: nothing more on a GPU, procs - 1 more units side by side on the CPU."""
-    cuda = str(getattr(P, "device", "cpu")).startswith("cuda")
+    cuda = str(P.device).startswith("cuda")
     if whole:
         return 0 if cuda else (procs - 1) * sum(mem.values())
     copy = mem["vllm"] if "vllm" in mem else \
@@ -366,7 +366,7 @@ def card_terms(P, shape: Shape, w: Work, mem: dict, procs: int, stem: str, conte
       ranks take GRPO steps (procs.POLICY_RANKS: 06's settings x seeds), rank 0 holds the policy, its gradients,
       activations and logits instead of the sampler: what that adds to the copy. The largest over the fanned parts
       (they run one after another). Whole-run notebooks (procs.WHOLE_RUNS): rank 0 is the one-process plan."""
-    if not str(getattr(P, "device", "cpu")).startswith("cuda"):
+    if not str(P.device).startswith("cuda"):
         return {}
     parts = _fanned(stem, w, procs)
     out = {"cuda_contexts": context * (1 + (1 if parts else 0) + (1 if parts and _isolated(stem, P) else 0))}
@@ -573,7 +573,7 @@ def make(stem: str, params: dict, root: Path = ROOT, scale_dir: Path | None = No
     # Params field reaches the plan there
     mod = manifest.get(stem).load()
     P = mod.Params(**{k: v for k, v in params.items() if k not in INJECTED})   # the runner's names are not Params'
-    device = getattr(P, "device", "cpu")
+    device = P.device
     if kind is None:
         kind = device_kind(device)
         total = total_memory if total_memory is not None else device_memory(device)

@@ -92,9 +92,9 @@ ISOLATED = {"07_batching": ("engine", "trl"), "01_token_flipping": ("backend", "
 # pool of 11 and the held-out tokens; 06 once per batch with valued tokens, the base and the composition batch)
 FAN_OUTS = {("01_token_flipping", "Fig. 9's runs"): lambda P: 0,
             ("05_value_gap", "valued tokens' Monte Carlo continuations"):
-                lambda P: len(P.estimators) + 1 + (1 if getattr(P, "heldout_per_cell", 0) else 0),
+                lambda P: len(P.estimators) + 1 + (1 if P.heldout_per_cell else 0),
             ("06_sampling_budget", "valued tokens' Monte Carlo continuations"):
-                lambda P: 1 + (1 if getattr(P, "comp_groups", 0) else 0)}
+                lambda P: 1 + (1 if P.comp_groups else 0)}
 
 
 class RankFailed(RuntimeError):

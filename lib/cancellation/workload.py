@@ -71,9 +71,10 @@ def ceil(a, b):
     return -(-int(a) // max(int(b), 1))
 
 
-def sample_rows(P) -> int | None:
-    """Rollouts per HF sampler call of a notebook that samples through base.sample_config (its KV cache rows)."""
-    return getattr(P, "sample_rows", None)
+def sample_rows(P) -> int:
+    """Rollouts per HF sampler call of a notebook that samples through base.sample_config (its KV cache rows;
+    every such notebook's Params declares sample_rows)."""
+    return P.sample_rows
 
 
 def sample(w: Work, rows: int, z: Sizes, chunk_rows_decode: int | None = None, times: int = 1):
@@ -129,7 +130,7 @@ def features(w: Work, P, shape, z, rows):
 def trl_compact(P) -> bool:
     """Whether TRL's fused LM head scores only the completion positions (Triton on a CUDA/XPU device, assumed
     there) or every position of the rows (elsewhere: a CPU), as `trl.trainer.utils.add_fused_lm_head` does."""
-    return str(getattr(P, "device", "cpu")).startswith(("cuda", "xpu"))
+    return str(P.device).startswith(("cuda", "xpu"))
 
 
 def trl_run(w: Work, P, z: Sizes, runs: int = 1, iterations: int | None = None, rb: bool = False,

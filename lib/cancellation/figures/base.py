@@ -167,9 +167,8 @@ def pin_threads(P):
 
 def problem_source(P) -> sources.ProblemSource:
     """The figure's problems, loaded now: a malformed problem file stops here, before any model loads."""
-    source = sources.ProblemSource(path=P.problems_path, prompt_format=P.prompt_format,
-                                 answer_mode=getattr(P, "answer_mode", "auto"),
-                                 unrewardable_golds=getattr(P, "unrewardable_golds", "refuse"))
+    source = sources.ProblemSource(path=P.problems_path, prompt_format=P.prompt_format, answer_mode=P.answer_mode,
+                                   unrewardable_golds=P.unrewardable_golds)
     source.load()
     if source.path and dry_run() is None:   # what the reward can never credit, said (or refused) before the run
         print(source.admit(), flush=True)
@@ -229,7 +228,7 @@ def sample_config(P, source: sources.ProblemSource, sampler: bool = False, **ove
     the knobs of the sampler `load_sampler` builds (backend, sample_dtype, gpu_memory_utilization).
     Without it, rows are drawn from the float policy itself (the SampleConfig's defaults)."""
     kw = dict(n_prompts=P.n_prompts, G=P.G, temperature=P.temperature, max_new_tokens=P.max_new_tokens,
-              device=P.device, source=source, token_chunk=P.token_chunk, chunk_size=getattr(P, "sample_rows", 256),
+              device=P.device, source=source, token_chunk=P.token_chunk, chunk_size=P.sample_rows,
               hf_sampler=P.hf_path())
     if sampler:
         kw.update(backend=P.backend, dtype=P.sample_dtype, gpu_memory_utilization=P.gpu_memory_utilization)

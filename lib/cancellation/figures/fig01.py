@@ -320,7 +320,7 @@ def workload(P: Params, shape, z: W.Sizes) -> W.Work:
     W.step(w, "full", rows, z, cr)
     w.extra_bytes += shape.params * 8   # the float64 (or float32) copy of the round-off check
     w.extra_why.append("a float64 copy of θ (round-off check)")
-    runs = 2 + (2 if P.control_model_path else 0) + (1 if getattr(P, "sgd_lr", 0) else 0)
+    runs = 2 + (2 if P.control_model_path else 0) + (1 if P.sgd_lr else 0)
     others = sum(1 for m in P.models if not (m == P.model_path and P.fig9_steps <= P.steps))
     with w.split("the model grid's GRPO runs", runs):
         W.delta_run(w, P, z, rows, runs * P.steps, P.n_minibatches, cr)

@@ -545,7 +545,7 @@ def workload(P: Params, shape, z: W.Sizes) -> W.Work:
     # the value gap's null (null_steps): the matrix path takes per-rollout gradients (one backward per rollout:
     # one step's worth), holds rollouts x parameters float64 and runs a forward per order; the exact path a step
     # and a forward per order
-    k1 = getattr(P, "null_shuffles", 0) + 1
+    k1 = P.null_shuffles + 1
     if rows * shape.params * 8 <= NULL_MATRIX_BYTES:
         W.step(w, "full", rows, z, cr)
         W.analysis(w, rows, z, cr, times=k1 + 1)
@@ -554,7 +554,7 @@ def workload(P: Params, shape, z: W.Sizes) -> W.Work:
     else:
         W.step(w, "full", rows, z, cr, times=k1)
         W.analysis(w, rows, z, cr, times=k1 + 1)
-    h = getattr(P, "heldout_per_cell", 0)
+    h = P.heldout_per_cell
     if h:  # held-out states: a second batch, its forward before and after one step, 4 cells valued
         W.sample(w, rows, z, chunk_rows_decode=W.sample_rows(P))
         W.analysis(w, rows, z, cr, times=3)

@@ -552,7 +552,7 @@ def workload(P: Params, shape, z: W.Sizes) -> W.Work:
                           if P.backend == "vllm" else ""))
     else:
         runs = len(P.strategies) * len(P.seeds) + len(P.probe_lrs) * len(P.probe_strategies) * len(P.probe_seeds)
-        runs += len(getattr(P, "budget_strategies", [])) * len(P.seeds)   # equal-rollout arm: at most as many rounds
+        runs += len(P.budget_strategies) * len(P.seeds)   # equal-rollout arm: at most as many rounds
         rb = any(strategies.STRATEGIES[s].reward_balanced for s in P.strategies)
         rounds = P.iterations * (2 if rb else 1)          # RB samples extra rounds: about 2 per iteration
         with w.split("runs (strategy x seed)", runs):
@@ -569,7 +569,7 @@ def workload(P: Params, shape, z: W.Sizes) -> W.Work:
                     W.trl_run(w, P, z, rb=strategies.STRATEGIES[s].reward_balanced)
                     W.sample(w, eval_rows, z, times=evals_per_run)
             w.notes.append(f"{len(trl)} TRL cross-check runs (workload.trl_run)")
-    d = getattr(P, "imbalance_plans", 0)
+    d = P.imbalance_plans
     if d:  # Eq. 14: each seed's first batch, and 3 plans x d draws + the whole batch of gradients at θ0
         with w.split("Eq. 14's seeds", len(P.seeds)):
             W.sample(w, rows, z, times=len(P.seeds))
