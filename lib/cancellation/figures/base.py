@@ -45,23 +45,29 @@ def param(default, doc: str, **rules):
 
 
 # ----------------------------------------------------------------------------- the parameters most figures take
-def model_path(default: str = "data/policies/tiny-m"):
-    return param(default, "policy: a local Hugging Face model directory or a hub repo id", path="model")
+# One helper per field: its rules and its usual doc, declared once. A figure passes its own default, and a doc
+# only where it says more about what the field does there (`G: int = base.G(16, "rollouts per prompt in the base
+# batch")`); the rules are the helper's. The field stays where the figure declares it (its Params' order).
+DTYPES = ["float64", "float32", "bfloat16", "float16"]
 
 
-def dtype(default: str = "float64"):
-    return param(default, "precision of analysis forwards and updates (float64: SGD-size Δ are below float32 round-off)",
-                 choices=["float64", "float32", "bfloat16", "float16"])
+def model_path(default: str = "data/policies/tiny-m",
+               doc: str = "policy: a local Hugging Face model directory or a hub repo id"):
+    return param(default, doc, path="model")
 
 
-def sample_dtype(default: str = ""):
-    return param(default, "dtype of the sampler copy (batches, Monte Carlo continuations); empty: the training "
-                 "model itself (paper: bfloat16)", choices=["", "float64", "float32", "bfloat16", "float16"])
+def dtype(default: str = "float64",
+          doc: str = "precision of analysis forwards and updates (float64: SGD-size Δ are below float32 round-off)"):
+    return param(default, doc, choices=list(DTYPES))
 
 
-def backend():
-    return param("hf", "sampler: 'hf' (our KV-cache sampler) or 'vllm' (GPU; weights pushed after every update)",
-                 choices=["hf", "vllm"])
+def sample_dtype(default: str = "", doc: str = "dtype of the sampler copy (batches, Monte Carlo continuations); "
+                 "empty: the training model itself (paper: bfloat16)"):
+    return param(default, doc, choices=["", *DTYPES])
+
+
+def backend(doc: str = "sampler: 'hf' (our KV-cache sampler) or 'vllm' (GPU; weights pushed after every update)"):
+    return param("hf", doc, choices=["hf", "vllm"])
 
 
 def hf_sampler():
@@ -84,10 +90,34 @@ def sample_rows():
                  min=1)
 
 
+def seed(doc: str = "seeds prompts, sampling and every random draw of the figure"):
+    return param(0, doc, min=0)
 
 
-def seed():
-    return param(0, "seeds prompts, sampling and every random draw of the figure", min=0)
+# the sizes of a sampled batch (base.sample_config, train.RunConfig / TrainConfig read them by these names)
+def n_prompts(default: int, doc: str = "prompts per batch"):
+    return param(default, doc, min=1)
+
+
+def G(default: int = 8, doc: str = "rollouts per prompt (≥ 2: one rollout gives no advantage)"):
+    return param(default, doc, min=2)
+
+
+def temperature(default: float = 1.0, doc: str = "sampling temperature"):
+    return param(default, doc, gt=0)
+
+
+def max_new_tokens(default: int = 96, doc: str = "response length cap"):
+    return param(default, doc, min=1)
+
+
+# what the Δlog p figures share
+def eps(default: float = 1e-6, doc: str = "boosted/suppressed threshold on Δlog p"):
+    return param(default, doc, gt=0)
+
+
+def tagger(doc: str = "POS tagger of the token categories"):
+    return param("shipped", doc, choices=["shipped", "auto", "perceptron"])
 
 
 @dataclass

@@ -39,21 +39,21 @@ class Params(base.FigureParams):
     gpu_memory_utilization: float = base.gpu_memory_utilization()
     steps: int = param(16, "GRPO steps of the main run and of the positive-only run", min=1)
     fig9_steps: int = param(8, "GRPO steps per model for Fig. 9", min=1)
-    n_prompts: int = param(16, "prompts per batch", min=1)
-    G: int = param(8, "rollouts per prompt (≥ 2: a group needs two rollouts for a nonzero advantage)", min=2)
+    n_prompts: int = base.n_prompts(16)
+    G: int = base.G(doc="rollouts per prompt (≥ 2: a group needs two rollouts for a nonzero advantage)")
     lr: float = param(1e-4, "Adam learning rate", gt=0)
     sgd_lr: float = param(0.1, "lr of an SGD run beside the Adam run, every other setting equal (Adam's early "
                           "steps are sign-like; the paper's causal SGD lr, App. D.2); 0: no SGD run", min=0)
     n_minibatches: int = param(2, "optimizer steps per batch (random mini-batches)", min=1)
-    temperature: float = param(1.0, "sampling temperature", gt=0)
-    max_new_tokens: int = param(96, "response length cap", min=1)
-    eps: float = param(1e-6, "boosted/suppressed threshold on Δlog p", gt=0)
+    temperature: float = base.temperature()
+    max_new_tokens: int = base.max_new_tokens()
+    eps: float = base.eps()
     gradient_checkpointing: bool = base.gradient_checkpointing()
     seed: int = base.seed()
     control_model_path: str = param("data/policies/tiny-m-fixed",
                                     "fixed-scaffold control policy for Fig. 1(d); empty: none",
                                     path="model", optional=True)
-    tagger: str = param("shipped", "POS tagger of the token categories", choices=["shipped", "auto", "perceptron"])
+    tagger: str = base.tagger()
 
 
 def run_config(P, source: sources.ProblemSource) -> train.RunConfig:

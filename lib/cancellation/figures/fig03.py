@@ -40,10 +40,10 @@ class Params(base.FigureParams):
                     "every topk_full_sizes entry must be <= max(topk_sizes)"),)
     model_path: str = base.model_path()
     dtype: str = base.dtype()
-    n_prompts: int = param(16, "prompts in the masked-update batch", min=1)
-    G: int = param(8, "rollouts per prompt (≥ 2: one rollout gives no advantage)", min=2)
-    temperature: float = param(1.0, "sampling temperature", gt=0)
-    max_new_tokens: int = param(96, "response length cap", min=1)
+    n_prompts: int = base.n_prompts(16, "prompts in the masked-update batch")
+    G: int = base.G()
+    temperature: float = base.temperature()
+    max_new_tokens: int = base.max_new_tokens()
     lr: float = param(0.1, "SGD lr of the masked-update steps (paper: 0.1)", gt=0)
     mask_size: int = param(8, "|M(c)|, equal for every kind", min=1)
     low_quantile: float = param(0.5, "low confidence: p below this quantile of the live tokens' p", gt=0, max=1)
@@ -66,7 +66,7 @@ class Params(base.FigureParams):
     sample_rows: int = base.sample_rows()
     gradient_checkpointing: bool = base.gradient_checkpointing("recompute activations in the backward of the "
                                                                "Fig. 10 run (large models)")
-    seed: int = param(0, "seeds prompts, sampling, candidates and masks", min=0)
+    seed: int = base.seed("seeds prompts, sampling, candidates and masks")
 
 
 @dataclass

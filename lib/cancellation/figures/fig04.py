@@ -45,19 +45,19 @@ TRIM = 0.01   # the robust mass (fig04_claims.mass_robust_lines): each batch's 1
 @dataclass
 class Params(base.FigureParams):
     """Notebook 04's parameters."""
-    model_path: str = param("data/policies/tiny-m", "the saved checkpoint θ₀: a local Hugging Face model directory "
-                            "or a hub repo id", path="model")
+    model_path: str = base.model_path(doc="the saved checkpoint θ₀: a local Hugging Face model directory "
+                                          "or a hub repo id")
     dtype: str = base.dtype()
     n_batches: int = param(40, "independent rollout batches (one per seed)", min=1)
-    n_prompts: int = param(8, "prompts per batch", min=1)
-    G: int = param(8, "rollouts per prompt (≥ 2: one rollout gives no advantage)", min=2)
+    n_prompts: int = base.n_prompts(8)
+    G: int = base.G()
     lr: float = param(0.1, "SGD learning rate (the paper's causal analyses use 0.1)", gt=0)
     scope: str = param("full", "'full' (all parameters) or 'lm_head'", choices=["full", "lm_head"])
-    temperature: float = param(1.0, "sampling temperature", gt=0)
-    max_new_tokens: int = param(96, "response length cap", min=1)
-    eps: float = param(1e-6, "boosted/suppressed threshold for the token counts", gt=0)
-    tagger: str = param("shipped", "'shipped' (NLTK lexicon+RegexpTagger; same tables everywhere), 'auto', "
-                        "'perceptron'", choices=["shipped", "auto", "perceptron"])
+    temperature: float = base.temperature()
+    max_new_tokens: int = base.max_new_tokens()
+    eps: float = base.eps(doc="boosted/suppressed threshold for the token counts")
+    tagger: str = base.tagger("'shipped' (NLTK lexicon+RegexpTagger; same tables everywhere), 'auto', "
+                              "'perceptron'")
     category_map: str = param("data/categories/arithmetic_roles.csv", "category table; empty: "
                               "data/categories/category_map.csv", path="file")
     compare_map: str = param("data/categories/category_map.csv", "a second table whose verdicts are shown beside; "
@@ -68,7 +68,7 @@ class Params(base.FigureParams):
     min_count: int = param(20, "a token type needs this many occurrences to enter that panel", min=1)
     sample_rows: int = base.sample_rows()
     gradient_checkpointing: bool = base.gradient_checkpointing()
-    seed: int = param(0, "first batch seed (batch i uses seed + 1000 + i)", min=0)
+    seed: int = base.seed("first batch seed (batch i uses seed + 1000 + i)")
     conf_bins: list = param([0.5, 0.9, 0.99], "edges on p of the confidence bins the thesis contrasts match on",
                             gt=0, lt=1, distinct=True)
     n_boot: int = param(1000, "bootstrap replicates of the thesis contrasts (batches, then groups)", min=100)

@@ -47,10 +47,10 @@ class Params(base.FigureParams):
     model_path: str = base.model_path()
     dtype: str = base.dtype()
     sample_dtype: str = base.sample_dtype("float32")
-    n_prompts: int = param(16, "prompts in the batch", min=1)
-    G: int = param(8, "rollouts per prompt (≥ 2: one rollout gives no advantage)", min=2)
-    temperature: float = param(1.0, "sampling temperature (batch and continuations)", gt=0)
-    max_new_tokens: int = param(96, "response cap (a continuation ends where a rollout would)", min=1)
+    n_prompts: int = base.n_prompts(16, "prompts in the batch")
+    G: int = base.G()
+    temperature: float = base.temperature(doc="sampling temperature (batch and continuations)")
+    max_new_tokens: int = base.max_new_tokens(doc="response cap (a continuation ends where a rollout would)")
     lr: float = param(0.1, "SGD learning rate of the GRPO step that splits Fig. 5's tokens (App. D.2: plain SGD, lr 0.1)",
                       gt=0)
     repeat_steps: int = param(10, "K: GRPO steps on the same batch for Fig. 11", min=1)
@@ -67,15 +67,14 @@ class Params(base.FigureParams):
                           "whatever their status", min=1)
     heldout_per_cell: int = param(60, "held-out states: tokens valued per (sign, boosted/suppressed) cell of a second "
                                   "batch (new prompts) that the step on the first never saw (0 skips)", min=0)
-    eps: float = param(1e-6, "boosted/suppressed threshold on Δlog p", gt=0)
+    eps: float = base.eps()
     p_max: float = param(0.999, "skip tokens with p_t above this (Eq. 20 divides by 1 - p_t)", gt=0, lt=1)
     M: int = param(16, "continuations per branch and token (paper: 256)", min=2)
     n_per_cell: int = param(100, "tokens valued per (rollout sign, boosted/suppressed) cell of step 1", min=1)
     estimators: list = param(["exclude", "paper"], "Δ̂ estimators computed on the same tokens ('paper' is Eq. 20); "
                              "the first is the one Fig. 5(b), the strata and Fig. 11 read",
                              choices=["exclude", "paper"], nonempty=True, distinct=True)
-    tagger: str = param("shipped", "token classes of the by-class gap (as notebook 04): 'shipped', 'auto', 'perceptron'",
-                        choices=["shipped", "auto", "perceptron"])
+    tagger: str = base.tagger("token classes of the by-class gap (as notebook 04): 'shipped', 'auto', 'perceptron'")
     category_map: str = param("", "path of a category table; empty: data/categories/category_map.csv", path="file")
     entropy_k: list = param([10, 20, 30, 40, 50, 60, 70, 80, 90, 100], "top-k% highest-entropy subsets of panel (b)",
                             gt=0, max=100, nonempty=True)

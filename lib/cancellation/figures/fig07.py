@@ -34,7 +34,6 @@ STRATEGY_NAMES = list(strategies.TABLE2_ROWS)     # the default rows of Table 2 
 STRATEGY_CHOICES = list(strategies.STRATEGIES)     # every registered strategy
 SMALL_ONLY = strategies.small_only()               # the strategies TRL does not run (random+filter)
 COLORS = strategies.COLORS                         # name -> colour, read off the registry (a live view)
-DTYPES = ["float64", "float32", "bfloat16", "float16"]
 
 
 @dataclass
@@ -52,8 +51,8 @@ class Params(base.FigureParams):
          "the equal-rollout-budget arm (budget_strategies) runs on the small trainer only (TRL's RB has no "
          "whole-run budget); set budget_strategies: []"),
     )
-    model_path: str = param("data/policies/tiny-m", "the policy every run starts from", path="model")
-    dtype: str = param("float32", "training precision (Adam steps are large; float32 suffices)", choices=DTYPES)
+    model_path: str = base.model_path(doc="the policy every run starts from")
+    dtype: str = base.dtype("float32", "training precision (Adam steps are large; float32 suffices)")
     engine: str = param("small", "small: the exact trainer of this artifact (tiny reference); "
                         "trl: TRL GRPOTrainer (paper scale)", choices=["small", "trl"])
     threads: int = param(1, "torch CPU threads per run (fixed: float32 sums depend on it; 1 is robust on a "
@@ -65,8 +64,8 @@ class Params(base.FigureParams):
     seeds: list = param([0, 1, 2], "training seeds per strategy (prompts, sampling, plans)",
                         min=0, nonempty=True, distinct=True)
     iterations: int = param(16, "update phases per run", min=1)
-    n_prompts: int = param(8, "prompts per sampling round", min=1)
-    G: int = param(8, "rollouts per prompt (≥ 2: one rollout gives no advantage)", min=2)
+    n_prompts: int = base.n_prompts(8, "prompts per sampling round")
+    G: int = base.G()
     n_minibatches: int = param(4, "optimizer steps per update phase", min=1)
     lr: float = param(3e-4, "Adam learning rate", gt=0)
     probe_lrs: list = param([1e-3], "larger learning rates of the stability sweep, each a separate set of runs",
@@ -86,8 +85,8 @@ class Params(base.FigureParams):
     max_age: int = param(2, "RB and DS: rounds a buffered rollout may wait before it is discarded", min=0)
     run_rounds: int = param(0, "RB and DS: sampling rounds for a whole run; above 0 an iteration samples until a batch "
                             "is released (equal optimizer steps)", min=0)
-    temperature: float = param(1.0, "training sampling temperature", gt=0)
-    max_new_tokens: int = param(96, "response length cap", min=1)
+    temperature: float = base.temperature(doc="training sampling temperature")
+    max_new_tokens: int = base.max_new_tokens()
     eval_every: int = param(4, "iterations between held-out evaluations", min=1)
     eval_sets: list = param(["easy", "medium", "hard"], "held-out sets: difficulty levels (tasks.eval_set) or "
                             "problem files", path="file-or-choice", choices=["easy", "medium", "hard"],
@@ -95,9 +94,9 @@ class Params(base.FigureParams):
     eval_n: int = param(64, "problems per evaluation set", min=1)
     eval_samples: int = param(1, "samples per problem (avg@k)", min=1)
     eval_temperature: float = param(1.0, "evaluation temperature (1: the temperature the policy trains at)", gt=0)
-    sample_dtype: str = param("", "dtype of the sampler copy; empty: the training model itself (paper: bfloat16)",
-                              choices=["", *DTYPES])
-    backend: str = param("hf", "sampler: 'hf' or 'vllm' (weights pushed after every update)", choices=["hf", "vllm"])
+    sample_dtype: str = base.sample_dtype(doc="dtype of the sampler copy; empty: the training model itself "
+                                              "(paper: bfloat16)")
+    backend: str = base.backend("sampler: 'hf' or 'vllm' (weights pushed after every update)")
     gpu_memory_utilization: float = base.gpu_memory_utilization()
     gradient_checkpointing: bool = base.gradient_checkpointing()
     trl_strategies: list = param(["random", "QB+RB"], "strategies also trained on TRL (engine.train_trl) as a "
