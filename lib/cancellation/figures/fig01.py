@@ -200,20 +200,37 @@ def eps_sensitivity(signed: pd.DataFrame, eps: float) -> pd.DataFrame:
                          for name, m in (("all", signed.prob >= 0), ("p<0.9", ~conf), ("p>=0.9", conf))])
 
 
-def delta_runs(P: Params, cfg) -> dict:
-    """Every Δlog p run this notebook reads (`train.cached_delta_runs`): name -> (policy path, RunConfig).
-    ('main', r): the GRPO run, the positive-only run and (sgd_lr) the SGD control, its own rows, never in
-    the categories of Fig. 1(d); ('control', r): the fixed-scaffold policy's GRPO and positive-only runs;
-    ('fig9', path): Fig. 9's run of each model (the main GRPO run itself where it is long enough)."""
-    out = {("main", "grpo"): (P.model_path, cfg), ("main", "positive_only"): (P.model_path, positive_only(cfg))}
+def run_grid(P: Params) -> dict:
+    """Which Δlog p runs this notebook trains, decided once (`delta_runs` builds them, `workload` counts them):
+    name -> (policy path, variant, steps). ('main', r): the GRPO run, the positive-only run and (sgd_lr) the SGD
+    control, its own rows, never in the categories of Fig. 1(d); ('control', r): the fixed-scaffold policy's GRPO
+    and positive-only runs; ('fig9', path): Fig. 9's run of each model (the main GRPO run itself where it is long
+    enough). The variant names the run's update (`VARIANTS`)."""
+    out = {("main", "grpo"): (P.model_path, "grpo", P.steps),
+           ("main", "positive_only"): (P.model_path, "positive_only", P.steps)}
     if P.sgd_lr:
-        out[("main", "grpo_sgd")] = (P.model_path, sgd_run(cfg, P.sgd_lr))
+        out[("main", "grpo_sgd")] = (P.model_path, "sgd", P.steps)
     if P.control_model_path:
-        out[("control", "grpo")] = (P.control_model_path, cfg)
-        out[("control", "positive_only")] = (P.control_model_path, positive_only(cfg))
+        out[("control", "grpo")] = (P.control_model_path, "grpo", P.steps)
+        out[("control", "positive_only")] = (P.control_model_path, "positive_only", P.steps)
     for path in P.models:
         if not (path == P.model_path and P.fig9_steps <= P.steps):
-            out[("fig9", path)] = (path, replace(cfg, steps=P.fig9_steps))
+            out[("fig9", path)] = (path, "grpo", P.fig9_steps)
+    return out
+
+
+# a run's update from the GRPO run's config (`run_grid`'s variants)
+VARIANTS = {"grpo": lambda cfg, P: cfg, "positive_only": lambda cfg, P: positive_only(cfg),
+            "sgd": lambda cfg, P: sgd_run(cfg, P.sgd_lr)}
+
+
+def delta_runs(P: Params, cfg) -> dict:
+    """Every Δlog p run this notebook reads (`train.cached_delta_runs`): name -> (policy path, RunConfig), the
+    runs of `run_grid` built from the GRPO run's `cfg`."""
+    out = {}
+    for name, (path, variant, steps) in run_grid(P).items():
+        c = VARIANTS[variant](cfg, P)
+        out[name] = (path, c if steps == c.steps else replace(c, steps=steps))
     return out
 
 
@@ -320,13 +337,15 @@ def workload(P: Params, shape, z: W.Sizes) -> W.Work:
     W.step(w, "full", rows, z, cr)
     w.extra_bytes += shape.params * 8   # the float64 (or float32) copy of the round-off check
     w.extra_why.append("a float64 copy of θ (round-off check)")
-    runs = 2 + (2 if P.control_model_path else 0) + (1 if P.sgd_lr else 0)
-    others = sum(1 for m in P.models if not (m == P.model_path and P.fig9_steps <= P.steps))
-    with w.split("the model grid's GRPO runs", runs):
-        W.delta_run(w, P, z, rows, runs * P.steps, P.n_minibatches, cr)
+    grid = run_grid(P)   # the runs compute() trains
+    runs = [steps for (group, _), (_, _, steps) in grid.items() if group != "fig9"]
+    fig9 = [steps for (group, _), (_, _, steps) in grid.items() if group == "fig9"]
+    others = len(fig9)
+    with w.split("the model grid's GRPO runs", len(runs)):
+        W.delta_run(w, P, z, rows, sum(runs), P.n_minibatches, cr)
     # Fig. 9's other models are counted at this model's shape (they differ: an approximation)
     with w.split("Fig. 9's runs", others):
-        W.delta_run(w, P, z, rows, others * P.fig9_steps, P.n_minibatches, cr)
+        W.delta_run(w, P, z, rows, sum(fig9), P.n_minibatches, cr)
     if others:
         w.notes.append(f"Fig. 9's {others} other model(s) counted at {Path(P.model_path).name}'s shape")
     return w
