@@ -18,6 +18,7 @@ import torch
 
 from .. import cache, engine, policy, procs, stage, train
 from ..compute import Compute
+from ..guard import knob
 from .data import micro_batch, micro_rows
 
 # what a cached TRL run keeps of train_trl's output
@@ -31,9 +32,9 @@ class TrlSetup:
     dtype: str                     # training precision
     device: str                    # where it trains
     threads: int                   # torch CPU threads (a run in a fresh process pins them, as compute() does)
-    gradient_checkpointing: bool   # TRL's activation checkpointing
     compute: Compute               # the memory knobs (token_chunk bounds TRL's loss forwards)
     save_every: int                # iterations between checkpoints under the run's cache folder (0: none)
+    gradient_checkpointing: bool = knob("gradient_checkpointing")   # TRL's activation checkpointing (a memory knob)
 
 
 def trl_arguments(run: train.TrainConfig) -> dict:
