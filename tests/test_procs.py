@@ -156,7 +156,7 @@ def test_compute_on_two_processes_gives_the_same_tables(ref, tmp_path, monkeypat
         monkeypatch.setattr(cache, "DEFAULT_DIR", d / "cache")   # this process's cache and the ranks'
         monkeypatch.setenv("CANCELLATION_CACHE", str(d / "cache"))
         monkeypatch.setenv(procs.PROCS_ENV, str(n))
-        mod.compute(P).write(d / "tables")
+        mod.compute(P).write(d / "tables", P)
     assert all(line in capsys.readouterr().out for line in SHOWN[ref])
     one = sorted((tmp_path / "1" / "tables").glob("*.parquet"))
     assert len(one) >= 6
