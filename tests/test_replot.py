@@ -7,7 +7,7 @@ import time
 import pandas as pd
 import pytest
 
-from cancellation import execute, manifest, profiles
+from cancellation import execute, manifest, profiles, run
 from cancellation.figures import replot
 
 ROOT = profiles.ROOT
@@ -67,3 +67,12 @@ def test_replot_keeps_frames_series_and_arrays(tmp_path):
     pd.testing.assert_series_equal(got["s"], s)
     assert got["arr"].dtype == arr.dtype and (got["arr"] == arr).all()
     assert got["facts"] == {"n": 3, "xs": [1, 2]}
+
+
+def test_replot_of_a_run_that_never_wrote_tables_stops_in_one_line(capsys):
+    """--replot with overrides reads runs/<hash>/: a folder no run wrote stops before any kernel starts (exit 2)."""
+    with pytest.raises(SystemExit) as e:
+        run.main(["02", "--profile", "tiny", "--replot", "-p", "n_pairs", "123"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "nothing to replot" in err and "runs/" in err and "make fig02" in err
