@@ -106,6 +106,8 @@ def restore(results_dir, P) -> dict:
         raise ReplotError(f"{name}: the tables in {results_dir} were computed with other parameters ({shown}"
                           f"{' ...' if len(moved) > 6 else ''}); replotting them would label the figures with values "
                           f"their numbers do not have: run the notebook (make fig{name[:2]}) to recompute")
+    print(f"redrawn from the tables in {results_dir} (make plots): nothing computed; any seconds below are those of "
+          f"the run that wrote them", flush=True)
     out = {}
     for k, meta in doc["fields"].items():
         if "value" in meta:
