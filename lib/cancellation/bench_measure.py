@@ -156,7 +156,7 @@ def trials(batch: int = 0, repeats: int = 3, threads: int = 1):
             for rw in fig04.UPDATES:
                 df[f"delta_{rw}"] = t.delta(cc.update(optimizer="sgd", lr=P.lr, scope=P.scope, reweight=rw))[
                     b.response_mask].double().numpy()
-            fig04.thesis_updates(P, cc, b, t, df, bseed)
+            fig04.thesis_updates(P, b, t, df, bseed)
             df["restore_error"] = t.restore_error()
             return df
         return go

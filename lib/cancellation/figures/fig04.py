@@ -181,21 +181,20 @@ def batch_table(P: Params, model, tok, batch, i: int, bseed: int, main: bool, sh
         cfg = cc.update(optimizer="sgd", lr=P.lr, scope=P.scope, reweight=rw)
         df[f"delta_{rw}"] = trials.delta(cfg)[m].double().cpu().numpy()
     if main:  # the thesis rows' updates (lib/cancellation/thesis.py), each from θ₀ too, and Eq. 9's terms
-        thesis_updates(P, cc, batch, trials, df, bseed)
-        _first_order(P, cc, model, batch, trials.before, df, bseed)
+        thesis_updates(P, batch, trials, df, bseed)
+        _first_order(P, model, batch, trials.before, df, bseed)
     # θ₀ must come back exactly for the second update (Algorithm 2, line 10): 0.0 (grpo.Trials.restore_error)
     df["restore_error"] = trials.restore_error()
     df["mixed_groups"] = batch.mixed_groups()
     return df
 
 
-def thesis_updates(P: Params, cc, batch, trials, df: pd.DataFrame, bseed: int) -> None:
+def thesis_updates(P: Params, batch, trials, df: pd.DataFrame, bseed: int) -> None:
     """The thesis rows' steps from θ₀ on one batch (`trials`: grpo.Trials), as columns of its token table
     `df`: negative-only; GRPO with the opposite-sign copies masked and with `n_random_masks` random masks disjoint
     from them, of the same size per group and confidence bin where the non-copies allow (their mean); and the null:
     positive-only, negative-only and GRPO under each of `null_shuffles` within-group sign shuffles (`thesis.null_batch`)."""
-    m = batch.response_mask
-    before = trials.before
+    cc, m, before = P.compute(), batch.response_mask, trials.before
     delta = lambda b, rw, **kw: trials.delta(  # noqa: E731
         cc.update(optimizer="sgd", lr=P.lr, scope=P.scope, reweight=rw), b, **kw)[m].double().cpu().numpy()
     df["delta_negative_only"] = delta(batch, "negative_only")
@@ -218,10 +217,10 @@ def thesis_updates(P: Params, cc, batch, trials, df: pd.DataFrame, bseed: int) -
         df[list(cols)] = pd.DataFrame(cols, index=df.index)
 
 
-def _first_order(P: Params, cc, model, batch, before, df: pd.DataFrame, bseed: int) -> None:
+def _first_order(P: Params, model, batch, before, df: pd.DataFrame, bseed: int) -> None:
     """The first-order LM-head terms of every token (Eq. 9; `fo_tokens` of them) at θ₀, as columns of `df`;
     the features from `before`'s hidden states when it has them (the shared forward), else from a forward."""
-    f = coupling.features(model, batch, stats=before, compute=cc)
+    f = coupling.features(model, batch, stats=before, compute=P.compute())
     J = None
     if P.fo_tokens and P.fo_tokens < len(f):   # a seeded draw of the tokens j (each against every token k)
         g = torch.Generator().manual_seed(seeds.derive(bseed, "thesis_fo_tokens"))
