@@ -136,9 +136,11 @@ class Result:
 
     def write(self, results_dir, P: Params) -> None:
         cache.write_table(self.squares, Path(results_dir) / TABLE)
+        replot.save(results_dir, P)   # the parameters the table was computed with (a replot checks them)
 
 
 def load(results_dir, P: Params) -> Result:
+    replot.restore(results_dir, P)
     return Result(squares=replot.table(results_dir, TABLE))
 
 
@@ -192,6 +194,23 @@ plots.save(fig_dir, "fig99_squares", fig)
 claims.record(results_dir, "99", fig99.claims(R, P))
 """
 
+
+
+def dummy_entry():
+    """The dummy's one manifest entry."""
+    return manifest.Figure("99_dummy", "fig99", ("Fig. 99",), ("fig99",), (), "squares",
+                           manifest.MappingProxyType({"n": 2}), 30, package="dummyfigs")
+
+
+# The test adds the entry to this process's manifest; a real figure's entry is in manifest.py, which the notebook's
+# kernel imports as well. The dummy's package adds it in the kernel (where the Params name their notebook by it).
+DUMMY_PACKAGE = """from cancellation import manifest
+
+if not any(f.notebook == "99_dummy" for f in manifest.FIGURES):
+    manifest.FIGURES = [*manifest.FIGURES, manifest.Figure("99_dummy", "fig99", ("Fig. 99",), ("fig99",), (), "squares",
+                                                           manifest.MappingProxyType({"n": 2}), 30, package="dummyfigs")]
+"""
+
 INPUTS = ("policies", "shapes", "standins", "categories")   # data/ the profiles and gpu-check's dry runs read
 
 
@@ -203,12 +222,11 @@ def dummy(tmp_path, monkeypatch):
     so every figure-wide check below sees nine figures."""
     pkg = tmp_path / "pkgs" / "dummyfigs"
     pkg.mkdir(parents=True)
-    (pkg / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text(DUMMY_PACKAGE)   # the notebook's kernel sees the entry too (as manifest.py's)
     (pkg / "fig99.py").write_text(DUMMY_MODULE)
     monkeypatch.syspath_prepend(str(tmp_path / "pkgs"))
     monkeypatch.setenv("PYTHONPATH", f"{tmp_path / 'pkgs'}:{ROOT / 'lib'}")   # the notebook's kernel imports it
-    entry = manifest.Figure("99_dummy", "fig99", ("Fig. 99",), ("fig99",), (), "squares",
-                            manifest.MappingProxyType({"n": 2}), 30, package="dummyfigs")
+    entry = dummy_entry()
     monkeypatch.setattr(manifest, "FIGURES", [*manifest.FIGURES, entry])
     checkout = tmp_path / "checkout"
     (checkout / "notebooks" / "params").mkdir(parents=True)
