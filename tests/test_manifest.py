@@ -196,19 +196,14 @@ claims.record(results_dir, "99", fig99.claims(R, P))
 
 
 
-def dummy_entry():
-    """The dummy's one manifest entry."""
-    return manifest.Figure("99_dummy", "fig99", ("Fig. 99",), ("fig99",), (), "squares",
-                           manifest.MappingProxyType({"n": 2}), 30, package="dummyfigs")
-
-
-# The test adds the entry to this process's manifest; a real figure's entry is in manifest.py, which the notebook's
-# kernel imports as well. The dummy's package adds it in the kernel (where the Params name their notebook by it).
+# The dummy's one manifest entry, declared in its package: the test's process and the notebook's kernel both import
+# it (a real figure's entry is in manifest.py, which both import too; the kernel's Params name their notebook by it).
 DUMMY_PACKAGE = """from cancellation import manifest
 
-if not any(f.notebook == "99_dummy" for f in manifest.FIGURES):
-    manifest.FIGURES = [*manifest.FIGURES, manifest.Figure("99_dummy", "fig99", ("Fig. 99",), ("fig99",), (), "squares",
-                                                           manifest.MappingProxyType({"n": 2}), 30, package="dummyfigs")]
+ENTRY = manifest.Figure("99_dummy", "fig99", ("Fig. 99",), ("fig99",), (), "squares",
+                        manifest.MappingProxyType({"n": 2}), 30, package="dummyfigs")
+if not any(f.notebook == ENTRY.notebook for f in manifest.FIGURES):
+    manifest.FIGURES = [*manifest.FIGURES, ENTRY]
 """
 
 INPUTS = ("policies", "shapes", "standins", "categories")   # data/ the profiles and gpu-check's dry runs read
@@ -226,8 +221,8 @@ def dummy(tmp_path, monkeypatch):
     (pkg / "fig99.py").write_text(DUMMY_MODULE)
     monkeypatch.syspath_prepend(str(tmp_path / "pkgs"))
     monkeypatch.setenv("PYTHONPATH", f"{tmp_path / 'pkgs'}:{ROOT / 'lib'}")   # the notebook's kernel imports it
-    entry = dummy_entry()
-    monkeypatch.setattr(manifest, "FIGURES", [*manifest.FIGURES, entry])
+    monkeypatch.setattr(manifest, "FIGURES", list(manifest.FIGURES))   # the package adds its entry; undone after
+    entry = manifest.importlib.import_module("dummyfigs").ENTRY
     checkout = tmp_path / "checkout"
     (checkout / "notebooks" / "params").mkdir(parents=True)
     (checkout / "data").mkdir()

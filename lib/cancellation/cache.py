@@ -309,6 +309,12 @@ def write_table(df: pd.DataFrame, path: str | Path):
         atomic_write(path, lambda t: df.to_parquet(t, index=False))
 
 
+def read_table(path: str | Path) -> pd.DataFrame:
+    """A result table as `write_table` wrote it (.parquet or .csv)."""
+    path = Path(path)
+    return pd.read_csv(path) if path.suffix == ".csv" else pd.read_parquet(path)
+
+
 def sign_tables(cache_dir: str | Path | None = None) -> tuple[int, int]:
     """Sign, in place, the unsigned table entries (`<key>.parquet` written before tables were signed)
     of a cache only this user has written: (signed, skipped: not this user's file or not a parquet

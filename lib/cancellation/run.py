@@ -50,7 +50,7 @@ from pathlib import Path
 from . import cache, execute, measured, procs, staging
 from .dryrun import DRY_RUN_ENV
 from .execute import NotebookFailed, NotebookInterrupted
-from .figures.replot import FOLDER as REPLOT
+from .figures import replot
 from .pool import run_pool, segments
 from .profiles import Checkout, ParameterError, all_notebooks, find_notebook, here, short
 from .resolve import per_notebook, resolve_params
@@ -177,7 +177,7 @@ def main(argv=None):
 def _replot_file(co: Checkout, results_dir: str, stem: str) -> Path:
     """Where `replot.save` put a notebook's parameters beside its tables (a relative results folder: the checkout's)."""
     d = Path(results_dir)
-    return (d if d.is_absolute() else here(co).root / d) / REPLOT / f"{stem}.json"
+    return replot.params_file(d if d.is_absolute() else here(co).root / d, stem)
 
 
 def _main(a, co: Checkout) -> int:
@@ -220,7 +220,7 @@ def _main(a, co: Checkout) -> int:
                         errors += str(e).splitlines()
             if a.replot:   # nothing to redraw: say so before a kernel starts (figures/replot.py writes this file)
                 errors += [f"{nb.stem}: nothing to replot: {params['results_dir']} holds no tables of it from this version "
-                           f"(no {REPLOT}/{nb.stem}.json); run it first (make fig{nb.stem[:2]}, with the same P=...)"
+                           f"(no {replot.FOLDER}/{nb.stem}.json); run it first (make fig{nb.stem[:2]}, with the same P=...)"
                            for nb, params in resolved if not _replot_file(co, params["results_dir"], nb.stem).exists()]
             if errors:
                 raise ParameterError("\n".join(errors))

@@ -35,6 +35,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from . import cache
+
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = "data/results"
 VOLATILE_COLUMNS = {"t_sample", "t_update", "seconds"}   # wall-clock, in results folders from before timing/
@@ -46,8 +48,7 @@ TRAJECTORY_NOTEBOOKS = {"07"}
 CLAIM_TEXT = {"detail", "rule_text", "params"}
 
 
-def read_table(path: Path) -> pd.DataFrame:
-    return pd.read_csv(path) if path.suffix == ".csv" else pd.read_parquet(path)
+read_table = cache.read_table   # what verify compares is what the notebooks wrote
 
 
 def _close(a: float, b: float) -> bool:

@@ -18,6 +18,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from cancellation import cache
+
 ROOT = Path(__file__).resolve().parents[2]
 PINS = Path(__file__).with_name("tiny.json")
 PROFILES = ("tiny", "tiny-table2")
@@ -28,8 +30,7 @@ VOLATILE_TABLES = {"table2_timing.csv"}
 RTOL, ATOL = 1e-10, 1e-12
 
 
-def read_table(path: Path) -> pd.DataFrame:
-    return pd.read_csv(path) if path.suffix == ".csv" else pd.read_parquet(path)
+read_table = cache.read_table
 
 
 def digest(df: pd.DataFrame) -> dict:

@@ -33,6 +33,11 @@ def _folder(results_dir) -> Path:
     return Path(results_dir) / FOLDER
 
 
+def params_file(results_dir, notebook: str) -> Path:
+    """Where `save` keeps a notebook's parameters and small fields (the runner checks it before a replot)."""
+    return _folder(results_dir) / f"{notebook}.json"
+
+
 def _jsonable(x):
     """x as JSON: numpy scalars as numbers, arrays as {'ndarray': list, 'dtype': str}, tuples as lists."""
     if isinstance(x, dict):
@@ -87,14 +92,14 @@ def save(results_dir, P, **fields) -> None:
         cache.atomic_write(path, lambda t, df=df: df.to_parquet(t))
     doc = {"notebook": name, "code_version": cache.CODE_VERSION, "params": params_of(P), "fields": small}
     text = json.dumps(doc, indent=1, sort_keys=True) + "\n"
-    cache.atomic_write(d / f"{name}.json", lambda t: Path(t).write_text(text))
+    cache.atomic_write(params_file(results_dir, name), lambda t: Path(t).write_text(text))
 
 
 def restore(results_dir, P) -> dict:
     """The fields `save` wrote, after checking that the tables were computed with these parameters."""
     d = _folder(results_dir)
     name = P.notebook()
-    path = d / f"{name}.json"
+    path = params_file(results_dir, name)
     if not path.exists():
         raise ReplotError(f"nothing to replot for {name}: {path} is missing (its tables were never written by this "
                           f"version; run the notebook once, e.g. make fig{name[:2]})")
@@ -129,4 +134,4 @@ def table(results_dir, name: str) -> pd.DataFrame:
     path = Path(results_dir) / name
     if not path.exists():
         raise ReplotError(f"nothing to replot: {path} is missing; run the notebook first")
-    return pd.read_csv(path) if path.suffix == ".csv" else pd.read_parquet(path)
+    return cache.read_table(path)
